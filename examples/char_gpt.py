@@ -1,0 +1,155 @@
+"""A small character-level GPT on the Python Language Reference that ships with CPython.
+
+The corpus is `pydoc_data.topics` (about 465k characters of real English technical prose,
+available offline on every Python install). The model follows nanoGPT: token and position
+embeddings, pre-LayerNorm blocks of causal self-attention and an MLP, a final LayerNorm and a
+linear `readout`. `width` is the embedding size; heads keep `head_dim` fixed as width grows,
+which is how muP scales transformers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from hpo.workload import Batch, Workload
+
+EVAL_WINDOWS = 256
+
+
+@lru_cache(maxsize=1)
+def load_corpus() -> tuple[str, torch.Tensor]:
+    """The characters of the corpus (the vocabulary) and the whole text encoded as indices."""
+    import pydoc_data.topics
+
+    text = "".join(pydoc_data.topics.topics[key] for key in sorted(pydoc_data.topics.topics))
+    vocabulary = "".join(sorted(set(text)))
+    index = {char: i for i, char in enumerate(vocabulary)}
+    return vocabulary, torch.tensor([index[char] for char in text], dtype=torch.long)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, width: int, head_dim: int, dropout: float, attn_scale: str):
+        super().__init__()
+        if width % head_dim:
+            raise ValueError(f"width {width} is not a multiple of head_dim {head_dim}")
+        self.n_head = width // head_dim
+        self.head_dim = head_dim
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.dropout = dropout
+        # Standard parametrisation scales logits by 1/sqrt(d); muP needs 1/d so that they stay
+        # O(1) as the head dimension grows (Tensor Programs V, section 4).
+        self.scale = 1.0 / head_dim if attn_scale == "inv_d" else 1.0 / math.sqrt(head_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, time, width = x.shape
+        q, k, v = self.qkv(x).split(width, dim=-1)
+        q, k, v = (t.view(batch, time, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0, scale=self.scale
+        )
+        return self.proj(y.transpose(1, 2).reshape(batch, time, width))
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, head_dim: int, dropout: float, attn_scale: str):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(width)
+        self.attn = CausalSelfAttention(width, head_dim, dropout, attn_scale)
+        self.ln_2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.Dropout(dropout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class CharGPT(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int,
+        width: int,
+        n_layer: int = 2,
+        head_dim: int = 16,
+        block_size: int = 32,
+        dropout: float = 0.0,
+        attn_scale: str = "inv_sqrt_d",
+    ):
+        super().__init__()
+        self.block_size = block_size
+        self.token_embedding = nn.Embedding(vocab_size, width)
+        self.position_embedding = nn.Embedding(block_size, width)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.Sequential(*(Block(width, head_dim, dropout, attn_scale) for _ in range(n_layer)))
+        self.ln_f = nn.LayerNorm(width)
+        self.readout = nn.Linear(width, vocab_size)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (N, T) -> (N, T, vocab)
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.drop(self.token_embedding(idx) + self.position_embedding(positions))
+        return self.readout(self.ln_f(self.blocks(x)))
+
+
+class CharGPTWorkload(Workload):
+    name = "char_gpt"
+    metric = "val_loss"
+    defaults = {
+        "width": 64,
+        "n_layer": 2,
+        "head_dim": 16,
+        "block_size": 32,
+        "dropout": 0.0,
+        "attn_scale": "inv_sqrt_d",
+        "batch_size": 32,
+        "optimizer": "adamw",
+        "lr": 3e-3,
+    }
+    steps_per_iteration = 25
+
+    def build_model(self, config: Mapping[str, Any]) -> nn.Module:
+        vocabulary, _ = load_corpus()
+        return CharGPT(
+            vocab_size=len(vocabulary),
+            width=int(config["width"]),
+            n_layer=int(config["n_layer"]),
+            head_dim=int(config["head_dim"]),
+            block_size=int(config["block_size"]),
+            dropout=float(config["dropout"]),
+            attn_scale=str(config["attn_scale"]),
+        )
+
+    @staticmethod
+    def _split(validation: bool) -> torch.Tensor:
+        _, data = load_corpus()
+        cut = int(0.9 * len(data))
+        return data[cut:] if validation else data[:cut]
+
+    @staticmethod
+    def _windows(data: torch.Tensor, starts: torch.Tensor, block_size: int) -> Batch:
+        offsets = torch.arange(block_size)
+        inputs = data[starts[:, None] + offsets]
+        return inputs, data[starts[:, None] + offsets + 1]
+
+    def train_batches(self, config: Mapping[str, Any], seed: int) -> Iterator[Batch]:
+        data = self._split(validation=False)
+        block_size, batch_size = int(config["block_size"]), int(config["batch_size"])
+        generator = torch.Generator().manual_seed(seed)
+        while True:
+            starts = torch.randint(len(data) - block_size - 1, (batch_size,), generator=generator)
+            yield self._windows(data, starts, block_size)
+
+    def eval_batches(self, config: Mapping[str, Any]) -> list[Batch]:
+        data = self._split(validation=True)
+        block_size = int(config["block_size"])
+        starts = torch.linspace(0, len(data) - block_size - 2, EVAL_WINDOWS).long()
+        return [self._windows(data, starts, block_size)]
+
+
+workload = CharGPTWorkload()

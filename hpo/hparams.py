@@ -1,0 +1,111 @@
+"""The optimizer hyperparameters every engine understands, read once from a trial's config.
+
+The plain trainer hands them to PyTorch's optimizers; the fused trainer turns each into a
+[B]-shaped tensor. Keeping the names, defaults and the LR schedule in one place is what makes a
+fused member train exactly like the same config trained alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+import torch
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "cosine", "step")
+
+
+@dataclass(frozen=True)
+class OptimHParams:
+    """Optimizer, schedule and clipping settings of one trial (config keys of the same name)."""
+
+    optimizer: Literal["sgd", "adam", "adamw"] = "adam"
+    lr: float = 1e-3
+    momentum: float = 0.0
+    nesterov: bool = False
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    #: Maximum global gradient norm; 0 turns clipping off.
+    grad_clip: float = 0.0
+    lr_schedule: Literal["constant", "cosine", "step"] = "constant"
+    warmup_steps: int = 0
+    #: Length of the cosine schedule, or the period of the step schedule, in optimizer steps.
+    schedule_steps: int = 1000
+    lr_gamma: float = 0.1
+    #: Cosine decays to `min_lr_ratio * lr`.
+    min_lr_ratio: float = 0.0
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "OptimHParams":
+        """Pick the optimizer keys out of a trial config, converting types and checking names."""
+        values: dict[str, Any] = {}
+        for field in fields(cls):
+            if field.name in config:
+                values[field.name] = _coerce(field.name, getattr(cls, field.name), config[field.name])
+        hp = cls(**values)
+        if hp.optimizer not in OPTIMIZERS:
+            raise ValueError(f"config key 'optimizer' is {hp.optimizer!r}; expected one of {OPTIMIZERS}")
+        if hp.lr_schedule not in SCHEDULES:
+            raise ValueError(f"config key 'lr_schedule' is {hp.lr_schedule!r}; expected one of {SCHEDULES}")
+        if hp.lr <= 0:
+            raise ValueError(f"config key 'lr' must be positive, got {hp.lr}")
+        return hp
+
+    @classmethod
+    def keys(cls) -> frozenset[str]:
+        return frozenset(f.name for f in fields(cls))
+
+    def lr_factor(self, step: int) -> float:
+        """Multiplier of `lr` at optimizer step `step` (0-based): linear warm-up, then the schedule."""
+        if self.warmup_steps > 0 and step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        after = step - self.warmup_steps
+        if self.lr_schedule == "cosine":
+            progress = min(after / max(self.schedule_steps, 1), 1.0)
+            cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+            return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine
+        if self.lr_schedule == "step":
+            return self.lr_gamma ** (after // max(self.schedule_steps, 1))
+        return 1.0
+
+
+def _coerce(key: str, default: Any, raw: Any) -> Any:
+    """Convert a config value to the type of the field's default (YAML and samplers give floats)."""
+    if isinstance(default, bool):
+        if isinstance(raw, str) and raw.lower() in ("true", "false"):
+            return raw.lower() == "true"
+        if isinstance(raw, (bool, int)):
+            return bool(raw)
+        raise ValueError(f"config key {key!r} must be a boolean, got {raw!r}")
+    try:
+        return type(default)(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"config key {key!r} must be a {type(default).__name__}, got {raw!r}") from None
+
+
+def build_torch_optimizer(
+    named_params: Iterable[tuple[str, torch.nn.Parameter]],
+    hp: OptimHParams,
+    lr_multipliers: Mapping[str, float] | None = None,
+) -> torch.optim.Optimizer:
+    """PyTorch's own optimizer for one unfused trial (the reference the fused optimizers match).
+
+    Parameters with an lr multiplier (muP) go into their own parameter group; LambdaLR schedules
+    scale every group's initial lr by the same factor, so the multipliers survive the schedule.
+    """
+    multipliers = lr_multipliers or {}
+    groups: dict[float, list[torch.nn.Parameter]] = {}
+    for name, param in named_params:
+        groups.setdefault(float(multipliers.get(name, 1.0)), []).append(param)
+    params = [{"params": group, "lr": hp.lr * scale} for scale, group in groups.items()]
+    if hp.optimizer == "sgd":
+        return torch.optim.SGD(
+            params, lr=hp.lr, momentum=hp.momentum, nesterov=hp.nesterov, weight_decay=hp.weight_decay
+        )
+    cls = torch.optim.Adam if hp.optimizer == "adam" else torch.optim.AdamW
+    return cls(params, lr=hp.lr, betas=(hp.beta1, hp.beta2), eps=hp.eps, weight_decay=hp.weight_decay)

@@ -1,0 +1,139 @@
+"""Training one configuration of a workload, with checkpoints, as an ordinary Tune trainable.
+
+This is the unfused path and the reference the fused engine is tested against: it uses
+PyTorch's own optimizers and the schedule from `hpo.hparams`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from ray import tune
+
+from hpo.hparams import OptimHParams, build_torch_optimizer
+from hpo.workload import Batch, Workload
+
+CHECKPOINT_FILE = "trial_state.pt"
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+
+
+class TrialTrainer:
+    """One model, one optimizer, one config; iterations of `steps_per_iteration` steps."""
+
+    def __init__(self, workload: Workload, config: Mapping[str, Any]):
+        self.workload = workload
+        self.config = workload.resolve(config)
+        self.hparams = OptimHParams.from_config(self.config)
+        seed_everything(int(self.config.get("seed", 0)))
+        self.model = workload.build_model(self.config)
+        self.optimizer = build_torch_optimizer(
+            self.model.named_parameters(),
+            self.hparams,
+            workload.lr_multipliers(self.model, self.hparams.optimizer),
+        )
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.hparams.lr_factor)
+        self.steps_per_iteration = int(self.config.get("steps_per_iteration", workload.steps_per_iteration))
+        self.iteration = 0
+        self.step = 0
+        self._batches: Iterator[Batch] | None = None
+
+    def _batch_stream(self) -> Iterator[Batch]:
+        # Re-created after a restore and fast-forwarded, so a resumed trial sees the same data.
+        if self._batches is None:
+            self._batches = self.workload.train_batches(self.config, int(self.config.get("data_seed", 0)))
+            for _ in range(self.step):
+                next(self._batches)
+        return self._batches
+
+    def train_iteration(self) -> dict[str, float]:
+        """Train `steps_per_iteration` steps and evaluate; a non-finite loss marks the trial diverged."""
+        self.model.train()
+        batches = self._batch_stream()
+        train_loss = 0.0
+        for _ in range(self.steps_per_iteration):
+            inputs, targets = next(batches)
+            loss = self.workload.loss(self.model(inputs), targets)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if self.hparams.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.hparams.grad_clip)
+            self.optimizer.step()
+            self.schedule.step()
+            self.step += 1
+            train_loss += loss.item()
+        self.iteration += 1
+        metrics = {"train_loss": train_loss / self.steps_per_iteration, **self.evaluate(), "step": self.step}
+        metrics["diverged"] = not math.isfinite(metrics["train_loss"]) or not math.isfinite(metrics["val_loss"])
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        totals: dict[str, float] = {}
+        count = 0
+        for inputs, targets in self.workload.eval_batches(self.config):
+            n = inputs.shape[0]
+            for key, value in self.workload.batch_metrics(self.model(inputs), targets).items():
+                totals[key] = totals.get(key, 0.0) + value.item() * n
+            count += n
+        return {f"val_{key}": value / count for key, value in totals.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "iteration": self.iteration,
+            "step": self.step,
+            "rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.iteration = int(state["iteration"])
+        self.step = int(state["step"])
+        torch.set_rng_state(state["rng"])
+        self._batches = None
+
+    def save(self, directory: str) -> None:
+        torch.save(self.state_dict(), os.path.join(directory, CHECKPOINT_FILE))
+
+    def restore(self, directory: str) -> None:
+        self.load_state_dict(torch.load(os.path.join(directory, CHECKPOINT_FILE), weights_only=False))
+
+
+def workload_trainable(workload: Workload, max_iterations: int) -> Callable[[dict[str, Any]], None]:
+    """A Tune function trainable that trains `workload` and checkpoints after every iteration.
+
+    A restarted trial (retry after a failure, `--resume` of a killed sweep) continues from its
+    last checkpoint, so finished iterations are never trained twice.
+    """
+
+    def train(config: dict[str, Any]) -> None:
+        torch.set_num_threads(max(1, int(os.environ.get("HPO_TORCH_THREADS", "1"))))
+        trainer = TrialTrainer(workload, config)
+        checkpoint = tune.get_checkpoint()
+        if checkpoint is not None:
+            with checkpoint.as_directory() as directory:
+                trainer.restore(directory)
+        while trainer.iteration < max_iterations:
+            metrics = trainer.train_iteration()
+            with tempfile.TemporaryDirectory() as directory:
+                trainer.save(directory)
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
+            if metrics["diverged"]:
+                return
+
+    train.__name__ = workload.name
+    train.__qualname__ = workload.name
+    return train

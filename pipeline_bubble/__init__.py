@@ -1,0 +1,1 @@
+"""Harvesting the idle bubbles of DeepSpeed pipeline-parallel jobs for fused tuning work."""

@@ -1,0 +1,1 @@
+"""Cluster side: job and cluster model, scheduling policies, trace simulator, Ray placement-group allocator."""
