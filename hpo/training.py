@@ -112,7 +112,9 @@ class TrialTrainer:
         self.load_state_dict(torch.load(os.path.join(directory, CHECKPOINT_FILE), weights_only=False))
 
 
-def workload_trainable(workload: Workload, max_iterations: int) -> Callable[[dict[str, Any]], None]:
+def workload_trainable(
+    workload: Workload, max_iterations: int, threads: int = 1
+) -> Callable[[dict[str, Any]], None]:
     """A Tune function trainable that trains `workload` and checkpoints after every iteration.
 
     A restarted trial (retry after a failure, `--resume` of a killed sweep) continues from its
@@ -120,7 +122,7 @@ def workload_trainable(workload: Workload, max_iterations: int) -> Callable[[dic
     """
 
     def train(config: dict[str, Any]) -> None:
-        torch.set_num_threads(max(1, int(os.environ.get("HPO_TORCH_THREADS", "1"))))
+        torch.set_num_threads(threads)  # trials share the machine; one thread per reserved CPU
         trainer = TrialTrainer(workload, config)
         checkpoint = tune.get_checkpoint()
         if checkpoint is not None:

@@ -47,6 +47,8 @@ class Workload(ABC):
     mode: str = "min"
     #: Hyperparameters the workload needs when the search space leaves them out.
     defaults: Mapping[str, Any] = {}
+    #: Keys of `batch_metrics`; reported as `val_<key>` (checked against the sweep's metric up front).
+    eval_metric_names: tuple[str, ...] = ("loss", "accuracy")
     #: Optimizer steps between two reports to Tune (one "training iteration").
     steps_per_iteration: int = 20
 

@@ -1,0 +1,160 @@
+"""The Python API: `hpo.run` mirrors `tune.run`, `hpo.Tuner` mirrors `ray.tune.Tuner`.
+
+Both accept what Tune accepts (a function trainable, Tune domains, Tune searchers and
+schedulers) and additionally a `Workload`, which unlocks muP scaling and trial fusion. They return
+a `SweepResult`; Ray's own `ResultGrid` stays reachable as `result.result_grid`.
+
+Example::
+
+    import hpo
+    from ray import tune
+    result = hpo.run("mlp_digits", config={"lr": tune.loguniform(1e-4, 1e-1)},
+                     metric="val_loss", mode="min", num_samples=8)
+    print(result.best_config)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ray import tune
+
+from hpo.controller import ControllerCallback
+from hpo.ray_runtime import ensure_ray
+from hpo.results import SweepResult
+from hpo.spec import DEFAULT_MAX_ITERATIONS, FusionConfig
+from hpo.trainables import resolve_trainable
+from hpo.training import workload_trainable
+from hpo.workload import Workload
+
+Trainable = Workload | Callable[..., Any] | str
+
+
+class Tuner:
+    """`ray.tune.Tuner` with hydro-hpo's engines; `scaling` and `fusion` need a `Workload`."""
+
+    def __init__(
+        self,
+        trainable: Trainable,
+        *,
+        param_space: Mapping[str, Any] | None = None,
+        tune_config: tune.TuneConfig | None = None,
+        run_config: tune.RunConfig | None = None,
+        resources: Mapping[str, float] | None = None,
+        scaling: Any = None,
+        fusion: FusionConfig | None = None,
+    ):
+        self.trainable = resolve_trainable(trainable) if isinstance(trainable, str) else trainable
+        self.param_space = dict(param_space or {})
+        self.tune_config = tune_config or tune.TuneConfig()
+        self.run_config = run_config or tune.RunConfig()
+        self.resources = dict(resources or {"cpu": 1})
+        self.scaling = scaling
+        self.fusion = fusion if fusion is None or fusion.enabled else None
+        if (scaling is not None or self.fusion is not None) and not isinstance(self.trainable, Workload):
+            raise TypeError("scaling and fusion need a Workload trainable (model factory, data and loss kept apart)")
+
+    @property
+    def name(self) -> str:
+        return self.run_config.name or "sweep"
+
+    @property
+    def max_iterations(self) -> int:
+        stop = self.run_config.stop
+        if isinstance(stop, Mapping) and "training_iteration" in stop:
+            return int(stop["training_iteration"])
+        return DEFAULT_MAX_ITERATIONS
+
+    def _tune_trainable(self) -> Any:
+        """The Tune trainable this sweep runs, with its per-trial resources attached."""
+        trainable = self.trainable
+        threads = max(1, int(self.resources.get("cpu", 1)))
+        if isinstance(trainable, Workload):
+            trainable = workload_trainable(trainable, self.max_iterations, threads=threads)
+        return tune.with_resources(trainable, dict(self.resources))
+
+    def _run_config(self) -> tune.RunConfig:
+        metric = self.tune_config.metric
+        callbacks = list(self.run_config.callbacks or [])
+        if metric and not any(isinstance(cb, ControllerCallback) for cb in callbacks):
+            callbacks.append(ControllerCallback(self.name, metric, self.tune_config.mode or "min"))
+        stop = self.run_config.stop
+        if isinstance(self.trainable, Workload) and stop is None:
+            stop = {"training_iteration": self.max_iterations}
+        return replace(self.run_config, name=self.name, callbacks=callbacks, stop=stop)
+
+    def fit(self) -> SweepResult:
+        ensure_ray()
+        tuner = tune.Tuner(
+            self._tune_trainable(),
+            param_space=self.param_space,
+            tune_config=self.tune_config,
+            run_config=self._run_config(),
+        )
+        return self._wrap(tuner.fit())
+
+    def resume(self, path: str) -> SweepResult:
+        """Continue an interrupted sweep stored at `path`: finished trials are kept, not re-run."""
+        ensure_ray()
+        tuner = tune.Tuner.restore(
+            path,
+            trainable=self._tune_trainable(),
+            param_space=self.param_space,
+            resume_unfinished=True,
+            resume_errored=True,
+        )
+        return self._wrap(tuner.fit())
+
+    def _wrap(self, grid: tune.ResultGrid) -> SweepResult:
+        metric = self.tune_config.metric or ""
+        iterations = self.max_iterations if isinstance(self.trainable, Workload) else None
+        return SweepResult(grid, metric, self.tune_config.mode or "min", iterations)
+
+
+def run(
+    trainable: Trainable,
+    config: Mapping[str, Any] | None = None,
+    metric: str | None = None,
+    mode: str | None = None,
+    num_samples: int = 1,
+    search_alg: Any = None,
+    scheduler: Any = None,
+    resources_per_trial: Mapping[str, float] | None = None,
+    stop: Mapping[str, Any] | None = None,
+    storage_path: str | None = None,
+    name: str | None = None,
+    max_concurrent_trials: int | None = None,
+    max_failures: int = 0,
+    callbacks: Sequence[tune.Callback] | None = None,
+    scaling: Any = None,
+    fusion: FusionConfig | None = None,
+) -> SweepResult:
+    """`tune.run`'s common arguments, returning a `SweepResult`."""
+    tune_config = tune.TuneConfig(
+        metric=metric,
+        mode=mode,
+        num_samples=num_samples,
+        search_alg=search_alg,
+        scheduler=scheduler,
+        max_concurrent_trials=max_concurrent_trials,
+    )
+    run_config = tune.RunConfig(
+        name=name,
+        storage_path=os.path.abspath(storage_path) if storage_path else None,
+        stop=dict(stop) if stop else None,
+        callbacks=list(callbacks or []),
+        failure_config=tune.FailureConfig(max_failures=max_failures),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+    )
+    return Tuner(
+        trainable,
+        param_space=config,
+        tune_config=tune_config,
+        run_config=run_config,
+        resources=resources_per_trial,
+        scaling=scaling,
+        fusion=fusion,
+    ).fit()

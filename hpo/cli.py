@@ -1,0 +1,91 @@
+"""The `hpo` command: `run`, `validate`, and the engines' subcommands.
+
+Bad input never produces a traceback: a `SweepConfigError` prints each problem as
+`FILE:LINE: key.path: message` and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from hpo.errors import SweepConfigError
+
+EXIT_BAD_INPUT = 2
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from hpo.sweep import describe_plan, load_sweep
+
+    loaded = load_sweep(args.file)
+    print(f"{args.file}: OK")
+    print(describe_plan(loaded))
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from hpo.sweep import build_tuner, describe_plan, load_sweep
+
+    loaded = load_sweep(args.file)
+    if args.dry_run:
+        print(describe_plan(loaded))
+        return 0
+    from hpo.ray_runtime import ensure_ray
+
+    ensure_ray(address=args.address, dashboard=args.dashboard)
+    tuner = build_tuner(loaded)
+    if args.resume:
+        if not loaded.experiment_path.exists():
+            print(f"error: nothing to resume at {loaded.experiment_path}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        result = tuner.resume(str(loaded.experiment_path))
+    else:
+        result = tuner.fit()
+    paths = result.write()
+    print()
+    print(result.summary_table())
+    print()
+    try:
+        best = result.best_result
+    except RuntimeError:
+        print("no trial reported the metric; see the error column in", paths["results"])
+        return 1
+    print(f"Best configuration ({result.metric} = {best.metrics[result.metric]:.4g}):")
+    print(json.dumps(result.best_config, indent=2, default=str))
+    for label, value in result.extras.items():
+        print(f"{label}: {value}")
+    print(f"results: {paths['results']}\nplot:    {paths['plot']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hpo", description="Hyperparameter tuning on Ray Tune (hydro-hpo).")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run a YAML sweep")
+    run.add_argument("file", help="sweep YAML file")
+    run.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same name")
+    run.add_argument("--dry-run", action="store_true", help="print the resolved plan without starting Ray")
+    run.add_argument("--address", default=None, help="join an existing Ray cluster (default: RAY_ADDRESS or a local Ray)")
+    run.add_argument("--dashboard", action="store_true", help="start the Ray dashboard with the local Ray")
+    run.set_defaults(func=_cmd_run)
+
+    validate = commands.add_parser("validate", help="check a YAML sweep without running it")
+    validate.add_argument("file")
+    validate.set_defaults(func=_cmd_validate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SweepConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""The sweep specification: the YAML file (W&B Sweeps shape plus Tune blocks), validated once.
+
+Everything downstream receives a `SweepSpec`, never raw dictionaries, so a typo is caught here
+with its key path and line number instead of deep inside Ray.
+
+Example::
+
+    spec = SweepSpec.from_yaml("configs/quickstart.yaml")
+    spec.parameters["lr"].distribution   # 'log_uniform_values'
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hpo.errors import ConfigIssue, SweepConfigError
+from hpo.yaml_source import YamlSource
+
+METHODS = ("random", "grid", "tpe", "optuna", "bayes")
+DISTRIBUTIONS = (
+    "constant",
+    "categorical",
+    "int_uniform",
+    "uniform",
+    "q_uniform",
+    "log_uniform",
+    "log_uniform_values",
+    "q_log_uniform_values",
+    "normal",
+    "q_normal",
+)
+CONTINUOUS = frozenset(DISTRIBUTIONS) - {"constant", "categorical", "int_uniform"}
+DEFAULT_MAX_ITERATIONS = 10
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MetricSpec(_Strict):
+    name: str
+    goal: Literal["minimize", "maximize"] = "minimize"
+
+    @property
+    def mode(self) -> str:
+        return "min" if self.goal == "minimize" else "max"
+
+
+class ParameterSpec(_Strict):
+    """One hyperparameter, W&B style. The distribution is inferred when left out, as W&B does."""
+
+    value: Any = None
+    values: list[Any] | None = None
+    distribution: str | None = None
+    min: float | None = None
+    max: float | None = None
+    q: float | None = None
+    mu: float | None = None
+    sigma: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _infer_distribution(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("distribution") is not None:
+            return data
+        if "value" in data:
+            kind = "constant"
+        elif "values" in data:
+            kind = "categorical"
+        elif "min" in data and "max" in data:
+            both_int = all(isinstance(data[k], int) and not isinstance(data[k], bool) for k in ("min", "max"))
+            kind = "int_uniform" if both_int else "uniform"
+        elif "mu" in data or "sigma" in data:
+            kind = "normal"
+        else:
+            return data  # unknown keys get their own error; otherwise _check_bounds says what is missing
+        return {**data, "distribution": kind}
+
+    @field_validator("distribution")
+    @classmethod
+    def _known_distribution(cls, kind: str | None) -> str | None:
+        if kind is not None and kind not in DISTRIBUTIONS:
+            raise ValueError(f"unknown distribution {kind!r}{_suggest(kind, DISTRIBUTIONS)}; expected one of {', '.join(DISTRIBUTIONS)}")
+        return kind
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> "ParameterSpec":
+        kind = self.distribution
+        if kind is None:
+            raise ValueError("give one of: value, values, min and max, or a distribution")
+        needs = {
+            "constant": ("value",),
+            "categorical": ("values",),
+            "normal": ("mu", "sigma"),
+            "q_normal": ("mu", "sigma", "q"),
+            "q_uniform": ("min", "max", "q"),
+            "q_log_uniform_values": ("min", "max", "q"),
+        }.get(kind, ("min", "max"))
+        for key in needs:
+            if getattr(self, key) is None:
+                raise _KeyedError(key, f"distribution {kind!r} needs '{key}'")
+        if kind == "categorical" and not self.values:
+            raise _KeyedError("values", "needs at least one value")
+        if self.min is not None and self.max is not None and self.min >= self.max:
+            raise _KeyedError("max", f"max ({self.max}) must be greater than min ({self.min})")
+        if kind in ("log_uniform_values", "q_log_uniform_values") and self.min is not None and self.min <= 0:
+            raise _KeyedError("min", f"log bounds must be positive, got min={self.min}")
+        if kind == "int_uniform" and not (float(self.min).is_integer() and float(self.max).is_integer()):
+            raise _KeyedError("min", "int_uniform bounds must be whole numbers")
+        if self.sigma is not None and self.sigma <= 0:
+            raise _KeyedError("sigma", f"sigma must be positive, got {self.sigma}")
+        if self.q is not None and self.q <= 0:
+            raise _KeyedError("q", f"q must be positive, got {self.q}")
+        if kind == "log_uniform" and self.max is not None and self.max > 700:
+            raise _KeyedError("max", "log_uniform takes natural-log exponents; did you mean log_uniform_values?")
+        return self
+
+    @property
+    def is_continuous(self) -> bool:
+        return self.distribution in CONTINUOUS
+
+
+class EarlyTerminateSpec(_Strict):
+    type: Literal["asha", "hyperband"]
+    min_iter: int = Field(1, ge=1)
+    max_iter: int | None = Field(None, ge=1)
+    eta: float = Field(3, gt=1)
+
+
+class ResourcesSpec(_Strict):
+    cpu: float = Field(1.0, ge=0)
+    gpu: float = Field(0.0, ge=0)
+
+
+class FusionConfig(_Strict):
+    """Train compatible configurations as one horizontally-fused model (see `fusion/`)."""
+
+    enabled: bool = True
+    max_members: int | Literal["auto"] = "auto"
+    placement: Literal["device", "bubbles"] = "device"
+
+    @field_validator("max_members")
+    @classmethod
+    def _positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"max_members must be 'auto' or a positive integer, got {value}")
+        return value
+
+
+class SweepSpec(_Strict):
+    name: str
+    description: str = ""
+    trainable: str
+    method: Literal["random", "grid", "tpe", "optuna", "bayes"] = "random"
+    metric: MetricSpec
+    parameters: dict[str, ParameterSpec]
+    early_terminate: EarlyTerminateSpec | None = None
+    run_cap: int | None = Field(None, ge=1)
+    max_iterations: int = Field(DEFAULT_MAX_ITERATIONS, ge=1)
+    resources: ResourcesSpec = ResourcesSpec()
+    max_concurrent_trials: int | None = Field(None, ge=1)
+    stop: dict[str, float] | None = None
+    storage_path: str = "runs"
+    max_failures: int = Field(1, ge=0)
+    seed: int | None = None
+    scaling: dict[str, Any] | None = None
+    fusion: FusionConfig | None = None
+
+    @model_validator(mode="after")
+    def _check_method(self) -> "SweepSpec":
+        if self.method == "grid":
+            for key, param in self.parameters.items():
+                if param.is_continuous or param.distribution == "int_uniform":
+                    raise _KeyedError(
+                        f"parameters.{key}.distribution",
+                        f"grid search needs discrete values, but {key!r} is {param.distribution}; use 'values'",
+                    )
+        if self.early_terminate and self.early_terminate.max_iter and self.early_terminate.max_iter > self.max_iterations:
+            raise _KeyedError(
+                "early_terminate.max_iter",
+                f"max_iter ({self.early_terminate.max_iter}) exceeds max_iterations ({self.max_iterations})",
+            )
+        return self
+
+    @property
+    def searcher_kind(self) -> str:
+        """`bayes` and `optuna` are aliases of TPE (Optuna's sampler)."""
+        return "tpe" if self.method in ("tpe", "optuna", "bayes") else self.method
+
+    @property
+    def num_samples(self) -> int:
+        """Trials to sample; a grid runs every combination once unless run_cap repeats it."""
+        if self.method == "grid":
+            return 1
+        return self.run_cap or 10
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "SweepSpec":
+        return cls.from_source(YamlSource.from_file(path))
+
+    @classmethod
+    def from_source(cls, source: YamlSource) -> "SweepSpec":
+        data = source.data
+        if not isinstance(data, dict):
+            raise SweepConfigError([ConfigIssue("", "a sweep file must be a mapping of keys", 1)], source.name)
+        if "name" not in data:
+            data = {**data, "name": Path(source.name).stem}
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise SweepConfigError(_issues(exc, source), source.name) from None
+
+
+class _KeyedError(ValueError):
+    """A validation error that knows which sub-key is at fault (pydantic reports the parent)."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(message)
+
+
+_MODELS_BY_PATH_DEPTH: dict[str, type[BaseModel]] = {
+    "": SweepSpec,
+    "metric": MetricSpec,
+    "early_terminate": EarlyTerminateSpec,
+    "resources": ResourcesSpec,
+    "fusion": FusionConfig,
+}
+
+
+def _issues(exc: ValidationError, source: YamlSource) -> list[ConfigIssue]:
+    issues = []
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        message = error["msg"].removeprefix("Value error, ")
+        keyed = (error.get("ctx") or {}).get("error")
+        if isinstance(keyed, _KeyedError):
+            loc.append(keyed.key)
+            message = str(keyed)
+        if error["type"] == "extra_forbidden":
+            message = f"unknown key {loc[-1]!r}{_suggest(loc[-1], _allowed_keys(loc[:-1]))}"
+        elif error["type"] == "missing":
+            message = f"required key {loc[-1]!r} is missing"
+        path = ".".join(loc)
+        issues.append(ConfigIssue(path, message, source.line_of(path)))
+    return issues
+
+
+def _allowed_keys(parent: list[str]) -> list[str]:
+    if len(parent) == 2 and parent[0] == "parameters":
+        model: type[BaseModel] = ParameterSpec
+    else:
+        model = _MODELS_BY_PATH_DEPTH.get(".".join(parent), SweepSpec)
+    return list(model.model_fields)
+
+
+def _suggest(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
