@@ -5,6 +5,11 @@ available offline on every Python install). The model follows nanoGPT: token and
 embeddings, pre-LayerNorm blocks of causal self-attention and an MLP, a final LayerNorm and a
 linear `readout`. `width` is the embedding size; heads keep `head_dim` fixed as width grows,
 which is how muP scales transformers.
+
+muP knobs (config keys; their defaults are the plain nanoGPT model): `attn_scale` ('inv_d' is
+muP's 1/d attention), `attn_mult`, `emb_mult`, `output_mult` and `init_std`. They are the
+hyperparameters muP transfers from a narrow proxy to the wide target (Tensor Programs V,
+table 1); `hpo.scaling` does the width-dependent part (MuReadout, base shapes, per-layer lr).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ def load_corpus() -> tuple[str, torch.Tensor]:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, width: int, head_dim: int, dropout: float, attn_scale: str):
+    def __init__(self, width: int, head_dim: int, dropout: float, attn_scale: str, attn_mult: float = 1.0):
         super().__init__()
         if width % head_dim:
             raise ValueError(f"width {width} is not a multiple of head_dim {head_dim}")
@@ -46,7 +51,8 @@ class CausalSelfAttention(nn.Module):
         self.dropout = dropout
         # Standard parametrisation scales logits by 1/sqrt(d); muP needs 1/d so that they stay
         # O(1) as the head dimension grows (Tensor Programs V, section 4).
-        self.scale = 1.0 / head_dim if attn_scale == "inv_d" else 1.0 / math.sqrt(head_dim)
+        # --- muP: attention multiplier (a transferable hyperparameter) ---
+        self.scale = attn_mult * (1.0 / head_dim if attn_scale == "inv_d" else 1.0 / math.sqrt(head_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, time, width = x.shape
@@ -59,10 +65,10 @@ class CausalSelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, width: int, head_dim: int, dropout: float, attn_scale: str):
+    def __init__(self, width: int, head_dim: int, dropout: float, attn_scale: str, attn_mult: float = 1.0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(width)
-        self.attn = CausalSelfAttention(width, head_dim, dropout, attn_scale)
+        self.attn = CausalSelfAttention(width, head_dim, dropout, attn_scale, attn_mult)
         self.ln_2 = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.Dropout(dropout))
 
@@ -81,20 +87,36 @@ class CharGPT(nn.Module):
         block_size: int = 32,
         dropout: float = 0.0,
         attn_scale: str = "inv_sqrt_d",
+        attn_mult: float = 1.0,
+        emb_mult: float = 1.0,
+        output_mult: float = 1.0,
+        init_std: float | None = None,
     ):
         super().__init__()
         self.block_size = block_size
         self.token_embedding = nn.Embedding(vocab_size, width)
         self.position_embedding = nn.Embedding(block_size, width)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.Sequential(*(Block(width, head_dim, dropout, attn_scale) for _ in range(n_layer)))
+        self.blocks = nn.Sequential(*(Block(width, head_dim, dropout, attn_scale, attn_mult) for _ in range(n_layer)))
         self.ln_f = nn.LayerNorm(width)
         self.readout = nn.Linear(width, vocab_size)
+        # --- muP: input and output multipliers (transferable hyperparameters) ---
+        self.emb_mult = emb_mult
+        self.output_mult = output_mult
+        if init_std is not None:  # GPT-2 init; under hpo.scaling it is redrawn with mup.init's width rules
+            self.apply(lambda module: _normal_init(module, init_std))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (N, T) -> (N, T, vocab)
         positions = torch.arange(idx.shape[1], device=idx.device)
-        x = self.drop(self.token_embedding(idx) + self.position_embedding(positions))
-        return self.readout(self.ln_f(self.blocks(x)))
+        x = self.drop(self.emb_mult * (self.token_embedding(idx) + self.position_embedding(positions)))  # (N, T, width)
+        return self.output_mult * self.readout(self.ln_f(self.blocks(x)))
+
+
+def _normal_init(module: nn.Module, std: float) -> None:
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=std)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
 
 
 class CharGPTWorkload(Workload):
@@ -107,6 +129,10 @@ class CharGPTWorkload(Workload):
         "block_size": 32,
         "dropout": 0.0,
         "attn_scale": "inv_sqrt_d",
+        "attn_mult": 1.0,
+        "emb_mult": 1.0,
+        "output_mult": 1.0,
+        "init_std": None,
         "batch_size": 32,
         "optimizer": "adamw",
         "lr": 3e-3,
@@ -123,6 +149,10 @@ class CharGPTWorkload(Workload):
             block_size=int(config["block_size"]),
             dropout=float(config["dropout"]),
             attn_scale=str(config["attn_scale"]),
+            attn_mult=float(config["attn_mult"]),
+            emb_mult=float(config["emb_mult"]),
+            output_mult=float(config["output_mult"]),
+            init_std=None if config["init_std"] is None else float(config["init_std"]),
         )
 
     @staticmethod

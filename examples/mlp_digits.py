@@ -2,6 +2,7 @@
 
 The model factory takes `width` (hidden units), `depth` (hidden layers) and `dropout`; its output
 layer is named `readout`, which is how hydro-hpo's muP scaling finds the layer to replace.
+muP knobs (config keys, defaults = the plain model): `output_mult` and `init_std`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ NUM_CLASSES = 10
 
 
 class MLP(nn.Module):
-    def __init__(self, width: int, depth: int = 2, dropout: float = 0.0):
+    def __init__(
+        self, width: int, depth: int = 2, dropout: float = 0.0, output_mult: float = 1.0, init_std: float | None = None
+    ):
         super().__init__()
         layers: list[nn.Module] = [nn.Linear(NUM_FEATURES, width), nn.ReLU()]
         for _ in range(depth - 1):
@@ -29,9 +32,16 @@ class MLP(nn.Module):
             layers.append(nn.Dropout(dropout))
         self.body = nn.Sequential(*layers)
         self.readout = nn.Linear(width, NUM_CLASSES)
+        # --- muP: output multiplier and init scale (transferable hyperparameters) ---
+        self.output_mult = output_mult
+        if init_std is not None:  # under hpo.scaling it is redrawn with mup.init's width rules
+            for layer in self.modules():
+                if isinstance(layer, nn.Linear):
+                    nn.init.normal_(layer.weight, std=init_std)
+                    nn.init.zeros_(layer.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, 64) -> (N, 10)
-        return self.readout(self.body(x))
+        return self.output_mult * self.readout(self.body(x))
 
 
 @lru_cache(maxsize=1)
@@ -53,11 +63,26 @@ def load_digits_split() -> tuple[Batch, Batch]:
 class DigitsMLP(Workload):
     name = "mlp_digits"
     metric = "val_loss"
-    defaults = {"width": 64, "depth": 2, "dropout": 0.0, "batch_size": 64, "optimizer": "adam", "lr": 1e-3}
+    defaults = {
+        "width": 64,
+        "depth": 2,
+        "dropout": 0.0,
+        "output_mult": 1.0,
+        "init_std": None,
+        "batch_size": 64,
+        "optimizer": "adam",
+        "lr": 1e-3,
+    }
     steps_per_iteration = 22  # about one epoch at batch size 64
 
     def build_model(self, config: Mapping[str, Any]) -> nn.Module:
-        return MLP(width=int(config["width"]), depth=int(config["depth"]), dropout=float(config["dropout"]))
+        return MLP(
+            width=int(config["width"]),
+            depth=int(config["depth"]),
+            dropout=float(config["dropout"]),
+            output_mult=float(config["output_mult"]),
+            init_std=None if config["init_std"] is None else float(config["init_std"]),
+        )
 
     def train_batches(self, config: Mapping[str, Any], seed: int) -> Iterator[Batch]:
         (x, y), _ = load_digits_split()

@@ -1,0 +1,208 @@
+"""muP's coordinate check: do activation sizes stay flat as the model gets wider?
+
+For each width, a few seeds train the model for a few steps on one fixed batch, with the same
+optimizer and per-parameter muP factors the sweep uses (`build_torch_optimizer` with the
+workload's `lr_multipliers`); forward hooks record every module's mean |output| (mup's `l1`
+statistic) at each step. The verdict fits log2(size) against log2(width) per module and step.
+Under muP the slopes stay near 0; under standard parametrisation, after one Adam step, hidden
+and output activations grow like width**0.5 to width**1. Sizes may shrink with width (muP's
+readout output does at initialisation, as width**-0.5); growth is what breaks transfer, so a
+module fails when its slope exceeds `tolerance`.
+
+Example::
+
+    report = coord_check(workload, widths=[64, 128, 256, 512], base_width=512, plot_path="coord.png")
+    assert report.ok, report.summary()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hpo.hparams import OptimHParams, build_torch_optimizer
+from hpo.scaling._mup import MuPWorkload
+from hpo.workload import Workload
+
+if TYPE_CHECKING:
+    from hpo.scaling._config import ScalingConfig
+
+
+@dataclass
+class CoordCheckReport:
+    """Verdict of a coordinate check: `ok`, each module's worst slope, and the offenders."""
+
+    ok: bool
+    parametrization: str
+    tolerance: float
+    widths: list[int]
+    steps: int
+    slopes: dict[str, float]  # module -> largest slope of log2(mean |output|) vs log2(width) over steps
+    offending: dict[str, float]  # modules whose slope exceeds the tolerance
+    plot_path: str | None = None
+    sizes: list[dict[str, Any]] = field(default_factory=list)  # {"width", "module", "t", "l1"}
+
+    def summary(self) -> str:
+        head = (
+            f"coordinate check ({self.parametrization}, widths {self.widths}, {self.steps} steps): "
+            f"{'OK' if self.ok else 'FAILED'}; tolerance: activation size may grow at most like width**{self.tolerance:g}"
+        )
+        if self.ok:
+            worst = max(self.slopes.items(), key=lambda kv: kv[1]) if self.slopes else ("-", 0.0)
+            return f"{head}; steepest module {worst[0]!r} at width**{worst[1]:.2f}"
+        layers = ", ".join(f"{name} (width**{slope:.2f})" for name, slope in sorted(self.offending.items(), key=lambda kv: -kv[1]))
+        return (
+            f"{head}. Activations that grow with width: {layers}. The model is not muP-correct: check that the "
+            "output layer is the readout (scaling.readout), that custom inits use mup.init or `init_std`, and "
+            "that no layer multiplies by a width-dependent constant."
+        )
+
+
+def coord_check(
+    workload: Workload,
+    widths: Sequence[int] | None = None,
+    *,
+    scaling: "ScalingConfig | None" = None,
+    base_width: int | None = None,
+    readout: str = "readout",
+    config: Mapping[str, Any] | None = None,
+    steps: int = 4,
+    seeds: int = 3,
+    tolerance: float | None = None,
+    plot_path: str | None = None,
+    parametrization: str = "mup",
+) -> CoordCheckReport:
+    """Run muP's coordinate check of `workload` over `widths`; returns the verdict (and saves a PNG).
+
+    `scaling` supplies the base width, readout and tolerance, and by default widths from the
+    proxy up by factors of 2 (at most 4 widths, capped at the target). `parametrization="sp"`
+    checks the user's model as is, which shows (and tests) what a failure looks like.
+    """
+    if scaling is not None:
+        base_width = base_width or scaling.base
+        readout = scaling.readout
+        tolerance = tolerance if tolerance is not None else scaling.coord_check_tolerance
+        if widths is None:
+            widths = [w for w in (scaling.proxy * 2**k for k in range(4)) if w <= scaling.target_width]
+    tolerance = 0.25 if tolerance is None else tolerance
+    if not widths or len(widths) < 2:
+        raise ValueError(f"coord_check needs at least two widths, got {widths}")
+    widths = sorted(int(w) for w in widths)
+    if parametrization not in ("mup", "sp"):
+        raise ValueError(f"parametrization must be 'mup' or 'sp', got {parametrization!r}")
+    base_width = base_width or widths[-1]
+
+    sums: dict[tuple[int, str, int], float] = {}
+    for width in widths:
+        if parametrization == "mup":
+            scaled: Workload = MuPWorkload(workload, width, base_width, readout)
+        else:
+            scaled = workload
+        run_config = scaled.resolve({**(config or {}), "width": width})
+        for seed in range(seeds):
+            for (module, t), l1 in _record_sizes(scaled, run_config, seed, steps).items():
+                sums[(width, module, t)] = sums.get((width, module, t), 0.0) + l1 / seeds
+
+    sizes = [{"width": w, "module": m, "t": t, "l1": v} for (w, m, t), v in sorted(sums.items())]
+    slopes = _slopes(sizes, widths)
+    offending = {name: slope for name, slope in slopes.items() if slope > tolerance}
+    report = CoordCheckReport(
+        ok=not offending,
+        parametrization=parametrization,
+        tolerance=tolerance,
+        widths=list(widths),
+        steps=steps,
+        slopes=slopes,
+        offending=offending,
+        sizes=sizes,
+    )
+    if plot_path is not None:
+        report.plot_path = str(plot_coord_check(report, plot_path))
+    return report
+
+
+def _record_sizes(workload: Workload, config: Mapping[str, Any], seed: int, steps: int) -> dict[tuple[str, int], float]:
+    """Mean |output| of every module at steps 1..steps (step 1 is at initialisation)."""
+    torch.manual_seed(seed)
+    model = workload.build_model(config)
+    model.train()
+    hparams = OptimHParams.from_config(config)
+    optimizer = build_torch_optimizer(
+        model.named_parameters(), hparams, workload.lr_multipliers(model, hparams.optimizer)
+    )
+    inputs, targets = next(iter(workload.train_batches(config, seed=0)))  # one fixed batch, as mup does
+    sizes: dict[tuple[str, int], float] = {}
+
+    def hook(name: str, t: int):
+        def record(_module, _inputs, output):
+            if isinstance(output, torch.Tensor) and output.is_floating_point():
+                sizes[(name, t)] = output.detach().abs().mean().item()
+
+        return record
+
+    for t in range(1, steps + 1):
+        handles = [m.register_forward_hook(hook(name, t)) for name, m in model.named_modules() if name]
+        loss = workload.loss(model(inputs), targets)
+        for handle in handles:
+            handle.remove()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return sizes
+
+
+def _slopes(sizes: list[dict[str, Any]], widths: Sequence[int]) -> dict[str, float]:
+    """Per module: the largest least-squares slope of log2(l1) on log2(width) over the steps."""
+    x = torch.log2(torch.tensor(widths, dtype=torch.float64))
+    x = x - x.mean()
+    series: dict[tuple[str, int], dict[int, float]] = {}
+    for row in sizes:
+        series.setdefault((row["module"], row["t"]), {})[row["width"]] = row["l1"]
+    slopes: dict[str, float] = {}
+    for (module, _t), by_width in series.items():
+        if len(by_width) != len(widths) or min(by_width.values()) <= 0:
+            continue  # a module missing at some width, or exactly zero (zero-initialised)
+        y = torch.log2(torch.tensor([by_width[w] for w in widths], dtype=torch.float64))
+        slope = float((x * (y - y.mean())).sum() / (x * x).sum())
+        slopes[module] = max(slopes.get(module, float("-inf")), slope)
+    return slopes
+
+
+def plot_coord_check(report: CoordCheckReport, path: str):
+    """mup-style plot: mean |output| against width, one panel per step, one line per module."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = sorted({row["t"] for row in report.sizes})
+    modules = sorted({row["module"] for row in report.sizes})
+    fig, axes = plt.subplots(1, len(steps), figsize=(4 * len(steps) + 3, 4), sharey=True, squeeze=False)
+    for ax, t in zip(axes[0], steps):
+        for module in modules:
+            rows = [r for r in report.sizes if r["t"] == t and r["module"] == module]
+            bad = module in report.offending
+            ax.plot(
+                [r["width"] for r in rows],
+                [r["l1"] for r in rows],
+                marker="o",
+                markersize=3,
+                linewidth=2.0 if bad else 0.8,
+                color="tab:red" if bad else None,
+                label=module if t == steps[0] else None,
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_title(f"t={t}")
+        ax.set_xlabel("width")
+    axes[0][0].set_ylabel("mean |activation|")
+    fig.legend(loc="center right", fontsize=6, ncol=1 + len(modules) // 30)
+    verdict = "OK" if report.ok else f"FAILED: {len(report.offending)} layer(s) grow with width (red)"
+    fig.suptitle(f"coordinate check, {report.parametrization}: {verdict}")
+    fig.tight_layout(rect=(0, 0, 0.8, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,275 @@
+"""The muP proxy (and target) of a workload, built with Microsoft's `mup` package.
+
+`MuPWorkload` wraps a user's `Workload` and builds its model at one width in muP, relative to
+a base width (by default the target's, so the target itself is ordinary parametrisation):
+
+1. the user's model factory builds the model at the requested width;
+2. the output layer (`readout`) becomes a `mup.MuReadout` (same weights, so at the base width
+   the model is bit-identical to the user's);
+3. `mup.set_base_shapes(model, base, delta=delta)`, with base and delta models built on the
+   meta device (shapes only, no memory even for a huge target), marks which dimensions are
+   "width" and rescales the default PyTorch init to muP;
+4. if the config sets `init_std`, every Linear/Embedding weight is re-drawn with
+   `mup.init.normal_(std=init_std)` (muP-scaled) and biases zeroed: GPT-2's init under muP;
+5. `lr_multipliers` returns the per-parameter factors that `mup.MuAdam`/`MuAdamW`/`MuSGD` apply,
+   so the plain trainer and the fused optimizers both train the proxy in muP.
+
+Example::
+
+    from examples.char_gpt import workload
+    from hpo.scaling import ScalingConfig, proxy_workload
+    proxy = proxy_workload(workload, ScalingConfig(target_width=256, ratio=4))
+    model = proxy.build_model(proxy.resolve({"lr": 2**-7}))   # width 64, muP relative to 256
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import mup
+import torch
+from torch import nn
+
+from hpo.workload import Batch, Workload
+
+if TYPE_CHECKING:
+    from hpo.scaling._config import ScalingConfig
+
+
+class ScalingError(ValueError):
+    """A model that muP scaling cannot handle; the message names the layer and the fix."""
+
+
+class MuPWorkload(Workload):
+    """`workload` built at `width` in muP with base width `base_width`; everything else delegated.
+
+    Picklable (Ray ships it to workers): it holds only the user's workload and three numbers.
+    """
+
+    def __init__(self, workload: Workload, width: int, base_width: int, readout: str = "readout"):
+        if isinstance(workload, MuPWorkload):
+            raise ScalingError("workload is already muP-scaled; wrap the user's workload, not a proxy")
+        self.inner = workload
+        self.width = int(width)
+        self.base_width = int(base_width)
+        self.readout = readout
+        self.name = f"{workload.name}_mup{self.width}"
+        self.metric = workload.metric
+        self.mode = workload.mode
+        self.defaults = {**workload.defaults, "width": self.width}
+        self.steps_per_iteration = workload.steps_per_iteration
+        if hasattr(workload, "eval_metric_names"):
+            self.eval_metric_names = workload.eval_metric_names
+
+    def __repr__(self) -> str:
+        return f"MuPWorkload({self.inner.name!r}, width={self.width}, base_width={self.base_width}, readout={self.readout!r})"
+
+    # -- the model ---------------------------------------------------------------------------
+
+    def resolve(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The user's resolution, with `width` forced to this workload's width."""
+        return {**self.inner.resolve(config), "width": self.width}
+
+    def build_model(self, config: Mapping[str, Any]) -> nn.Module:
+        config = {**config, "width": self.width}
+        model = self.inner.build_model(config)
+        _swap_readout(model, self.readout, self.inner.name)
+        base, delta = self._shape_models(config)
+        try:
+            mup.set_base_shapes(model, base, delta=delta)
+        except AssertionError as error:  # mup's check for width->finite Linear layers
+            raise ScalingError(
+                f"muP cannot scale workload {self.inner.name!r}: {error} Only the output layer may map width "
+                f"to a fixed size; if that layer is the model's output, set `scaling.readout` to its name "
+                f"(now {self.readout!r})."
+            ) from None
+        init_std = config.get("init_std")
+        if init_std is not None:
+            mup_normal_init_(model, float(init_std))
+        return model
+
+    def _shape_models(self, config: Mapping[str, Any]) -> tuple[nn.Module, nn.Module]:
+        """Models at the base width and at twice it, on the meta device (shapes only)."""
+        base = _build_shapes_only(self.inner, {**config, "width": self.base_width})
+        delta = _build_shapes_only(self.inner, {**config, "width": 2 * self.base_width})
+        base_shapes = {name: p.shape for name, p in base.named_parameters()}
+        if all(base_shapes[name] == p.shape for name, p in delta.named_parameters()):
+            raise ScalingError(
+                f"workload {self.inner.name!r} builds the same parameter shapes at width {self.base_width} and "
+                f"{2 * self.base_width}: its build_model must size the model by config['width']"
+            )
+        return base, delta
+
+    def validate(self, config: Mapping[str, Any] | None = None) -> nn.Module:
+        """Build the model once, raising `ScalingError` or warning about attention; returns the model."""
+        config = self.resolve(config or {})
+        model = self.build_model(config)
+        base, delta = self._shape_models(config)
+        for message in attention_scale_problems(base, delta):
+            warnings.warn(message, UserWarning, stacklevel=2)
+        return model
+
+    # -- optimizer factors (what mup.MuAdam / MuAdamW / MuSGD do) -----------------------------
+
+    def lr_multipliers(self, model: nn.Module, optimizer: str) -> dict[str, float]:
+        return {name: lr for name, (lr, _) in mup_factors(model, optimizer).items()}
+
+    def weight_decay_multipliers(self, model: nn.Module, optimizer: str) -> dict[str, float]:
+        """mup also scales weight decay per parameter (the inverse of the lr factor); see `mup_factors`."""
+        return {name: wd for name, (_, wd) in mup_factors(model, optimizer).items()}
+
+    # -- delegated ------------------------------------------------------------------------------
+
+    def train_batches(self, config: Mapping[str, Any], seed: int) -> Iterator[Batch]:
+        return self.inner.train_batches(config, seed)
+
+    def eval_batches(self, config: Mapping[str, Any]) -> list[Batch]:
+        return self.inner.eval_batches(config)
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.inner.loss(output, target)
+
+    def batch_metrics(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self.inner.batch_metrics(output, target)
+
+
+def proxy_workload(workload: Workload, scaling: "ScalingConfig", *, validate: bool = True) -> MuPWorkload:
+    """The muP proxy of `workload` at `scaling.proxy` width, with muP base `scaling.base`.
+
+    With `validate`, builds the proxy once now so that a model muP cannot handle fails here (with
+    the layer and the fix), not inside a Ray worker; attention scaling problems are warned about.
+    """
+    proxy = MuPWorkload(workload, scaling.proxy, scaling.base, scaling.readout)
+    if validate:
+        proxy.validate()
+    return proxy
+
+
+def target_workload(workload: Workload, scaling: "ScalingConfig") -> MuPWorkload:
+    """The target at `scaling.target_width`. With the default base (the target width) every muP
+    factor is 1 and the model equals the user's own, so transferred values apply unchanged."""
+    return MuPWorkload(workload, scaling.target_width, scaling.base, scaling.readout)
+
+
+def mup_factors(model: nn.Module, optimizer: str) -> dict[str, tuple[float, float]]:
+    """(lr factor, weight-decay factor) per parameter name, exactly as mup's optimizers set them.
+
+    Adam/AdamW (`mup.MuAdam`): matrix-like parameters (two width dimensions) get lr / width_mult
+    and weight_decay * width_mult; vector-like ones are unchanged. SGD (`mup.MuSGD`): vector-like
+    get lr * width_mult, matrix-like lr / (fan-in mult / fan-out mult), weight decay inversely.
+    """
+    if optimizer not in ("sgd", "adam", "adamw"):
+        raise ValueError(f"optimizer {optimizer!r} has no muP rule here; expected 'sgd', 'adam' or 'adamw'")
+    factors: dict[str, tuple[float, float]] = {}
+    for name, param in model.named_parameters():
+        infshape = getattr(param, "infshape", None)
+        if infshape is None:
+            raise ScalingError(
+                f"parameter {name!r} has no muP shape; build the model with MuPWorkload.build_model "
+                "(mup.set_base_shapes) before asking for its learning-rate factors"
+            )
+        ninf = infshape.ninf()
+        if ninf > 2:
+            raise ScalingError(f"parameter {name!r} has {ninf} width dimensions; muP handles at most 2")
+        if optimizer in ("adam", "adamw"):
+            scale = infshape.width_mult() if ninf == 2 else 1.0
+            factors[name] = (1.0 / scale, scale)
+        elif ninf == 1:
+            scale = infshape.width_mult()
+            factors[name] = (scale, 1.0 / scale)
+        elif ninf == 2:
+            ratio = infshape.fanin_fanout_mult_ratio()
+            factors[name] = (1.0 / ratio, ratio)
+        else:
+            factors[name] = (1.0, 1.0)
+    return factors
+
+
+def mup_normal_init_(model: nn.Module, std: float) -> None:
+    """GPT-2's init under muP: Linear/Embedding weights ~ N(0, std) with mup's width scaling
+    (matrix-like weights std * width_mult**-0.5), biases zero. LayerNorm keeps ones and zeros."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                mup.init.normal_(module.weight, std=std)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+
+
+def _swap_readout(model: nn.Module, name: str, workload_name: str) -> None:
+    """Replace the output `nn.Linear` named `name` by a `mup.MuReadout` holding the same weights."""
+    try:
+        layer = model.get_submodule(name)
+    except AttributeError:
+        linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+        guess = f" The model's last nn.Linear is {linears[-1]!r}." if linears else ""
+        raise ScalingError(
+            f"muP scaling: the model of workload {workload_name!r} ({type(model).__name__}) has no module named "
+            f"{name!r}, so muP cannot find its output layer.{guess} Fix: name the output nn.Linear {name!r} in "
+            f"the model, or set `scaling.readout` to its name (YAML `scaling: {{readout: <module name>}}`)."
+        ) from None
+    if isinstance(layer, mup.MuReadout):
+        return
+    if type(layer) is not nn.Linear:
+        raise ScalingError(
+            f"muP scaling: the readout {name!r} of workload {workload_name!r} is a {type(layer).__name__}, "
+            "not an nn.Linear; muP replaces the output nn.Linear by mup.MuReadout. Fix: make the output layer "
+            "an nn.Linear (or a mup.MuReadout) or point `scaling.readout` at it."
+        )
+    readout = mup.MuReadout(layer.in_features, layer.out_features, bias=layer.bias is not None)
+    readout.to(device=layer.weight.device, dtype=layer.weight.dtype)
+    with torch.no_grad():
+        readout.weight.copy_(layer.weight)
+        if layer.bias is not None:
+            readout.bias.copy_(layer.bias)
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, readout)
+
+
+def _build_shapes_only(workload: Workload, config: Mapping[str, Any]) -> nn.Module:
+    """The model on the meta device (no memory, no RNG); on the CPU if the factory cannot do meta."""
+    try:
+        with torch.device("meta"):
+            return workload.build_model(config)
+    except Exception:  # a factory that computes on tensors while building: build it for real
+        return workload.build_model(config)
+
+
+def attention_scale_problems(base: nn.Module, delta: nn.Module) -> list[str]:
+    """Warnings for attention layers whose logits are scaled by 1/sqrt(head_dim) instead of muP's 1/d.
+
+    Recognises `nn.MultiheadAttention` and any module exposing `head_dim` and `scale` (the factor
+    on q.k). Comparing the base and delta models tells whether head_dim grows with width.
+    """
+    delta_modules = dict(delta.named_modules())
+    problems = []
+    for name, module in base.named_modules():
+        other = delta_modules.get(name)
+        if isinstance(module, nn.MultiheadAttention):
+            problems.append(
+                f"muP scaling: attention layer {name!r} is nn.MultiheadAttention, which always scales logits by "
+                "1/sqrt(head_dim); muP needs 1/head_dim. Fix: write the attention with "
+                "F.scaled_dot_product_attention(..., scale=1/head_dim)."
+            )
+            continue
+        head_dim, scale = getattr(module, "head_dim", None), getattr(module, "scale", None)
+        if not isinstance(head_dim, int) or not isinstance(scale, (int, float)) or other is None:
+            continue
+        if other.head_dim != head_dim:  # head_dim scales with width: measure the exponent
+            exponent = math.log(other.scale / scale) / math.log(other.head_dim / head_dim)
+            if abs(exponent + 1.0) > 0.1:
+                problems.append(
+                    f"muP scaling: attention layer {name!r} scales logits by head_dim**{exponent:.2f} and its "
+                    f"head_dim grows with width ({head_dim} -> {other.head_dim}); muP needs 1/head_dim or the "
+                    "proxy's optimum will not transfer. Fix: set `attn_scale: inv_d` (scale = 1/head_dim)."
+                )
+        elif math.isclose(scale * math.sqrt(head_dim), 1.0, rel_tol=1e-6) and head_dim > 1:
+            problems.append(
+                f"muP scaling: attention layer {name!r} scales logits by 1/sqrt(head_dim); muP prescribes "
+                f"1/head_dim. Harmless here because head_dim stays {head_dim} at every width, but set "
+                "`attn_scale: inv_d` to stay muP-correct if head_dim is ever scaled."
+            )
+    return problems

@@ -1,0 +1,200 @@
+"""Carrying the proxy's best configuration to the target, and (optionally) training the target.
+
+Under muP (Tensor Programs V, table 1) the optimisation hyperparameters and the init and
+multiplier scales transfer across width; regularisation does not. Because the proxy's muP base
+shapes are the target's, transferred values apply to the target unchanged: the only edit is
+`width`. Everything else is sorted into transferred, flagged (re-tune on a small target sweep),
+kept (architecture and run settings) and unknown (carried, but nothing says it transfers).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpo.workload import Workload
+
+if TYPE_CHECKING:
+    from hpo.scaling._config import ScalingConfig
+
+#: Keys muP transfers from proxy to target (Tensor Programs V, table 1: optimisation, init, multipliers).
+TRANSFERABLE: frozenset[str] = frozenset(
+    {
+        "lr", "optimizer", "beta1", "beta2", "momentum", "nesterov",
+        "lr_schedule", "warmup_steps", "schedule_steps", "lr_gamma", "min_lr_ratio",
+        "init_std", "output_mult", "emb_mult", "attn_mult", "attn_scale",
+    }
+)  # fmt: skip
+
+#: Keys carried unchanged but flagged, with the reason: re-tune them on a small target sweep.
+NON_TRANSFERABLE: Mapping[str, str] = {
+    "weight_decay": "regularisation does not transfer under muP (Tensor Programs V, table 1); re-tune on the target",
+    "dropout": "regularisation does not transfer under muP (Tensor Programs V, table 1); re-tune on the target",
+    "batch_size": "muP transfers across width; batch size transfers only empirically: re-tune or keep fixed",
+    "grad_clip": "the global gradient norm grows with width, so a clipping threshold does not transfer; re-tune",
+    "eps": "mup does not width-scale Adam's eps; fine only while eps is far below the gradient scale",
+}
+
+#: Architecture and run settings: carried unchanged, not hyperparameters muP speaks about.
+KEPT: frozenset[str] = frozenset(
+    {"n_layer", "depth", "head_dim", "n_head", "block_size", "seq_len", "seed", "data_seed", "steps_per_iteration"}
+)
+
+
+@dataclass
+class TargetRun:
+    """The target trained with the transferred config: its metric and per-iteration history."""
+
+    config: dict[str, Any]
+    metric: str
+    mode: str
+    value: float  # the metric at the last iteration
+    best: float  # the best value over iterations
+    iterations: int
+    seconds: float
+    diverged: bool
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class TransferResult:
+    """The best proxy config, the target config built from it, and what did not transfer."""
+
+    proxy_config: dict[str, Any]
+    target_config: dict[str, Any]
+    transferred: list[str]
+    flagged: dict[str, str]
+    kept: list[str]
+    unknown: dict[str, str]
+    proxy_width: int
+    target_width: int
+    base_width: int
+    metric: str | None = None
+    proxy_metric: float | None = None
+    target_run: TargetRun | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def write_json(self, path: str | os.PathLike[str]) -> Path:
+        """Write `transfer.json` (into `path` if it is a directory) and return the file's path."""
+        path = Path(path)
+        if path.is_dir() or path.suffix != ".json":
+            path.mkdir(parents=True, exist_ok=True)
+            path = path / "transfer.json"
+        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True, default=_json_default) + "\n")
+        return path
+
+
+def transfer_config(
+    best_proxy_config: Mapping[str, Any],
+    scaling: "ScalingConfig",
+    *,
+    metric: str | None = None,
+    proxy_metric: float | None = None,
+) -> TransferResult:
+    """The target config for `best_proxy_config`: every value carried unchanged, `width` set to
+    the target's, and each key sorted by whether muP says it transfers.
+
+    Example::
+
+        result = transfer_config({"lr": 0.01, "weight_decay": 0.1, "width": 128},
+                                 ScalingConfig(target_width=1024, ratio=8))
+        result.target_config   # {"lr": 0.01, "weight_decay": 0.1, "width": 1024}
+        result.flagged         # {"weight_decay": "regularisation does not transfer ..."}
+    """
+    proxy = dict(best_proxy_config)
+    if "width" in proxy and int(proxy["width"]) != scaling.proxy:
+        raise ValueError(
+            f"best_proxy_config has width {proxy['width']}, but scaling.proxy is {scaling.proxy}: "
+            "is this a proxy trial's config?"
+        )
+    transferred, kept, flagged, unknown = [], [], {}, {}
+    for key in sorted(proxy):
+        if key == "width":
+            continue
+        if key in TRANSFERABLE:
+            transferred.append(key)
+        elif key in NON_TRANSFERABLE:
+            flagged[key] = NON_TRANSFERABLE[key]
+        elif key in KEPT:
+            kept.append(key)
+        else:
+            unknown[key] = "not a known muP hyperparameter: carried unchanged, transfer not guaranteed"
+    return TransferResult(
+        proxy_config={**proxy, "width": scaling.proxy},
+        target_config={**proxy, "width": scaling.target_width},
+        transferred=transferred,
+        flagged=flagged,
+        kept=kept,
+        unknown=unknown,
+        proxy_width=scaling.proxy,
+        target_width=scaling.target_width,
+        base_width=scaling.base,
+        metric=metric,
+        proxy_metric=proxy_metric,
+    )
+
+
+def train_target(
+    workload: Workload,
+    transfer: TransferResult,
+    scaling: "ScalingConfig",
+    *,
+    max_iterations: int,
+) -> TargetRun:
+    """Train the target with `transfer.target_config` (hpo.training.TrialTrainer, in this process).
+
+    `workload` is the user's workload; the target is built through `target_workload`, which is
+    the user's own model when muP's base width is the target width.
+    """
+    from hpo.scaling._mup import target_workload
+
+    iterations = scaling.target_iterations or max_iterations
+    return run_target(target_workload(workload, scaling), transfer.target_config, iterations)
+
+
+def run_target(target: Workload, config: Mapping[str, Any], iterations: int) -> TargetRun:
+    """Train `config` on `target` for `iterations` iterations; stops early if the loss diverges."""
+    from hpo.training import TrialTrainer  # imports Ray; kept off the import path of hpo.scaling
+
+    start = time.monotonic()
+    trainer = TrialTrainer(target, config)
+    history = []
+    while trainer.iteration < iterations:
+        history.append(trainer.train_iteration())
+        if history[-1]["diverged"]:
+            break
+    return summarise_target_run(trainer.config, target.metric, target.mode, history, time.monotonic() - start)
+
+
+def summarise_target_run(
+    config: Mapping[str, Any], metric: str, mode: str, history: list[dict[str, Any]], seconds: float
+) -> TargetRun:
+    values = [float(h[metric]) for h in history if math.isfinite(float(h[metric]))]
+    pick = min if mode == "min" else max
+    return TargetRun(
+        config=dict(config),
+        metric=metric,
+        mode=mode,
+        value=float(history[-1][metric]) if history else math.nan,
+        best=pick(values) if values else math.nan,
+        iterations=len(history),
+        seconds=seconds,
+        diverged=bool(history and history[-1].get("diverged", False)),
+        history=list(history),
+    )
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy / torch scalars
+        return value.item()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
