@@ -1,1 +1,25 @@
 """Cluster side: job and cluster model, scheduling policies, trace simulator, Ray placement-group allocator."""
+
+from .cluster import ClusterSpec, FreeGPUs, Placement
+from .jobs import ElasticSpec, Job, Trace, TuningJob, make_trace
+from .metrics import SimResult
+from .pending import PendingQueue, select_starts
+from .policy_elastic import ElasticDecision, ElasticJobState, ElasticPolicy
+from .policy_qssf import QSSF
+from .policy_queue import FIFO, SJF, SRTF, QueuePolicy
+from .policy_tuning import TuningAware
+from .predictor import DurationPredictor
+from .profiles import AppProfile, load_profiles
+from .simulator import POLICIES, make_policy, simulate
+from .synthetic import add_tuning_work, random_trace
+from .traces import (FORMATS, TraceError, default_traces_dir, load_helios, load_philly,
+                     load_pollux, load_trace)
+
+__all__ = [
+    "AppProfile", "ClusterSpec", "DurationPredictor", "ElasticDecision", "ElasticJobState",
+    "ElasticPolicy", "ElasticSpec", "FIFO", "FORMATS", "FreeGPUs", "Job", "POLICIES",
+    "PendingQueue", "Placement", "QSSF", "QueuePolicy", "SJF", "SRTF", "SimResult", "Trace",
+    "TraceError", "TuningAware", "TuningJob", "add_tuning_work", "default_traces_dir",
+    "load_helios", "load_philly", "load_pollux", "load_profiles", "load_trace", "make_policy",
+    "make_trace", "random_trace", "select_starts", "simulate",
+]

@@ -1,0 +1,66 @@
+"""Tuning-aware policy (Hydro): ordinary jobs are scheduled by a base queue
+policy exactly as if no tuning work existed; tuning jobs' fused groups take
+only GPUs that policy leaves idle, and the bubbles of running pipeline jobs.
+
+A group on an idle GPU runs at full speed; a group in a pipeline job's bubbles
+runs at that job's ``bubble_fraction`` of full speed. When an ordinary job needs
+a GPU, the group on it is evicted at once and keeps the progress of its last
+checkpoint (every ``checkpoint_interval`` seconds), so ordinary jobs are never
+delayed. The work groups finish this way is the tuning work done for free.
+
+>>> from scheduler_bridge.policy_queue import FIFO
+>>> TuningAware(FIFO()).name
+'tuning-aware'
+"""
+
+from __future__ import annotations
+
+from .policy_queue import QueuePolicy
+
+
+class TuningAware(QueuePolicy):
+    name = "tuning-aware"
+
+    def __init__(self, base: QueuePolicy, checkpoint_interval: float = 60.0):
+        super().__init__(base.backfill)
+        self.base = base
+        self.preemptive = base.preemptive
+        self.checkpoint_interval = checkpoint_interval
+
+    def reset(self, t0=0.0):
+        self.base.reset(t0)
+
+    def priority(self, job, remaining, now):
+        return self.base.priority(job, remaining, now)
+
+    def priorities(self, jobs, now):
+        return self.base.priorities(jobs, now)
+
+    def observe(self, job, now):
+        return self.base.observe(job, now)
+
+    def victims(self, head, candidates, now):
+        return self.base.victims(head, candidates, now)
+
+    @staticmethod
+    def evictions(groups_on_node: int, free_on_node: int) -> int:
+        """How many groups must leave a node that now has ``free_on_node`` idle GPUs."""
+        return max(0, groups_on_node - free_on_node)
+
+    @staticmethod
+    def fill(idle_by_node: dict[int, int], bubble_slots: dict[int, int], pending: int
+             ) -> tuple[list[tuple[str, int]], int]:
+        """Where to put up to ``pending`` groups: idle GPUs first (lowest node first),
+        then pipeline jobs' bubble slots (by job id). Returns ([("gpu", node) |
+        ("bubble", job_id), ...], how many stay pending)."""
+        out = []
+        for node in sorted(idle_by_node):
+            k = min(idle_by_node[node], pending - len(out))
+            out.extend([("gpu", node)] * k)
+        for jid in sorted(bubble_slots):
+            k = min(bubble_slots[jid], pending - len(out))
+            out.extend([("bubble", jid)] * k)
+        return out, pending - len(out)
+
+    def __repr__(self):
+        return f"TuningAware({self.base!r})"

@@ -1,0 +1,66 @@
+"""Run one policy on one trace: ``simulate(trace, policy, cluster)``.
+
+>>> from scheduler_bridge import ClusterSpec, Job, make_trace, make_policy, simulate
+>>> trace = make_trace([Job(0, 0.0, 1, 10.0), Job(1, 0.0, 1, 5.0)])
+>>> simulate(trace, make_policy("sjf"), ClusterSpec(1, 1)).summary()["avg_jct"]
+10.0
+"""
+
+from __future__ import annotations
+
+import time
+
+from .cluster import ClusterSpec
+from .jobs import Trace
+from .metrics import SimResult
+from .policy_elastic import ElasticPolicy
+from .policy_qssf import QSSF
+from .policy_queue import FIFO, SJF, SRTF, QueuePolicy
+from .policy_tuning import TuningAware
+from .sim_elastic import run_elastic
+from .sim_rigid import run_rigid
+
+POLICIES = ("fifo", "sjf", "srtf", "qssf", "elastic", "elastic-fixed-batch", "tuning-aware")
+
+
+def make_policy(name: str, *, backfill: bool | None = None, seed: int = 0,
+                base: str = "fifo", checkpoint_interval: float = 60.0):
+    """A fresh policy by name. ``backfill`` None: on for QSSF, off for the others.
+    ``base``: the ordinary-job policy under ``tuning-aware``."""
+    if name == "fifo":
+        return FIFO(bool(backfill))
+    if name == "sjf":
+        return SJF(bool(backfill))
+    if name == "srtf":
+        return SRTF(bool(backfill))
+    if name == "qssf":
+        return QSSF(True if backfill is None else backfill, seed=seed)
+    if name == "elastic":
+        return ElasticPolicy()
+    if name == "elastic-fixed-batch":
+        return ElasticPolicy(fixed_batch=True)
+    if name == "tuning-aware":
+        if base == "tuning-aware" or base not in POLICIES or base.startswith("elastic"):
+            raise ValueError(f"tuning-aware base policy must be one of fifo, sjf, srtf, qssf; got {base!r}")
+        return TuningAware(make_policy(base, backfill=backfill, seed=seed), checkpoint_interval)
+    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+
+
+def simulate(trace: Trace, policy, cluster: ClusterSpec, *, restart_cost: float = 30.0,
+             profiles=None, deadline: float | None = None) -> SimResult:
+    """Replay ``trace`` on ``cluster`` under ``policy`` (from ``make_policy``).
+    Elastic policies need ``profiles`` (``load_profiles()``; default: the shipped ones)."""
+    t = time.perf_counter()
+    if isinstance(policy, ElasticPolicy):
+        if profiles is None:
+            from .profiles import load_profiles
+            profiles = load_profiles()
+        log = run_elastic(trace, cluster, policy, profiles, restart_cost)
+    elif isinstance(policy, QueuePolicy):
+        log = run_rigid(trace, cluster, policy, restart_cost)
+    else:
+        raise TypeError(f"not a scheduling policy: {policy!r}")
+    params = {"backfill": getattr(policy, "backfill", None),
+              "gpus_per_node": cluster.gpus_per_node, "restart_cost": restart_cost}
+    return SimResult(policy=policy.name, trace=trace, num_gpus=cluster.num_gpus, log=log,
+                     wall_s=time.perf_counter() - t, deadline=deadline, params=params)

@@ -1,0 +1,144 @@
+"""Trace loaders: the shipped Philly CSV, Pollux workloads and Helios ``cluster_log.csv``.
+
+Every loader returns a ``Trace`` (jobs sorted by submit time, starting at 0) and
+raises ``TraceError`` naming the file, line and column of the first bad row.
+
+>>> trace = load_philly(default_traces_dir() / "pollux" / "traces" / "philly.csv")  # doctest: +SKIP
+>>> len(trace)                                                                       # doctest: +SKIP
+82247
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from datetime import datetime
+from pathlib import Path
+
+from .jobs import ElasticSpec, Job, Trace, make_trace
+
+FORMATS = ("philly", "pollux", "helios")
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message names the file, row and value."""
+
+
+def default_traces_dir() -> Path:
+    """``$HPO_TRACES_DIR``, else ``shared/traces`` beside the repository."""
+    env = os.environ.get("HPO_TRACES_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+
+
+def _rows(path: Path, required: tuple[str, ...]):
+    """Yield (line_number, row dict) checking the header has ``required`` columns."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such trace file")
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise TraceError(f"{path}: missing column(s) {missing}; header is {header}")
+        for row in reader:
+            yield reader.line_num, row
+
+
+def _num(path, line, row, col, *, integer=False, minimum=None):
+    raw = row.get(col)
+    try:
+        val = float(raw)
+        if not math.isfinite(val):
+            raise ValueError
+        if integer:
+            if val != int(val):
+                raise ValueError
+            val = int(val)
+    except (TypeError, ValueError):
+        kind = "an integer" if integer else "a number"
+        raise TraceError(f"{path}:{line}: column {col!r} = {raw!r} is not {kind}") from None
+    if minimum is not None and val < minimum:
+        raise TraceError(f"{path}:{line}: column {col!r} = {raw!r} must be >= {minimum}")
+    return val
+
+
+def _time(path, line, row, col) -> float:
+    raw = (row.get(col) or "").strip()
+    try:
+        return float(raw)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(raw).timestamp()
+    except ValueError:
+        raise TraceError(f"{path}:{line}: column {col!r} = {raw!r} is neither seconds "
+                         "nor a date like 2017-10-09 07:01:55") from None
+
+
+def load_philly(path) -> Trace:
+    """Pollux's Philly-derived CSV: ``timestamp,duration,num_gpus,gpu_time,cluster``."""
+    jobs = []
+    for line, row in _rows(path, ("timestamp", "duration", "num_gpus", "cluster")):
+        jobs.append(Job(job_id=line, submit=_time(path, line, row, "timestamp"),
+                        gpus=_num(path, line, row, "num_gpus", integer=True, minimum=1),
+                        duration=_num(path, line, row, "duration", minimum=0),
+                        vc=row["cluster"], name=f"philly-{line}"))
+    return make_trace(jobs, source=str(path))
+
+
+def load_helios(path, *, skip_cpu_jobs: bool = True) -> Trace:
+    """Helios ``cluster_log.csv``: ``job_id,user,vc,gpu_num,...,submit_time,...,duration``.
+    CPU-only jobs (``gpu_num`` 0) are skipped unless ``skip_cpu_jobs`` is False."""
+    jobs = []
+    cols = ("job_id", "user", "vc", "gpu_num", "submit_time", "duration")
+    for line, row in _rows(path, cols):
+        gpus = _num(path, line, row, "gpu_num", integer=True, minimum=0)
+        if gpus == 0:
+            if skip_cpu_jobs:
+                continue
+            raise TraceError(f"{path}:{line}: column 'gpu_num' = 0 (CPU job)")
+        jobs.append(Job(job_id=line, submit=_time(path, line, row, "submit_time"), gpus=gpus,
+                        duration=_num(path, line, row, "duration", minimum=0),
+                        user=row["user"], vc=row["vc"], name=row["job_id"]))
+    return make_trace(jobs, source=str(path))
+
+
+def load_pollux(path, profiles_dir=None) -> Trace:
+    """A Pollux workload CSV: ``name,time,application,num_replicas,batch_size``.
+    Jobs become elastic jobs; with ``profiles_dir`` (default: ``../traces`` beside
+    the workload folder) their ``duration`` is the isolated run time at the
+    requested GPUs and batch size, computed from the measured profiles."""
+    from .profiles import load_profiles
+
+    path = Path(path)
+    profiles_dir = Path(profiles_dir) if profiles_dir else path.parent.parent / "traces"
+    apps = load_profiles(profiles_dir)
+    jobs = []
+    for line, row in _rows(path, ("name", "time", "application", "num_replicas", "batch_size")):
+        app = row["application"]
+        if app not in apps:
+            raise TraceError(f"{path}:{line}: column 'application' = {app!r} has no profile "
+                             f"in {profiles_dir} (known: {sorted(apps)})")
+        gpus = _num(path, line, row, "num_replicas", integer=True, minimum=1)
+        bsz = _num(path, line, row, "batch_size", integer=True, minimum=1)
+        prof = apps[app]
+        spec = ElasticSpec(app, bsz, 1, prof.max_gpus)
+        jobs.append(Job(job_id=line, submit=_num(path, line, row, "time", minimum=0), gpus=gpus,
+                        duration=prof.isolated_runtime(gpus, bsz), name=row["name"],
+                        vc=app, elastic=spec))
+    return make_trace(jobs, source=str(path))
+
+
+def load_trace(path, fmt: str, profiles_dir=None) -> Trace:
+    """Dispatch on ``fmt`` (one of ``FORMATS``)."""
+    if fmt == "philly":
+        return load_philly(path)
+    if fmt == "helios":
+        return load_helios(path)
+    if fmt == "pollux":
+        return load_pollux(path, profiles_dir)
+    raise TraceError(f"unknown trace format {fmt!r}; choose one of {', '.join(FORMATS)}")
