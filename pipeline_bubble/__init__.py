@@ -1,1 +1,43 @@
-"""Harvesting the idle bubbles of DeepSpeed pipeline-parallel jobs for fused tuning work."""
+"""Harvesting the idle bubbles of DeepSpeed pipeline-parallel jobs for fused tuning work.
+
+- `harvest_bubbles(engine, guest)` / `initialize(...)`: the one call that instruments a
+  `deepspeed.initialize` pipeline engine (per-stage timelines) and lends its bubbles to a guest;
+- `BubbleExecutor`: runs whole guest steps in each stage's predicted idle windows;
+- `GuestWork`: the protocol a guest implements; `TorchGuest`, `workload_guest`, `GuestGroup`,
+  `fused_group_guest`: ready-made guests;
+- `run_guests_in_bubbles(engine, workload, configs, ...)` / `guest_results(engine)`: what the sweep calls;
+- `theoretical_bubble_fraction`, `save_timelines`, `plot_gantt`: measuring and showing bubbles.
+
+Names are imported lazily: `import pipeline_bubble` does not import DeepSpeed.
+"""
+
+from importlib import import_module
+
+_EXPORTS = {
+    "harvest_bubbles": "pipeline_bubble.api",
+    "initialize": "pipeline_bubble.api",
+    "attach_guest": "pipeline_bubble.api",
+    "run_guests_in_bubbles": "pipeline_bubble.api",
+    "guest_results": "pipeline_bubble.api",
+    "BubbleExecutor": "pipeline_bubble.executor",
+    "InstrumentedPipelineEngine": "pipeline_bubble.instrumented_engine",
+    "instrument": "pipeline_bubble.instrumented_engine",
+    "GuestWork": "pipeline_bubble.guests",
+    "TorchGuest": "pipeline_bubble.guests",
+    "GuestGroup": "pipeline_bubble.guests",
+    "workload_guest": "pipeline_bubble.guests",
+    "fused_group_guest": "pipeline_bubble.fused_guest",
+    "StageTimeline": "pipeline_bubble.timeline",
+    "theoretical_bubble_fraction": "pipeline_bubble.timeline",
+    "save_timelines": "pipeline_bubble.timeline",
+    "load_timelines": "pipeline_bubble.timeline",
+    "plot_gantt": "pipeline_bubble.plots",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pipeline_bubble' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)

@@ -1,0 +1,236 @@
+"""A reference pipeline job trained twice in the same processes: without and with bubble harvesting.
+
+Used by the acceptance test and the benchmark. Each rank builds two DeepSpeed pipeline engines
+from the same seed (an MLP with dropout, so any leak into the global RNG would show), both
+instrumented, the second with a `BubbleExecutor`. The two engines train batch by batch in turn
+(A, B, A, B, ...), so a busy host slows both alike; each engine keeps its own global-RNG stream,
+swapped in around its batches, exactly as if it ran alone. The main job is bit-identical when
+both engines' losses and final parameters match.
+
+Example (what the benchmark does for one point)::
+
+    results = launch(run_rank, 2, JobSpec(stages=2, micro_batches=4))
+    report = summarize_ab(results)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline_bubble.guests import GuestWork, TorchGuest, workload_guest
+from pipeline_bubble.timeline import GUEST, WAIT, StageTimeline, summarize, theoretical_bubble_fraction
+
+GuestFactory = Callable[[int, torch.device], GuestWork]
+
+
+@dataclass
+class JobSpec:
+    """The main job and the harvest settings of one A/B run."""
+
+    stages: int = 2
+    micro_batches: int = 4
+    micro_batch_size: int = 32
+    width: int = 256
+    layers_per_stage: int = 2
+    dropout: float = 0.1
+    batches: int = 8
+    seed: int = 0
+    device: str = "cpu"
+    #: Builds each stage's guest: `guest_factory(stage, device)`; None trains `synthetic_guest`.
+    guest_factory: GuestFactory | None = None
+    checkpoint_dir: str | None = None
+    memory_cap_bytes: int | None = None
+    #: Stop harvesting (evict the guest) after this many batches; None: never.
+    evict_after: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---- the main job -----------------------------------------------------------------------------
+def _pipeline_module(spec: JobSpec):
+    from deepspeed.pipe import PipelineModule
+
+    layers: list[nn.Module] = []
+    for _ in range(spec.stages * spec.layers_per_stage):
+        layers += [nn.Linear(spec.width, spec.width), nn.ReLU(), nn.Dropout(spec.dropout)]
+    layers.append(nn.Linear(spec.width, 10))
+    return PipelineModule(
+        layers=layers, num_stages=spec.stages, loss_fn=nn.CrossEntropyLoss(), partition_method="parameters"
+    )
+
+
+def build_engine(spec: JobSpec):
+    """`deepspeed.initialize` of the reference `PipelineModule`, seeded by `spec.seed`."""
+    import deepspeed
+
+    torch.manual_seed(spec.seed)
+    module = _pipeline_module(spec)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    config = {
+        "train_batch_size": spec.micro_batch_size * spec.micro_batches,
+        "train_micro_batch_size_per_gpu": spec.micro_batch_size,
+        "steps_per_print": 10**9,
+    }
+    engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
+    return engine
+
+
+def main_job_batches(spec: JobSpec, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(spec.seed + 1)
+    while True:
+        x = torch.randn(spec.micro_batch_size, spec.width, generator=generator)
+        y = torch.randint(0, 10, (spec.micro_batch_size,), generator=generator)
+        yield x.to(device), y.to(device)
+
+
+def parameter_digest(engine) -> str:
+    digest = hashlib.sha256()
+    for name, param in sorted(engine.module.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(param.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+# ---- a guest that needs nothing but torch ---------------------------------------------------
+def _teacher_batches(seed: int, batch: int, features: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    teacher = torch.randn(features, 10, generator=generator)
+    while True:
+        x = torch.randn(batch, features, generator=generator)
+        yield x, (x @ teacher).argmax(dim=1)
+
+
+def synthetic_guest(stage: int, device: torch.device, *, width: int = 64, batch: int = 64, lr: float = 3e-3):
+    """A small MLP learning a random linear teacher: a stand-in tuning trial with no data files."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1000 + stage)
+        model = nn.Sequential(nn.Linear(32, width), nn.ReLU(), nn.Linear(width, 10))
+    return TorchGuest(
+        model,
+        torch.optim.Adam(model.parameters(), lr=lr),
+        partial(_teacher_batches, 2000 + stage, batch, 32),
+        nn.functional.cross_entropy,
+        seed=stage,
+        device=device,
+    )
+
+
+def digits_guest(stage: int, device: torch.device):
+    """The `examples.mlp_digits` workload as a guest (needs `hpo`, hence Ray, and scikit-learn)."""
+    from examples.mlp_digits import workload
+
+    return workload_guest(workload, {"lr": 3e-3, "width": 64, "seed": stage, "data_seed": stage}, device=device)
+
+
+# ---- one rank of the A/B run ------------------------------------------------------------------
+class _RngSwap:
+    """Gives one engine its own global-RNG stream while two engines alternate in one process."""
+
+    def __init__(self, seed: int, device: torch.device):
+        self.cuda = device if device.type == "cuda" else None
+        with torch.random.fork_rng(devices=[self.cuda] if self.cuda else []):
+            torch.manual_seed(seed)
+            self.state = self._get()
+
+    def _get(self) -> list[torch.Tensor]:
+        return [torch.get_rng_state()] + ([torch.cuda.get_rng_state(self.cuda)] if self.cuda else [])
+
+    def __enter__(self):
+        torch.set_rng_state(self.state[0])
+        if self.cuda:
+            torch.cuda.set_rng_state(self.state[1], self.cuda)
+
+    def __exit__(self, *exc):
+        self.state = self._get()
+
+
+def run_rank(rank: int, world_size: int, spec: JobSpec) -> dict[str, Any]:
+    """One rank: train the baseline and the harvested engine in turn; return timelines and checks."""
+    import deepspeed
+
+    from pipeline_bubble.executor import BubbleExecutor
+    from pipeline_bubble.instrumented_engine import instrument
+
+    if spec.device.startswith("cuda"):
+        from pipeline_bubble.launch import stage_cuda_on_host
+
+        stage_cuda_on_host()
+    deepspeed.init_distributed(dist_backend="gloo")
+    baseline = instrument(build_engine(spec))
+    harvested_engine = build_engine(spec)
+    stage = harvested_engine.stage_id
+    factory = spec.guest_factory or synthetic_guest
+    checkpoint = Path(spec.checkpoint_dir) / f"guest_stage{stage}.pt" if spec.checkpoint_dir else None
+    executor = BubbleExecutor(
+        factory(stage, harvested_engine.device), checkpoint_path=checkpoint, memory_cap_bytes=spec.memory_cap_bytes
+    )
+    harvested = instrument(harvested_engine, executor)
+
+    runs = {name: (engine, _RngSwap(spec.seed + 2, engine.device)) for name, engine in [("baseline", baseline), ("harvested", harvested)]}
+    data = {name: main_job_batches(spec, baseline.device) for name in runs}
+    losses: dict[str, list[float]] = {name: [] for name in runs}
+    for batch in range(spec.batches):
+        if spec.evict_after is not None and batch == spec.evict_after:
+            executor.evict()
+        for name, (engine, rng) in runs.items():
+            with rng:
+                losses[name].append(float(engine.train_batch(data[name])))
+    return {
+        "stage": stage,
+        "losses": losses,
+        "digests": {name: parameter_digest(engine) for name, (engine, _) in runs.items()},
+        "rng_equal": all(map(torch.equal, runs["baseline"][1].state, runs["harvested"][1].state)),
+        "timelines": {name: engine.bubble_recorder.timeline.to_dict() for name, (engine, _) in runs.items()},
+        "guest_losses": executor.stats.losses,
+        "harvest": {
+            "steps": executor.stats.steps,
+            "samples": executor.stats.samples,
+            "guest_seconds": executor.stats.guest_seconds,
+            "overruns": executor.stats.overruns,
+            "step_time_s": executor.step_time_s,
+            "refused": executor.refused,
+        },
+    }
+
+
+def summarize_ab(results: list[dict[str, Any]], skip: int = 1) -> dict[str, Any]:
+    """One benchmark row from the ranks' results (`skip` first batches are warm-up)."""
+    base = [StageTimeline.from_dict(r["timelines"]["baseline"]) for r in results]
+    harv = [StageTimeline.from_dict(r["timelines"]["harvested"]) for r in results]
+    base_summary, harv_summary = summarize(base, skip), summarize(harv, skip)
+    bubble = sum(b.total(WAIT) for t in base for b in t.measured(skip))
+    guest = sum(b.total(GUEST) for t in harv for b in t.measured(skip))
+    wall = sum(b.span for b in harv[0].measured(skip))
+    samples_per_step = [r["harvest"]["samples"] / max(r["harvest"]["steps"], 1) for r in results]
+    guest_steps = sum(
+        sum(1 for b in t.measured(skip) for i in b.intervals if i.category == GUEST) for t in harv
+    )
+    first = base[0]
+    return {
+        "stages": first.stages,
+        "micro_batches": first.micro_batches,
+        "device": first.device,
+        "theory_fraction": theoretical_bubble_fraction(first.stages, first.micro_batches),
+        "measured_fraction": base_summary["measured_fraction"],
+        "measured_fraction_per_stage": base_summary["measured_fraction_per_stage"],
+        "batch_time_s": base_summary["median_batch_time_s"],
+        "batch_time_harvested_s": harv_summary["median_batch_time_s"],
+        "slowdown": harv_summary["median_batch_time_s"] / base_summary["median_batch_time_s"] - 1.0,
+        "harvested_fraction": guest / bubble if bubble > 0 else 0.0,
+        "guest_samples_per_s": guest_steps * (sum(samples_per_step) / len(samples_per_step)) / wall if wall else 0.0,
+        "guest_steps": sum(r["harvest"]["steps"] for r in results),
+        "overruns": sum(r["harvest"]["overruns"] for r in results),
+        "main_job_bit_identical": all(
+            r["losses"]["baseline"] == r["losses"]["harvested"]
+            and r["digests"]["baseline"] == r["digests"]["harvested"]
+            and r["rng_equal"]
+            for r in results
+        ),
+    }

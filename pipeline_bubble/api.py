@@ -1,0 +1,112 @@
+"""The calls a user (or the sweep) makes: make a DeepSpeed pipeline job's bubbles available, fill them.
+
+A pipeline job opts in with one call, either in place of `deepspeed.initialize`::
+
+    engine, optimizer, _, _ = pipeline_bubble.initialize(model=pipe_module, optimizer=opt, config=ds_config)
+
+or on the engine it already has::
+
+    engine = pipeline_bubble.harvest_bubbles(engine)
+
+Either way the engine records its per-stage timeline (`engine.bubble_recorder.timeline`) and
+accepts a guest. The sweep (`fusion.placement: bubbles`) hands tuning configs to the job with
+`run_guests_in_bubbles(engine, workload, configs, checkpoint_dir=...)` on every rank; each stage
+trains its share of the configs in its bubbles and `guest_results(engine)` reports them per trial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline_bubble.executor import BubbleExecutor
+from pipeline_bubble.guests import GuestGroup, GuestWork, workload_guest
+from pipeline_bubble.instrumented_engine import InstrumentedPipelineEngine, instrument
+
+
+def harvest_bubbles(
+    engine,
+    guest: GuestWork | None = None,
+    *,
+    memory_cap_bytes: int | None = None,
+    checkpoint_path: str | Path | None = None,
+    checkpoint_every: int = 100,
+    safety: float = 0.9,
+) -> InstrumentedPipelineEngine:
+    """Instrument a `PipelineEngine` from `deepspeed.initialize` and, if given, let `guest` fill its bubbles.
+
+    Call on every rank before the first `train_batch`. A guest can also be attached later with
+    `attach_guest`. Returns the same engine object.
+    """
+    executor = None
+    if guest is not None:
+        executor = BubbleExecutor(
+            guest,
+            memory_cap_bytes=memory_cap_bytes,
+            checkpoint_path=checkpoint_path,
+            checkpoint_every=checkpoint_every,
+            safety=safety,
+        )
+    return instrument(engine, executor)
+
+
+def initialize(*, guest: GuestWork | None = None, bubble_options: Mapping[str, Any] | None = None, **deepspeed_kwargs):
+    """`deepspeed.initialize(**deepspeed_kwargs)` whose engine records and lends its bubbles.
+
+    Returns what `deepspeed.initialize` returns, the engine instrumented (`harvest_bubbles`).
+    """
+    import deepspeed
+
+    engine, optimizer, loader, scheduler = deepspeed.initialize(**deepspeed_kwargs)
+    return harvest_bubbles(engine, guest, **dict(bubble_options or {})), optimizer, loader, scheduler
+
+
+def attach_guest(engine: InstrumentedPipelineEngine, executor: BubbleExecutor) -> None:
+    """Give an instrumented engine a (new) guest; the previous one is evicted (checkpointed) first."""
+    if engine.bubble_executor is not None:
+        engine.bubble_executor.evict()
+    engine.bubble_executor = executor
+    executor.start(engine.device)
+
+
+def run_guests_in_bubbles(
+    engine: InstrumentedPipelineEngine,
+    workload: Any,
+    configs: Sequence[Mapping[str, Any]],
+    *,
+    checkpoint_dir: str | Path,
+    memory_cap_bytes: int | None = None,
+) -> BubbleExecutor:
+    """Train tuning `configs` of `workload` (a `hpo.workload.Workload`) inside this rank's bubbles.
+
+    Call on every rank of the pipeline job with the same arguments, after `harvest_bubbles`.
+    Stage s trains configs[s::num_stages] (all of them in turn), checkpointing to
+    `checkpoint_dir/stage<s>.pt` and resuming from there. The job then trains as usual; read
+    the per-trial rows with `guest_results(engine)`.
+    """
+    stage, stages = engine.stage_id, engine.num_stages
+    mine = [workload_guest(workload, config, device=engine.device) for config in configs[stage::stages]]
+    guest = None if not mine else mine[0] if len(mine) == 1 else GuestGroup(mine)
+    executor = BubbleExecutor(
+        guest, memory_cap_bytes=memory_cap_bytes, checkpoint_path=Path(checkpoint_dir) / f"stage{stage}.pt"
+    )
+    attach_guest(engine, executor)
+    return executor
+
+
+def guest_results(engine: InstrumentedPipelineEngine) -> list[dict[str, Any]]:
+    """One row per config this rank trained in its bubbles: the config, steps trained, val metrics."""
+    executor = engine.bubble_executor
+    if executor is None or executor.guest is None:
+        return []
+    guest = executor.guest
+    members = guest.members if isinstance(guest, GuestGroup) else [guest]
+    return [
+        {"config": getattr(m, "config", {}), "steps": getattr(m, "steps", None), **_evaluate(m)} for m in members
+    ]
+
+
+def _evaluate(member: GuestWork) -> dict[str, float]:
+    evaluate = getattr(member, "evaluate", None)
+    return evaluate() if callable(evaluate) else {}

@@ -1,0 +1,218 @@
+"""The bubble executor: runs quanta of guest training steps inside a stage's predicted idle windows.
+
+Where the windows are. Every blocking point of a stage's schedule (send/recv of activations and
+gradients, the loss broadcast) is a *slot*, numbered by its position in the schedule, which is
+the same every batch. The engine tells the executor how long each slot blocked; from that the
+executor keeps, per slot, an estimate of the idle window before the peer is ready.
+
+How they are filled. A blocking gloo send/recv cannot share its thread with other work, and a
+gloo `irecv` cannot be polled (`is_completed()` stays false until `wait()`; a timed `wait()`
+closes the pair). So the executor works *ahead* of the blocking call: right before the engine
+issues it, the executor runs whole guest steps while the predicted remaining window still fits
+one more step (predicted from the measured step time), then the engine issues the call. It
+never starts a step that does not fit.
+
+How predictions learn. If the call still blocked after the quantum (residual wait above the
+transfer floor), the true window was `harvested + residual` and the estimate follows it (down at
+once, up halfway). If it returned at once, the quantum may have overrun the window and delayed
+the main job, so the estimate backs off multiplicatively.
+
+Safety. Guest steps run under `torch.random.fork_rng`, so the host job's RNG stream is never
+advanced; a guest whose footprint exceeds `memory_cap_bytes` is refused; on CUDA its kernels go
+to a separate lowest-priority stream. Progress is checkpointed every `checkpoint_every` steps
+and on `evict()`, which may be called at any time between steps.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from pipeline_bubble.guests import GuestWork, _devices_for_rng
+from pipeline_bubble.timeline import GUEST
+
+#: Below this residual (seconds, above the transfer floor) a blocking call "did not wait".
+_READY_TOLERANCE_S = 5e-4
+#: Quantile of the recent guest step times used as the predicted length of the next step.
+_STEP_QUANTILE = 0.9
+
+
+class _Recorder(Protocol):
+    def mark(self) -> Any: ...
+
+    def record(self, name: str, category: str, start: Any, end: Any, slot: int) -> None: ...
+
+
+@dataclass
+class HarvestStats:
+    """Guest work done inside bubbles (`losses` also has the profiling steps run at start)."""
+
+    steps: int = 0
+    samples: int = 0
+    guest_seconds: float = 0.0
+    overruns: int = 0
+    losses: list[float] = field(default_factory=list)
+
+
+class BubbleExecutor:
+    """Fills one pipeline stage's idle windows with steps of `guest`.
+
+    Args:
+        guest: the tuning work (see `GuestWork`); None for an executor that only measures.
+        memory_cap_bytes: refuse the guest if its footprint exceeds this (None: no cap).
+        checkpoint_path: where guest progress is saved (and resumed from, if it exists).
+        checkpoint_every: guest steps between checkpoints.
+        safety: share of a predicted window the executor plans to use.
+        backoff: factor applied to a slot's window estimate after a suspected overrun.
+    """
+
+    def __init__(
+        self,
+        guest: GuestWork | None,
+        *,
+        memory_cap_bytes: int | None = None,
+        checkpoint_path: str | Path | None = None,
+        checkpoint_every: int = 100,
+        safety: float = 0.9,
+        backoff: float = 0.6,
+        profile_steps: int = 4,
+    ):
+        if not 0 < safety <= 1:
+            raise ValueError(f"safety must be in (0, 1], got {safety}")
+        if not 0 < backoff < 1:
+            raise ValueError(f"backoff must be in (0, 1), got {backoff}")
+        self.guest = guest
+        self.memory_cap_bytes = memory_cap_bytes
+        self.checkpoint_path = Path(checkpoint_path) if checkpoint_path is not None else None
+        self.checkpoint_every = checkpoint_every
+        self.safety = safety
+        self.backoff = backoff
+        self.profile_steps = profile_steps
+        self.stats = HarvestStats()
+        self.refused: str | None = None
+        #: Why the guest was dropped mid-run (its last checkpoint stays valid), if it failed.
+        self.failed: str | None = None
+        self.step_time_s: float | None = None
+        self._window: dict[int, float] = {}
+        self._floor = float("inf")
+        self._stream: torch.cuda.Stream | None = None
+        self._device = torch.device("cpu")
+        self._since_checkpoint = 0
+        self._recent: deque[float] = deque(maxlen=32)
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def start(self, device: torch.device | str = "cpu") -> None:
+        """Resume from the checkpoint, check the memory cap, and profile the guest's step time.
+
+        Called once when the executor is attached to an engine, before the first batch.
+        """
+        self._device = torch.device(device)
+        if self.guest is None:
+            return
+        if self.checkpoint_path is not None and self.checkpoint_path.exists():
+            saved = torch.load(self.checkpoint_path, weights_only=False)
+            self.guest.load_state_dict(saved["guest"])
+        if self._device.type == "cuda":
+            lowest_priority, _ = torch.cuda.Stream.priority_range()
+            self._stream = torch.cuda.Stream(self._device, priority=lowest_priority)
+        self._check_memory()
+        for _ in range(self.profile_steps if self.guest is not None else 0):
+            self._timed_step()
+        if len(self._recent) > 1:
+            self._recent.popleft()  # the first step ever pays for allocations
+            self.step_time_s = self._predict_step()
+        self._check_memory()
+
+    def evict(self) -> None:
+        """Checkpoint the guest and drop it; the stage keeps training, its windows stay empty."""
+        if self.guest is not None:
+            self.checkpoint()
+        self.guest = None
+
+    def checkpoint(self) -> None:
+        if self.guest is None or self.checkpoint_path is None:
+            return
+        self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.checkpoint_path.with_suffix(".partial")
+        torch.save({"guest": self.guest.state_dict(), "harvested_steps": self.stats.steps}, partial)
+        os.replace(partial, self.checkpoint_path)
+        self._since_checkpoint = 0
+
+    def end_batch(self) -> None:
+        if self.guest is not None and self._since_checkpoint >= self.checkpoint_every:
+            self.checkpoint()
+
+    # ---- the engine's two calls -----------------------------------------------------------
+    def harvest(self, slot: int, recorder: _Recorder) -> float:
+        """Run whole guest steps that fit the predicted window of `slot`; returns seconds used."""
+        window = self._window.get(slot)
+        if self.guest is None or window is None or self.step_time_s is None:
+            return 0.0
+        budget = window * self.safety
+        start = time.perf_counter()
+        steps = 0
+        while (time.perf_counter() - start) + self.step_time_s <= budget:
+            if self._device.type == "cuda" and torch.cuda.mem_get_info(self._device)[0] < self.guest.memory_bytes:
+                break
+            begin = recorder.mark()
+            try:
+                self.stats.guest_seconds += self._timed_step()
+            except Exception as error:  # a failing guest must never take the main job down
+                self.failed = f"{type(error).__name__}: {error}"
+                self.guest = None
+                break
+            recorder.record("guest_step", GUEST, begin, recorder.mark(), slot)
+            self.stats.steps += 1
+            self.stats.samples += int(getattr(self.guest, "samples_per_step", 0))
+            steps += 1
+        return time.perf_counter() - start if steps else 0.0
+
+    def observe(self, slot: int, harvested_s: float, blocked_s: float) -> None:
+        """Learn the window of `slot` from how long its blocking call took after the quantum."""
+        self._floor = min(self._floor, blocked_s)
+        residual = blocked_s - self._floor
+        if harvested_s > 0 and residual <= _READY_TOLERANCE_S:
+            self.stats.overruns += 1
+            self._window[slot] = self._window[slot] * self.backoff
+            return
+        seen = harvested_s + residual
+        old = self._window.get(slot)
+        self._window[slot] = seen if old is None or seen < old else 0.5 * (old + seen)
+
+    # ---- internals --------------------------------------------------------------------------
+    def _timed_step(self) -> float:
+        """One guest step under a private RNG (and stream on CUDA); returns its duration."""
+        assert self.guest is not None
+        begin = time.perf_counter()
+        # The engine may be inside no_grad (the loss broadcast is): the guest trains regardless.
+        with torch.random.fork_rng(devices=_devices_for_rng(self._device)), torch.enable_grad():
+            if self._stream is not None:
+                with torch.cuda.stream(self._stream):
+                    loss = self.guest.step()
+                self._stream.synchronize()
+            else:
+                loss = self.guest.step()
+        elapsed = time.perf_counter() - begin
+        self._recent.append(elapsed)
+        self.step_time_s = self._predict_step()
+        self.stats.losses.append(loss)
+        self._since_checkpoint += 1
+        return elapsed
+
+    def _predict_step(self) -> float:
+        """A high quantile of the recent step times (a quantum's first step is the slowest)."""
+        ordered = sorted(self._recent)
+        return ordered[min(len(ordered) - 1, int(_STEP_QUANTILE * len(ordered)))]
+
+    def _check_memory(self) -> None:
+        if self.guest is not None and self.memory_cap_bytes is not None and self.guest.memory_bytes > self.memory_cap_bytes:
+            self.refused = (
+                f"guest needs {self.guest.memory_bytes} bytes, over memory_cap_bytes={self.memory_cap_bytes}"
+            )
+            self.evict()

@@ -1,0 +1,244 @@
+"""Guest work: what a bubble executor trains in a pipeline stage's idle windows.
+
+The executor only needs the small `GuestWork` protocol: one optimizer step at a time, a
+checkpointable state, and its memory footprint. `TorchGuest` trains any module/optimizer/data
+stream; `workload_guest` builds one from a `hpo.workload.Workload` config exactly the way the
+plain trainer does (same optimizer and LR schedule from `hpo.hparams`).
+
+A guest must never touch the host job's math. Concretely it keeps its own RNG stream (it draws
+from the global generator only inside `torch.random.fork_rng`, restoring its own saved state
+first), builds its own tensors, and never reads or writes the main job's parameters.
+
+Example::
+
+    guest = workload_guest(examples.mlp_digits.workload, {"lr": 3e-3, "width": 64})
+    loss = guest.step()            # one optimizer step
+    state = guest.state_dict()     # resumable
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@runtime_checkable
+class GuestWork(Protocol):
+    """One tuning job, advanced one optimizer step at a time by a `BubbleExecutor`.
+
+    `step()` must be self-contained (no state carried in autograd between calls), must leave the
+    global RNG state as it found it, and returns the step's training loss.
+    """
+
+    #: Training samples consumed per `step()` (for samples/s harvested).
+    samples_per_step: int
+
+    @property
+    def memory_bytes(self) -> int:
+        """Resident bytes of the guest (parameters, gradients, optimizer state)."""
+
+    def step(self) -> float: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+def _tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
+
+
+def _devices_for_rng(device: torch.device) -> list[int]:
+    return [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+
+
+class TorchGuest:
+    """Trains `model` with `optimizer` on `batch_stream()` under a private RNG stream.
+
+    `batch_stream` is called again after `load_state_dict` and fast-forwarded by the number of
+    steps already taken, so a restored guest sees the same data as one that never stopped.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        batch_stream: Callable[[], Iterator[Batch]],
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        *,
+        seed: int = 0,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        grad_clip: float = 0.0,
+        device: torch.device | str = "cpu",
+        evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
+        config: Mapping[str, Any] | None = None,
+    ):
+        self.device = torch.device(device)
+        self.config = dict(config or {})
+        self._evaluate = evaluate
+        self.model = model.to(self.device)
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.loss_fn = loss_fn
+        self.grad_clip = grad_clip
+        self.steps = 0
+        self._batch_stream = batch_stream
+        self._batches: Iterator[Batch] | None = None
+        with torch.random.fork_rng(devices=_devices_for_rng(self.device)):
+            torch.manual_seed(seed)
+            self._rng = self._get_rng()
+        first = next(self._stream())
+        self.samples_per_step = int(first[0].shape[0])
+        self._batches = None  # rewind: the peeked batch is the first one trained
+
+    def _get_rng(self) -> list[torch.Tensor]:
+        states = [torch.get_rng_state()]
+        if self.device.type == "cuda":
+            states.append(torch.cuda.get_rng_state(self.device))
+        return states
+
+    def _set_rng(self, states: list[torch.Tensor]) -> None:
+        torch.set_rng_state(states[0])
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state(states[1], self.device)
+
+    def _stream(self) -> Iterator[Batch]:
+        if self._batches is None:
+            self._batches = self._batch_stream()
+            for _ in range(self.steps):
+                next(self._batches)
+        return self._batches
+
+    @property
+    def memory_bytes(self) -> int:
+        params = list(self.model.parameters())
+        state = [t for s in self.optimizer.state.values() for t in s.values()]
+        return 2 * _tensor_bytes(params) + _tensor_bytes(state)
+
+    def step(self) -> float:
+        inputs, targets = next(self._stream())
+        inputs, targets = inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+        with torch.random.fork_rng(devices=_devices_for_rng(self.device)):
+            self._set_rng(self._rng)
+            self.model.train()
+            loss = self.loss_fn(self.model(inputs), targets)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if self.grad_clip > 0:
+                nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            self.optimizer.step()
+            if self.scheduler is not None:
+                self.scheduler.step()
+            self._rng = self._get_rng()
+        self.steps += 1
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Validation metrics of the guest's model (empty if it was built without an evaluator)."""
+        if self._evaluate is None:
+            return {}
+        self.model.eval()
+        with torch.random.fork_rng(devices=_devices_for_rng(self.device)):
+            return self._evaluate(self.model)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "steps": self.steps,
+            "rng": [s.clone() for s in self._rng],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.steps = int(state["steps"])
+        self._rng = [s.clone() for s in state["rng"]]
+        self._batches = None
+
+
+def workload_guest(
+    workload: Any, config: Mapping[str, Any], *, device: torch.device | str = "cpu", seed: int | None = None
+) -> TorchGuest:
+    """A guest that trains one config of a `hpo.workload.Workload` like `hpo.training.TrialTrainer` does.
+
+    Same model factory, data stream (`data_seed`), optimizer, muP LR multipliers and LR schedule;
+    only the RNG is private (seeded from `config["seed"]` unless `seed` is given), so the host
+    job's global RNG is never advanced.
+    """
+    from hpo.hparams import OptimHParams, build_torch_optimizer  # imports hpo, hence Ray: only when used
+
+    config = workload.resolve(config)
+    hparams = OptimHParams.from_config(config)
+    seed = int(config.get("seed", 0)) if seed is None else seed
+    with torch.random.fork_rng(devices=_devices_for_rng(torch.device(device))):
+        torch.manual_seed(seed)
+        model = workload.build_model(config)
+    optimizer = build_torch_optimizer(
+        model.to(device).named_parameters(), hparams, workload.lr_multipliers(model, hparams.optimizer)
+    )
+    return TorchGuest(
+        model,
+        optimizer,
+        lambda: workload.train_batches(config, int(config.get("data_seed", 0))),
+        workload.loss,
+        seed=seed,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, hparams.lr_factor),
+        grad_clip=hparams.grad_clip,
+        device=device,
+        evaluate=lambda model: _evaluate_workload(workload, config, model, torch.device(device)),
+        config=config,
+    )
+
+
+def _evaluate_workload(workload: Any, config: Mapping[str, Any], model: nn.Module, device: torch.device):
+    """`val_<metric>` means over the workload's validation set, as `TrialTrainer.evaluate` reports them."""
+    totals: dict[str, float] = {}
+    count = 0
+    for inputs, targets in workload.eval_batches(config):
+        inputs, targets = inputs.to(device), targets.to(device)
+        for key, value in workload.batch_metrics(model(inputs), targets).items():
+            totals[key] = totals.get(key, 0.0) + float(value) * inputs.shape[0]
+        count += inputs.shape[0]
+    return {f"val_{key}": value / count for key, value in totals.items()}
+
+
+class GuestGroup:
+    """Several guests sharing one stage's bubbles, stepped in turn (one member's step per `step()`).
+
+    The unfused fallback for a stage hosting several configs; a fused group (see
+    `fused_group_guest`) does the same work in one step per member-batch instead.
+    """
+
+    def __init__(self, members: list[GuestWork]):
+        if not members:
+            raise ValueError("GuestGroup needs at least one member")
+        self.members = members
+        self.samples_per_step = max(m.samples_per_step for m in members)
+        self.turn = 0
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(m.memory_bytes for m in self.members)
+
+    def step(self) -> float:
+        loss = self.members[self.turn].step()
+        self.turn = (self.turn + 1) % len(self.members)
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"turn": self.turn, "members": [m.state_dict() for m in self.members]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.turn = int(state["turn"])
+        for member, member_state in zip(self.members, state["members"], strict=True):
+            member.load_state_dict(member_state)

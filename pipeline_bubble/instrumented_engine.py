@@ -1,0 +1,156 @@
+"""An instrumented DeepSpeed `PipelineEngine` that records each stage's compute and wait intervals.
+
+How it is injected. `deepspeed.initialize` builds a `PipelineEngine` whenever the model is a
+`PipelineModule` and offers no hook to pick the class. `instrument(engine)` therefore re-classes
+the engine it returned to `InstrumentedPipelineEngine`, a subclass that adds no constructor state
+of its own (only the recorder and executor attached here), so nothing DeepSpeed initialised is
+copied, skipped or rebuilt. The subclass changes three things, all through DeepSpeed's own
+extension points:
+
+- `_INSTRUCTION_MAP`: every schedule instruction's handler wrapped by a timer. The base class's
+  `_exec_schedule` dispatches through this map, so the schedule itself runs unmodified;
+- `train_batch`: opens and closes one batch record around DeepSpeed's own `train_batch`;
+- `_aggregate_total_loss`: timed as the "LossBroadcast" wait (the last stage waits there).
+
+Before every receive (and, on the last stage, the loss broadcast) the attached `BubbleExecutor`
+(if any) may run guest steps; see `HARVESTABLE` for why sends are left alone.
+
+Example::
+
+    engine, *_ = deepspeed.initialize(model=pipe_module, optimizer=opt, config=ds_config)
+    engine = instrument(engine, BubbleExecutor(guest, checkpoint_path="guest.pt"))
+    for _ in range(steps):
+        engine.train_batch(data_iter)
+    save_timelines([engine.bubble_recorder.timeline], "stage0.json")
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from deepspeed.runtime.pipe import schedule
+from deepspeed.runtime.pipe.engine import PipelineEngine
+
+from pipeline_bubble.clocks import clock_for
+from pipeline_bubble.executor import BubbleExecutor
+from pipeline_bubble.timeline import COMPUTE, WAIT, BatchRecord, Interval, StageTimeline
+
+#: Instructions that block on a neighbour stage (gloo send/recv are rendezvous: both sides wait).
+BLOCKING_INSTRUCTIONS = (schedule.SendActivation, schedule.RecvActivation, schedule.SendGrad, schedule.RecvGrad)
+#: Waits a guest may fill: the receiving side of each exchange only. A send that blocks is
+#: waiting for its receiver; if both sides filled the same rendezvous, each would see the window
+#: the other's guest made and grow its own quantum into it, a feedback loop that slows the job.
+HARVESTABLE = ("RecvActivation", "RecvGrad")
+#: The loss broadcast is filled on its source, the last stage, which waits there for the others.
+LOSS_BROADCAST = "LossBroadcast"
+
+
+class StageRecorder:
+    """Collects one stage's intervals batch by batch into a `StageTimeline`."""
+
+    def __init__(self, stage: int, stages: int, micro_batches: int, clock):
+        self.clock = clock
+        self.timeline = StageTimeline(stage, stages, micro_batches, clock.device)
+        self.active = False
+        self._slot = 0
+        self._pending: list[tuple[str, str, Any, Any, int]] = []
+        self._start: Any = None
+
+    def begin_batch(self) -> None:
+        self._slot = 0
+        self._pending = []
+        self._start = self.clock.begin_batch()
+        self.active = True
+
+    def next_slot(self) -> int:
+        self._slot += 1
+        return self._slot - 1
+
+    def mark(self) -> Any:
+        return self.clock.mark()
+
+    def record(self, name: str, category: str, start: Any, end: Any, slot: int) -> None:
+        self._pending.append((name, category, start, end, slot))
+
+    def end_batch(self) -> None:
+        end = self.clock.mark()
+        marks = [self._start, end] + [m for p in self._pending for m in (p[2], p[3])]
+        times = self.clock.resolve(marks)
+        intervals = [
+            Interval(name, category, times[2 + 2 * i], times[3 + 2 * i], slot)
+            for i, (name, category, _, _, slot) in enumerate(self._pending)
+        ]
+        self.timeline.batches.append(BatchRecord(len(self.timeline.batches), times[0], times[1], intervals))
+        self.active = False
+
+
+def _recorded(handler: Callable, name: str, category: str) -> Callable:
+    def run(self: InstrumentedPipelineEngine, **kwargs):
+        return self._run_recorded(lambda: handler(self, **kwargs), name, category)
+
+    run.__name__ = handler.__name__
+    return run
+
+
+class InstrumentedPipelineEngine(PipelineEngine):
+    """`PipelineEngine` that times every instruction and lends its waits to a `BubbleExecutor`."""
+
+    _INSTRUCTION_MAP = {
+        cmd: _recorded(handler, cmd.__name__, WAIT if cmd in BLOCKING_INSTRUCTIONS else COMPUTE)
+        for cmd, handler in PipelineEngine._INSTRUCTION_MAP.items()
+    }
+
+    bubble_recorder: StageRecorder
+    bubble_executor: BubbleExecutor | None
+
+    def train_batch(self, data_iter=None):
+        self.bubble_recorder.begin_batch()
+        try:
+            return super().train_batch(data_iter)
+        finally:
+            self.bubble_recorder.end_batch()
+            if self.bubble_executor is not None:
+                self.bubble_executor.end_batch()
+
+    def _aggregate_total_loss(self):
+        return self._run_recorded(super()._aggregate_total_loss, LOSS_BROADCAST, WAIT)
+
+    def _run_recorded(self, run: Callable[[], Any], name: str, category: str) -> Any:
+        recorder = self.bubble_recorder
+        if not recorder.active:  # eval_batch and anything else outside train_batch
+            return run()
+        slot = recorder.next_slot()
+        harvestable = name in HARVESTABLE or (name == LOSS_BROADCAST and self.is_last_stage())
+        executor = self.bubble_executor if harvestable else None
+        harvested = executor.harvest(slot, recorder) if executor is not None else 0.0
+        begin, host_begin = recorder.mark(), time.perf_counter()
+        result = run()
+        host_end, end = time.perf_counter(), recorder.mark()
+        recorder.record(name, category, begin, end, slot)
+        if executor is not None:
+            executor.observe(slot, harvested, host_end - host_begin)
+        return result
+
+
+def instrument(engine: PipelineEngine, executor: BubbleExecutor | None = None) -> InstrumentedPipelineEngine:
+    """Make `engine` (as returned by `deepspeed.initialize`) record its bubbles, optionally filling them.
+
+    Call before the first `train_batch`. Returns the same object, now an `InstrumentedPipelineEngine`.
+    """
+    if not isinstance(engine, PipelineEngine):
+        raise TypeError(f"instrument() needs a deepspeed PipelineEngine, got {type(engine).__name__}")
+    if not isinstance(engine, InstrumentedPipelineEngine):
+        if type(engine) is not PipelineEngine:
+            raise TypeError(
+                f"instrument() re-classes a plain PipelineEngine; {type(engine).__name__} is already a subclass"
+            )
+        engine.__class__ = InstrumentedPipelineEngine
+    engine.bubble_recorder = StageRecorder(
+        engine.stage_id, engine.num_stages, engine.micro_batches, clock_for(engine.device)
+    )
+    engine.bubble_executor = executor
+    if executor is not None:
+        executor.start(engine.device)
+    return engine

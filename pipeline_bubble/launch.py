@@ -1,0 +1,119 @@
+"""Start a DeepSpeed pipeline job as real separate processes on one host (gloo) and collect results.
+
+Each rank is a `spawn`ed process with the usual RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR /
+MASTER_PORT environment (a free port is picked), one intra-op thread unless told otherwise, and
+its stdout/stderr sent to `log_dir/rank<r>.log` (DeepSpeed prints a lot). The worker is a
+module-level function `worker(rank, world_size, payload) -> result`; results come back in rank
+order. A failing rank fails the launch with the tail of its log.
+
+On a single GPU, `same_device=True` gives every rank `LOCAL_RANK=0`: all stages share cuda:0.
+NCCL refuses two ranks on one device and gloo has no CUDA send/recv, so then `stage_cuda_on_host()`
+lets DeepSpeed's gloo path copy CUDA tensors through host memory (the same staging DeepSpeed
+already does for Apple MPS tensors).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stage_cuda_on_host() -> None:
+    """Make DeepSpeed's gloo communication stage CUDA tensors through host memory (one-GPU pipelines)."""
+    import deepspeed.comm.torch as ds_torch_comm
+
+    if not hasattr(ds_torch_comm, "_needs_cpu_staging"):
+        raise RuntimeError(
+            "this DeepSpeed has no CPU staging for gloo (deepspeed.comm.torch._needs_cpu_staging); "
+            "a one-GPU pipeline needs DeepSpeed >= 0.19 or one GPU per stage with NCCL"
+        )
+    ds_torch_comm._needs_cpu_staging = lambda t: isinstance(t, torch.Tensor) and t.device.type in ("mps", "cuda")
+
+
+def _entry(worker, rank, world_size, port, payload, result_dir, log_dir, threads, same_device):
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK="0" if same_device else str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    log = open(Path(log_dir) / f"rank{rank}.log", "w", buffering=1)
+    sys.stdout = sys.stderr = log
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    torch.set_num_threads(threads)
+    try:
+        result = worker(rank, world_size, payload)
+        torch.save(result, Path(result_dir) / f"rank{rank}.pt")
+    except BaseException:
+        traceback.print_exc()
+        log.flush()
+        raise
+
+
+def launch(
+    worker: Callable[[int, int, Any], Any],
+    world_size: int,
+    payload: Any = None,
+    *,
+    timeout_s: float = 600,
+    log_dir: str | Path | None = None,
+    threads: int = 1,
+    same_device: bool = False,
+) -> list[Any]:
+    """Run `worker` on `world_size` spawned ranks and return their results, rank by rank."""
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="bubble_launch_") as tmp:
+        logs = Path(log_dir) if log_dir is not None else Path(tmp)
+        logs.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        procs = [
+            ctx.Process(
+                target=_entry, args=(worker, r, world_size, port, payload, tmp, str(logs), threads, same_device)
+            )
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        try:
+            while any(p.is_alive() for p in procs):
+                failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if failed or time.monotonic() > deadline:
+                    raise RuntimeError(_failure(procs, logs, "timed out" if not failed else f"rank {failed[0]} failed"))
+                time.sleep(0.05)
+            if any(p.exitcode != 0 for p in procs):
+                raise RuntimeError(_failure(procs, logs, "a rank failed"))
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                p.join()
+        return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+def _failure(procs, logs: Path, what: str) -> str:
+    lines = [f"pipeline launch: {what}; exit codes {[p.exitcode for p in procs]}"]
+    for r in range(len(procs)):
+        path = logs / f"rank{r}.log"
+        tail = path.read_text()[-3000:] if path.exists() else "(no log)"
+        lines.append(f"--- rank {r} log tail ---\n{tail}")
+    return "\n".join(lines)

@@ -1,0 +1,184 @@
+"""Bubble harvesting on a real 2-process DeepSpeed pipeline (CPU, gloo), plus executor unit specs.
+
+The module fixture launches one job: each rank trains the reference pipeline twice in turn,
+without and with a guest (the digits MLP workload) in its bubbles, and evicts the guest part-way.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline_bubble.abtest import JobSpec, digits_guest, run_rank, synthetic_guest
+from pipeline_bubble.executor import BubbleExecutor
+from pipeline_bubble.guests import GuestGroup
+from pipeline_bubble.launch import launch
+from pipeline_bubble.plots import plot_gantt
+from pipeline_bubble.timeline import GUEST, WAIT, StageTimeline, load_timelines, save_timelines
+from pipeline_bubble.timeline import theoretical_bubble_fraction
+
+BATCHES = 8
+EVICT_AFTER = 6
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    checkpoints = tmp_path_factory.mktemp("guest_checkpoints")
+    spec = JobSpec(
+        stages=2,
+        micro_batches=4,
+        micro_batch_size=32,
+        width=512,
+        batches=BATCHES,
+        guest_factory=digits_guest,
+        checkpoint_dir=str(checkpoints),
+        evict_after=EVICT_AFTER,
+    )
+    results = launch(run_rank, 2, spec, timeout_s=240, log_dir=tmp_path_factory.mktemp("logs"))
+    return {"results": results, "checkpoints": checkpoints}
+
+
+def _timelines(job, run: str) -> list[StageTimeline]:
+    return [StageTimeline.from_dict(r["timelines"][run]) for r in job["results"]]
+
+
+@pytest.mark.slow
+def test_every_stage_has_measured_bubble_windows(job, tmp_path):
+    for timeline in _timelines(job, "baseline"):
+        assert len(timeline.batches) == BATCHES
+        waits = [i for b in timeline.measured() for i in b.intervals if i.category == WAIT]
+        assert waits and sum(i.duration for i in waits) > 0, f"stage {timeline.stage} recorded no waits"
+        assert 0 < timeline.bubble_fraction() < 1
+    save_timelines(_timelines(job, "harvested"), tmp_path / "timeline.json")
+    assert [t.stage for t in load_timelines(tmp_path / "timeline.json")] == [0, 1]
+    assert json.loads((tmp_path / "timeline.json").read_text())["summary"]["theory_fraction"] == pytest.approx(0.2)
+    plot_gantt(_timelines(job, "harvested"), tmp_path / "gantt.png")
+    assert (tmp_path / "gantt.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_harvested_steps_trained_the_guest(job):
+    steps = [r["harvest"]["steps"] for r in job["results"]]
+    assert sum(steps) > 0, f"no guest step ran in any bubble: {[r['harvest'] for r in job['results']]}"
+    for result in job["results"]:
+        losses = result["guest_losses"]
+        if result["harvest"]["steps"] >= 10:
+            first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+            assert last < first, f"stage {result['stage']} guest loss did not decrease: {first:.3f} -> {last:.3f}"
+    guest_spans = [i for t in _timelines(job, "harvested") for b in t.batches for i in b.intervals if i.category == GUEST]
+    assert len(guest_spans) == sum(steps)
+
+
+@pytest.mark.slow
+def test_main_job_is_bit_identical_with_and_without_harvesting(job):
+    for result in job["results"]:
+        assert result["losses"]["baseline"] == result["losses"]["harvested"], f"stage {result['stage']} losses differ"
+        assert result["digests"]["baseline"] == result["digests"]["harvested"], "parameters differ"
+        assert result["rng_equal"], "the guest advanced the main job's global RNG"
+
+
+@pytest.mark.slow
+def test_evicted_guest_stops_and_resumes_from_its_checkpoint(job):
+    for result in job["results"]:
+        late = [
+            i
+            for b in StageTimeline.from_dict(result["timelines"]["harvested"]).batches[EVICT_AFTER:]
+            for i in b.intervals
+            if i.category == GUEST
+        ]
+        assert not late, "guest steps ran after eviction"
+        path = Path(job["checkpoints"]) / f"guest_stage{result['stage']}.pt"
+        saved = torch.load(path, weights_only=False)
+        assert saved["harvested_steps"] == result["harvest"]["steps"]
+        resumed = digits_guest(result["stage"], torch.device("cpu"))
+        resumed.load_state_dict(saved["guest"])
+        assert resumed.steps == len(result["guest_losses"])  # profiling steps + harvested steps
+
+
+# ---- executor specs, no processes ----------------------------------------------------------------
+class _SleepGuest:
+    samples_per_step = 1
+    memory_bytes = 1000
+
+    def __init__(self, seconds: float):
+        self.seconds, self.steps = seconds, 0
+
+    def step(self) -> float:
+        time.sleep(self.seconds)
+        self.steps += 1
+        return 1.0
+
+    def state_dict(self):
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state):
+        self.steps = state["steps"]
+
+
+class _Recorder:
+    def __init__(self):
+        self.spans = []
+
+    def mark(self):
+        return time.perf_counter()
+
+    def record(self, name, category, start, end, slot):
+        self.spans.append((start, end))
+
+
+def test_executor_never_starts_a_step_that_does_not_fit_the_window():
+    executor = BubbleExecutor(_SleepGuest(0.01), profile_steps=2)
+    executor.start()
+    executor.observe(slot=3, harvested_s=0.0, blocked_s=0.0)  # transfer floor
+    executor.observe(slot=3, harvested_s=0.0, blocked_s=0.035)  # a 35 ms window
+    recorder = _Recorder()
+    used = executor.harvest(3, recorder)
+    assert 1 <= len(recorder.spans) <= 3
+    assert used <= 0.035, f"quantum of {used * 1e3:.1f} ms overran a 35 ms window"
+    assert executor.harvest(7, recorder) == 0.0, "a slot never observed has no predicted window"
+
+
+def test_executor_backs_off_after_an_overrun():
+    executor = BubbleExecutor(_SleepGuest(0.002), profile_steps=2)
+    executor.start()
+    executor.observe(0, 0.0, 0.0)
+    executor.observe(0, 0.0, 0.05)
+    executor.observe(0, harvested_s=0.045, blocked_s=0.0)  # the peer was already waiting
+    assert executor.stats.overruns == 1
+    assert executor._window[0] < 0.05
+
+
+def test_guest_over_the_memory_cap_is_refused():
+    executor = BubbleExecutor(_SleepGuest(0.0), memory_cap_bytes=10)
+    executor.start()
+    assert executor.guest is None and "memory_cap_bytes" in executor.refused
+
+
+def test_guest_step_leaves_the_global_rng_untouched():
+    guest = synthetic_guest(0, torch.device("cpu"))
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    for _ in range(3):
+        guest.step()
+    assert torch.equal(before, torch.get_rng_state())
+
+
+def test_guest_group_checkpoint_round_trip():
+    group = GuestGroup([synthetic_guest(0, torch.device("cpu")), synthetic_guest(1, torch.device("cpu"))])
+    for _ in range(3):
+        group.step()
+    state = group.state_dict()
+    fresh = GuestGroup([synthetic_guest(0, torch.device("cpu")), synthetic_guest(1, torch.device("cpu"))])
+    fresh.load_state_dict(state)
+    assert fresh.step() == group.step()
+
+
+def test_theoretical_bubble_fraction():
+    assert theoretical_bubble_fraction(4, 8) == pytest.approx(3 / 11)
+    assert theoretical_bubble_fraction(1, 8) == 0.0
+    with pytest.raises(ValueError, match="micro_batches"):
+        theoretical_bubble_fraction(2, 0)
