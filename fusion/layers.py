@@ -1,0 +1,233 @@
+"""Hand-fused layers: B members' weights stacked along a leading dimension, one kernel for all.
+
+Every layer here takes activations laid out as `[B, N, ...]` (member, sample, ...) and keeps
+each parameter under the member layer's own name with shape `[B, *member_shape]`, so a fused
+state dict indexed at `[i]` is member i's ordinary state dict. `fuse_leaf(modules)` turns the B
+corresponding leaf modules of the member models into one fused layer.
+
+The member dimension never mixes: every op below is a batched GEMM, a grouped convolution or a
+per-channel reduction whose groups are exactly the members, so a NaN in one member stays there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class FusionError(ValueError):
+    """A model or group of configs that cannot be fused; the message names the layer or key."""
+
+
+class ScaledLinear(nn.Linear):
+    """`F.linear(x * input_scale, W, b)`: a Linear with a (per-member) input multiplier.
+
+    muP's readout (`mup.MuReadout`) computes `output_mult * x / width_mult`; members with
+    different output multipliers become ScaledLinear layers with different `input_scale`
+    buffers, which fuse like any other buffer.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, input_scale: float):
+        super().__init__(in_features, out_features, bias=bias)
+        self.register_buffer("input_scale", torch.tensor(float(input_scale)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x * self.input_scale, self.weight, self.bias)
+
+
+def _stack(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    if tensors[0] is None:
+        return None
+    return torch.stack([t.detach() for t in tensors])
+
+
+def _param(tensor: torch.Tensor | None) -> nn.Parameter | None:
+    return None if tensor is None else nn.Parameter(tensor)
+
+
+def _member_view(t: torch.Tensor, ndim: int, trailing: int) -> torch.Tensor:
+    """View `[B, *trailing_shape]` so it broadcasts against a `[B, ..., *trailing_shape]` tensor of `ndim` dims."""
+    return t.view(t.shape[0], *([1] * (ndim - 1 - trailing)), *t.shape[1:])
+
+
+class FusedLinear(nn.Module):
+    """B Linear layers as one `baddbmm`: `[B, N, ..., in] -> [B, N, ..., out]`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, input_scale: torch.Tensor | None = None):
+        super().__init__()
+        self.weight = nn.Parameter(weight)  # (B, out, in)
+        self.bias = _param(bias)  # (B, out)
+        if input_scale is not None:
+            self.register_buffer("input_scale", input_scale)  # (B,)
+        else:
+            self.input_scale = None
+
+    @classmethod
+    def from_members(cls, modules: Sequence[nn.Linear]) -> "FusedLinear":
+        scales = [m.input_scale for m in modules] if isinstance(modules[0], ScaledLinear) else None
+        return cls(_stack([m.weight for m in modules]), _stack([m.bias for m in modules]), _stack(scales) if scales else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        members, out_features, in_features = self.weight.shape
+        lead = x.shape[1:-1]
+        flat = x.reshape(members, -1, in_features)  # (B, M, in)
+        if self.input_scale is not None:
+            flat = flat * self.input_scale.view(members, 1, 1)
+        weight_t = self.weight.transpose(1, 2)  # (B, in, out), a view: BLAS reads it transposed
+        if self.bias is None:
+            out = torch.bmm(flat, weight_t)
+        else:
+            out = torch.baddbmm(self.bias.unsqueeze(1), flat, weight_t)
+        return out.reshape(members, *lead, out_features)
+
+
+class FusedConv(nn.Module):
+    """B Conv1d/Conv2d layers as one grouped convolution: `[B, N, C, *spatial] -> [B, N, C', *spatial']`."""
+
+    def __init__(self, template: nn.Conv1d | nn.Conv2d, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.weight = nn.Parameter(weight)  # (B, C_out, C_in / groups, *kernel)
+        self.bias = _param(bias)  # (B, C_out)
+        self.conv = F.conv1d if isinstance(template, nn.Conv1d) else F.conv2d
+        self.stride, self.padding, self.dilation = template.stride, template.padding, template.dilation
+        self.groups = template.groups
+        self.padding_mode = template.padding_mode
+        self._reversed_padding = template._reversed_padding_repeated_twice
+
+    @classmethod
+    def from_members(cls, modules: Sequence[nn.Conv1d | nn.Conv2d]) -> "FusedConv":
+        return cls(modules[0], _stack([m.weight for m in modules]), _stack([m.bias for m in modules]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        members, samples = x.shape[:2]
+        folded = x.transpose(0, 1).reshape(samples, -1, *x.shape[3:])  # (N, B*C_in, *spatial)
+        padding = self.padding
+        if self.padding_mode != "zeros":
+            folded = F.pad(folded, self._reversed_padding, mode=self.padding_mode)
+            padding = 0
+        weight = self.weight.reshape(-1, *self.weight.shape[2:])  # (B*C_out, C_in/groups, *kernel)
+        bias = None if self.bias is None else self.bias.reshape(-1)
+        out = self.conv(folded, weight, bias, self.stride, padding, self.dilation, self.groups * members)
+        return out.reshape(samples, members, -1, *out.shape[2:]).transpose(0, 1)  # (B, N, C_out, *spatial')
+
+
+class FusedLayerNorm(nn.Module):
+    """B LayerNorms: one normalisation, then each member's own affine transform."""
+
+    def __init__(self, template: nn.LayerNorm, weight: torch.Tensor | None, bias: torch.Tensor | None):
+        super().__init__()
+        self.normalized_shape = tuple(template.normalized_shape)
+        self.eps = template.eps
+        self.weight = _param(weight)  # (B, *normalized_shape)
+        self.bias = _param(bias)
+
+    @classmethod
+    def from_members(cls, modules: Sequence[nn.LayerNorm]) -> "FusedLayerNorm":
+        return cls(modules[0], _stack([m.weight for m in modules]), _stack([m.bias for m in modules]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
+        trailing = len(self.normalized_shape)
+        if self.weight is not None:
+            out = out * _member_view(self.weight, x.dim(), trailing)
+        if self.bias is not None:
+            out = out + _member_view(self.bias, x.dim(), trailing)
+        return out
+
+
+class FusedBatchNorm(nn.Module):
+    """B BatchNorms with exact per-member statistics: members become channel groups of one batch norm."""
+
+    def __init__(self, template: nn.modules.batchnorm._BatchNorm, members: Sequence[nn.modules.batchnorm._BatchNorm]):
+        super().__init__()
+        self.eps, self.momentum = template.eps, template.momentum
+        self.track_running_stats = template.track_running_stats
+        self.weight = _param(_stack([m.weight for m in members]))  # (B, C)
+        self.bias = _param(_stack([m.bias for m in members]))
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            self.register_buffer(name, _stack([getattr(m, name) for m in members]))
+
+    @classmethod
+    def from_members(cls, modules: Sequence[nn.modules.batchnorm._BatchNorm]) -> "FusedBatchNorm":
+        return cls(modules[0], modules)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Mirrors nn.BatchNorm.forward, with (N, B*C, ...) as the input so every member's
+        # channels are normalised over that member's samples only.
+        members, samples = x.shape[:2]
+        folded = x.transpose(0, 1).reshape(samples, -1, *x.shape[3:])
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked[0]) if self.momentum is None else self.momentum
+        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
+        track = not self.training or self.track_running_stats
+        out = F.batch_norm(
+            folded,
+            self.running_mean.view(-1) if track and self.running_mean is not None else None,
+            self.running_var.view(-1) if track and self.running_var is not None else None,
+            None if self.weight is None else self.weight.reshape(-1),
+            None if self.bias is None else self.bias.reshape(-1),
+            use_batch_stats,
+            factor,
+            self.eps,
+        )
+        return out.reshape(samples, members, *x.shape[2:]).transpose(0, 1)
+
+
+class FusedEmbedding(nn.Module):
+    """B embedding tables as one `[B*V, D]` table indexed at `member * V + index`."""
+
+    def __init__(self, template: nn.Embedding, weight: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(weight)  # (B, V, D)
+        self.padding_idx = template.padding_idx
+        self.scale_grad_by_freq = template.scale_grad_by_freq
+
+    @classmethod
+    def from_members(cls, modules: Sequence[nn.Embedding]) -> "FusedEmbedding":
+        return cls(modules[0], _stack([m.weight for m in modules]))
+
+    def forward(self, index: torch.Tensor) -> torch.Tensor:
+        members, vocabulary, dim = self.weight.shape
+        offsets = torch.arange(members, device=index.device).view(members, *([1] * (index.dim() - 1))) * vocabulary
+        # Frequencies for scale_grad_by_freq are counted per (member, row), as each member would.
+        out = F.embedding(
+            index + offsets, self.weight.reshape(members * vocabulary, dim), scale_grad_by_freq=self.scale_grad_by_freq
+        )
+        if self.padding_idx is not None:
+            # nn.Embedding's padding row gets no gradient; one padding index cannot express B rows.
+            out = torch.where((index == self.padding_idx).unsqueeze(-1), out.detach(), out)
+        return out
+
+
+def _embedding_check(module: nn.Embedding) -> str | None:
+    if module.max_norm is not None:
+        return "max_norm renormalises the table in place during forward"
+    if module.sparse:
+        return "sparse gradients"
+    return None
+
+
+#: The layers with hand-written fused kernels, in lookup order (subclasses before bases never
+#: matter: lookup is by exact type, so a user's Linear subclass with its own forward is not
+#: mistaken for a Linear).
+LEAF_FUSERS: dict[type, Callable[[Sequence[nn.Module]], nn.Module]] = {
+    nn.Linear: FusedLinear.from_members,
+    ScaledLinear: FusedLinear.from_members,
+    nn.Conv1d: FusedConv.from_members,
+    nn.Conv2d: FusedConv.from_members,
+    nn.LayerNorm: FusedLayerNorm.from_members,
+    nn.BatchNorm1d: FusedBatchNorm.from_members,
+    nn.BatchNorm2d: FusedBatchNorm.from_members,
+    nn.Embedding: FusedEmbedding.from_members,
+}
+
+#: Per-layer reasons a supported layer type is still not fusible in a given configuration.
+LEAF_CHECKS: dict[type, Callable[[nn.Module], str | None]] = {nn.Embedding: _embedding_check}
+
+#: Layers that hold weights but have no fused version on either path.
+UNSUPPORTED: tuple[type, ...] = (nn.RNNBase, nn.EmbeddingBag, nn.MultiheadAttention)

@@ -1,0 +1,415 @@
+"""Turning B member models of one architecture into one fused model, without touching user code.
+
+Two strategies, both giving a model that maps a shared input `x: [N, ...]` to `[B, N, ...]`:
+
+- ``"stacked"``: module swapping. A copy of member 0's module tree keeps every container (the
+  user's own `forward` code) and swaps each leaf for its hand-fused version from
+  `fusion.layers` (batched GEMMs, grouped convolutions); activations carry an explicit member
+  dimension. Fastest, but only correct when the containers' `forward` code is agnostic to an
+  extra leading dimension (true for `nn.Sequential` stacks, false for code such as
+  ``batch, time, width = x.shape``).
+- ``"vmap"``: `torch.func.vmap` over `functional_call` with every parameter and buffer stacked.
+  Runs any forward code; `scaled_dot_product_attention` is routed to one batched kernel call.
+
+``"auto"`` (the default) builds the stacked model, checks it against the member models on a
+probe batch and keeps it when it converts and agrees; otherwise it falls back to vmap.
+Measured on CPU with the digits MLP at B=16, the stacked path runs about 1.6x faster than vmap.
+
+Either way a fused model keeps each member's parameter names with a leading member dimension,
+so `member_state_dict(i)` is exactly what member i's unfused model loads.
+
+Example::
+
+    models = [build_member(workload, config) for config in configs]
+    fused = fuse_models(models, example_input=x)
+    out = fused(x)  # (B, N, ...)
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
+
+from fusion.layers import LEAF_CHECKS, LEAF_FUSERS, UNSUPPORTED, FusionError, ScaledLinear
+from hpo.workload import Workload
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("auto", "stacked", "vmap")
+
+
+def build_member(workload: Workload, config: Mapping[str, Any]) -> nn.Module:
+    """Member i's model exactly as `TrialTrainer` builds it: seed from `config["seed"]`, then the factory."""
+    torch.manual_seed(int(config.get("seed", 0)))
+    return workload.build_model(config)
+
+
+class FusedModel(nn.Module):
+    """B members as one module; `self.module` holds every member tensor as `[B, *member_shape]`."""
+
+    strategy: str = ""
+
+    def __init__(self, module: nn.Module, internal: set[str]):
+        super().__init__()
+        self.module = module
+        #: Buffers fusion added (per-member multipliers); not part of a member's own state dict.
+        self.internal_names = frozenset(internal)
+
+    @property
+    def num_members(self) -> int:
+        return next(iter(self.module.state_dict().values())).shape[0]
+
+    def member_state_dict(self, index: int) -> dict[str, torch.Tensor]:
+        """Member `index`'s ordinary `state_dict`, loadable into its unfused model."""
+        return {
+            name: tensor[index].clone()
+            for name, tensor in self.module.state_dict().items()
+            if name not in self.internal_names
+        }
+
+    @torch.no_grad()
+    def load_member_state_dict(self, index: int, state: Mapping[str, torch.Tensor]) -> None:
+        own = {k: v for k, v in self.module.state_dict(keep_vars=True).items() if k not in self.internal_names}
+        missing, unexpected = set(own) - set(state), set(state) - set(own)
+        if missing or unexpected:
+            raise KeyError(f"member state dict does not match the model: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        for name, tensor in own.items():
+            tensor[index].copy_(state[name])
+
+    @torch.no_grad()
+    def select_members(self, index: Sequence[int]) -> None:
+        """Keep only the members at `index` (in that order), repacking every parameter and buffer."""
+        rows = torch.as_tensor(list(index), dtype=torch.long)
+        done: dict[int, torch.Tensor] = {}
+        for module in self.module.modules():
+            for name, param in module._parameters.items():
+                if param is not None and id(param) not in done:
+                    param.data = param.data[rows.to(param.device)]
+                    done[id(param)] = param
+            for name, buffer in module._buffers.items():
+                if buffer is not None:
+                    if id(buffer) not in done:
+                        done[id(buffer)] = buffer[rows.to(buffer.device)]
+                    module._buffers[name] = done[id(buffer)]
+
+
+class StackedModel(FusedModel):
+    """Module-swapped fused model; activations are `[B, N, ...]` throughout."""
+
+    strategy = "stacked"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x.unsqueeze(0).expand(self.num_members, *x.shape))
+
+
+class VmapModel(FusedModel):
+    """`torch.func.vmap` over the member model; each member sees its own tensors and the shared input."""
+
+    strategy = "vmap"
+
+    def __init__(self, module: nn.Module, internal: set[str]):
+        super().__init__(module, internal)
+        #: Route scaled_dot_product_attention through one folded kernel call (off when the
+        #: probe saw the model make no such call: the routing costs a little per op).
+        self.route_attention = True
+        self._attention = _BatchedAttention()
+
+    def _member_forward(self, params: dict, buffers: dict, x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.module, (params, buffers), (x,))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        params = dict(self.module.named_parameters())
+        buffers = dict(self.module.named_buffers())
+        batched = vmap(self._member_forward, in_dims=(0, 0, None), randomness="different")
+        if not self.route_attention:
+            return batched(params, buffers, x)
+        with self._attention:
+            return batched(params, buffers, x)
+
+
+# --- attention under vmap -------------------------------------------------------------------
+# PyTorch has no vmap batching rule for its CPU flash-attention kernel (it loops over members).
+# Inside a fused forward, scaled_dot_product_attention calls go through `_FoldedAttention`,
+# whose vmap rule folds the member dimension into the batch and calls the real kernel once.
+
+
+class _FoldedAttention(torch.autograd.Function):
+    generate_vmap_rule = False
+
+    @staticmethod
+    def forward(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):  # only reached outside vmap, where _BatchedAttention is never active
+        raise RuntimeError("_FoldedAttention is only used under vmap")
+
+    @staticmethod
+    def vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        members = info.batch_size
+        member_rank = query.dim() - (in_dims[0] is not None)
+
+        def physical(t: torch.Tensor, dim: int | None) -> torch.Tensor:  # (B, *member_shape)
+            return t.unsqueeze(0).expand(members, *t.shape) if dim is None else t.movedim(dim, 0)
+
+        q, k, v = (physical(t, d) for t, d in zip((query, key, value), in_dims[:3]))
+        lead = q.shape[: q.dim() - 2]  # (B, *member batch dims)
+        mask = attn_mask
+        if attn_mask is not None and in_dims[3] is not None:
+            mask = attn_mask.movedim(in_dims[3], 0)
+            mask = mask.reshape(members, *([1] * (member_rank - (mask.dim() - 1))), *mask.shape[1:])
+            mask = mask.expand(*lead, *mask.shape[-2:])
+        if member_rank >= 3:  # fold (B, N) into one batch dimension: one kernel call
+            q, k, v = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v))
+            if mask is not None and in_dims[3] is not None:
+                mask = mask.reshape(-1, *mask.shape[2:])
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+        return out.reshape(*lead, *out.shape[-2:]), 0
+
+
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
+
+
+class _BatchedAttention(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            self.calls += 1
+            bound = {**_SDPA_DEFAULTS, **dict(zip(_SDPA_ARGS, args)), **kwargs}
+            if isinstance(bound["scale"], torch.Tensor):  # a per-member multiplier (muP's attn_mult)
+                bound["query"] = bound["query"] * bound["scale"]
+                bound["scale"] = 1.0
+            return _FoldedAttention.apply(*(bound[name] for name in _SDPA_ARGS))
+        return func(*args, **kwargs)
+
+
+# --- conversion -----------------------------------------------------------------------------
+
+
+class _NotStackable(Exception):
+    pass
+
+
+def _public_attributes(module: nn.Module) -> dict[str, Any]:
+    return {k: v for k, v in vars(module).items() if not k.startswith("_") and k != "training"}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    try:
+        return bool(a == b)
+    except Exception:  # objects without a usable ==: the same object or not
+        return a is b
+
+
+def _differing_attributes(modules: Sequence[nn.Module]) -> list[str]:
+    first = _public_attributes(modules[0])
+    return [key for key, value in first.items() if not all(_same(value, getattr(m, key, None)) for m in modules[1:])]
+
+
+def _corresponding(models: Sequence[nn.Module]) -> Iterator[tuple[str, list[nn.Module]]]:
+    """(path, [member modules at that path]) for every module, checking the trees match."""
+    named = [dict(m.named_modules(remove_duplicate=False)) for m in models]
+    for path, module in named[0].items():
+        group = [n.get(path) for n in named]
+        if any(type(m) is not type(module) for m in group):
+            raise FusionError(f"members differ in layer '{path or '<root>'}': {sorted({type(m).__name__ for m in group})}")
+        yield path, group
+
+
+def _check_members(models: Sequence[nn.Module]) -> None:
+    """Same architecture, supported layers only; raise FusionError naming the first offender."""
+    for path, group in _corresponding(models):
+        module = group[0]
+        name = f"layer '{path or '<root>'}' ({type(module).__name__})"
+        if isinstance(module, UNSUPPORTED):
+            raise FusionError(f"{name} is not supported by fusion; supported weight layers: {sorted(t.__name__ for t in LEAF_FUSERS)}")
+        check = LEAF_CHECKS.get(type(module))
+        reason = check(module) if check else None
+        if reason:
+            raise FusionError(f"{name} cannot be fused: {reason}")
+    shapes = [{k: (tuple(v.shape), v.dtype) for k, v in m.state_dict().items()} for m in models]
+    for i, member in enumerate(shapes[1:], start=1):
+        if member != shapes[0]:
+            diff = sorted(k for k in set(member) | set(shapes[0]) if member.get(k) != shapes[0].get(k))
+            raise FusionError(f"member {i} has different tensors than member 0 (structural config keys must match): {diff[:5]}")
+
+
+def _replace_mup_readouts(models: Sequence[nn.Module]) -> set[str]:
+    """Swap `mup.MuReadout` layers for ScaledLinear (their input multiplier becomes a buffer)."""
+    try:
+        from mup import MuReadout
+    except ImportError:  # mup is optional on the GPU machine
+        return set()
+    internal: set[str] = set()
+    for model in models:
+        for path, module in list(model.named_modules()):
+            if type(module) is MuReadout:
+                scaled = ScaledLinear(module.in_features, module.out_features, module.bias is not None, module.output_mult / module.width_mult())
+                scaled.to(module.weight.device, module.weight.dtype)
+                scaled.weight, scaled.bias = module.weight, module.bias
+                scaled.input_scale = scaled.input_scale.to(module.weight.dtype)
+                _set_submodule(model, path, scaled)
+                internal.add(f"{path}.input_scale")
+    return internal
+
+
+def _set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
+    parent, _, leaf = path.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, leaf, module)
+
+
+def _stack_tree(modules: Sequence[nn.Module], path: str) -> nn.Module:
+    first = modules[0]
+    fuser = LEAF_FUSERS.get(type(first))
+    if fuser is not None:
+        return fuser(modules)
+    if any(v is not None for v in first._parameters.values()) or any(v is not None for v in first._buffers.values()):
+        raise _NotStackable(f"layer '{path}' ({type(first).__name__}) holds its own tensors")
+    differing = _differing_attributes(modules)
+    if differing:
+        raise _NotStackable(f"layer '{path}' differs between members in {differing}")
+    fused = copy.copy(first)
+    fused._parameters, fused._buffers = {}, {}
+    fused._modules = {
+        name: None if child is None else _stack_tree([m._modules[name] for m in modules], f"{path}.{name}".lstrip("."))
+        for name, child in first._modules.items()
+    }
+    return fused
+
+
+def _stacked(models: Sequence[nn.Module], internal: set[str]) -> StackedModel:
+    first = models[0]
+    if len(list(first.named_parameters(remove_duplicate=False))) != len(list(first.named_parameters())):
+        raise _NotStackable("tied parameters")
+    return StackedModel(_stack_tree(models, ""), internal)
+
+
+def _vmapped(models: Sequence[nn.Module], internal: set[str]) -> VmapModel:
+    internal = set(internal)
+    # Scalar attributes that differ between members (e.g. a per-member output multiplier)
+    # become per-member buffers; anything else that differs cannot be fused.
+    for path, group in _corresponding(models):
+        for key in _differing_attributes(group):
+            values = [getattr(m, key) for m in group]
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                raise FusionError(f"layer '{path or '<root>'}' ({type(group[0]).__name__}) differs between members in attribute {key!r}, which fusion cannot stack")
+            for module, value in zip(group, values):
+                delattr(module, key)
+                module.register_buffer(key, torch.tensor(value))
+            internal.add(f"{path}.{key}".lstrip("."))
+    holder = copy.deepcopy(models[0])
+    stacked: dict[int, torch.Tensor] = {}
+    member_modules = [dict(m.named_modules(remove_duplicate=False)) for m in models]
+    with torch.no_grad():
+        for path, module in holder.named_modules(remove_duplicate=False):
+            for kind in ("_parameters", "_buffers"):
+                table = getattr(module, kind)
+                for name, tensor in table.items():
+                    if tensor is None:
+                        continue
+                    if id(tensor) not in stacked:
+                        value = torch.stack([getattr(members[path], kind)[name].detach() for members in member_modules])
+                        stacked[id(tensor)] = nn.Parameter(value, requires_grad=tensor.requires_grad) if kind == "_parameters" else value
+                    table[name] = stacked[id(tensor)]
+    return VmapModel(holder, internal)
+
+
+@contextmanager
+def _naming_failures(model: FusedModel) -> Iterator[None]:
+    """Turn an exception in a fused forward into a FusionError naming the innermost layer."""
+    stack: list[str] = []
+
+    def enter(path: str) -> Any:
+        return lambda module, args: stack.append(path)  # list.append returns None: inputs unchanged
+
+    def leave(module: nn.Module, args: Any, output: Any) -> None:
+        stack.pop()
+
+    handles = []
+    for path, module in model.module.named_modules():
+        handles.append(module.register_forward_pre_hook(enter(path)))
+        handles.append(module.register_forward_hook(leave))
+    try:
+        yield
+    except FusionError:
+        raise
+    except Exception as error:
+        where = stack[-1] if stack else ""
+        layer = model.module.get_submodule(where) if where else model.module
+        raise FusionError(
+            f"layer '{where or '<root>'}' ({type(layer).__name__}) cannot run {model.strategy}-fused: {type(error).__name__}: {error}"
+        ) from error
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def _probe(model: FusedModel, models: Sequence[nn.Module], example_input: torch.Tensor) -> None:
+    """Run the fused model on a probe batch (eval mode) and check it against every member."""
+    was_training = model.training
+    model.eval()
+    for m in models:
+        m.eval()
+    try:
+        with _naming_failures(model):
+            out = model(example_input)
+        for i, member in enumerate(models):
+            expected = member(example_input)
+            if out.shape[1:] != expected.shape or not torch.allclose(out[i], expected, rtol=1e-4, atol=1e-5):
+                raise _NotStackable(f"member {i}'s fused output differs from its own model's")
+    finally:
+        model.train(was_training)
+
+
+def fuse_models(models: Sequence[nn.Module], example_input: torch.Tensor, strategy: str = "auto") -> FusedModel:
+    """One fused model from B member models of the same architecture (members are consumed).
+
+    `example_input` is one batch of the shared input; it is used to check the fused model
+    against each member (eval mode) and to name the layer when something cannot run fused.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy is {strategy!r}; expected one of {STRATEGIES}")
+    if not models:
+        raise ValueError("fuse_models needs at least one member model")
+    models = list(models)
+    _check_members(models)
+    internal = _replace_mup_readouts(models)
+    if strategy in ("auto", "stacked"):
+        try:
+            fused = _stacked(models, internal)
+            _probe(fused, models, example_input)
+            log.debug("fused %d members by module swapping", len(models))
+            return fused
+        except (_NotStackable, FusionError) as reason:
+            if strategy == "stacked":
+                raise FusionError(f"the model cannot be fused by module swapping: {reason}") from reason
+            log.info("module swapping does not fit this model (%s); fusing with torch.func.vmap", reason)
+    fused = _vmapped(models, internal)
+    _probe(fused, models, example_input)
+    fused.route_attention = fused._attention.calls > 0
+    return fused

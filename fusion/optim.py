@@ -1,0 +1,230 @@
+"""Fused SGD / Adam / AdamW whose every hyperparameter is a per-member [B] tensor.
+
+PyTorch's optimizers take one `lr` per parameter group; a fused group needs one per member, per
+parameter. `FusedOptimizer` keeps each optimizer state as one `[B, P]` matrix (P: the parameters
+of one member, flattened and concatenated), so a step is a dozen element-wise kernels however
+many layers the model has, a member's state is one row, and removing members is a row index.
+
+The arithmetic follows `torch.optim.SGD/Adam/AdamW` (single-tensor path) operation by
+operation, so a member trains as `hpo.hparams.build_torch_optimizer` would train it alone:
+- learning rate of member b at its step s for parameter n: `lr_b * lr_multiplier_b[n] * lr_factor_b(s)`
+  (`OptimHParams.lr_factor`, the same schedule `TrialTrainer` applies through LambdaLR);
+- per-member gradient clipping by each member's own global norm (`clip_grad_norm_`'s formula);
+- members never mix: every reduction is along a member's row.
+
+Parameters whose gradient is None in a step are treated as having a zero gradient (PyTorch
+would skip them); every layer of the supported workloads receives a gradient every step.
+
+Example::
+
+    optimizer = FusedOptimizer(dict(fused.module.named_parameters()), [OptimHParams.from_config(c) for c in configs])
+    loss.backward(); optimizer.step(); optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from hpo.hparams import OptimHParams
+
+#: Per-optimizer state matrices, named as in `torch.optim`'s own state.
+STATE_NAMES = {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq")}
+
+
+class FusedOptimizer:
+    """One optimizer for B members; `params` maps member parameter names to `[B, ...]` tensors."""
+
+    def __init__(
+        self,
+        params: Mapping[str, torch.nn.Parameter],
+        hparams: Sequence[OptimHParams],
+        lr_multipliers: Sequence[Mapping[str, float]] | None = None,
+        steps: Sequence[int] | None = None,
+    ):
+        self.names = list(params)
+        self.params = [params[name] for name in self.names]
+        self.hparams = list(hparams)
+        kinds = {hp.optimizer for hp in self.hparams}
+        if len(kinds) != 1:
+            raise ValueError(f"one fused optimizer needs one optimizer type; members use {sorted(kinds)}")
+        self.kind = kinds.pop()
+        for i, hp in enumerate(self.hparams):
+            if hp.nesterov and (hp.momentum <= 0 or self.kind != "sgd"):
+                raise ValueError(f"member {i}: Nesterov momentum requires optimizer 'sgd' and momentum > 0")
+        dtypes = {p.dtype for p in self.params}
+        if len(dtypes) != 1:
+            raise ValueError(f"fused parameters must share one dtype, got {sorted(map(str, dtypes))}")
+        first = self.params[0]
+        self.num_members = first.shape[0]
+        if len(self.hparams) != self.num_members:
+            raise ValueError(f"{len(self.hparams)} hyperparameter sets for {self.num_members} members")
+        self.sizes = [p[0].numel() for p in self.params]
+        self.offsets = [0]
+        for size in self.sizes:
+            self.offsets.append(self.offsets[-1] + size)
+        self.steps = list(steps) if steps is not None else [0] * self.num_members
+        self.lr_multipliers = self._multiplier_matrix(lr_multipliers)
+        total = self.offsets[-1]
+        self.state = {
+            name: torch.zeros(self.num_members, total, dtype=first.dtype, device=first.device) for name in STATE_NAMES[self.kind]
+        }
+        self._refresh_hparams()
+        #: Each member's global gradient norm at the last step (before clipping).
+        self.last_grad_norms: torch.Tensor | None = None
+
+    # -- layout --------------------------------------------------------------------------------
+
+    def _multiplier_matrix(self, multipliers: Sequence[Mapping[str, float]] | None) -> torch.Tensor | None:
+        """`[B or 1, P]` per-element lr multipliers, or None when every multiplier is 1."""
+        if not multipliers or all(all(float(v) == 1.0 for v in m.values()) for m in multipliers):
+            return None
+        rows = []
+        for member in multipliers:
+            rows.append(torch.cat([torch.full((size,), float(member.get(name, 1.0))) for name, size in zip(self.names, self.sizes)]))
+        matrix = torch.stack(rows)
+        if all(torch.equal(row, matrix[0]) for row in matrix[1:]):
+            matrix = matrix[:1]
+        return matrix.to(self.params[0].device, self.params[0].dtype)
+
+    def _refresh_hparams(self) -> None:
+        device, dtype = self.params[0].device, self.params[0].dtype
+
+        def column(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).view(-1, 1).to(device)
+
+        hps = self.hparams
+        self._beta1 = column([hp.beta1 for hp in hps])
+        self._one_minus_beta1 = column([1 - hp.beta1 for hp in hps])
+        self._beta2 = column([hp.beta2 for hp in hps])
+        self._one_minus_beta2 = column([1 - hp.beta2 for hp in hps])
+        self._eps = column([hp.eps for hp in hps])
+        self._weight_decay = column([hp.weight_decay for hp in hps])
+        self._momentum = column([hp.momentum for hp in hps])
+        self._nesterov = torch.tensor([hp.nesterov for hp in hps], device=device).view(-1, 1)
+        self._any_decay = any(hp.weight_decay != 0 for hp in hps)
+        self._any_nesterov = any(hp.nesterov for hp in hps)
+        self._clip = column([hp.grad_clip if hp.grad_clip > 0 else math.inf for hp in hps])
+        self._any_clip = any(hp.grad_clip > 0 for hp in hps)
+
+    def flat(self, tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
+        """Concatenate per-parameter `[B, ...]` tensors into one `[B, P]` matrix (None: zeros)."""
+        members = self.num_members
+        return torch.cat(
+            [
+                t.reshape(members, -1) if t is not None else torch.zeros(members, size, dtype=p.dtype, device=p.device)
+                for t, p, size in zip(tensors, self.params, self.sizes)
+            ],
+            dim=1,
+        )
+
+    def unflat(self, matrix: torch.Tensor) -> list[torch.Tensor]:
+        """Views of a `[B, P]` matrix shaped like each parameter."""
+        return [
+            matrix[:, start:end].view(p.shape)
+            for start, end, p in zip(self.offsets[:-1], self.offsets[1:], self.params)
+        ]
+
+    # -- stepping ------------------------------------------------------------------------------
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def current_lrs(self) -> list[float]:
+        """Each member's scheduled learning rate for its next step (before lr multipliers)."""
+        return [hp.lr * hp.lr_factor(step) for hp, step in zip(self.hparams, self.steps)]
+
+    def _column(self, values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=self.params[0].dtype).view(-1, 1).to(self.params[0].device, non_blocking=True)
+
+    def _with_multipliers(self, per_member: torch.Tensor) -> torch.Tensor:
+        return per_member if self.lr_multipliers is None else per_member * self.lr_multipliers
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One optimizer step for every member, each with its own schedule, clipping and state."""
+        grads = self.flat([p.grad for p in self.params])
+        if self._any_clip:
+            # torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped at 1.
+            self.last_grad_norms = torch.linalg.vector_norm(grads, dim=1, keepdim=True)
+            grads.mul_(torch.clamp(self._clip / (self.last_grad_norms + 1e-6), max=1.0))
+        params = self.flat(self.params)
+        lrs = self.current_lrs()
+        if self.kind == "sgd":
+            self._sgd(params, grads, lrs)
+        else:
+            self._adam(params, grads, lrs)
+        torch._foreach_copy_(self.params, self.unflat(params))
+        self.steps = [s + 1 for s in self.steps]
+
+    def _sgd(self, params: torch.Tensor, grads: torch.Tensor, lrs: list[float]) -> None:
+        if self._any_decay:
+            grads = grads.add(params * self._weight_decay)
+        buffer = self.state["momentum_buffer"]
+        # The first step's buffer is the gradient itself: 0 * momentum + grad, as torch clones it.
+        buffer.mul_(self._momentum).add_(grads)
+        update = buffer
+        if self._any_nesterov:
+            update = torch.where(self._nesterov, grads.add(buffer * self._momentum), buffer)
+        params.add_(update * self._with_multipliers(self._column([-lr for lr in lrs])))
+
+    def _adam(self, params: torch.Tensor, grads: torch.Tensor, lrs: list[float]) -> None:
+        steps = [s + 1 for s in self.steps]
+        if self.kind == "adamw":
+            if self._any_decay:
+                lr_decay = self._with_multipliers(self._column(lrs)) * self._weight_decay
+                params.mul_(1 - lr_decay)
+        elif self._any_decay:
+            grads = grads.add(params * self._weight_decay)
+        exp_avg, exp_avg_sq = self.state["exp_avg"], self.state["exp_avg_sq"]
+        exp_avg.lerp_(grads, self._one_minus_beta1)
+        exp_avg_sq.mul_(self._beta2).addcmul_(grads * self._one_minus_beta2, grads)
+        # Bias corrections and step sizes in double precision, as torch computes them in Python.
+        step_size = [lr / (1 - hp.beta1**s) for lr, hp, s in zip(lrs, self.hparams, steps)]
+        correction2_sqrt = [math.sqrt(1 - hp.beta2**s) for hp, s in zip(self.hparams, steps)]
+        denom = (exp_avg_sq.sqrt() / self._column(correction2_sqrt)).add_(self._eps)
+        params.add_((exp_avg / denom) * self._with_multipliers(self._column([-s for s in step_size])))
+
+    # -- members -------------------------------------------------------------------------------
+
+    def select_members(self, index: Sequence[int]) -> None:
+        """Keep members at `index`, in that order (call after the model's `select_members`)."""
+        index = list(index)
+        rows = torch.as_tensor(index, dtype=torch.long, device=self.params[0].device)
+        self.state = {name: matrix[rows] for name, matrix in self.state.items()}
+        if self.lr_multipliers is not None and self.lr_multipliers.shape[0] > 1:
+            self.lr_multipliers = self.lr_multipliers[rows]
+        self.hparams = [self.hparams[i] for i in index]
+        self.steps = [self.steps[i] for i in index]
+        self.num_members = len(index)
+        self._refresh_hparams()
+
+    def member_state(self, index: int) -> dict[str, Any]:
+        """Member `index`'s state: its step and, per parameter name, its state tensors."""
+        per_param: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self.names}
+        for state_name, matrix in self.state.items():
+            for name, view in zip(self.names, self.unflat(matrix)):
+                per_param[name][state_name] = view[index].clone()
+        return {"step": self.steps[index], "params": per_param}
+
+    @torch.no_grad()
+    def load_member_state(self, index: int, state: Mapping[str, Any]) -> None:
+        self.steps[index] = int(state["step"])
+        for state_name, matrix in self.state.items():
+            for name, view in zip(self.names, self.unflat(matrix)):
+                value = state["params"].get(name, {}).get(state_name)
+                view[index].copy_(value if value is not None else torch.zeros_like(view[index]))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "steps": list(self.steps), "state": {k: v.clone() for k, v in self.state.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state["kind"] != self.kind:
+            raise ValueError(f"optimizer state is for {state['kind']!r}, this optimizer is {self.kind!r}")
+        self.steps = list(state["steps"])
+        for name, matrix in state["state"].items():
+            self.state[name].copy_(matrix)

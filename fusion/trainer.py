@@ -1,0 +1,366 @@
+"""`FusedTrainer`: `TrialTrainer`'s shape for a fused group of B configurations of one workload.
+
+One actor (one GPU or CPU slot) drives it: `train_iteration()` trains every member
+`steps_per_iteration` steps on the shared batches and returns one metrics dict per member, with
+the keys `TrialTrainer.train_iteration` reports. Members are named by ids (the caller's trial
+ids; by default their index in `configs`) that stay stable while other members leave.
+
+Checkpoints come in two shapes:
+- the group's own (`save` / `load`): stacked tensors, one file, fast;
+- per member (`member_state_dict` / `save_member`): exactly `TrialTrainer.state_dict()`'s format,
+  so a member continues unfused with `TrialTrainer.load_state_dict`, and a group is re-formed
+  from members' checkpoints with `FusedTrainer.from_member_states` (members must be at the same
+  step: they share one data stream).
+
+Example::
+
+    trainer = FusedTrainer(workload, [{"lr": 1e-3, "seed": 0}, {"lr": 3e-3, "seed": 1}])
+    for _ in range(3):
+        for member_id, metrics in zip(trainer.member_ids, trainer.train_iteration()):
+            print(member_id, metrics["val_loss"])
+    trainer.remove_members([1])
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch.func import vmap
+
+from fusion.grouping import FUSIBLE_KEYS, check_fusible
+from fusion.model import FusedModel, build_member, fuse_models
+from fusion.optim import FusedOptimizer
+from hpo.hparams import OptimHParams, build_torch_optimizer
+from hpo.workload import Batch, Workload
+
+#: The file a fused group saves into its checkpoint directory.
+FUSED_CHECKPOINT_FILE = "fused_state.pt"
+#: A member's checkpoint file: the same name `hpo.training.CHECKPOINT_FILE` uses (a test checks).
+MEMBER_CHECKPOINT_FILE = "trial_state.pt"
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class FusedTrainer:
+    """B configurations of `workload` trained as one fused model with one fused optimizer.
+
+    `dtype` is "fp32" or "bf16" (bf16 autocast for forward and loss; weights and optimizer
+    state stay fp32). `strategy` is passed to `fusion.fuse_models` ("auto", "stacked", "vmap").
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        configs: Sequence[Mapping[str, Any]],
+        *,
+        member_ids: Sequence[Hashable] | None = None,
+        device: str | torch.device = "cpu",
+        dtype: str = "fp32",
+        strategy: str = "auto",
+        fusible_keys: frozenset[str] = FUSIBLE_KEYS,
+    ):
+        if not configs:
+            raise ValueError("a fused group needs at least one config")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype is {dtype!r}; expected one of {sorted(DTYPES)}")
+        self.workload = workload
+        self.configs = [workload.resolve(c) for c in configs]
+        check_fusible(self.configs, fusible_keys)
+        self.member_ids = list(member_ids) if member_ids is not None else list(range(len(configs)))
+        if len(self.member_ids) != len(self.configs) or len(set(self.member_ids)) != len(self.member_ids):
+            raise ValueError(f"member_ids must be {len(self.configs)} distinct ids, got {self.member_ids}")
+        self.hparams = [OptimHParams.from_config(c) for c in self.configs]
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.strategy = strategy
+        self.fusible_keys = fusible_keys
+        first = self.configs[0]
+        self.steps_per_iteration = int(first.get("steps_per_iteration", workload.steps_per_iteration))
+        self.data_seed = int(first.get("data_seed", 0))
+
+        models = [build_member(workload, config) for config in self.configs]
+        multipliers = [workload.lr_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
+        example, _ = next(workload.train_batches(first, self.data_seed))
+        self.model: FusedModel = fuse_models(models, example, strategy).to(self.device)
+        self.optimizer = FusedOptimizer(dict(self.model.module.named_parameters()), self.hparams, multipliers)
+        self.iteration = 0
+        self.step = 0
+        self._batches: Iterator[Batch] | None = None
+        self._vmap_loss = True
+        self._vmap_metrics = True
+
+    @property
+    def num_members(self) -> int:
+        return len(self.member_ids)
+
+    # -- training ------------------------------------------------------------------------------
+
+    def _autocast(self):
+        if self.dtype == "fp32":
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=DTYPES[self.dtype])
+
+    def _batch_stream(self) -> Iterator[Batch]:
+        # As TrialTrainer: re-created after a restore and fast-forwarded to the current step.
+        if self._batches is None:
+            self._batches = self.workload.train_batches(self.configs[0], self.data_seed)
+            for _ in range(self.step):
+                next(self._batches)
+        return self._batches
+
+    def member_losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """`[B]` losses: the workload's (mean) loss of each member's slice of `output`."""
+        if self._vmap_loss:
+            try:
+                return vmap(self.workload.loss, in_dims=(0, None))(output, target)
+            except Exception:  # a loss vmap cannot batch: one call per member instead
+                self._vmap_loss = False
+        return torch.stack([self.workload.loss(member, target) for member in output])
+
+    def _member_metrics(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self._vmap_metrics:
+            try:
+                return vmap(self.workload.batch_metrics, in_dims=(0, None))(output, target)
+            except Exception:
+                self._vmap_metrics = False
+        per_member = [self.workload.batch_metrics(member, target) for member in output]
+        return {key: torch.stack([m[key] for m in per_member]) for key in per_member[0]}
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One optimizer step of every member on a shared batch; returns the `[B]` losses (detached)."""
+        inputs, targets = inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+        with self._autocast():
+            losses = self.member_losses(self.model(inputs), targets)
+        self.optimizer.zero_grad()
+        # The sum of the members' mean losses: d(sum)/d(member b's weights) is member b's own gradient.
+        losses.sum().backward()
+        self.optimizer.step()
+        self.step += 1
+        return losses.detach()
+
+    def train_iteration(self) -> list[dict[str, Any]]:
+        """Train `steps_per_iteration` steps and evaluate; one `TrialTrainer`-style dict per member."""
+        self.model.train()
+        batches = self._batch_stream()
+        total = torch.zeros(self.num_members, dtype=torch.float64, device=self.device)
+        for _ in range(self.steps_per_iteration):
+            total += self.train_step(*next(batches)).double()
+        self.iteration += 1
+        train_losses = (total / self.steps_per_iteration).tolist()
+        results = []
+        for train_loss, evaluation in zip(train_losses, self.evaluate()):
+            metrics = {"train_loss": train_loss, **evaluation, "step": self.step}
+            metrics["diverged"] = not math.isfinite(train_loss) or not math.isfinite(metrics["val_loss"])
+            results.append(metrics)
+        return results
+
+    @torch.no_grad()
+    def evaluate(self) -> list[dict[str, float]]:
+        self.model.eval()
+        totals: dict[str, torch.Tensor] = {}
+        count = 0
+        for inputs, targets in self.workload.eval_batches(self.configs[0]):
+            inputs, targets = inputs.to(self.device), targets.to(self.device)
+            n = inputs.shape[0]
+            with self._autocast():
+                output = self.model(inputs)
+            for key, value in self._member_metrics(output, targets).items():
+                totals[key] = totals.get(key, 0.0) + value.double() * n
+            count += n
+        columns = {f"val_{key}": (value / count).tolist() for key, value in totals.items()}
+        return [{key: values[i] for key, values in columns.items()} for i in range(self.num_members)]
+
+    # -- members come and go -------------------------------------------------------------------
+
+    def _positions(self, member_ids: Sequence[Hashable]) -> list[int]:
+        unknown = [m for m in member_ids if m not in self.member_ids]
+        if unknown:
+            raise KeyError(f"no members {unknown} in this group; members: {self.member_ids}")
+        return [self.member_ids.index(m) for m in member_ids]
+
+    def remove_members(self, member_ids: Sequence[Hashable]) -> None:
+        """Drop members (stopped or diverged): they stop costing compute; survivors are unaffected."""
+        gone = set(self._positions(member_ids))
+        keep = [i for i in range(self.num_members) if i not in gone]
+        if not keep:
+            raise ValueError("cannot remove every member of a group; drop the trainer instead")
+        self.keep_members([self.member_ids[i] for i in keep])
+
+    def keep_members(self, member_ids: Sequence[Hashable]) -> None:
+        """Keep exactly these members, in this order, repacking parameters and optimizer state."""
+        keep = self._positions(member_ids)
+        self.model.select_members(keep)
+        self.optimizer.select_members(keep)
+        self.configs = [self.configs[i] for i in keep]
+        self.hparams = [self.hparams[i] for i in keep]
+        self.member_ids = [self.member_ids[i] for i in keep]
+
+    def add_members(
+        self,
+        configs: Sequence[Mapping[str, Any]],
+        states: Sequence[Mapping[str, Any]] | None = None,
+        member_ids: Sequence[Hashable] | None = None,
+    ) -> None:
+        """Re-form the group with extra members: fresh ones (only while the group is at step 0)
+        or members resuming from their `member_state_dict` checkpoints at the group's step."""
+        if member_ids is None:
+            start = max([m for m in self.member_ids if isinstance(m, int)], default=-1) + 1
+            member_ids = list(range(start, start + len(configs)))
+        if states is None:
+            if self.step:
+                raise ValueError(f"fresh members start at step 0 but this group is at step {self.step}; form a new group")
+            states = [_fresh_state(self.workload, self.workload.resolve(c)) for c in configs]
+        current = [self.member_state_dict(m) for m in self.member_ids]
+        rebuilt = FusedTrainer.from_member_states(
+            self.workload,
+            [*self.configs, *configs],
+            [*current, *states],
+            member_ids=[*self.member_ids, *member_ids],
+            device=self.device,
+            dtype=self.dtype,
+            strategy=self.strategy,
+            fusible_keys=self.fusible_keys,
+        )
+        self.__dict__.update(rebuilt.__dict__)
+
+    # -- checkpoints: per member ---------------------------------------------------------------
+
+    def member_state_dict(self, member_id: Hashable) -> dict[str, Any]:
+        """Member `member_id`'s checkpoint in `TrialTrainer.state_dict()`'s format."""
+        (index,) = self._positions([member_id])
+        config, hp = self.configs[index], self.hparams[index]
+        with torch.random.fork_rng(devices=[]):
+            model = build_member(self.workload, config)
+        model.load_state_dict(self.model.member_state_dict(index))
+        optimizer, schedule = _torch_optimizer(self.workload, model, hp)
+        state = self.optimizer.member_state(index)
+        for name, param in model.named_parameters():
+            per_param = {k: v.cpu() for k, v in state["params"][name].items()}
+            if hp.optimizer == "sgd":
+                if hp.momentum != 0:
+                    optimizer.state[param] = {"momentum_buffer": per_param["momentum_buffer"]}
+            elif state["step"]:
+                optimizer.state[param] = {"step": torch.tensor(float(state["step"])), **per_param}
+        _advance_schedule(schedule, state["step"])
+        return {
+            "model": {k: v.cpu() for k, v in model.state_dict().items()},
+            "optimizer": optimizer.state_dict(),
+            "schedule": schedule.state_dict(),
+            "iteration": self.iteration,
+            "step": state["step"],
+            "rng": torch.get_rng_state(),
+        }
+
+    def save_member(self, member_id: Hashable, directory: str) -> None:
+        """Write member `member_id`'s checkpoint where `TrialTrainer.restore(directory)` reads it."""
+        torch.save(self.member_state_dict(member_id), os.path.join(directory, MEMBER_CHECKPOINT_FILE))
+
+    @classmethod
+    def from_member_states(
+        cls, workload: Workload, configs: Sequence[Mapping[str, Any]], states: Sequence[Mapping[str, Any]], **kwargs: Any
+    ) -> "FusedTrainer":
+        """A group re-formed from members' `TrialTrainer`-format checkpoints (all at one step)."""
+        if len(configs) != len(states):
+            raise ValueError(f"{len(configs)} configs but {len(states)} member states")
+        steps = {int(s["step"]) for s in states}
+        if len(steps) != 1:
+            raise ValueError(f"members at different steps {sorted(steps)} cannot share one data stream; group them by step")
+        trainer = cls(workload, configs, **kwargs)
+        for index, (config, state) in enumerate(zip(trainer.configs, states)):
+            hp = trainer.hparams[index]
+            with torch.random.fork_rng(devices=[]):
+                model = build_member(workload, config)
+            optimizer, _ = _torch_optimizer(workload, model, hp)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            trainer.model.load_member_state_dict(index, model.state_dict())
+            trainer.optimizer.load_member_state(
+                index,
+                {
+                    "step": int(state["step"]),
+                    "params": {name: dict(optimizer.state.get(p, {})) for name, p in model.named_parameters()},
+                },
+            )
+        trainer.step = steps.pop()
+        trainer.iteration = int(states[0]["iteration"])
+        torch.set_rng_state(states[0]["rng"])
+        return trainer
+
+    @classmethod
+    def from_member_checkpoints(
+        cls, workload: Workload, configs: Sequence[Mapping[str, Any]], directories: Sequence[str], **kwargs: Any
+    ) -> "FusedTrainer":
+        """`from_member_states` reading each member's `trial_state.pt` (written by either trainer)."""
+        states = [torch.load(os.path.join(d, MEMBER_CHECKPOINT_FILE), weights_only=False) for d in directories]
+        return cls.from_member_states(workload, configs, states, **kwargs)
+
+    # -- checkpoints: the whole group ----------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "configs": self.configs,
+            "member_ids": self.member_ids,
+            "model": self.model.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "iteration": self.iteration,
+            "step": self.step,
+            "rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if list(state["member_ids"]) != self.member_ids:
+            raise ValueError(f"checkpoint is for members {state['member_ids']}, this group has {self.member_ids}")
+        self.model.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.iteration = int(state["iteration"])
+        self.step = int(state["step"])
+        torch.set_rng_state(state["rng"])
+        self._batches = None
+
+    def save(self, directory: str) -> None:
+        torch.save(self.state_dict(), os.path.join(directory, FUSED_CHECKPOINT_FILE))
+
+    @classmethod
+    def load(cls, workload: Workload, directory: str, **kwargs: Any) -> "FusedTrainer":
+        """A group restored from `save(directory)`, with the members it had when saved."""
+        state = torch.load(os.path.join(directory, FUSED_CHECKPOINT_FILE), weights_only=False)
+        trainer = cls(workload, state["configs"], member_ids=state["member_ids"], **kwargs)
+        trainer.load_state_dict(state)
+        return trainer
+
+
+def _torch_optimizer(workload: Workload, model: torch.nn.Module, hp: OptimHParams):
+    """The optimizer and schedule `TrialTrainer` builds for `model` (to read and write its format)."""
+    optimizer = build_torch_optimizer(model.named_parameters(), hp, workload.lr_multipliers(model, hp.optimizer))
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, hp.lr_factor)
+
+
+def _advance_schedule(schedule: torch.optim.lr_scheduler.LambdaLR, step: int) -> None:
+    """Put a fresh LambdaLR where `step` optimizer steps would have left it."""
+    if step > 0:
+        schedule.last_epoch = step - 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()"
+            schedule.step()
+
+
+def _fresh_state(workload: Workload, config: Mapping[str, Any]) -> dict[str, Any]:
+    """A step-0 member checkpoint, as a new `TrialTrainer` would save it."""
+    hp = OptimHParams.from_config(config)
+    with torch.random.fork_rng(devices=[]):
+        model = build_member(workload, config)
+    optimizer, schedule = _torch_optimizer(workload, model, hp)
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "schedule": schedule.state_dict(),
+        "iteration": 0,
+        "step": 0,
+        "rng": torch.get_rng_state(),
+    }
