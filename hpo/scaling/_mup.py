@@ -136,15 +136,18 @@ class MuPWorkload(Workload):
         return self.inner.batch_metrics(output, target)
 
 
-def proxy_workload(workload: Workload, scaling: "ScalingConfig", *, validate: bool = True) -> MuPWorkload:
+def proxy_workload(
+    workload: Workload, scaling: "ScalingConfig", *, config: Mapping[str, Any] | None = None, validate: bool = True
+) -> MuPWorkload:
     """The muP proxy of `workload` at `scaling.proxy` width, with muP base `scaling.base`.
 
-    With `validate`, builds the proxy once now so that a model muP cannot handle fails here (with
-    the layer and the fix), not inside a Ray worker; attention scaling problems are warned about.
+    With `validate`, builds the proxy once now (from `config`, e.g. the sweep's constant keys, over
+    the workload's defaults) so that a model muP cannot handle fails here, with the layer and the
+    fix, not inside a Ray worker; attention scaling problems are warned about.
     """
     proxy = MuPWorkload(workload, scaling.proxy, scaling.base, scaling.readout)
     if validate:
-        proxy.validate()
+        proxy.validate(config)
     return proxy
 
 
