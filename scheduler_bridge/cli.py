@@ -1,0 +1,152 @@
+"""``hpo sim``: replay a trace under one or more policies.
+
+Wire into the main CLI with ``add_sim_parser(subparsers)``; standalone:
+
+    python -m scheduler_bridge.cli sim --trace philly.csv --format philly \\
+        --policy fifo,qssf,sjf --gpus 500 --json out.json --plot out.png
+
+Several policies (comma list, or ``--compare``) run on the same trace and print
+a table; ``--json`` then holds a list of summaries. Bad input (missing file,
+malformed row, unknown policy) prints one line naming it and exits with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from .cluster import ClusterSpec
+from .simulator import POLICIES, make_policy, simulate
+from .synthetic import add_tuning_work
+from .traces import FORMATS, TraceError, load_trace
+
+TABLE_KEYS = ("policy", "completed", "avg_jct", "p50_jct", "p99_jct", "avg_queue",
+              "makespan", "utilization", "wall_s")
+COMPARE_DEFAULT = {"philly": "fifo,sjf,srtf,qssf", "helios": "fifo,sjf,srtf,qssf",
+                   "pollux": "fifo,elastic-fixed-batch,elastic"}
+
+
+def add_sim_parser(subparsers) -> None:
+    """Register the ``sim`` subcommand on an argparse ``subparsers`` object."""
+    p = subparsers.add_parser("sim", help="replay a cluster trace under scheduling policies",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", required=True, help="trace file (CSV)")
+    p.add_argument("--format", required=True, choices=FORMATS, help="trace format")
+    p.add_argument("--policy", default=None,
+                   help=f"one policy or a comma list of: {', '.join(POLICIES)}")
+    p.add_argument("--compare", action="store_true",
+                   help="run the standard comparison set for the format and print a table")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs in the cluster")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--profiles", default=None, help="Pollux profile folder (<app>/placements.csv)")
+    p.add_argument("--json", default=None, help="write the summary (list if several policies)")
+    p.add_argument("--csv", default=None, help="per-job CSV; {policy} in the name is replaced")
+    p.add_argument("--plot", default=None, help="PNG with JCT CDFs and utilisation over time")
+    p.add_argument("--backfill", default=None, action=argparse.BooleanOptionalAction,
+                   help="greedy backfill for queue policies (default: on for qssf only)")
+    p.add_argument("--restart-cost", type=float, default=30.0,
+                   help="checkpoint-restart seconds on preemption or resize")
+    p.add_argument("--deadline", type=float, default=None,
+                   help="count jobs finished by this time (default 8 h for pollux)")
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N jobs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--base-policy", default="fifo", help="ordinary-job policy under tuning-aware")
+    p.add_argument("--tuning-jobs", type=int, default=None,
+                   help="synthetic tuning jobs to add (default 20 with tuning-aware)")
+    p.add_argument("--tuning-groups", type=int, default=8)
+    p.add_argument("--tuning-group-work", type=float, default=3600.0, help="GPU-seconds per group")
+    p.add_argument("--pipeline-fraction", type=float, default=0.2,
+                   help="fraction of multi-GPU jobs treated as pipeline jobs with bubbles")
+    p.add_argument("--bubble-fraction", type=float, default=0.3)
+    p.set_defaults(func=run_sim)
+
+
+def _fail(msg: str) -> int:
+    print(f"hpo sim: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else (f"{v:.3f}" if abs(v) < 10 else f"{v:,.0f}")
+    return str(v)
+
+
+def format_table(summaries: list[dict]) -> str:
+    keys = list(TABLE_KEYS) + (["completed_by_deadline"] if "completed_by_deadline" in summaries[0] else [])
+    rows = [keys] + [[_fmt(s.get(k)) for k in keys] for s in summaries]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(keys))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def run_sim(args) -> int:
+    """Handler of ``hpo sim``; returns the exit code."""
+    spec_policies = args.policy or (COMPARE_DEFAULT[args.format] if args.compare else None)
+    if not spec_policies:
+        return _fail("give --policy NAME[,NAME...] or --compare")
+    names = [p.strip() for p in spec_policies.split(",") if p.strip()]
+    for name in names:
+        if name not in POLICIES:
+            return _fail(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    if args.gpus < 1 or args.gpus_per_node < 1:
+        return _fail(f"--gpus and --gpus-per-node must be >= 1 (got {args.gpus}, {args.gpus_per_node})")
+    if args.format != "pollux" and any(n.startswith("elastic") for n in names):
+        return _fail("elastic policies need jobs with measured profiles: use --format pollux")
+    try:
+        trace = load_trace(args.trace, args.format, args.profiles)
+        if args.limit:
+            from .jobs import Trace
+            trace = Trace(trace.jobs[: args.limit], trace.source, trace.tuning, trace.t0)
+        if "tuning-aware" in names:
+            n_tune = 20 if args.tuning_jobs is None else args.tuning_jobs
+            trace = add_tuning_work(trace, tuning_jobs=n_tune, groups=args.tuning_groups,
+                                    group_work=args.tuning_group_work,
+                                    pipeline_fraction=args.pipeline_fraction,
+                                    bubble_fraction=args.bubble_fraction, seed=args.seed)
+        profiles = None
+        if args.format == "pollux":
+            from .profiles import load_profiles
+            profiles = load_profiles(args.profiles or Path(args.trace).parent.parent / "traces")
+        deadline = args.deadline if args.deadline is not None else (
+            8 * 3600.0 if args.format == "pollux" else None)
+        cluster = ClusterSpec(args.gpus, args.gpus_per_node)
+        results = []
+        for name in names:
+            policy = make_policy(name, backfill=args.backfill, seed=args.seed, base=args.base_policy)
+            results.append(simulate(trace, policy, cluster, restart_cost=args.restart_cost,
+                                    profiles=profiles, deadline=deadline))
+    except (TraceError, ValueError, OSError) as e:
+        return _fail(str(e))
+    summaries = [r.summary() for r in results]
+    print(format_table(summaries))
+    for s in summaries:
+        if "tuning_gpu_hours_free" in s:
+            print(f"tuning-aware: {s['tuning_groups_completed']} fused groups finished, "
+                  f"{s['tuning_gpu_hours_free']:.1f} GPU-h of tuning work done for free "
+                  f"({s['tuning_gpu_hours_bubbles']:.1f} GPU-h in pipeline bubbles)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summaries[0] if len(summaries) == 1 else summaries,
+                                              indent=2, default=str))
+    if args.csv:
+        for r in results:
+            r.to_csv(args.csv.replace("{policy}", r.policy) if len(results) > 1 and "{policy}" in args.csv
+                     else args.csv)
+    if args.plot:
+        from .plots import plot_results
+        plot_results(results, args.plot)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scheduler_bridge.cli")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_sim_parser(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
