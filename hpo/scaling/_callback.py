@@ -79,6 +79,7 @@ class EagerTransferCallback(tune.Callback):
         self._pending: list[Any] = []  # refs of the running target's remaining iterations, in order
         self._history: list[dict[str, Any]] = []
         self._run_started = 0.0
+        self._run_config: dict[str, Any] | None = None  # the target config being trained
         self.starts: list[dict[str, Any]] = []  # one entry per (re)start: time, proxy trial, config
         self.first_result_s: float | None = None
 
@@ -123,7 +124,7 @@ class EagerTransferCallback(tune.Callback):
         run = None
         if self._history:
             seconds = time.monotonic() - self._t0 - self._run_started
-            run = summarise_target_run(self.policy.running_config, self.metric, self.mode, self._history, seconds)
+            run = summarise_target_run(self._run_config, self.metric, self.mode, self._history, seconds)
         return {
             "started": bool(self.starts),
             "restarts": max(0, len(self.starts) - 1),
@@ -159,6 +160,7 @@ class EagerTransferCallback(tune.Callback):
         self._actor = actor_cls.remote(self.target, config, threads)
         self._pending = [self._actor.train_iteration.remote() for _ in range(self.iterations)]
         self._history = []
+        self._run_config = config
         self._run_started = time.monotonic() - self._t0
         self.starts.append(
             {"at_s": self._run_started, "proxy_trial": policy.running_trial, "proxy_value": policy.best_value, "config": config}

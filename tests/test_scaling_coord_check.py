@@ -1,0 +1,32 @@
+"""The coordinate check passes a muP model and fails, naming layers, a standard-parametrised one."""
+
+import pytest
+import torch
+
+from examples.mlp_digits import workload as mlp_digits
+from hpo.scaling import coord_check
+
+WIDTHS = [32, 64, 128, 256]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The 2 cores are shared: one intra-op thread avoids oversubscription (restored afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_mup_proxy_passes_and_the_plot_is_saved(tmp_path):
+    plot = tmp_path / "coord.png"
+    report = coord_check(mlp_digits, WIDTHS, config={"lr": 0.01}, seeds=2, plot_path=str(plot))
+    assert report.ok, report.summary()
+    assert plot.stat().st_size > 10_000
+
+
+def test_standard_parametrisation_fails_loudly_naming_the_readout():
+    report = coord_check(mlp_digits, WIDTHS, config={"lr": 0.01}, seeds=2, parametrization="sp")
+    assert not report.ok
+    assert "readout" in report.offending, report.summary()
+    assert "FAILED" in report.summary() and "readout" in report.summary()

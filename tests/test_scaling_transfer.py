@@ -1,0 +1,71 @@
+"""Transfer: the target config carries the proxy's muP-transferable values and flags the rest."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from examples.mlp_digits import workload as mlp_digits
+from hpo.scaling import NON_TRANSFERABLE, ScalingConfig, train_target, transfer_config
+
+SCALING = ScalingConfig(target_width=256, ratio=4)
+BEST_PROXY = {
+    "width": 64,
+    "lr": 0.0123,
+    "beta1": 0.85,
+    "init_std": 0.02,
+    "output_mult": 2.0,
+    "lr_schedule": "cosine",
+    "weight_decay": 0.1,
+    "dropout": 0.2,
+    "batch_size": 64,
+    "depth": 2,
+    "my_knob": 3,
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The 2 cores are shared: one intra-op thread avoids oversubscription (restored afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_transferred_config_has_the_proxys_transferable_values_at_the_target_width():
+    result = transfer_config(BEST_PROXY, SCALING)
+    assert result.target_config["width"] == 256
+    for key in ("lr", "beta1", "init_std", "output_mult", "lr_schedule"):
+        assert result.target_config[key] == BEST_PROXY[key], f"{key} should transfer unchanged"
+        assert key in result.transferred
+
+
+def test_non_transferable_keys_are_flagged_with_a_reason():
+    result = transfer_config(BEST_PROXY, SCALING)
+    assert set(result.flagged) == {"weight_decay", "dropout", "batch_size"}
+    assert result.flagged["weight_decay"] == NON_TRANSFERABLE["weight_decay"]
+    assert result.kept == ["depth"]
+    assert set(result.unknown) == {"my_knob"}
+
+
+def test_a_config_from_another_width_is_refused():
+    with pytest.raises(ValueError, match="width 128, but scaling.proxy is 64"):
+        transfer_config({**BEST_PROXY, "width": 128}, SCALING)
+
+
+def test_transfer_json_holds_both_configs_and_the_flags(tmp_path):
+    path = transfer_config(BEST_PROXY, SCALING, metric="val_loss", proxy_metric=0.5).write_json(tmp_path)
+    written = json.loads(path.read_text())
+    assert path.name == "transfer.json"
+    assert written["proxy_config"]["width"] == 64 and written["target_config"]["width"] == 256
+    assert "dropout" in written["flagged"] and written["proxy_metric"] == 0.5
+
+
+def test_final_training_trains_the_target_with_the_transferred_config():
+    scaling = ScalingConfig(target_width=32, ratio=2, final_training=True)
+    result = transfer_config({"width": 16, "lr": 0.01, "steps_per_iteration": 3}, scaling)
+    run = train_target(mlp_digits, result, scaling, max_iterations=2)
+    assert run.iterations == 2 and run.config["width"] == 32 and run.config["lr"] == 0.01
+    assert math.isfinite(run.value) and run.metric == "val_loss"
