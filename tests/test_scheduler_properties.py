@@ -1,0 +1,84 @@
+"""Invariants of the simulator on random small traces (hypothesis)."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler_bridge import (QSSF, ClusterSpec, Job, TuningJob, make_policy, make_trace,
+                              simulate)
+
+CLUSTER = ClusterSpec(16, 8)
+
+job_st = st.tuples(st.integers(0, 2000), st.sampled_from([1, 1, 2, 4, 8, 16]),
+                   st.integers(1, 900), st.sampled_from(["a", "b", "c"]))
+trace_st = st.lists(job_st, min_size=1, max_size=25).map(
+    lambda rows: make_trace([Job(i, float(s), g, float(d), vc=v) for i, (s, g, d, v) in enumerate(rows)],
+                            tuning=[TuningJob(0, 100.0, groups=3, group_work=500.0)]))
+
+
+def _policy(name):
+    if name == "qssf":
+        return QSSF(first_fit=5, refit_min=5)   # exercise the regressor on tiny traces
+    return make_policy(name)
+
+
+def _max_concurrent_gpus(df):
+    events = sorted([(s, g) for s, g in zip(df.start, df.gpus)] +
+                    [(f, -g) for f, g in zip(df.finish, df.gpus)], key=lambda e: (e[0], e[1]))
+    busy = peak = 0
+    for _, g in events:
+        busy += g
+        peak = max(peak, busy)
+    return peak
+
+
+@pytest.mark.parametrize("name", ["fifo", "sjf", "srtf", "qssf", "tuning-aware"])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=trace_st)
+def test_random_traces_keep_the_simulator_invariants(name, trace):
+    res = simulate(trace, _policy(name), CLUSTER, restart_cost=7.0)
+    df = res.jobs_frame()
+    assert df.finish.notna().all(), "every job must finish"
+    assert (df.start >= df.submit).all(), "no job may start before it is submitted"
+    assert (df.finish >= df.start + df.duration - 1e-9).all(), "a job cannot finish early"
+    assert max(res.log.util_busy) <= CLUSTER.num_gpus, "more GPUs allocated than exist"
+    if name != "srtf":  # non-preemptive: one interval per job
+        assert _max_concurrent_gpus(df) <= CLUSTER.num_gpus
+    again = simulate(trace, _policy(name), CLUSTER, restart_cost=7.0).jobs_frame()
+    assert df.equals(again), "same trace, same seed: same result"
+
+
+@settings(max_examples=15, deadline=None)
+@given(trace=trace_st)
+def test_tuning_work_never_changes_ordinary_jobs(trace):
+    plain = simulate(trace, make_policy("fifo"), CLUSTER).jobs_frame()
+    tuned = simulate(trace, make_policy("tuning-aware"), CLUSTER)
+    assert tuned.jobs_frame().equals(plain)
+    assert tuned.summary()["tuning_groups_completed"] == 3
+
+
+@pytest.mark.parametrize("name", ["elastic", "elastic-fixed-batch"])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(st.tuples(st.integers(0, 3000),
+                               st.sampled_from(["cifar10", "ncf", "deepspeech2", "yolov3"]),
+                               st.sampled_from([1, 2, 4])), min_size=1, max_size=6))
+def test_elastic_random_workloads_finish_within_capacity(name, rows):
+    from scheduler_bridge import ElasticSpec, load_profiles
+    from scheduler_bridge.traces import default_traces_dir
+    prof_dir = default_traces_dir() / "pollux" / "traces"
+    if not prof_dir.is_dir():
+        pytest.skip(f"no traces at {prof_dir}")
+    apps = load_profiles(prof_dir)
+    jobs = [Job(i, float(t), g, apps[a].isolated_runtime(g, apps[a].init_bsz * g),
+                elastic=ElasticSpec(a, apps[a].init_bsz * g, 1, apps[a].max_gpus))
+            for i, (t, a, g) in enumerate(rows)]
+    trace = make_trace(jobs)
+    spec = ClusterSpec(8, 4)
+    res = simulate(trace, make_policy(name), spec, profiles=apps)
+    df = res.jobs_frame()
+    assert df.finish.notna().all()
+    assert (df.start >= df.submit).all()
+    assert max(res.log.util_busy) <= spec.num_gpus
+    again = simulate(trace, make_policy(name), spec, profiles=apps).jobs_frame()
+    assert np.array_equal(df.finish.to_numpy(), again.finish.to_numpy())

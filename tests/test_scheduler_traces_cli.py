@@ -1,0 +1,106 @@
+"""Trace loaders (real and malformed files) and the ``sim`` command line."""
+
+import json
+
+import pytest
+
+from scheduler_bridge import TraceError, load_helios, load_philly, load_pollux
+from scheduler_bridge.cli import main
+from scheduler_bridge.traces import default_traces_dir
+
+TRACES = default_traces_dir()
+PHILLY = TRACES / "pollux" / "traces" / "philly.csv"
+WORKLOAD = TRACES / "pollux" / "workloads" / "workload-1.csv"
+needs_traces = pytest.mark.skipif(not PHILLY.is_file(), reason=f"no traces at {TRACES}")
+
+
+@needs_traces
+def test_shipped_philly_trace_loads_every_job_sorted():
+    trace = load_philly(PHILLY)
+    assert len(trace) == 82247
+    submits = [j.submit for j in trace.jobs]
+    assert submits[0] == 0 and submits == sorted(submits)
+
+
+@needs_traces
+def test_shipped_pollux_workload_loads_160_elastic_jobs_with_durations():
+    trace = load_pollux(WORKLOAD)
+    assert len(trace) == 160
+    assert all(j.elastic is not None and j.duration > 0 for j in trace.jobs)
+
+
+def test_malformed_philly_row_names_the_line_and_value(tmp_path):
+    p = tmp_path / "bad.csv"
+    p.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n"
+                 "2017-10-09 07:01:55,66.0,1,66.0,a\n"
+                 "2017-10-09 07:02:55,sixty,1,60.0,a\n")
+    with pytest.raises(TraceError, match=r"bad.csv:3: column 'duration' = 'sixty'"):
+        load_philly(p)
+
+
+def test_helios_cluster_log_is_read_and_cpu_jobs_skipped(tmp_path):
+    p = tmp_path / "cluster_log.csv"
+    p.write_text("job_id,user,vc,gpu_num,cpu_num,node_num,state,submit_time,start_time,end_time,duration,queue\n"
+                 "j1,u1,vcA,8,48,1,COMPLETED,2020-04-01 00:00:10,2020-04-01 00:00:12,2020-04-01 01:00:12,3600,2\n"
+                 "j2,u2,vcA,0,4,1,COMPLETED,2020-04-01 00:00:20,2020-04-01 00:00:20,2020-04-01 00:00:30,10,0\n"
+                 "j3,u1,vcB,1,6,1,FAILED,2020-04-01 00:01:10,2020-04-01 00:01:10,2020-04-01 00:02:10,60,0\n")
+    trace = load_helios(p)
+    assert [(j.name, j.user, j.vc, j.gpus, j.submit, j.duration) for j in trace.jobs] == [
+        ("j1", "u1", "vcA", 8, 0.0, 3600.0), ("j3", "u1", "vcB", 1, 60.0, 60.0)]
+
+
+def test_missing_column_is_reported(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("timestamp,duration\n1,2\n")
+    with pytest.raises(TraceError, match="missing column"):
+        load_philly(p)
+
+
+def _small_philly(tmp_path):
+    p = tmp_path / "small.csv"
+    rows = ["timestamp,duration,num_gpus,gpu_time,cluster"]
+    for i in range(30):
+        rows.append(f"2017-10-09 07:{i:02d}:00,{100 + 37 * (i % 7)},{1 + (i % 3 == 0)},0,vc{i % 2}")
+    p.write_text("\n".join(rows) + "\n")
+    return p
+
+
+def test_cli_compares_policies_and_writes_json_and_plot(tmp_path, capsys):
+    out, png = tmp_path / "out.json", tmp_path / "out.png"
+    rc = main(["sim", "--trace", str(_small_philly(tmp_path)), "--format", "philly",
+               "--policy", "fifo,sjf,qssf,tuning-aware", "--gpus", "4", "--gpus-per-node", "2",
+               "--json", str(out), "--plot", str(png)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert [d["policy"] for d in data] == ["fifo", "sjf", "qssf", "tuning-aware"]
+    for key in ("policy", "jobs", "completed", "avg_jct", "p99_jct", "avg_queue", "makespan",
+                "utilization", "wall_s"):
+        assert key in data[0], key
+    assert png.stat().st_size > 0
+    assert "avg_jct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--policy", "lottery"], "unknown policy 'lottery'"),
+    (["--policy", "elastic"], "use --format pollux"),
+])
+def test_cli_bad_input_exits_2_with_a_message(tmp_path, capsys, argv, needle):
+    rc = main(["sim", "--trace", str(_small_philly(tmp_path)), "--format", "philly",
+               "--gpus", "4"] + argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and "Traceback" not in err
+
+
+def test_cli_malformed_trace_exits_2_naming_the_row(tmp_path, capsys):
+    p = tmp_path / "bad.csv"
+    p.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,5,two,0,a\n")
+    rc = main(["sim", "--trace", str(p), "--format", "philly", "--policy", "fifo", "--gpus", "4"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "bad.csv:2: column 'num_gpus' = 'two'" in err
+
+
+def test_cli_job_larger_than_cluster_exits_2(tmp_path, capsys):
+    p = tmp_path / "big.csv"
+    p.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,5,64,0,a\n")
+    rc = main(["sim", "--trace", str(p), "--format", "philly", "--policy", "fifo", "--gpus", "8"])
+    assert rc == 2 and "can never place it" in capsys.readouterr().err
