@@ -22,7 +22,7 @@ from typing import Any
 
 from ray import tune
 
-from hpo.controller import ControllerCallback
+from hpo.controller import ControllerCallback, start_controller
 from hpo.ray_runtime import ensure_ray
 from hpo.results import SweepResult
 from hpo.spec import DEFAULT_MAX_ITERATIONS, FusionConfig
@@ -86,19 +86,25 @@ class Tuner:
             stop = {"training_iteration": self.max_iterations}
         return replace(self.run_config, name=self.name, callbacks=callbacks, stop=stop)
 
+    def _start_controller(self) -> Any:
+        metric = self.tune_config.metric
+        return start_controller(self.name, metric, self.tune_config.mode or "min") if metric else None
+
     def fit(self) -> SweepResult:
         ensure_ray()
+        controller = self._start_controller()
         tuner = tune.Tuner(
             self._tune_trainable(),
             param_space=self.param_space,
             tune_config=self.tune_config,
             run_config=self._run_config(),
         )
-        return self._wrap(tuner.fit())
+        return self._wrap(tuner.fit(), controller)
 
     def resume(self, path: str) -> SweepResult:
         """Continue an interrupted sweep stored at `path`: finished trials are kept, not re-run."""
         ensure_ray()
+        controller = self._start_controller()
         tuner = tune.Tuner.restore(
             path,
             trainable=self._tune_trainable(),
@@ -106,12 +112,15 @@ class Tuner:
             resume_unfinished=True,
             resume_errored=True,
         )
-        return self._wrap(tuner.fit())
+        return self._wrap(tuner.fit(), controller)
 
-    def _wrap(self, grid: tune.ResultGrid) -> SweepResult:
+    def _wrap(self, grid: tune.ResultGrid, controller: Any) -> SweepResult:
         metric = self.tune_config.metric or ""
         iterations = self.max_iterations if isinstance(self.trainable, Workload) else None
-        return SweepResult(grid, metric, self.tune_config.mode or "min", iterations)
+        result = SweepResult(grid, metric, self.tune_config.mode or "min", iterations)
+        # Holding the handle keeps `hpo:<name>` alive (and in the dashboard) while the result lives.
+        result.controller = controller
+        return result
 
 
 def run(

@@ -35,7 +35,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from hpo.ray_runtime import ensure_ray
 
     ensure_ray(address=args.address, dashboard=args.dashboard)
-    tuner = build_tuner(loaded)
+    tuner = build_tuner(loaded, show_progress=True)
     if args.resume:
         if not loaded.experiment_path.exists():
             print(f"error: nothing to resume at {loaded.experiment_path}", file=sys.stderr)
@@ -78,8 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_tune() -> None:
+    """Tune's per-checkpoint warnings drown the progress lines on short trials."""
+    import logging
+    import os
+
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    for name in ("ray", "ray.tune", "ray.train"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _quiet_tune()
     try:
         return args.func(args)
     except SweepConfigError as exc:

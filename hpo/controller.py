@@ -21,6 +21,17 @@ def controller_name(sweep: str) -> str:
     return f"hpo:{sweep}"
 
 
+def start_controller(sweep: str, metric: str, mode: str) -> Any:
+    """The controller actor of `sweep`, started unless it runs already.
+
+    A named actor dies with the last handle to it; whoever must keep it visible (the Tuner, for
+    as long as its result lives) holds the handle this returns.
+    """
+    return SweepController.options(name=controller_name(sweep), namespace=NAMESPACE, get_if_exists=True).remote(
+        sweep, metric, mode
+    )
+
+
 @ray.remote(num_cpus=0, max_restarts=0)
 class SweepController:
     def __init__(self, sweep: str, metric: str, mode: str):
@@ -82,9 +93,7 @@ class ControllerCallback(Callback):
         self.actor: Any = None
 
     def setup(self, **info: Any) -> None:
-        self.actor = SweepController.options(
-            name=controller_name(self.sweep), namespace=NAMESPACE, get_if_exists=True
-        ).remote(self.sweep, self.metric, self.mode)
+        self.actor = start_controller(self.sweep, self.metric, self.mode)
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.actor.trial_started.remote(trial.trial_id)

@@ -16,6 +16,14 @@ from ray.tune import ResultGrid
 STATUS_ORDER = ("completed", "early_stopped", "diverged", "error")
 
 
+def _error_line(error: BaseException | None) -> str:
+    """The user's exception (`ValueError: ...`), which Ray puts last under its own wrapper lines."""
+    if error is None:
+        return ""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
 class SweepResult:
     def __init__(self, result_grid: ResultGrid, metric: str, mode: str, max_iterations: int | None = None):
         self.result_grid = result_grid
@@ -23,6 +31,7 @@ class SweepResult:
         self.mode = mode
         self.max_iterations = max_iterations
         self.extras: dict[str, Any] = {}  # engine reports (e.g. muP transfer) attach here
+        self.controller: Any = None  # the sweep's `hpo:<name>` actor handle, when one ran
 
     @property
     def experiment_path(self) -> str:
@@ -58,7 +67,7 @@ class SweepResult:
             row[self.metric] = value if isinstance(value, (int, float)) else math.nan
             row["iterations"] = int(metrics.get("training_iteration", 0))
             row["status"] = self._status(result)
-            row["error"] = str(result.error).splitlines()[0] if result.error is not None else ""
+            row["error"] = _error_line(result.error)
             rows.append(row)
         frame = pd.DataFrame(rows)
         if not frame.empty:

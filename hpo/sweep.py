@@ -9,6 +9,7 @@ from typing import Any
 from ray import tune
 
 from hpo.api import Tuner
+from hpo.progress import ProgressCallback
 from hpo.errors import ConfigIssue, SweepConfigError
 from hpo.search_space import param_space
 from hpo.spec import SweepSpec
@@ -43,8 +44,9 @@ def load_sweep(path: str | Path) -> LoadedSweep:
     return LoadedSweep(spec, trainable, source)
 
 
-def build_tuner(loaded: LoadedSweep) -> Tuner:
+def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
     spec = loaded.spec
+    callbacks = [ProgressCallback(spec.metric.name, spec.metric.mode, spec.num_samples if spec.method != "grid" else None)]
     stop = {"training_iteration": spec.max_iterations, **(spec.stop or {})}
     return Tuner(
         loaded.trainable,
@@ -63,6 +65,7 @@ def build_tuner(loaded: LoadedSweep) -> Tuner:
             stop=stop,
             failure_config=tune.FailureConfig(max_failures=spec.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            callbacks=callbacks if show_progress else [],
             verbose=0,
         ),
         resources={"cpu": spec.resources.cpu, "gpu": spec.resources.gpu},

@@ -6,7 +6,10 @@ import importlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+from ray import cloudpickle
 
 from hpo.workload import Workload
 
@@ -34,6 +37,7 @@ def resolve_trainable(reference: str, search_dir: str | Path | None = None) -> W
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise TrainableNotFound(f"cannot import module {module_name!r}: {exc}") from None
+    _ship_by_value_if_local(module, search_dir)
     try:
         trainable = getattr(module, attribute)
     except AttributeError:
@@ -41,6 +45,15 @@ def resolve_trainable(reference: str, search_dir: str | Path | None = None) -> W
     if not (isinstance(trainable, Workload) or callable(trainable)):
         raise TrainableNotFound(f"{reference!r} is neither a Workload nor a callable trainable")
     return trainable
+
+
+def _ship_by_value_if_local(module: ModuleType, search_dir: str | Path | None) -> None:
+    """A module next to the sweep file is not importable on Ray workers: pickle its code instead."""
+    origin = getattr(module, "__file__", None)
+    if search_dir is None or origin is None:
+        return
+    if Path(origin).resolve().is_relative_to(Path(search_dir).resolve()):
+        cloudpickle.register_pickle_by_value(module)
 
 
 def reported_metrics(trainable: Workload | Callable[..., Any]) -> frozenset[str] | None:

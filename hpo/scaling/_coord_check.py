@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hpo.hparams import OptimHParams, build_torch_optimizer
-from hpo.scaling._mup import MuPWorkload
+from hpo.scaling._mup import MuPWorkload, ScalingError
 from hpo.workload import Workload
 
 if TYPE_CHECKING:
@@ -44,6 +44,12 @@ class CoordCheckReport:
     offending: dict[str, float]  # modules whose slope exceeds the tolerance
     plot_path: str | None = None
     sizes: list[dict[str, Any]] = field(default_factory=list)  # {"width", "module", "t", "l1"}
+
+    def raise_for_failure(self) -> "CoordCheckReport":
+        """Raise `ScalingError` with the offending layers unless the check passed; else return self."""
+        if not self.ok:
+            raise ScalingError(self.summary())
+        return self
 
     def summary(self) -> str:
         head = (

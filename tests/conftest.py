@@ -1,0 +1,40 @@
+"""Shared fixtures: a real local Ray per test module, and where the shipped traces live."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """One real Ray per test module (fake GPUs schedule like real ones)."""
+    import ray
+
+    ray.init(
+        num_cpus=2,
+        num_gpus=4,
+        include_dashboard=False,
+        object_store_memory=128 * 1024**2,
+        namespace="hpo",
+        log_to_driver=False,
+        # Trainables defined in test modules must import on Ray's workers too.
+        runtime_env={"env_vars": {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}},
+        _system_config={"metrics_report_interval_ms": 1000},
+    )
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,107 @@
+"""`hpo validate` and `hpo run` reject each class of bad input with exit 2 and the key's name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hpo.cli import main
+
+VALID = """\
+name: t
+trainable: mlp_digits
+method: random
+metric: {name: val_loss, goal: minimize}
+parameters:
+  lr: {distribution: log_uniform_values, min: 0.001, max: 0.1}
+  width: {values: [16, 32]}
+run_cap: 2
+max_iterations: 1
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def validate(path: Path, capsys) -> tuple[int, str]:
+    code = main(["validate", str(path)])
+    return code, capsys.readouterr().err
+
+
+def test_valid_file_passes(tmp_path, capsys):
+    code, _ = validate(write(tmp_path, VALID), capsys)
+    assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("bad", "key", "line", "words"),
+    [
+        (VALID.replace("run_cap: 2", "run_cpa: 2"), "run_cpa", 8, "did you mean 'run_cap'"),
+        (VALID.replace("max_iterations: 1", "max_iterations: many"), "max_iterations", 9, "integer"),
+        (VALID.replace("min: 0.001, max: 0.1", "min: 0.1, max: 0.01"), "parameters.lr.max", 6, "greater than min"),
+        (VALID.replace("min: 0.001, max: 0.1", "min: 0.0, max: 0.1"), "parameters.lr.min", 6, "positive"),
+        (VALID.replace("method: random", "method: grid"), "parameters.lr.distribution", 6, "grid search needs discrete"),
+        (VALID.replace("name: val_loss", "name: val_f1"), "metric.name", 4, "never reports 'val_f1'"),
+        (VALID.replace("trainable: mlp_digits", "trainable: nowhere.module:train"), "trainable", 2, "cannot import"),
+        (VALID.replace("{values: [16, 32]}", "{valeus: [16, 32]}"), "parameters.width.valeus", 7, "did you mean 'values'"),
+        (VALID.replace("goal: minimize", "goal: smallest"), "metric.goal", 4, "minimize"),
+    ],
+    ids=["unknown-key", "wrong-type", "min-ge-max", "non-positive-log-bound", "grid-continuous",
+         "metric-never-reported", "unimportable-trainable", "unknown-nested-key", "bad-enum"],
+)
+def test_bad_input_names_key_and_line(tmp_path, capsys, bad, key, line, words):
+    code, err = validate(write(tmp_path, bad), capsys)
+    assert code == 2, err
+    assert f"sweep.yaml:{line}: {key}:" in err, err
+    assert words in err, err
+
+
+def test_missing_file_is_a_clear_error(tmp_path, capsys):
+    code, err = validate(tmp_path / "absent.yaml", capsys)
+    assert code == 2
+    assert "no such sweep file" in err
+
+
+def test_malformed_yaml_names_the_line(tmp_path, capsys):
+    code, err = validate(write(tmp_path, VALID.replace("run_cap: 2", "run_cap: [2")), capsys)
+    assert code == 2
+    assert "malformed YAML" in err and "sweep.yaml:" in err
+
+
+def test_yaml_tags_never_construct_python_objects(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    evil = VALID + f"description: !!python/object/apply:os.system ['touch {marker}']\n"
+    code, err = validate(write(tmp_path, evil), capsys)
+    assert code == 2 and "malformed YAML" in err
+    assert not marker.exists()
+
+
+def test_run_rejects_bad_input_the_same_way_without_a_traceback(tmp_path):
+    path = write(tmp_path, VALID.replace("run_cap: 2", "run_cpa: 2"))
+    proc = subprocess.run([sys.executable, "-m", "hpo.cli", "run", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "run_cpa" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_dry_run_prints_the_plan_without_starting_ray(tmp_path, capsys):
+    import ray
+
+    code = main(["run", "--dry-run", str(write(tmp_path, VALID))])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "BasicVariantGenerator" in out and "lr: Float(0.001, 0.1)" in out
+    assert not ray.is_initialized()
+
+
+def test_every_shipped_config_validates(capsys):
+    configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    assert configs
+    for path in configs:
+        assert main(["validate", str(path)]) == 0, capsys.readouterr().err

@@ -1,0 +1,109 @@
+"""Sweeps on a real local Ray: results, failures and retries, dashboard visibility."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from ray import tune
+
+import hpo
+from examples.mlp_digits import workload as digits
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def test_run_returns_best_config_and_one_row_per_configuration(tmp_path):
+    result = hpo.run(
+        digits,
+        config={"lr": tune.grid_search([1e-4, 3e-2]), "width": 16},
+        metric="val_loss",
+        mode="min",
+        stop={"training_iteration": 2},
+        storage_path=str(tmp_path),
+        name="basic",
+    )
+    frame = result.get_dataframe()
+    assert len(frame) == 2
+    assert set(frame.columns) >= {"trial_id", "config/lr", "config/width", "val_loss", "iterations", "status"}
+    assert (frame["iterations"] == 2).all() and (frame["status"] == "completed").all()
+    assert result.best_config["lr"] == pytest.approx(3e-2), "the larger lr learns far faster in two iterations"
+    assert result.best_result.metrics["val_loss"] == frame["val_loss"].min()
+    assert result.best_result.checkpoint is not None
+    paths = result.write()
+    assert paths["results"].read_text().count("\n") == 3
+    assert paths["plot"].stat().st_size > 10_000
+
+
+def test_tuner_mirrors_ray_tuner(tmp_path):
+    tuner = hpo.Tuner(
+        "mlp_digits",
+        param_space={"lr": tune.loguniform(1e-3, 1e-1), "width": 16},
+        tune_config=tune.TuneConfig(metric="val_accuracy", mode="max", num_samples=2),
+        run_config=tune.RunConfig(name="tuner", storage_path=str(tmp_path), stop={"training_iteration": 1}),
+    )
+    result = tuner.fit()
+    assert len(result.result_grid) == 2
+    assert 0.0 <= result.best_result.metrics["val_accuracy"] <= 1.0
+
+
+def flaky_trainable(config):
+    """Raises on every attempt for bad=True; fails only the first attempt otherwise."""
+    marker = Path(config["marker_dir"]) / f"attempt-{config['bad']}-{config['id']}"
+    first_attempt = not marker.exists()
+    marker.touch()
+    if config["bad"]:
+        raise ValueError("this configuration always fails")
+    if first_attempt:
+        raise RuntimeError("transient failure")
+    tune.report({"score": float(config["id"])})
+
+
+def test_a_failing_trial_is_reported_and_the_sweep_goes_on_with_retries(tmp_path):
+    result = hpo.run(
+        flaky_trainable,
+        config={"bad": tune.grid_search([True, False]), "id": 1, "marker_dir": str(tmp_path)},
+        metric="score",
+        mode="max",
+        max_failures=1,
+        storage_path=str(tmp_path),
+        name="flaky",
+    )
+    frame = result.get_dataframe().set_index("config/bad")
+    assert frame.loc[True, "status"] == "error"
+    assert "always fails" in frame.loc[True, "error"]
+    assert frame.loc[False, "status"] == "completed", "one retry recovers the transient failure"
+    assert result.best_config["bad"] is False
+
+
+def prometheus_lines(port: int, name: str) -> list[str]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return [line for line in text.splitlines() if line.startswith(name) and 'sweep="visible"' in line]
+
+
+def test_sweep_has_a_named_controller_and_exports_metrics_to_prometheus(ray_local, tmp_path):
+    result = hpo.run(
+        digits,
+        config={"lr": tune.grid_search([1e-3, 1e-2]), "width": 16},
+        metric="val_loss",
+        mode="min",
+        stop={"training_iteration": 1},
+        storage_path=str(tmp_path),
+        name="visible",
+    )
+    controller = ray_local.get_actor("hpo:visible", namespace="hpo")
+    assert controller == result.controller
+    summary = ray_local.get(controller.summary.remote())
+    assert summary["finished"] == 2 and summary["running"] == 0
+    assert summary["best"] == pytest.approx(result.best_result.metrics["val_loss"])
+
+    port = ray_local.nodes()[0]["MetricsExportPort"]
+    deadline = time.time() + 30
+    finished: list[float] = []
+    while 2.0 not in finished and time.time() < deadline:
+        time.sleep(1)
+        finished = [float(line.rsplit(" ", 1)[1]) for line in prometheus_lines(port, "ray_hpo_trials_finished")]
+    assert 2.0 in finished, f"the node's Prometheus endpoint never showed 2 finished trials: {finished}"
+    assert prometheus_lines(port, "ray_hpo_best_metric")

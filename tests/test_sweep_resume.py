@@ -1,0 +1,97 @@
+"""A sweep whose driver is SIGKILLed resumes with `hpo run --resume` without re-running finished trials."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+from ray import tune
+
+WORKLOAD = '''
+import time
+from ray import tune
+from examples.mlp_digits import DigitsMLP
+
+
+class LoggedDigits(DigitsMLP):
+    """Records every (re)start of a trial, so the test can count re-runs."""
+
+    def build_model(self, config):
+        with open(config["log_path"], "a") as log:
+            log.write(tune.get_context().get_trial_id() + "\\n")
+        return super().build_model(config)
+
+    def train_batches(self, config, seed):
+        for batch in super().train_batches(config, seed):
+            time.sleep(0.02)  # slow enough that the driver can be killed mid-sweep
+            yield batch
+
+
+workload = LoggedDigits()
+'''
+
+SWEEP = """
+name: killed
+trainable: logged_workload:workload
+method: grid
+metric: {{name: val_loss, goal: minimize}}
+parameters:
+  lr: {{values: [0.001, 0.003, 0.01, 0.03, 0.1, 0.3]}}
+  width: {{value: 16}}
+  log_path: {{value: {log}}}
+max_iterations: 3
+max_failures: 0
+storage_path: {storage}
+"""
+
+
+def hpo_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "hpo.cli", "run", *args]
+
+
+def finished_trials(experiment: Path) -> set[str]:
+    if not any(experiment.glob("experiment_state-*.json")):
+        return set()
+    try:
+        analysis = tune.ExperimentAnalysis(str(experiment))
+    except Exception:  # the state file is being rewritten
+        return set()
+    return {trial.trial_id for trial in analysis.trials if trial.status == "TERMINATED"}
+
+
+def test_resume_after_sigkill_does_not_rerun_finished_trials(ray_local, tmp_path):
+    (tmp_path / "logged_workload.py").write_text(WORKLOAD)
+    log = tmp_path / "starts.log"
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(textwrap.dedent(SWEEP.format(log=log, storage=tmp_path / "runs")))
+    address = ray_local.get_runtime_context().gcs_address
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    experiment = tmp_path / "runs" / "killed"
+
+    driver = subprocess.Popen(hpo_command(str(sweep), "--address", address), env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    while len(done_before := finished_trials(experiment)) < 2 and time.time() < deadline:
+        assert driver.poll() is None, "the sweep ended before it could be killed"
+        time.sleep(0.5)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    assert 2 <= len(done_before) < 6, f"expected a half-finished sweep, finished: {done_before}"
+
+    resumed = subprocess.run(hpo_command(str(sweep), "--resume", "--address", address), env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    starts = log.read_text().split()
+    for trial_id in done_before:
+        assert starts.count(trial_id) == 1, f"finished trial {trial_id} was started again after resume"
+    results = pd.read_csv(experiment / "results.csv")
+    assert len(results) == 6
+    assert (results["status"] == "completed").all(), results[["trial_id", "status"]]
+    assert "Best configuration" in resumed.stdout
