@@ -46,7 +46,7 @@ def add_sim_parser(subparsers) -> None:
     p.add_argument("--csv", default=None, help="per-job CSV; {policy} in the name is replaced")
     p.add_argument("--plot", default=None, help="PNG with JCT CDFs and utilisation over time")
     p.add_argument("--backfill", default=None, action=argparse.BooleanOptionalAction,
-                   help="greedy backfill for queue policies (default: on for qssf only)")
+                   help="greedy backfill for queue policies (default: on)")
     p.add_argument("--restart-cost", type=float, default=30.0,
                    help="checkpoint-restart seconds on preemption or resize")
     p.add_argument("--deadline", type=float, default=None,

@@ -25,16 +25,18 @@ POLICIES = ("fifo", "sjf", "srtf", "qssf", "elastic", "elastic-fixed-batch", "tu
 
 def make_policy(name: str, *, backfill: bool | None = None, seed: int = 0,
                 base: str = "fifo", checkpoint_interval: float = 60.0):
-    """A fresh policy by name. ``backfill`` None: on for QSSF, off for the others.
+    """A fresh policy by name. ``backfill`` (queue policies; None means on): a job
+    may start when better-ranked ones do not fit the free GPUs.
     ``base``: the ordinary-job policy under ``tuning-aware``."""
+    backfill = True if backfill is None else backfill
     if name == "fifo":
-        return FIFO(bool(backfill))
+        return FIFO(backfill)
     if name == "sjf":
-        return SJF(bool(backfill))
+        return SJF(backfill)
     if name == "srtf":
-        return SRTF(bool(backfill))
+        return SRTF(backfill)
     if name == "qssf":
-        return QSSF(True if backfill is None else backfill, seed=seed)
+        return QSSF(backfill, seed=seed)
     if name == "elastic":
         return ElasticPolicy()
     if name == "elastic-fixed-batch":

@@ -37,7 +37,7 @@ def test_fifo_runs_jobs_in_submit_order():
 
 def test_fifo_without_backfill_blocks_behind_a_large_job_and_with_backfill_does_not():
     trace = _jobs((0, 1, 10), (1, 2, 5), (2, 1, 3))
-    strict = _frame(trace, make_policy("fifo"), gpus=2, gpn=2)
+    strict = _frame(trace, make_policy("fifo", backfill=False), gpus=2, gpn=2)
     assert strict.start.tolist() == [0, 10, 15]
     backfill = _frame(trace, make_policy("fifo", backfill=True), gpus=2, gpn=2)
     assert backfill.start.tolist() == [0, 10, 2]
