@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from examples.mlp_digits import workload as mlp_digits
-from hpo.scaling import coord_check
+from hpo.scaling import ScalingError, coord_check
 
 WIDTHS = [32, 64, 128, 256]
 
@@ -29,4 +29,5 @@ def test_standard_parametrisation_fails_loudly_naming_the_readout():
     report = coord_check(mlp_digits, WIDTHS, config={"lr": 0.01}, seeds=2, parametrization="sp")
     assert not report.ok
     assert "readout" in report.offending, report.summary()
-    assert "FAILED" in report.summary() and "readout" in report.summary()
+    with pytest.raises(ScalingError, match=r"FAILED.*readout \(width\*\*"):
+        report.raise_for_failure()
