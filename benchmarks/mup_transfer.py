@@ -39,7 +39,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-if importlib.util.find_spec("ray") is None:
+
+
+def _ray_installed() -> bool:
+    try:
+        return importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+if not _ray_installed():
     # `hpo/__init__` loads the Ray-based sweep API; this benchmark needs only Ray-free modules
     # (hpo.workload, hpo.hparams, hpo.scaling), so without Ray register the bare package.
     _package = types.ModuleType("hpo")
@@ -57,7 +66,7 @@ PRESETS = {
     "quick": dict(widths=[64, 128, 256], log2_lrs=list(range(-10, -2)), steps=150, batch_size=32, block_size=32, n_layer=2),
     # One GPU, about 10 minutes on an H100.
     "full": dict(
-        widths=[128, 256, 512, 1024, 2048], log2_lrs=list(range(-14, -4)), steps=600, batch_size=64, block_size=64, n_layer=2
+        widths=[128, 256, 512, 1024, 2048], log2_lrs=list(range(-14, -4)), steps=500, batch_size=64, block_size=64, n_layer=2
     ),
 }
 
