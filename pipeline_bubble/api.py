@@ -16,13 +16,17 @@ trains its share of the configs in its bubbles and `guest_results(engine)` repor
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pipeline_bubble.executor import BubbleExecutor
+from pipeline_bubble.fused_guest import FusedGroupGuest
 from pipeline_bubble.guests import GuestGroup, GuestWork, workload_guest
 from pipeline_bubble.instrumented_engine import InstrumentedPipelineEngine, instrument
+
+logger = logging.getLogger(__name__)
 
 
 def harvest_bubbles(
@@ -81,32 +85,45 @@ def run_guests_in_bubbles(
     """Train tuning `configs` of `workload` (a `hpo.workload.Workload`) inside this rank's bubbles.
 
     Call on every rank of the pipeline job with the same arguments, after `harvest_bubbles`.
-    Stage s trains configs[s::num_stages] (all of them in turn), checkpointing to
-    `checkpoint_dir/stage<s>.pt` and resuming from there. The job then trains as usual; read
-    the per-trial rows with `guest_results(engine)`.
+    Stage s trains configs[s::num_stages]: as one `fusion.FusedTrainer` group when they fuse,
+    else one after another (`GuestGroup`), checkpointing to `checkpoint_dir/stage<s>.pt` and
+    resuming from there. The job then trains as usual; `guest_results(engine)` gives the rows.
     """
     stage, stages = engine.stage_id, engine.num_stages
-    mine = [workload_guest(workload, config, device=engine.device) for config in configs[stage::stages]]
-    guest = None if not mine else mine[0] if len(mine) == 1 else GuestGroup(mine)
     executor = BubbleExecutor(
-        guest, memory_cap_bytes=memory_cap_bytes, checkpoint_path=Path(checkpoint_dir) / f"stage{stage}.pt"
+        _stage_guest(workload, list(configs[stage::stages]), engine.device),
+        memory_cap_bytes=memory_cap_bytes,
+        checkpoint_path=Path(checkpoint_dir) / f"stage{stage}.pt",
     )
     attach_guest(engine, executor)
     return executor
 
 
+def _stage_guest(workload: Any, configs: list[Mapping[str, Any]], device) -> GuestWork | None:
+    """One fused group for a stage's configs when `fusion` can fuse them, else one guest per config in turn."""
+    if not configs:
+        return None
+    if len(configs) > 1:
+        try:
+            from pipeline_bubble.fused_guest import fused_group_guest
+
+            return fused_group_guest(workload, configs, device=device)
+        except (ImportError, ValueError) as error:  # no fusion/, or configs it cannot fuse (FusionError)
+            logger.info("bubble guests: training %d configs unfused (%s)", len(configs), error)
+    members = [workload_guest(workload, config, device=device) for config in configs]
+    return members[0] if len(members) == 1 else GuestGroup(members)
+
+
 def guest_results(engine: InstrumentedPipelineEngine) -> list[dict[str, Any]]:
-    """One row per config this rank trained in its bubbles: the config, steps trained, val metrics."""
+    """One row per config this rank trained in its bubbles: the config, its steps, its val metrics."""
     executor = engine.bubble_executor
     if executor is None or executor.guest is None:
         return []
     guest = executor.guest
+    if isinstance(guest, FusedGroupGuest):
+        return [
+            {"config": config, "steps": guest.steps, **metrics}
+            for config, metrics in zip(guest.config, guest.evaluate())
+        ]
     members = guest.members if isinstance(guest, GuestGroup) else [guest]
-    return [
-        {"config": getattr(m, "config", {}), "steps": getattr(m, "steps", None), **_evaluate(m)} for m in members
-    ]
-
-
-def _evaluate(member: GuestWork) -> dict[str, float]:
-    evaluate = getattr(member, "evaluate", None)
-    return evaluate() if callable(evaluate) else {}
+    return [{"config": m.config, "steps": m.steps, **m.evaluate()} for m in members]

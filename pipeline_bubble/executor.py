@@ -12,10 +12,16 @@ issues it, the executor runs whole guest steps while the predicted remaining win
 one more step (predicted from the measured step time), then the engine issues the call. It
 never starts a step that does not fit.
 
-How predictions learn. If the call still blocked after the quantum (residual wait above the
-transfer floor), the true window was `harvested + residual` and the estimate follows it (down at
-once, up halfway). If it returned at once, the quantum may have overrun the window and delayed
-the main job, so the estimate backs off multiplicatively.
+How windows are predicted: open loop. A window is only ever measured in an *observation batch*
+(the first `history` batches, then one in every `observe_every`), where the executor runs no
+guest, so the waits it sees are the main job's own. The prediction for a slot is the smallest
+of its last `history` observed waits, less the transfer floor (the shortest blocking call seen).
+Learning windows from harvested batches instead is a trap with rendezvous transports: a quantum
+that overruns makes the peer wait, the peer arrives later at the next exchange, and a residual
+wait inflated by scheduling latency on a busy host reads as a longer window, so the quanta grow
+batch after batch (we measured +60-90% slowdowns that way). In harvested batches the executor
+only watches for overruns (the call then returns at once): the slot's quantum is scaled down by
+`backoff` until the next observation batch.
 
 Safety. Guest steps run under `torch.random.fork_rng`, so the host job's RNG stream is never
 advanced; a guest whose footprint exceeds `memory_cap_bytes` is refused; on CUDA its kernels go
@@ -69,7 +75,10 @@ class BubbleExecutor:
         checkpoint_path: where guest progress is saved (and resumed from, if it exists).
         checkpoint_every: guest steps between checkpoints.
         safety: share of a predicted window the executor plans to use.
-        backoff: factor applied to a slot's window estimate after a suspected overrun.
+        backoff: factor applied to a slot's quantum after a suspected overrun (until re-observed).
+        profile_steps: guest steps run at `start()` to measure its step time.
+        observe_every: one batch in this many runs no guest and re-measures the windows.
+        history: observation batches a window prediction is the minimum of.
     """
 
     def __init__(
@@ -81,7 +90,9 @@ class BubbleExecutor:
         checkpoint_every: int = 100,
         safety: float = 0.9,
         backoff: float = 0.6,
-        profile_steps: int = 4,
+        profile_steps: int = 8,
+        observe_every: int = 8,
+        history: int = 2,
     ):
         if not 0 < safety <= 1:
             raise ValueError(f"safety must be in (0, 1], got {safety}")
@@ -99,7 +110,12 @@ class BubbleExecutor:
         #: Why the guest was dropped mid-run (its last checkpoint stays valid), if it failed.
         self.failed: str | None = None
         self.step_time_s: float | None = None
-        self._window: dict[int, float] = {}
+        self.observe_every = observe_every
+        self.history = history
+        self._waits: dict[int, deque[float]] = {}
+        self._scale: dict[int, float] = {}
+        self._batches = 0
+        self._observing = True
         self._floor = float("inf")
         self._stream: torch.cuda.Stream | None = None
         self._device = torch.device("cpu")
@@ -124,9 +140,9 @@ class BubbleExecutor:
         self._check_memory()
         for _ in range(self.profile_steps if self.guest is not None else 0):
             self._timed_step()
-        if len(self._recent) > 1:
-            self._recent.popleft()  # the first step ever pays for allocations
-            self.step_time_s = self._predict_step()
+        for _ in range(min(2, len(self._recent) - 1)):
+            self._recent.popleft()  # the first steps pay for allocations and cold caches
+        self.step_time_s = self._predict_step() if self._recent else None
         self._check_memory()
 
     def evict(self) -> None:
@@ -144,6 +160,13 @@ class BubbleExecutor:
         os.replace(partial, self.checkpoint_path)
         self._since_checkpoint = 0
 
+    def begin_batch(self) -> None:
+        """Start a batch: the first `history` ones and every `observe_every`-th one run no guest."""
+        self._observing = self._batches < self.history or self._batches % self.observe_every == 0
+        self._batches += 1
+        if self._observing:
+            self._scale.clear()
+
     def end_batch(self) -> None:
         if self.guest is not None and self._since_checkpoint >= self.checkpoint_every:
             self.checkpoint()
@@ -151,10 +174,10 @@ class BubbleExecutor:
     # ---- the engine's two calls -----------------------------------------------------------
     def harvest(self, slot: int, recorder: _Recorder) -> float:
         """Run whole guest steps that fit the predicted window of `slot`; returns seconds used."""
-        window = self._window.get(slot)
-        if self.guest is None or window is None or self.step_time_s is None:
+        window = self.predicted_window(slot)
+        if self.guest is None or self._observing or window is None or self.step_time_s is None:
             return 0.0
-        budget = window * self.safety
+        budget = window * self.safety * self._scale.get(slot, 1.0)
         start = time.perf_counter()
         steps = 0
         while (time.perf_counter() - start) + self.step_time_s <= budget:
@@ -174,16 +197,18 @@ class BubbleExecutor:
         return time.perf_counter() - start if steps else 0.0
 
     def observe(self, slot: int, harvested_s: float, blocked_s: float) -> None:
-        """Learn the window of `slot` from how long its blocking call took after the quantum."""
+        """Record how long the blocking call of `slot` took (after a quantum of `harvested_s`)."""
         self._floor = min(self._floor, blocked_s)
-        residual = blocked_s - self._floor
-        if harvested_s > 0 and residual <= _READY_TOLERANCE_S:
+        if self._observing:
+            self._waits.setdefault(slot, deque(maxlen=self.history)).append(blocked_s)
+        elif harvested_s > 0 and blocked_s - self._floor <= _READY_TOLERANCE_S:
             self.stats.overruns += 1
-            self._window[slot] = self._window[slot] * self.backoff
-            return
-        seen = harvested_s + residual
-        old = self._window.get(slot)
-        self._window[slot] = seen if old is None or seen < old else 0.5 * (old + seen)
+            self._scale[slot] = self._scale.get(slot, 1.0) * self.backoff
+
+    def predicted_window(self, slot: int) -> float | None:
+        """Idle seconds expected before the peer of `slot` is ready; None before it was observed."""
+        waits = self._waits.get(slot)
+        return max(0.0, min(waits) - self._floor) if waits else None
 
     # ---- internals --------------------------------------------------------------------------
     def _timed_step(self) -> float:

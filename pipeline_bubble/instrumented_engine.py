@@ -107,6 +107,8 @@ class InstrumentedPipelineEngine(PipelineEngine):
 
     def train_batch(self, data_iter=None):
         self.bubble_recorder.begin_batch()
+        if self.bubble_executor is not None:
+            self.bubble_executor.begin_batch()
         try:
             return super().train_batch(data_iter)
         finally:

@@ -1,0 +1,132 @@
+"""Benchmark: bubbles of a real DeepSpeed pipeline job, and how much of them a guest harvests.
+
+For each (stages p, micro-batches m) a real p-process DeepSpeed pipeline job (gloo) trains the
+reference MLP twice in the same processes, batch by batch in turn: without a guest and with a
+guest in its bubbles (see `pipeline_bubble.abtest`). Reported per point:
+
+- theory_fraction (p-1)/(m+p-1) and measured_fraction (mean over stages of wait time / batch time);
+- slowdown: median batch time with harvesting / without - 1;
+- harvested_fraction: guest step time / bubble time of the run without a guest;
+- guest_samples_per_s; main_job_bit_identical (losses, parameters and global RNG equal).
+
+    python benchmarks/bubble_harvest.py --quick --json runs/bubble_harvest.json   # CPU, < 5 min
+    python benchmarks/bubble_harvest.py --device cuda --json bubble_gpu.json      # one GPU, p=2
+
+On CUDA every stage shares GPU 0 (NCCL refuses two ranks on one device; gloo stages the CUDA
+tensors through host memory). Needs torch and deepspeed only: no Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a plain checkout
+
+import torch  # noqa: E402
+
+from pipeline_bubble.abtest import JobSpec, run_rank, summarize_ab, synthetic_guest  # noqa: E402
+from pipeline_bubble.launch import launch  # noqa: E402
+from pipeline_bubble.plots import plot_gantt  # noqa: E402
+from pipeline_bubble.timeline import StageTimeline, save_timelines  # noqa: E402
+
+CPU_POINTS = {"quick": [(2, 2), (2, 4), (2, 8), (4, 4), (4, 8)], "full": [(2, 2), (2, 4), (2, 8), (2, 16), (4, 4), (4, 8), (4, 16)]}
+GPU_POINTS = {"quick": [(2, 4), (2, 8)], "full": [(2, 2), (2, 4), (2, 8), (2, 16)]}
+
+
+def _guest_factory(name: str):
+    if name == "synthetic":
+        return synthetic_guest
+    if name == "digits":
+        from pipeline_bubble.abtest import digits_guest
+
+        return digits_guest
+    if name == "fused":
+        from pipeline_bubble.fused_guest import fused_digits_guest
+
+        return fused_digits_guest
+    raise ValueError(f"--guest must be one of synthetic, digits, fused; got {name!r}")
+
+
+def _default_guest() -> str:
+    try:
+        from pipeline_bubble.fused_guest import fused_digits_guest  # noqa: F401  (needs fusion/ and hpo/)
+
+        return "fused"
+    except Exception:
+        return "synthetic"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer points and batches (CPU: under 5 minutes)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--out", type=Path, default=Path("runs/bubble_harvest"), help="timelines and Gantt charts")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--guest", default=None, help="synthetic | digits | fused (default: fused if available)")
+    parser.add_argument("--batches", type=int, help="batches per engine (first one is warm-up)")
+    parser.add_argument("--width", type=int, help="hidden width of the main job's MLP")
+    parser.add_argument("--micro-batch-size", type=int)
+    parser.add_argument("--layers-per-stage", type=int)
+    parser.add_argument("--points", help="comma-separated p:m list, e.g. 2:4,4:8")
+    args = parser.parse_args(argv)
+
+    gpu = args.device == "cuda"
+    size = "quick" if args.quick else "full"
+    if args.points:
+        points = [tuple(int(v) for v in p.split(":")) for p in args.points.split(",")]
+    else:
+        points = (GPU_POINTS if gpu else CPU_POINTS)[size]
+    guest = args.guest or _default_guest()
+    base = JobSpec(
+        device="cuda" if gpu else "cpu",
+        width=args.width or (8192 if gpu else 1024),
+        micro_batch_size=args.micro_batch_size or (512 if gpu else 64),
+        layers_per_stage=args.layers_per_stage or (4 if gpu else 2),
+        batches=args.batches or (12 if args.quick else 30),
+        guest_factory=_guest_factory(guest),
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for stages, micro_batches in points:
+        spec = replace(base, stages=stages, micro_batches=micro_batches)
+        started = time.perf_counter()
+        results = launch(run_rank, stages, spec, timeout_s=900, log_dir=args.out / f"logs_p{stages}_m{micro_batches}", same_device=gpu)
+        row = {**summarize_ab(results), "guest": guest, "wall_s": time.perf_counter() - started}
+        runs.append(row)
+        for run in ("baseline", "harvested"):
+            timelines = [StageTimeline.from_dict(r["timelines"][run]) for r in results]
+            save_timelines(timelines, args.out / f"timeline_p{stages}_m{micro_batches}_{run}.json")
+            plot_gantt(timelines, args.out / f"gantt_p{stages}_m{micro_batches}_{run}.png", title=run)
+        print(
+            f"p={stages} m={micro_batches:>2} {row['device']}: bubble theory {row['theory_fraction']:.3f} "
+            f"measured {row['measured_fraction']:.3f} | harvested {row['harvested_fraction']:.1%} of it, "
+            f"slowdown {row['slowdown']:+.1%}, {row['guest_samples_per_s']:.0f} guest samples/s | "
+            f"bit-identical {row['main_job_bit_identical']} ({row['wall_s']:.0f} s)",
+            flush=True,
+        )
+    import deepspeed
+
+    report = {
+        "runs": runs,
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "deepspeed": deepspeed.__version__,
+            "gpu": torch.cuda.get_device_name(0) if gpu else None,
+            "main_job": {k: getattr(base, k) for k in ("width", "micro_batch_size", "layers_per_stage", "batches")},
+        },
+    }
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0 if all(r["main_job_bit_identical"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
