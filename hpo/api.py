@@ -23,6 +23,7 @@ from typing import Any
 from ray import tune
 
 from hpo.controller import ControllerCallback, start_controller
+from hpo.fused_sweep import group_size, group_slots
 from hpo.ray_runtime import ensure_ray
 from hpo.results import SweepResult
 from hpo.spec import DEFAULT_MAX_ITERATIONS, FusionConfig
@@ -71,6 +72,10 @@ class Tuner:
     def _tune_trainable(self) -> Any:
         """The Tune trainable this sweep runs, with its per-trial resources attached."""
         trainable = self.trainable
+        if self.fusion is not None:
+            from fusion.tune_trials import MEMBER_TRIAL_RESOURCES, fused_member_trainable
+
+            return tune.with_resources(fused_member_trainable(self.name, self.max_iterations), MEMBER_TRIAL_RESOURCES)
         threads = max(1, int(self.resources.get("cpu", 1)))
         if isinstance(trainable, Workload):
             trainable = workload_trainable(trainable, self.max_iterations, threads=threads)
@@ -81,30 +86,52 @@ class Tuner:
         callbacks = list(self.run_config.callbacks or [])
         if metric and not any(isinstance(cb, ControllerCallback) for cb in callbacks):
             callbacks.append(ControllerCallback(self.name, metric, self.tune_config.mode or "min"))
+        if self.fusion is not None:
+            from fusion.tune_trials import FusionCallback
+
+            callbacks.append(FusionCallback(self.name))
         stop = self.run_config.stop
         if isinstance(self.trainable, Workload) and stop is None:
             stop = {"training_iteration": self.max_iterations}
         return replace(self.run_config, name=self.name, callbacks=callbacks, stop=stop)
 
-    def _start_controller(self) -> Any:
+    def _start_actors(self) -> list[Any]:
+        """The sweep's controller and, with fusion, its group broker; the Tuner owns both."""
         metric = self.tune_config.metric
-        return start_controller(self.name, metric, self.tune_config.mode or "min") if metric else None
+        actors = [start_controller(self.name, metric, self.tune_config.mode or "min") if metric else None]
+        if self.fusion is not None:
+            from fusion.tune_trials import start_broker
+
+            self.members_per_group = group_size(self.trainable, self.fusion, self.resources, self.param_space)
+            actors.append(
+                start_broker(
+                    self.name, self.trainable, self.members_per_group, self.max_iterations, self.resources, self.fusion.dtype
+                )
+            )
+        return actors
+
+    def _tune_config(self) -> tune.TuneConfig:
+        if self.fusion is None or self.tune_config.max_concurrent_trials:
+            return self.tune_config
+        # Enough member trials at once to fill every group slot with a full group.
+        concurrent = self.members_per_group * group_slots(self.resources)
+        return replace(self.tune_config, max_concurrent_trials=concurrent)
 
     def fit(self) -> SweepResult:
         ensure_ray()
-        controller = self._start_controller()
+        actors = self._start_actors()
         tuner = tune.Tuner(
             self._tune_trainable(),
             param_space=self.param_space,
-            tune_config=self.tune_config,
+            tune_config=self._tune_config(),
             run_config=self._run_config(),
         )
-        return self._wrap(tuner.fit(), controller)
+        return self._wrap(tuner.fit(), actors)
 
     def resume(self, path: str) -> SweepResult:
         """Continue an interrupted sweep stored at `path`: finished trials are kept, not re-run."""
         ensure_ray()
-        controller = self._start_controller()
+        actors = self._start_actors()
         tuner = tune.Tuner.restore(
             path,
             trainable=self._tune_trainable(),
@@ -112,14 +139,15 @@ class Tuner:
             resume_unfinished=True,
             resume_errored=True,
         )
-        return self._wrap(tuner.fit(), controller)
+        return self._wrap(tuner.fit(), actors)
 
-    def _wrap(self, grid: tune.ResultGrid, controller: Any) -> SweepResult:
+    def _wrap(self, grid: tune.ResultGrid, actors: list[Any]) -> SweepResult:
         metric = self.tune_config.metric or ""
         iterations = self.max_iterations if isinstance(self.trainable, Workload) else None
         result = SweepResult(grid, metric, self.tune_config.mode or "min", iterations)
         # Holding the handle keeps `hpo:<name>` alive (and in the dashboard) while the result lives.
-        result.controller = controller
+        result.controller = actors[0]
+        result.actors = actors
         return result
 
 

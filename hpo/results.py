@@ -32,6 +32,7 @@ class SweepResult:
         self.max_iterations = max_iterations
         self.extras: dict[str, Any] = {}  # engine reports (e.g. muP transfer) attach here
         self.controller: Any = None  # the sweep's `hpo:<name>` actor handle, when one ran
+        self.actors: list[Any] = []  # every actor the sweep owns (controller, fusion broker)
 
     @property
     def experiment_path(self) -> str:

@@ -142,6 +142,7 @@ class FusionConfig(_Strict):
     enabled: bool = True
     max_members: int | Literal["auto"] = "auto"
     placement: Literal["device", "bubbles"] = "device"
+    dtype: Literal["fp32", "bf16"] = "fp32"
 
     @field_validator("max_members")
     @classmethod
