@@ -41,6 +41,8 @@ def add_sim_parser(subparsers) -> None:
                    help="run the standard comparison set for the format and print a table")
     p.add_argument("--gpus", type=int, required=True, help="GPUs in the cluster")
     p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--spread", action="store_true",
+                   help="let jobs larger than a node take free GPUs on any nodes (default: whole nodes)")
     p.add_argument("--profiles", default=None, help="Pollux profile folder (<app>/placements.csv)")
     p.add_argument("--json", default=None, help="write the summary (list if several policies)")
     p.add_argument("--csv", default=None, help="per-job CSV; {policy} in the name is replaced")
@@ -82,6 +84,17 @@ def format_table(summaries: list[dict]) -> str:
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
 
 
+def _per_policy_path(path: str, policy: str, several: bool) -> str:
+    """``{policy}`` in ``path`` is replaced; with several policies and no
+    placeholder the policy goes before the suffix (jobs.csv -> jobs-qssf.csv)."""
+    if "{policy}" in path:
+        return path.replace("{policy}", policy)
+    if not several:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-{policy}{p.suffix}"))
+
+
 def run_sim(args) -> int:
     """Handler of ``hpo sim``; returns the exit code."""
     spec_policies = args.policy or (COMPARE_DEFAULT[args.format] if args.compare else None)
@@ -112,7 +125,7 @@ def run_sim(args) -> int:
             profiles = load_profiles(args.profiles or Path(args.trace).parent.parent / "traces")
         deadline = args.deadline if args.deadline is not None else (
             8 * 3600.0 if args.format == "pollux" else None)
-        cluster = ClusterSpec(args.gpus, args.gpus_per_node)
+        cluster = ClusterSpec(args.gpus, args.gpus_per_node, consolidate=not args.spread)
         results = []
         for name in names:
             policy = make_policy(name, backfill=args.backfill, seed=args.seed, base=args.base_policy)
@@ -132,8 +145,7 @@ def run_sim(args) -> int:
                                               indent=2, default=str))
     if args.csv:
         for r in results:
-            r.to_csv(args.csv.replace("{policy}", r.policy) if len(results) > 1 and "{policy}" in args.csv
-                     else args.csv)
+            r.to_csv(_per_policy_path(args.csv, r.policy, len(results) > 1))
     if args.plot:
         from .plots import plot_results
         plot_results(results, args.plot)

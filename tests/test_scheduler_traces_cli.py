@@ -104,3 +104,16 @@ def test_cli_job_larger_than_cluster_exits_2(tmp_path, capsys):
     p.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,5,64,0,a\n")
     rc = main(["sim", "--trace", str(p), "--format", "philly", "--policy", "fifo", "--gpus", "8"])
     assert rc == 2 and "can never place it" in capsys.readouterr().err
+
+
+def test_add_sim_parser_plugs_into_another_cli_and_writes_per_policy_csv(tmp_path):
+    import argparse
+
+    from scheduler_bridge.cli import add_sim_parser, run_sim
+    parser = argparse.ArgumentParser(prog="hpo")
+    add_sim_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["sim", "--trace", str(_small_philly(tmp_path)), "--format", "philly",
+                              "--policy", "fifo,srtf", "--gpus", "4", "--csv", str(tmp_path / "jobs.csv")])
+    assert args.func is run_sim
+    assert args.func(args) == 0
+    assert (tmp_path / "jobs-fifo.csv").is_file() and (tmp_path / "jobs-srtf.csv").is_file()
