@@ -53,6 +53,71 @@ def _member_view(t: torch.Tensor, ndim: int, trailing: int) -> torch.Tensor:
     return t.view(t.shape[0], *([1] * (ndim - 1 - trailing)), *t.shape[1:])
 
 
+#: CPU shapes for which MKL's batched GEMM rounds exactly as one GEMM per member (measured once).
+_BATCHED_GEMM_EXACT: dict[tuple, bool] = {}
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), t.stride(-1) == 1)
+
+
+def _member_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`bias[i] + a[i] @ b[i]` for every member i, rounding exactly as unfused `addmm`/`mm` on CPU.
+
+    One batched GEMM when it rounds like per-member GEMMs; MKL's batched kernel does not for
+    some small shapes (e.g. a 10-row result), and those fall back to one GEMM per member, so a
+    fused member's arithmetic stays bit-identical to its unfused model's on CPU.
+    """
+    if a.device.type == "cpu" and a.shape[0] > 1:
+        key = (a.dtype, _layout(a), _layout(b), bias is None, torch.get_num_threads())
+        if key not in _BATCHED_GEMM_EXACT:
+            probe_a = torch.randn(a.shape[0], a.shape[2], a.shape[1], dtype=a.dtype).transpose(1, 2) if a.stride(-1) != 1 else torch.randn(a.shape, dtype=a.dtype)
+            probe_b = torch.randn(b.shape[0], b.shape[2], b.shape[1], dtype=b.dtype).transpose(1, 2) if b.stride(-1) != 1 else torch.randn(b.shape, dtype=b.dtype)
+            probe_c = None if bias is None else torch.randn(bias.shape, dtype=bias.dtype)
+            batched = _batched_gemm(probe_a, probe_b, probe_c)
+            looped = _looped_gemm(probe_a, probe_b, probe_c)
+            _BATCHED_GEMM_EXACT[key] = torch.equal(batched, looped)
+        if not _BATCHED_GEMM_EXACT[key]:
+            return _looped_gemm(a, b, bias)
+    return _batched_gemm(a, b, bias)
+
+
+def _batched_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.bmm(a, b) if bias is None else torch.baddbmm(bias.unsqueeze(1), a, b)
+
+
+def _looped_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if bias is None:
+        return torch.stack([x.mm(y) for x, y in zip(a, b)])
+    return torch.stack([torch.addmm(c, x, y) for c, x, y in zip(bias, a, b)])
+
+
+class _BatchedLinear(torch.autograd.Function):
+    """`bias + x @ W^T` per member whose backward computes each member's gradients with the
+    same GEMMs, in the same operand order, as autograd does for `nn.Linear` (`grad^T @ x` for
+    the weight), so a fused member's gradients round exactly as its unfused model's do."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _member_gemm(x, weight.transpose(1, 2), bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        # Under autocast the forward ran in grad's dtype; compute in it and return each
+        # gradient in its input's dtype, as autocast's own casts would.
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _member_gemm(grad, weight.to(grad.dtype)).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_w = _member_gemm(grad.transpose(1, 2), x.to(grad.dtype)).to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad.sum(dim=1).to(weight.dtype)
+        return grad_x, grad_w, grad_b
+
+
 class FusedLinear(nn.Module):
     """B Linear layers as one `baddbmm`: `[B, N, ..., in] -> [B, N, ..., out]`."""
 
@@ -76,11 +141,12 @@ class FusedLinear(nn.Module):
         flat = x.reshape(members, -1, in_features)  # (B, M, in)
         if self.input_scale is not None:
             flat = flat * self.input_scale.view(members, 1, 1)
-        weight_t = self.weight.transpose(1, 2)  # (B, in, out), a view: BLAS reads it transposed
-        if self.bias is None:
-            out = torch.bmm(flat, weight_t)
-        else:
-            out = torch.baddbmm(self.bias.unsqueeze(1), flat, weight_t)
+        weight, bias = self.weight, self.bias
+        if torch.is_autocast_enabled(x.device.type):
+            dtype = torch.get_autocast_dtype(x.device.type)
+            flat, weight = flat.to(dtype), weight.to(dtype)
+            bias = None if bias is None else bias.to(dtype)
+        out = _BatchedLinear.apply(flat, weight, bias)
         return out.reshape(members, *lead, out_features)
 
 

@@ -79,16 +79,16 @@ class FusedOptimizer:
     # -- layout --------------------------------------------------------------------------------
 
     def _multiplier_matrix(self, multipliers: Sequence[Mapping[str, float]] | None) -> torch.Tensor | None:
-        """`[B or 1, P]` per-element lr multipliers, or None when every multiplier is 1."""
+        """`[B or 1, P]` per-element lr multipliers (float64), or None when every multiplier is 1."""
         if not multipliers or all(all(float(v) == 1.0 for v in m.values()) for m in multipliers):
             return None
         rows = []
         for member in multipliers:
             rows.append(torch.cat([torch.full((size,), float(member.get(name, 1.0))) for name, size in zip(self.names, self.sizes)]))
-        matrix = torch.stack(rows)
+        matrix = torch.stack(rows).double()
         if all(torch.equal(row, matrix[0]) for row in matrix[1:]):
             matrix = matrix[:1]
-        return matrix.to(self.params[0].device, self.params[0].dtype)
+        return matrix.to(self.params[0].device)
 
     def _refresh_hparams(self) -> None:
         device, dtype = self.params[0].device, self.params[0].dtype
@@ -141,8 +141,15 @@ class FusedOptimizer:
     def _column(self, values: list[float]) -> torch.Tensor:
         return torch.tensor(values, dtype=self.params[0].dtype).view(-1, 1).to(self.params[0].device, non_blocking=True)
 
-    def _with_multipliers(self, per_member: torch.Tensor) -> torch.Tensor:
-        return per_member if self.lr_multipliers is None else per_member * self.lr_multipliers
+    def _per_member(self, values: list[float], transform=None) -> torch.Tensor:
+        """An lr-scaled quantity per member (`[B, 1]`), or per element (`[B, P]`) with lr multipliers.
+
+        Computed in double precision and rounded once, as torch rounds its Python-float lr."""
+        if self.lr_multipliers is None:
+            return self._column([transform(v) for v in values] if transform else values)
+        device, dtype = self.params[0].device, self.params[0].dtype
+        scaled = torch.tensor(values, dtype=torch.float64, device=device).view(-1, 1) * self.lr_multipliers
+        return (transform(scaled) if transform else scaled).to(dtype)
 
     @torch.no_grad()
     def step(self) -> None:
@@ -161,25 +168,34 @@ class FusedOptimizer:
         torch._foreach_copy_(self.params, self.unflat(params))
         self.steps = [s + 1 for s in self.steps]
 
+    # `x.add(y, alpha=a)` is emulated as `torch.addcmul(x, y, a)` and `x.addcdiv(y, z, value=v)`
+    # as `x.addcdiv(v * y, z)`: with [B]-shaped a and v these round exactly as torch's scalar forms.
+
     def _sgd(self, params: torch.Tensor, grads: torch.Tensor, lrs: list[float]) -> None:
         if self._any_decay:
-            grads = grads.add(params * self._weight_decay)
+            grads = torch.addcmul(grads, params, self._weight_decay)
         buffer = self.state["momentum_buffer"]
-        # The first step's buffer is the gradient itself: 0 * momentum + grad, as torch clones it.
+        # The first step's buffer is the gradient itself: 0 * momentum + grad, as torch clones it;
+        # with momentum 0 the buffer is just the gradient, as torch uses it.
         buffer.mul_(self._momentum).add_(grads)
         update = buffer
         if self._any_nesterov:
-            update = torch.where(self._nesterov, grads.add(buffer * self._momentum), buffer)
-        params.add_(update * self._with_multipliers(self._column([-lr for lr in lrs])))
+            update = torch.where(self._nesterov, torch.addcmul(grads, buffer, self._momentum), buffer)
+        params.addcmul_(update, self._per_member([-lr for lr in lrs]))
 
     def _adam(self, params: torch.Tensor, grads: torch.Tensor, lrs: list[float]) -> None:
         steps = [s + 1 for s in self.steps]
         if self.kind == "adamw":
             if self._any_decay:
-                lr_decay = self._with_multipliers(self._column(lrs)) * self._weight_decay
-                params.mul_(1 - lr_decay)
+                weight_decay = [hp.weight_decay for hp in self.hparams]
+                if self.lr_multipliers is None:
+                    decay = self._column([1 - lr * wd for lr, wd in zip(lrs, weight_decay)])
+                else:
+                    wd = torch.tensor(weight_decay, dtype=torch.float64, device=params.device).view(-1, 1)
+                    decay = self._per_member(lrs, lambda lr: 1 - lr * wd)
+                params.mul_(decay)
         elif self._any_decay:
-            grads = grads.add(params * self._weight_decay)
+            grads = torch.addcmul(grads, params, self._weight_decay)
         exp_avg, exp_avg_sq = self.state["exp_avg"], self.state["exp_avg_sq"]
         exp_avg.lerp_(grads, self._one_minus_beta1)
         exp_avg_sq.mul_(self._beta2).addcmul_(grads * self._one_minus_beta2, grads)
@@ -187,7 +203,7 @@ class FusedOptimizer:
         step_size = [lr / (1 - hp.beta1**s) for lr, hp, s in zip(lrs, self.hparams, steps)]
         correction2_sqrt = [math.sqrt(1 - hp.beta2**s) for hp, s in zip(self.hparams, steps)]
         denom = (exp_avg_sq.sqrt() / self._column(correction2_sqrt)).add_(self._eps)
-        params.add_((exp_avg / denom) * self._with_multipliers(self._column([-s for s in step_size])))
+        params.addcdiv_(exp_avg * self._per_member([-s for s in step_size]), denom)
 
     # -- members -------------------------------------------------------------------------------
 

@@ -1,0 +1,131 @@
+"""The central property of fusion: a fused member trains exactly as the same config trained alone.
+
+Each test trains B configs fused for 50 steps and each config alone with `TrialTrainer`
+(PyTorch's own optimizers and schedules), then compares every member's parameters and losses.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from examples.char_gpt import workload as char_gpt
+from examples.mlp_digits import workload as mlp_digits
+from fusion import FusedTrainer
+from hpo.training import TrialTrainer
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: fast on a shared 2-core CI machine, and the same kernels for both runs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+STEPS = 50
+TOLERANCE = 1e-5
+MLP = {"width": 32, "steps_per_iteration": 25}
+GPT = {"width": 32, "n_layer": 1, "batch_size": 8, "block_size": 16, "steps_per_iteration": 25}
+
+
+def relative_error(fused: dict[str, torch.Tensor], alone: dict[str, torch.Tensor]) -> float:
+    """|fused - alone| / |alone| over all of a model's floating-point tensors, as one vector."""
+    names = [k for k, v in alone.items() if v.is_floating_point()]
+    a = torch.cat([fused[k].detach().cpu().flatten() for k in names])
+    b = torch.cat([alone[k].detach().cpu().flatten() for k in names])
+    return ((a - b).norm() / b.norm()).item()
+
+
+def assert_members_match_trained_alone(workload, configs, **trainer_kwargs) -> None:
+    fused = FusedTrainer(workload, configs, **trainer_kwargs)
+    fused_metrics = [fused.train_iteration() for _ in range(STEPS // fused.steps_per_iteration)]
+    assert fused.step == STEPS
+    for index, config in enumerate(configs):
+        alone = TrialTrainer(workload, config)
+        alone_metrics = [alone.train_iteration() for _ in range(STEPS // alone.steps_per_iteration)]
+        error = relative_error(fused.model.member_state_dict(index), alone.model.state_dict())
+        assert error <= TOLERANCE, f"member {index} ({config}) parameters differ from training alone: rel err {error:.2e}"
+        for fused_iteration, alone_iteration in zip(fused_metrics, alone_metrics):
+            for key in ("train_loss", "val_loss", "val_accuracy"):
+                got, want = fused_iteration[index][key], alone_iteration[key]
+                assert got == pytest.approx(want, rel=TOLERANCE), f"member {index} {key}: fused {got} vs alone {want}"
+            assert fused_iteration[index]["step"] == alone_iteration["step"]
+
+
+def test_adam_members_with_schedules_and_clipping_match_training_alone():
+    configs = [
+        {**MLP, "seed": 0, "optimizer": "adam", "lr": 1e-3},
+        {**MLP, "seed": 1, "optimizer": "adam", "lr": 3e-3, "beta1": 0.8, "beta2": 0.99, "eps": 1e-7, "weight_decay": 1e-3},
+        {**MLP, "seed": 2, "optimizer": "adam", "lr": 5e-3, "lr_schedule": "cosine", "warmup_steps": 5, "schedule_steps": 40, "min_lr_ratio": 0.1},
+        {**MLP, "seed": 3, "optimizer": "adam", "lr": 2e-3, "grad_clip": 0.5, "lr_schedule": "step", "schedule_steps": 15, "lr_gamma": 0.5},
+    ]
+    assert_members_match_trained_alone(mlp_digits, configs)
+
+
+def test_adamw_members_match_training_alone():
+    configs = [
+        {**MLP, "seed": 0, "optimizer": "adamw", "lr": 2e-3, "weight_decay": 0.1},
+        {**MLP, "seed": 1, "optimizer": "adamw", "lr": 4e-3, "weight_decay": 0.0, "grad_clip": 1.0, "warmup_steps": 10},
+    ]
+    assert_members_match_trained_alone(mlp_digits, configs)
+
+
+def test_sgd_momentum_and_nesterov_members_match_training_alone():
+    configs = [
+        {**MLP, "seed": 0, "optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-3},
+        {**MLP, "seed": 1, "optimizer": "sgd", "lr": 0.1, "momentum": 0.0, "grad_clip": 1.0},
+        {**MLP, "seed": 2, "optimizer": "sgd", "lr": 0.02, "momentum": 0.5, "lr_schedule": "cosine", "schedule_steps": 50},
+    ]
+    assert_members_match_trained_alone(mlp_digits, configs)
+
+
+def test_char_gpt_members_match_training_alone():
+    # eps=1e-6: the key part of qkv.bias has an exactly zero gradient (softmax ignores a shift of
+    # all logits), so its "gradient" is rounding noise that Adam with eps=1e-8 would amplify to
+    # lr-sized random steps in fused and unfused runs alike; a larger eps keeps noise as noise.
+    configs = [
+        {**GPT, "seed": 0, "optimizer": "adamw", "lr": 3e-3, "eps": 1e-6, "weight_decay": 0.1},
+        {**GPT, "seed": 1, "optimizer": "adamw", "lr": 1e-3, "eps": 1e-6, "grad_clip": 0.3, "warmup_steps": 10, "lr_schedule": "cosine", "schedule_steps": 50},
+    ]
+    assert_members_match_trained_alone(char_gpt, configs)
+
+
+def test_both_fusion_strategies_train_the_mlp_identically_to_training_alone():
+    configs = [{**MLP, "seed": 0, "lr": 2e-3}, {**MLP, "seed": 1, "lr": 1e-3, "grad_clip": 0.5}]
+    assert_members_match_trained_alone(mlp_digits, configs, strategy="vmap")
+
+
+def test_muP_multipliers_may_differ_between_members():
+    # output_mult and init_std are per-member hyperparameters (muP); they fuse as per-member buffers.
+    configs = [
+        {**MLP, "seed": 0, "lr": 2e-3, "output_mult": 1.0},
+        {**MLP, "seed": 1, "lr": 2e-3, "output_mult": 0.25, "init_std": 0.05},
+    ]
+    assert_members_match_trained_alone(mlp_digits, configs)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_members_match_training_alone_on_cpu():
+    configs = [{**MLP, "seed": 0, "lr": 2e-3}, {**MLP, "seed": 1, "optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.1}]
+    fused = FusedTrainer(mlp_digits, configs, device="cuda")
+    for _ in range(STEPS // fused.steps_per_iteration):
+        fused.train_iteration()
+    for index, config in enumerate(configs):
+        alone = TrialTrainer(mlp_digits, config)
+        for _ in range(STEPS // alone.steps_per_iteration):
+            alone.train_iteration()
+        error = relative_error(fused.model.member_state_dict(index), alone.model.state_dict())
+        assert error <= 1e-4, f"member {index}: CUDA fused vs CPU alone rel err {error:.2e}"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bf16_autocast_trains_the_char_gpt_on_cuda():
+    fused = FusedTrainer(char_gpt, [{**GPT, "seed": s, "lr": 3e-3} for s in range(4)], device="cuda", dtype="bf16")
+    first = fused.train_iteration()
+    second = fused.train_iteration()
+    assert all(b["train_loss"] < a["train_loss"] for a, b in zip(first, second)), "bf16 fused training does not learn"
