@@ -174,15 +174,16 @@ def run_rigid(trace: Trace, spec: ClusterSpec, policy: QueuePolicy,
         busy -= jobs[jid].gpus
         queue.push(jid, jobs[jid].gpus, policy.priority(jobs[jid], remaining[jid], now))
 
-    def candidates(limit=32):
-        """Running jobs with the largest remaining GPU time, best-first merge over demands."""
+    def candidates(now, limit=32):
+        """Running jobs with the largest remaining GPU time ((end - now) x GPUs), merged
+        over the per-demand heaps (within one demand, later end = more remaining)."""
         out, popped = [], []
         heads = []
         for g, h in run_by_demand.items():
             while h and (h[0][1] not in running or h[0][2] != version[h[0][1]]):
                 heapq.heappop(h)
             if h:
-                heads.append((h[0][0] * g, g))
+                heads.append(((h[0][0] + now) * g, g))
         heapq.heapify(heads)
         while heads and len(out) < limit:
             _, g = heapq.heappop(heads)
@@ -193,7 +194,7 @@ def run_rigid(trace: Trace, spec: ClusterSpec, policy: QueuePolicy,
             while h and (h[0][1] not in running or h[0][2] != version[h[0][1]]):
                 heapq.heappop(h)
             if h:
-                heapq.heappush(heads, (h[0][0] * g, g))
+                heapq.heappush(heads, ((h[0][0] + now) * g, g))
         for g, e in popped:
             heapq.heappush(run_by_demand[g], e)
         return out
@@ -234,7 +235,7 @@ def run_rigid(trace: Trace, spec: ClusterSpec, policy: QueuePolicy,
                 if jid not in queue:
                     continue
                 job = jobs[jid]
-                cands = [(jobs[c], running[c][1] - now) for c in candidates()]
+                cands = [(jobs[c], running[c][1] - now) for c in candidates(now)]
                 victims = policy.victims((job, remaining[jid]), cands, now)
                 trial, chosen = free.copy(), []
                 for v in victims:

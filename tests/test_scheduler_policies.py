@@ -54,6 +54,14 @@ def test_srtf_preempts_a_longer_job_and_charges_the_restart_cost():
     assert df.restarts.tolist() == [1, 0]
 
 
+def test_srtf_preempts_the_job_with_the_most_remaining_gpu_time():
+    # at t=10: A has 2 GPUs x 90 s = 180 GPU-s left, B has 1 x 80 s = 80; C needs 1 GPU
+    trace = _jobs((0, 2, 100), (0, 1, 90), (10, 1, 5))
+    df = _frame(trace, make_policy("srtf"), gpus=3, gpn=4, restart_cost=0.0)
+    assert df.restarts.tolist() == [1, 0, 0]
+    assert df.finish.tolist()[2] == 15
+
+
 def test_qssf_learns_that_a_vc_runs_short_jobs_and_ranks_them_first():
     jobs, t = [], 0.0
     for i in range(40):  # history: vc "s" always 10 s, vc "l" always 1000 s, no contention
