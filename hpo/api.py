@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -53,10 +54,18 @@ class Tuner:
         self.tune_config = tune_config or tune.TuneConfig()
         self.run_config = run_config or tune.RunConfig()
         self.resources = dict(resources or {"cpu": 1})
-        self.scaling = scaling
         self.fusion = fusion if fusion is None or fusion.enabled else None
         if (scaling is not None or self.fusion is not None) and not isinstance(self.trainable, Workload):
             raise TypeError("scaling and fusion need a Workload trainable (model factory, data and loss kept apart)")
+        self.scaling = None
+        self._eager: Any = None  # the eager-transfer callback of a fresh (not resumed) scaled sweep
+        if scaling is not None:
+            from hpo import scaled_sweep
+
+            self.scaling = scaled_sweep.as_scaling_config(scaling)
+            self.user_workload = self.trainable
+            experiment = Path(self.run_config.storage_path or "~/ray_results").expanduser() / self.name
+            self.trainable = scaled_sweep.build_proxy(self.trainable, self.scaling, self.param_space, experiment)
 
     @property
     def name(self) -> str:
@@ -90,6 +99,14 @@ class Tuner:
             from fusion.tune_trials import FusionCallback
 
             callbacks.append(FusionCallback(self.name))
+        if self.scaling is not None and self.scaling.eager_transfer is not None:
+            from hpo.scaling import EagerTransferCallback
+
+            self._eager = EagerTransferCallback(
+                self.user_workload, self.scaling, metric=metric, mode=self.tune_config.mode or "min",
+                max_iterations=self.max_iterations,
+            )
+            callbacks.append(self._eager)
         stop = self.run_config.stop
         if isinstance(self.trainable, Workload) and stop is None:
             stop = {"training_iteration": self.max_iterations}
@@ -148,6 +165,10 @@ class Tuner:
         # Holding the handle keeps `hpo:<name>` alive (and in the dashboard) while the result lives.
         result.controller = actors[0]
         result.actors = actors
+        if self.scaling is not None:
+            from hpo import scaled_sweep
+
+            scaled_sweep.finish(result, self.user_workload, self.scaling, self.max_iterations, self._eager)
         return result
 
 

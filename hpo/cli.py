@@ -60,6 +60,43 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_coord_check(args: argparse.Namespace) -> int:
+    from hpo.scaling import coord_check
+    from hpo.trainables import TrainableNotFound, resolve_trainable
+    from hpo.workload import Workload
+
+    try:
+        workload = resolve_trainable(args.trainable)
+    except TrainableNotFound as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not isinstance(workload, Workload):
+        print(f"error: {args.trainable!r} is a function; the coordinate check needs a Workload", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    config = dict(item.split("=", 1) for item in args.set)
+    report = coord_check(
+        workload,
+        widths=args.widths,
+        config={key: _literal(value) for key, value in config.items()},
+        tolerance=args.tolerance,
+        plot_path=args.plot,
+        parametrization=args.parametrization,
+    )
+    print(report.summary())
+    print(f"plot: {report.plot_path}")
+    return 0 if report.ok else 1
+
+
+def _literal(text: str) -> object:
+    """`--set key=value` values: numbers as numbers, everything else as text."""
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpo", description="Hyperparameter tuning on Ray Tune (hydro-hpo).")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -75,6 +112,19 @@ def build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check a YAML sweep without running it")
     validate.add_argument("file")
     validate.set_defaults(func=_cmd_validate)
+
+    check = commands.add_parser("coord-check", help="muP coordinate check of a workload over several widths")
+    check.add_argument("trainable", help="built-in example name or package.module:workload")
+    check.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128, 256])
+    check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fixed config values")
+    check.add_argument("--tolerance", type=float, default=None, help="largest allowed slope of log activation size")
+    check.add_argument("--parametrization", choices=["mup", "sp"], default="mup")
+    check.add_argument("--plot", default="coord_check.png")
+    check.set_defaults(func=_cmd_coord_check)
+
+    from scheduler_bridge.cli import add_sim_parser
+
+    add_sim_parser(commands)
     return parser
 
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hpo.errors import ConfigIssue, SweepConfigError
+from hpo.scaling._config import ScalingConfig
 from hpo.yaml_source import YamlSource
 
 METHODS = ("random", "grid", "tpe", "optuna", "bayes")
@@ -168,7 +169,7 @@ class SweepSpec(_Strict):
     storage_path: str = "runs"
     max_failures: int = Field(1, ge=0)
     seed: int | None = None
-    scaling: dict[str, Any] | None = None
+    scaling: ScalingConfig | None = None
     fusion: FusionConfig | None = None
 
     @model_validator(mode="after")
@@ -230,6 +231,7 @@ _MODELS_BY_PATH_DEPTH: dict[str, type[BaseModel]] = {
     "early_terminate": EarlyTerminateSpec,
     "resources": ResourcesSpec,
     "fusion": FusionConfig,
+    "scaling": ScalingConfig,
 }
 
 

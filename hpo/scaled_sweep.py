@@ -1,0 +1,78 @@
+"""How a sweep with `scaling:` runs: tune the muP proxy, then carry its best config to the target.
+
+The path: the user's workload -> `proxy_workload` (muP at the proxy width, base shapes at the
+target) -> an ordinary (or fused) sweep -> `transfer_config` on the best proxy trial ->
+`transfer.json`, and, when asked, the target trained with it (eagerly during the sweep, or after).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hpo.results import SweepResult
+from hpo.scaling import ScalingError, coord_check, proxy_workload, train_target, transfer_config
+from hpo.scaling._config import ScalingConfig
+from hpo.workload import Workload
+
+
+def as_scaling_config(scaling: ScalingConfig | Mapping[str, Any]) -> ScalingConfig:
+    return scaling if isinstance(scaling, ScalingConfig) else ScalingConfig.model_validate(dict(scaling))
+
+
+def constant_keys(param_space: Mapping[str, Any]) -> dict[str, Any]:
+    """The search space's fixed values (no Tune domain, no grid): what every proxy is built with."""
+    return {
+        key: value
+        for key, value in param_space.items()
+        if not hasattr(value, "sampler") and not (isinstance(value, dict) and "grid_search" in value)
+    }
+
+
+def build_proxy(workload: Workload, scaling: ScalingConfig, param_space: Mapping[str, Any], plot_dir: Path) -> Workload:
+    """The proxy workload; with `coord_check`, only after muP's coordinate check passes."""
+    if "width" in param_space:
+        raise ScalingError("with scaling, width is set by scaling.proxy_width/ratio: remove 'width' from the parameters")
+    constants = constant_keys(param_space)
+    proxy = proxy_workload(workload, scaling, config=constants)
+    if scaling.coord_check:
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        report = coord_check(workload, scaling=scaling, config=constants, plot_path=str(plot_dir / "coord_check.png"))
+        print(report.summary(), flush=True)
+        if not report.ok:
+            raise ScalingError(report.summary())
+    return proxy
+
+
+def finish(
+    result: SweepResult,
+    workload: Workload,
+    scaling: ScalingConfig,
+    max_iterations: int,
+    eager: Any = None,
+) -> None:
+    """Write `transfer.json` beside the results and attach the transfer (and target run) to `result`."""
+    best = result.best_result
+    transfer = transfer_config(
+        best.config, scaling, metric=result.metric, proxy_metric=float(best.metrics[result.metric])
+    )
+    if eager is not None:
+        report = eager.finish()
+        result.extras["eager transfer"] = {
+            "time_to_first_target_result_s": report["time_to_first_target_result_s"],
+            "restarts": report["restarts"],
+        }
+        run = report["target_run"]
+        if run is not None:
+            result.extras["target (eager)"] = f"{run['metric']} = {run['value']:.4g} after {run['iterations']} iterations"
+    elif scaling.final_training:
+        transfer.target_run = train_target(workload, transfer, scaling, max_iterations=max_iterations)
+        run = transfer.target_run
+        result.extras["target"] = f"{run.metric} = {run.value:.4g} after {run.iterations} iterations"
+    path = transfer.write_json(Path(result.experiment_path))
+    result.transfer = transfer
+    result.extras["transferred target config"] = transfer.target_config
+    if transfer.flagged:
+        result.extras["re-tune on the target (does not transfer)"] = sorted(transfer.flagged)
+    result.extras["transfer"] = str(path)
