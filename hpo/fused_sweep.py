@@ -50,7 +50,7 @@ def group_size(
     decision = ray.get(
         measure.remote(workload, largest_config(workload, param_space), device=device, max_members=AUTO_MAX_MEMBERS)
     )
-    logger.warning("%s", decision)
+    logger.info("%s", decision)
     print(decision, flush=True)
     return decision.num_members
 
