@@ -310,6 +310,12 @@ def _stacked(models: Sequence[nn.Module], internal: set[str]) -> StackedModel:
 
 def _vmapped(models: Sequence[nn.Module], internal: set[str]) -> VmapModel:
     internal = set(internal)
+    for path, module in models[0].named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.momentum is None and module.track_running_stats:
+            raise FusionError(
+                f"layer '{path}' ({type(module).__name__}) with momentum=None reads its batch count with .item(), "
+                "which torch.func.vmap cannot batch; give it a momentum or keep it inside nn.Sequential-style code"
+            )
     # Scalar attributes that differ between members (e.g. a per-member output multiplier)
     # become per-member buffers; anything else that differs cannot be fused.
     for path, group in _corresponding(models):

@@ -1,0 +1,84 @@
+"""B is chosen from a measured dry run so that a group fits its memory budget with a margin."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from examples.mlp_digits import workload as mlp_digits
+from fusion import choose_num_members, measure_member_bytes
+
+MiB = 2**20
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def config(width: int) -> dict:
+    return mlp_digits.resolve({"width": width, "optimizer": "adam"})
+
+
+def parameter_bytes(width: int) -> int:
+    model = mlp_digits.build_model(config(width))
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def test_measured_member_cost_covers_weights_gradients_adam_state_and_activations():
+    per_member, _ = measure_member_bytes(mlp_digits, config(64))
+    weights = parameter_bytes(64)
+    activations = 64 * (64 + 64 + 10) * 4  # at least one saved fp32 activation per layer output
+    assert per_member >= 4 * weights + activations, (
+        f"{per_member} bytes per member cannot hold weights, gradients and two Adam moments ({4 * weights}) plus activations"
+    )
+    assert per_member < 20 * weights + 100 * activations, f"{per_member} bytes per member is implausibly large"
+
+
+def test_wider_members_cost_more():
+    narrow, _ = measure_member_bytes(mlp_digits, config(32))
+    wide, _ = measure_member_bytes(mlp_digits, config(256))
+    assert wide > 2 * narrow
+
+
+def test_chosen_group_fits_the_budget_with_its_safety_margin(caplog):
+    budget = 64 * MiB
+    with caplog.at_level(logging.INFO, logger="fusion.sizing"):
+        decision = choose_num_members(mlp_digits, config(256), available_bytes=budget, safety_margin=0.5)
+    used = decision.fixed_bytes + decision.num_members * decision.bytes_per_member
+    assert used <= 0.5 * budget < used + decision.bytes_per_member, f"B={decision.num_members} does not fill the budget tightly"
+    assert decision.limited_by == "memory"
+    assert f"B={decision.num_members}" in caplog.text, "the sizing decision must be logged"
+
+
+def test_max_members_caps_the_group():
+    decision = choose_num_members(mlp_digits, config(32), available_bytes=1024 * MiB, max_members=16)
+    assert (decision.num_members, decision.limited_by) == (16, "max_members")
+
+
+def test_a_budget_below_one_member_is_an_error_not_an_oom():
+    with pytest.raises(MemoryError, match="one member needs"):
+        choose_num_members(mlp_digits, config(256), available_bytes=64 * 1024)
+
+
+def test_cpu_budget_defaults_to_available_ram():
+    import psutil
+
+    decision = choose_num_members(mlp_digits, config(32))
+    assert decision.available_bytes <= psutil.virtual_memory().total
+    assert decision.num_members >= 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_group_of_the_chosen_size_trains_without_running_out_of_memory():
+    from fusion import FusedTrainer
+
+    decision = choose_num_members(mlp_digits, config(256), device="cuda", max_members=1024)
+    trainer = FusedTrainer(mlp_digits, [{**config(256), "seed": i} for i in range(decision.num_members)], device="cuda")
+    trainer.train_iteration()
