@@ -1,13 +1,33 @@
 """hydro-hpo: hyperparameter tuning on Ray Tune with muP proxies, fused trials and pipeline bubbles.
 
 Public entry points: `hpo.run` (like `tune.run`), `hpo.Tuner` (like `ray.tune.Tuner`), the YAML
-schema `SweepSpec`, the `Workload` interface for model factories, and `FusionConfig`.
+schema `SweepSpec`, the `Workload` interface for model factories, `FusionConfig` and
+`ScalingConfig`.
+
+The names that need Ray load on first use (PEP 562), so the engines' pure-PyTorch modules
+(`hpo.workload`, `hpo.hparams`, `hpo.scaling`) import where Ray is not installed, such as a GPU
+box running the benchmarks.
 """
 
-from hpo.api import Tuner, run
-from hpo.errors import SweepConfigError
-from hpo.results import SweepResult
-from hpo.spec import FusionConfig, SweepSpec
 from hpo.workload import Workload
 
-__all__ = ["FusionConfig", "SweepConfigError", "SweepResult", "SweepSpec", "Tuner", "Workload", "run"]
+_LAZY = {
+    "Tuner": "hpo.api",
+    "run": "hpo.api",
+    "SweepConfigError": "hpo.errors",
+    "SweepResult": "hpo.results",
+    "SweepSpec": "hpo.spec",
+    "FusionConfig": "hpo.spec",
+    "ScalingConfig": "hpo.scaling._config",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hpo' has no attribute {name!r}")
+
+
+__all__ = ["FusionConfig", "ScalingConfig", "SweepConfigError", "SweepResult", "SweepSpec", "Tuner", "Workload", "run"]

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
-from ray import tune
 
 from hpo.hparams import OptimHParams, build_torch_optimizer
 from hpo.workload import Batch, Workload
@@ -120,6 +119,8 @@ def workload_trainable(
     A restarted trial (retry after a failure, `--resume` of a killed sweep) continues from its
     last checkpoint, so finished iterations are never trained twice.
     """
+
+    from ray import tune
 
     def train(config: dict[str, Any]) -> None:
         torch.set_num_threads(threads)  # trials share the machine; one thread per reserved CPU
