@@ -94,6 +94,7 @@ class FusedTrainer:
         self._batches: Iterator[Batch] | None = None
         self._vmap_loss = True
         self._vmap_metrics = True
+        self._template: torch.nn.Module | None = None
 
     @property
     def num_members(self) -> int:
@@ -234,9 +235,8 @@ class FusedTrainer:
     def member_state_dict(self, member_id: Hashable) -> dict[str, Any]:
         """Member `member_id`'s checkpoint in `TrialTrainer.state_dict()`'s format."""
         (index,) = self._positions([member_id])
-        config, hp = self.configs[index], self.hparams[index]
-        with torch.random.fork_rng(devices=[]):
-            model = build_member(self.workload, config)
+        hp = self.hparams[index]
+        model = self._template_model()
         model.load_state_dict(self.model.member_state_dict(index))
         optimizer, schedule = _torch_optimizer(self.workload, model, hp)
         state = self.optimizer.member_state(index)
@@ -249,13 +249,20 @@ class FusedTrainer:
                 optimizer.state[param] = {"step": torch.tensor(float(state["step"])), **per_param}
         _advance_schedule(schedule, state["step"])
         return {
-            "model": {k: v.cpu() for k, v in model.state_dict().items()},
+            "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
             "optimizer": optimizer.state_dict(),
             "schedule": schedule.state_dict(),
             "iteration": self.iteration,
             "step": state["step"],
             "rng": torch.get_rng_state(),
         }
+
+    def _template_model(self) -> torch.nn.Module:
+        """One unfused model of the group's architecture (on CPU), reused to write member checkpoints."""
+        if getattr(self, "_template", None) is None:
+            with torch.random.fork_rng(devices=[]):
+                self._template = build_member(self.workload, self.configs[0])
+        return self._template
 
     def save_member(self, member_id: Hashable, directory: str) -> None:
         """Write member `member_id`'s checkpoint where `TrialTrainer.restore(directory)` reads it."""
