@@ -42,6 +42,10 @@ class PendingQueue:
         self._demand[job_id] = gpus
         heapq.heappush(self._buckets.setdefault(gpus, []), (priority, next(self._seq), job_id))
 
+    def min_demand(self) -> int:
+        """The smallest GPU demand of any queued job (0 if empty)."""
+        return min(self._buckets, default=0)
+
     def heads(self) -> list[tuple[float, int, int, int]]:
         """(priority, seq, job_id, gpus) of each bucket's best job, best first."""
         return sorted((b[0][0], b[0][1], b[0][2], g) for g, b in self._buckets.items() if b)
@@ -71,7 +75,7 @@ def select_starts(queue: PendingQueue, free: FreeGPUs, backfill: bool) -> list[t
     Takes the GPUs from ``free`` and the jobs from ``queue``.
     """
     starts = []
-    while len(queue):
+    while len(queue) and free.total_free >= queue.min_demand():
         chosen = None
         for _prio, _seq, _jid, g in queue.heads():
             p = free.place(g) if g <= free.total_free else None

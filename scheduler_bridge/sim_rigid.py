@@ -132,8 +132,10 @@ def run_rigid(trace: Trace, spec: ClusterSpec, policy: QueuePolicy,
               restart_cost: float = 30.0) -> RunLog:
     jobs = trace.jobs
     n = len(jobs)
+    empty = FreeGPUs(spec)
+    unplaceable = {g for g in {j.gpus for j in jobs} if empty.place(g) is None}
     for j in jobs:
-        if not spec.fits_ever(j.gpus):
+        if j.gpus in unplaceable:
             raise ValueError(f"job {j.name or j.job_id} asks for {j.gpus} GPUs; a cluster of "
                              f"{spec.num_gpus} GPUs ({spec.gpus_per_node} per node) can never place it")
     policy.reset(trace.t0)
@@ -151,6 +153,7 @@ def run_rigid(trace: Trace, spec: ClusterSpec, policy: QueuePolicy,
     busy = 0
     tuning = _Tuning(trace, policy, free) if isinstance(policy, TuningAware) else None
     ai = 0
+    ended: list[int] = []
 
     def start(jid, placement, now):
         nonlocal busy
@@ -172,6 +175,7 @@ def run_rigid(trace: Trace, spec: ClusterSpec, policy: QueuePolicy,
         restarts[jid] += 1
         free.give(placement)
         busy -= jobs[jid].gpus
+        ended.append(jid)  # for the tuning layer: its bubbles are gone
         queue.push(jid, jobs[jid].gpus, policy.priority(jobs[jid], remaining[jid], now))
 
     def candidates(now, limit=32):
