@@ -54,12 +54,15 @@ def philly(quick: bool) -> dict:
         s = simulate(trace, make_policy(name, backfill=backfill), cluster).summary()
         out["policies"][label] = _row(s)
         print(f"  philly {label:12s} avg_jct {s['avg_jct']:>11,.0f} s  wall {s['wall_s']:.1f} s", flush=True)
-    tuned = add_tuning_work(trace, tuning_jobs=200, groups=8, group_work=3600.0,
-                            pipeline_fraction=0.2, bubble_fraction=0.3, seed=0)
+    # 1,000 tuning jobs x 16 fused groups x 2 GPU-hours = 32,000 GPU-h of tuning work
+    tuned = add_tuning_work(trace, tuning_jobs=100 if quick else 1000, groups=16,
+                            group_work=7200.0, pipeline_fraction=0.2, bubble_fraction=0.3, seed=0)
     s = simulate(tuned, make_policy("tuning-aware", base="qssf"), cluster).summary()
     out["policies"]["tuning-aware(qssf)"] = _row(s)
     print(f"  philly tuning-aware  avg_jct {s['avg_jct']:>11,.0f} s  free tuning "
-          f"{s['tuning_gpu_hours_free']:.0f} GPU-h", flush=True)
+          f"{s['tuning_gpu_hours_free']:,.0f} GPU-h ({s['tuning_gpu_hours_bubbles']:,.0f} in bubbles), "
+          f"{s['tuning_jobs_completed']}/{s['tuning_jobs']} tuning jobs done, "
+          f"{s['tuning_gpu_hours_lost_to_eviction']:,.0f} GPU-h lost to evictions", flush=True)
     p = out["policies"]
     out["targets"] = {
         "max_wall_s": max(v["wall_s"] for v in p.values()),

@@ -37,7 +37,7 @@ def _max_concurrent_gpus(df):
 
 @pytest.mark.parametrize("name", ["fifo", "sjf", "srtf", "qssf", "tuning-aware",
                                   "tuning-aware-srtf"])
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace=trace_st)
 def test_random_traces_keep_the_simulator_invariants(name, trace):
     res = simulate(trace, _policy(name), CLUSTER, restart_cost=7.0)
