@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a plain checkout
@@ -35,13 +37,14 @@ from pipeline_bubble.launch import launch  # noqa: E402
 from pipeline_bubble.plots import plot_gantt  # noqa: E402
 from pipeline_bubble.timeline import StageTimeline, save_timelines  # noqa: E402
 
-CPU_POINTS = {"quick": [(2, 2), (2, 4), (2, 8), (4, 4), (4, 8)], "full": [(2, 2), (2, 4), (2, 8), (2, 16), (4, 4), (4, 8), (4, 16)]}
+CPU_POINTS = {"quick": [(2, 4), (2, 8), (4, 4), (4, 8)], "full": [(2, 2), (2, 4), (2, 8), (2, 16), (4, 4), (4, 8), (4, 16)]}
 GPU_POINTS = {"quick": [(2, 4), (2, 8)], "full": [(2, 2), (2, 4), (2, 8), (2, 16)]}
 
 
-def _guest_factory(name: str):
+def _guest_factory(name: str, gpu: bool):
     if name == "synthetic":
-        return synthetic_guest
+        # On a GPU a 64-wide MLP is all launch overhead; give the guest real work per step.
+        return partial(synthetic_guest, width=1024, batch=1024) if gpu else synthetic_guest
     if name == "digits":
         from pipeline_bubble.abtest import digits_guest
 
@@ -55,7 +58,8 @@ def _guest_factory(name: str):
 
 def _default_guest() -> str:
     try:
-        from pipeline_bubble.fused_guest import fused_digits_guest  # noqa: F401  (needs fusion/ and hpo/)
+        import examples.mlp_digits  # noqa: F401  (imports hpo, hence Ray, and scikit-learn)
+        import fusion  # noqa: F401
 
         return "fused"
     except Exception:
@@ -86,11 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     base = JobSpec(
         device="cuda" if gpu else "cpu",
         width=args.width or (8192 if gpu else 1024),
-        micro_batch_size=args.micro_batch_size or (512 if gpu else 64),
-        layers_per_stage=args.layers_per_stage or (4 if gpu else 2),
-        batches=args.batches or (12 if args.quick else 30),
-        guest_factory=_guest_factory(guest),
+        micro_batch_size=args.micro_batch_size or (256 if gpu else 128),
+        layers_per_stage=args.layers_per_stage or (6 if gpu else 2),
+        batches=args.batches or (10 if args.quick else 30),
+        guest_factory=_guest_factory(guest, gpu),
     )
+    if gpu:  # deterministic cuBLAS across the guest's stream and the job's (inherited by the ranks)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []
     for stages, micro_batches in points:

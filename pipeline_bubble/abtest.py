@@ -2,10 +2,10 @@
 
 Used by the acceptance test and the benchmark. Each rank builds two DeepSpeed pipeline engines
 from the same seed (an MLP with dropout, so any leak into the global RNG would show), both
-instrumented, the second with a `BubbleExecutor`. The two engines train batch by batch in turn
-(A, B, A, B, ...), so a busy host slows both alike; each engine keeps its own global-RNG stream,
-swapped in around its batches, exactly as if it ran alone. The main job is bit-identical when
-both engines' losses and final parameters match.
+instrumented, the second with a `BubbleExecutor`. The engines train batch by batch in turn, in
+ABBA order, so a busy host slows both alike and neither always runs first; each engine keeps its
+own global-RNG stream, swapped in around its batches, exactly as if it ran alone. The main job
+is bit-identical when both engines' losses, final parameters and RNG states match.
 
 Example (what the benchmark does for one point)::
 
@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import torch
@@ -178,8 +179,9 @@ def run_rank(rank: int, world_size: int, spec: JobSpec) -> dict[str, Any]:
     losses: dict[str, list[float]] = {name: [] for name in runs}
     for batch in range(spec.batches):
         if spec.evict_after is not None and batch == spec.evict_after:
-            executor.evict()
-        for name, (engine, rng) in runs.items():
+            executor.request_evict()  # as a signal handler would: honoured before the next guest step
+        order = list(runs.items()) if batch % 2 == 0 else list(runs.items())[::-1]  # ABBA: no order bias
+        for name, (engine, rng) in order:
             with rng:
                 losses[name].append(float(engine.train_batch(data[name])))
     return {
@@ -198,6 +200,20 @@ def run_rank(rank: int, world_size: int, spec: JobSpec) -> dict[str, Any]:
             "refused": executor.refused,
         },
     }
+
+
+def _paired_slowdown(base: list[StageTimeline], harv: list[StageTimeline], skip: int) -> float:
+    """Median over batches of (harvested batch time / the baseline batch trained just before it) - 1.
+
+    The two engines alternate batch by batch, so each pair saw nearly the same host load; the
+    median of per-pair ratios shrugs off the load spikes of a shared machine that swamp a ratio
+    of two medians. A batch's time is its slowest stage's span.
+    """
+
+    def batch_times(timelines: list[StageTimeline]) -> list[float]:
+        return [max(spans) for spans in zip(*([b.span for b in t.measured(skip)] for t in timelines))]
+
+    return median(h / b for h, b in zip(batch_times(harv), batch_times(base))) - 1.0
 
 
 def summarize_ab(results: list[dict[str, Any]], skip: int = 1) -> dict[str, Any]:
@@ -222,10 +238,11 @@ def summarize_ab(results: list[dict[str, Any]], skip: int = 1) -> dict[str, Any]
         "measured_fraction_per_stage": base_summary["measured_fraction_per_stage"],
         "batch_time_s": base_summary["median_batch_time_s"],
         "batch_time_harvested_s": harv_summary["median_batch_time_s"],
-        "slowdown": harv_summary["median_batch_time_s"] / base_summary["median_batch_time_s"] - 1.0,
+        "slowdown": _paired_slowdown(base, harv, skip),
         "harvested_fraction": guest / bubble if bubble > 0 else 0.0,
         "guest_samples_per_s": guest_steps * (sum(samples_per_step) / len(samples_per_step)) / wall if wall else 0.0,
         "guest_steps": sum(r["harvest"]["steps"] for r in results),
+        "guest_step_time_s": [r["harvest"]["step_time_s"] for r in results],
         "overruns": sum(r["harvest"]["overruns"] for r in results),
         "main_job_bit_identical": all(
             r["losses"]["baseline"] == r["losses"]["harvested"]

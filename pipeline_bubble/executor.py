@@ -25,8 +25,9 @@ only watches for overruns (the call then returns at once): the slot's quantum is
 
 Safety. Guest steps run under `torch.random.fork_rng`, so the host job's RNG stream is never
 advanced; a guest whose footprint exceeds `memory_cap_bytes` is refused; on CUDA its kernels go
-to a separate lowest-priority stream. Progress is checkpointed every `checkpoint_every` steps
-and on `evict()`, which may be called at any time between steps.
+to a separate lowest-priority stream; a guest that raises is dropped, never the job. Progress is
+checkpointed every `checkpoint_every` steps and on `evict()`; `request_evict()` may be called at
+any time (a signal handler, another thread) and takes effect before the next guest step.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from pipeline_bubble.timeline import GUEST
 #: Below this residual (seconds, above the transfer floor) a blocking call "did not wait".
 _READY_TOLERANCE_S = 5e-4
 #: Quantile of the recent guest step times used as the predicted length of the next step.
-_STEP_QUANTILE = 0.9
+_STEP_QUANTILE = 0.75
 
 
 class _Recorder(Protocol):
@@ -120,6 +121,7 @@ class BubbleExecutor:
         self._stream: torch.cuda.Stream | None = None
         self._device = torch.device("cpu")
         self._since_checkpoint = 0
+        self._evict_requested = False
         self._recent: deque[float] = deque(maxlen=32)
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -138,8 +140,9 @@ class BubbleExecutor:
             lowest_priority, _ = torch.cuda.Stream.priority_range()
             self._stream = torch.cuda.Stream(self._device, priority=lowest_priority)
         self._check_memory()
-        for _ in range(self.profile_steps if self.guest is not None else 0):
-            self._timed_step()
+        for _ in range(self.profile_steps):
+            if self._guarded_step() is None:
+                return
         for _ in range(min(2, len(self._recent) - 1)):
             self._recent.popleft()  # the first steps pay for allocations and cold caches
         self.step_time_s = self._predict_step() if self._recent else None
@@ -150,6 +153,12 @@ class BubbleExecutor:
         if self.guest is not None:
             self.checkpoint()
         self.guest = None
+        self._evict_requested = False
+
+    def request_evict(self) -> None:
+        """Ask for eviction from anywhere (a signal handler, another thread): it happens before
+        the guest's next step or at the end of the batch, never in the middle of a step."""
+        self._evict_requested = True
 
     def checkpoint(self) -> None:
         if self.guest is None or self.checkpoint_path is None:
@@ -168,7 +177,9 @@ class BubbleExecutor:
             self._scale.clear()
 
     def end_batch(self) -> None:
-        if self.guest is not None and self._since_checkpoint >= self.checkpoint_every:
+        if self._evict_requested:
+            self.evict()
+        elif self.guest is not None and self._since_checkpoint >= self.checkpoint_every:
             self.checkpoint()
 
     # ---- the engine's two calls -----------------------------------------------------------
@@ -181,15 +192,16 @@ class BubbleExecutor:
         start = time.perf_counter()
         steps = 0
         while (time.perf_counter() - start) + self.step_time_s <= budget:
+            if self._evict_requested:
+                self.evict()
+                break
             if self._device.type == "cuda" and torch.cuda.mem_get_info(self._device)[0] < self.guest.memory_bytes:
                 break
             begin = recorder.mark()
-            try:
-                self.stats.guest_seconds += self._timed_step()
-            except Exception as error:  # a failing guest must never take the main job down
-                self.failed = f"{type(error).__name__}: {error}"
-                self.guest = None
+            elapsed = self._guarded_step()
+            if elapsed is None:
                 break
+            self.stats.guest_seconds += elapsed
             recorder.record("guest_step", GUEST, begin, recorder.mark(), slot)
             self.stats.steps += 1
             self.stats.samples += int(getattr(self.guest, "samples_per_step", 0))
@@ -211,6 +223,15 @@ class BubbleExecutor:
         return max(0.0, min(waits) - self._floor) if waits else None
 
     # ---- internals --------------------------------------------------------------------------
+    def _guarded_step(self) -> float | None:
+        """`_timed_step`, except that a failing guest is dropped (None) instead of failing the job."""
+        try:
+            return self._timed_step()
+        except Exception as error:  # the guest's last checkpoint stays valid
+            self.failed = f"{type(error).__name__}: {error}"
+            self.guest = None
+            return None
+
     def _timed_step(self) -> float:
         """One guest step under a private RNG (and stream on CUDA); returns its duration."""
         assert self.guest is not None
@@ -236,7 +257,9 @@ class BubbleExecutor:
         return ordered[min(len(ordered) - 1, int(_STEP_QUANTILE * len(ordered)))]
 
     def _check_memory(self) -> None:
-        if self.guest is not None and self.memory_cap_bytes is not None and self.guest.memory_bytes > self.memory_cap_bytes:
+        if self.guest is None or self.memory_cap_bytes is None:
+            return
+        if self.guest.memory_bytes > self.memory_cap_bytes:
             self.refused = (
                 f"guest needs {self.guest.memory_bytes} bytes, over memory_cap_bytes={self.memory_cap_bytes}"
             )

@@ -94,5 +94,5 @@ def fused_digits_guest(stage: int, device: torch.device) -> FusedGroupGuest:
     """Four learning rates of `examples.mlp_digits` as one fused group (benchmark and tests)."""
     from examples.mlp_digits import workload
 
-    configs = [{"lr": lr, "width": 64, "seed": stage} for lr in (1e-3, 2e-3, 3e-3, 5e-3)]
+    configs = [{"lr": lr, "width": 32, "seed": stage} for lr in (1e-3, 2e-3, 3e-3, 5e-3)]
     return fused_group_guest(workload, configs, device=device, seed=stage)

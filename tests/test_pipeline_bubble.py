@@ -220,3 +220,30 @@ def test_sweep_configs_become_one_fused_guest_per_stage_with_per_trial_rows():
     rows = guest_results(SimpleNamespace(bubble_executor=executor))
     assert [row["config"]["lr"] for row in rows] == [1e-3, 3e-3]
     assert all(row["steps"] == 3 and "val_loss" in row for row in rows)
+
+
+def test_a_failing_guest_is_dropped_and_the_stage_carries_on():
+    class Failing(_SleepGuest):
+        def step(self):
+            if self.steps >= 3:
+                raise RuntimeError("guest blew up")
+            return super().step()
+
+    executor = BubbleExecutor(Failing(0.0), profile_steps=2, history=1)
+    executor.start()
+    _observed(executor, slot=0, wait_s=0.05)
+    executor.begin_batch()
+    executor.harvest(0, _Recorder())  # must not raise
+    assert executor.guest is None and "guest blew up" in executor.failed
+
+
+def test_requested_eviction_checkpoints_before_the_next_step(tmp_path):
+    guest = _SleepGuest(0.0)
+    executor = BubbleExecutor(guest, profile_steps=2, history=1, checkpoint_path=tmp_path / "g.pt")
+    executor.start()
+    _observed(executor, slot=0, wait_s=0.05)
+    executor.begin_batch()
+    executor.request_evict()
+    assert executor.harvest(0, _Recorder()) == 0.0
+    assert executor.guest is None and guest.steps == 2
+    assert torch.load(tmp_path / "g.pt", weights_only=False)["guest"] == {"steps": 2}
