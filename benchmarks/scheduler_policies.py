@@ -14,6 +14,25 @@
    fixed-batch; compared with Pollux's published avg JCT (Pollux 2,751 s,
    Tiresias 4,038 s).
 ``--quick`` replays the first 10,000 Philly jobs and two Pollux workloads.
+
+Last full run (2-CPU x86_64 box, Python 3.11, 75 s in all):
+
+    Philly, 500 GPUs     avg JCT s   p99 JCT s  avg queue s  util  wall s
+    fifo (strict)          931,636   1,572,412      918,500  0.722   1.0
+    fifo (backfill)         99,875     940,457       86,739  0.748   1.0
+    sjf (oracle)            25,647     401,386       12,511  0.681   1.0
+    srtf (oracle)           19,749     301,187        3,700  0.554   2.0
+    qssf                    34,335     536,287       21,199  0.681   3.1
+    tuning-aware(qssf)      34,335     536,287       21,199  0.681   4.2
+      (+ 32,000 GPU-h of tuning work done for free, 10,294 of it in bubbles)
+    -> FIFO/QSSF 2.91x (target 2.3x: met); QSSF/SJF 1.34 (target 1.15: missed)
+
+    Pollux, 16x4 GPUs, mean of 8   load 1.0x: avg JCT s / done in 8 h   load 1.5x
+    fifo (requested GPUs)                  6,971 / 113.8              10,839 / 143.6
+    elastic-fixed-batch                    4,062 / 137.8               5,529 / 194.6
+    elastic                                2,772 / 147.4               3,459 / 211.4
+    -> fixed/elastic JCT 1.47x, completed 1.07x (targets 2x: missed); elastic is
+       within 1% of Pollux's published 2,751 s.
 """
 
 from __future__ import annotations

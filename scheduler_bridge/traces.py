@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import math
 import os
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from .jobs import ElasticSpec, Job, Trace, make_trace
@@ -73,7 +73,10 @@ def _time(path, line, row, col) -> float:
     except ValueError:
         pass
     try:
-        return datetime.fromisoformat(raw).timestamp()
+        when = datetime.fromisoformat(raw)
+        if when.tzinfo is None:  # trace dates carry no zone: read them as UTC, on every machine
+            when = when.replace(tzinfo=timezone.utc)
+        return when.timestamp()
     except ValueError:
         raise TraceError(f"{path}:{line}: column {col!r} = {raw!r} is neither seconds "
                          "nor a date like 2017-10-09 07:01:55") from None
