@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator
+from importlib import import_module
+from tempfile import mkdtemp
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -47,6 +49,10 @@ class JobSpec:
     device: str = "cpu"
     #: Builds each stage's guest: `guest_factory(stage, device)`; None trains `synthetic_guest`.
     guest_factory: GuestFactory | None = None
+    #: Instead of a factory, go through the sweep's API: these configs of `sweep_workload`
+    #: ("module:attribute") via `run_guests_in_bubbles`, one fused group per stage.
+    sweep_configs: list[dict[str, Any]] | None = None
+    sweep_workload: str = "examples.mlp_digits:workload"
     checkpoint_dir: str | None = None
     memory_cap_bytes: int | None = None
     #: Stop harvesting (evict the guest) after this many batches; None: never.
@@ -156,6 +162,7 @@ def run_rank(rank: int, world_size: int, spec: JobSpec) -> dict[str, Any]:
     """One rank: train the baseline and the harvested engine in turn; return timelines and checks."""
     import deepspeed
 
+    from pipeline_bubble.api import attach_guest, guest_results, harvest_bubbles, run_guests_in_bubbles
     from pipeline_bubble.executor import BubbleExecutor
     from pipeline_bubble.instrumented_engine import instrument
 
@@ -165,25 +172,42 @@ def run_rank(rank: int, world_size: int, spec: JobSpec) -> dict[str, Any]:
         stage_cuda_on_host()
     deepspeed.init_distributed(dist_backend="gloo")
     baseline = instrument(build_engine(spec))
-    harvested_engine = build_engine(spec)
-    stage = harvested_engine.stage_id
-    factory = spec.guest_factory or synthetic_guest
-    checkpoint = Path(spec.checkpoint_dir) / f"guest_stage{stage}.pt" if spec.checkpoint_dir else None
-    executor = BubbleExecutor(
-        factory(stage, harvested_engine.device), checkpoint_path=checkpoint, memory_cap_bytes=spec.memory_cap_bytes
-    )
-    harvested = instrument(harvested_engine, executor)
+    harvested = harvest_bubbles(build_engine(spec))  # the one call a user makes
+    stage = harvested.stage_id
+    if spec.sweep_configs is not None:
+        module, attribute = spec.sweep_workload.split(":")
+        workload = getattr(import_module(module), attribute)
+        executor = run_guests_in_bubbles(
+            harvested,
+            workload,
+            spec.sweep_configs,
+            checkpoint_dir=spec.checkpoint_dir or mkdtemp(),
+            memory_cap_bytes=spec.memory_cap_bytes,
+        )
+    else:
+        factory = spec.guest_factory or synthetic_guest
+        checkpoint = Path(spec.checkpoint_dir) / f"stage{stage}.pt" if spec.checkpoint_dir else None
+        executor = BubbleExecutor(
+            factory(stage, harvested.device), checkpoint_path=checkpoint, memory_cap_bytes=spec.memory_cap_bytes
+        )
+        attach_guest(harvested, executor)
 
-    runs = {name: (engine, _RngSwap(spec.seed + 2, engine.device)) for name, engine in [("baseline", baseline), ("harvested", harvested)]}
+    runs = {
+        name: (engine, _RngSwap(spec.seed + 2, engine.device))
+        for name, engine in [("baseline", baseline), ("harvested", harvested)]
+    }
+    trials: list[dict[str, Any]] = []
     data = {name: main_job_batches(spec, baseline.device) for name in runs}
     losses: dict[str, list[float]] = {name: [] for name in runs}
     for batch in range(spec.batches):
         if spec.evict_after is not None and batch == spec.evict_after:
+            trials = guest_results(harvested)
             executor.request_evict()  # as a signal handler would: honoured before the next guest step
         order = list(runs.items()) if batch % 2 == 0 else list(runs.items())[::-1]  # ABBA: no order bias
         for name, (engine, rng) in order:
             with rng:
                 losses[name].append(float(engine.train_batch(data[name])))
+    trials = trials or guest_results(harvested)
     return {
         "stage": stage,
         "losses": losses,
@@ -191,6 +215,7 @@ def run_rank(rank: int, world_size: int, spec: JobSpec) -> dict[str, Any]:
         "rng_equal": all(map(torch.equal, runs["baseline"][1].state, runs["harvested"][1].state)),
         "timelines": {name: engine.bubble_recorder.timeline.to_dict() for name, (engine, _) in runs.items()},
         "guest_losses": executor.stats.losses,
+        "trials": trials,  # per-trial rows (`guest_results`), taken before any eviction
         "harvest": {
             "steps": executor.stats.steps,
             "samples": executor.stats.samples,

@@ -80,6 +80,7 @@ def run_guests_in_bubbles(
     configs: Sequence[Mapping[str, Any]],
     *,
     checkpoint_dir: str | Path,
+    trial_ids: Sequence[Any] | None = None,
     memory_cap_bytes: int | None = None,
 ) -> BubbleExecutor:
     """Train tuning `configs` of `workload` (a `hpo.workload.Workload`) inside this rank's bubbles.
@@ -87,11 +88,15 @@ def run_guests_in_bubbles(
     Call on every rank of the pipeline job with the same arguments, after `harvest_bubbles`.
     Stage s trains configs[s::num_stages]: as one `fusion.FusedTrainer` group when they fuse,
     else one after another (`GuestGroup`), checkpointing to `checkpoint_dir/stage<s>.pt` and
-    resuming from there. The job then trains as usual; `guest_results(engine)` gives the rows.
+    resuming from there. The job then trains as usual; `guest_results(engine)` gives the rows,
+    each with its `trial_id` (default: the config's index in `configs`).
     """
     stage, stages = engine.stage_id, engine.num_stages
+    ids = list(trial_ids) if trial_ids is not None else list(range(len(configs)))
+    if len(ids) != len(configs):
+        raise ValueError(f"trial_ids has {len(ids)} ids for {len(configs)} configs")
     executor = BubbleExecutor(
-        _stage_guest(workload, list(configs[stage::stages]), engine.device),
+        _stage_guest(workload, list(configs[stage::stages]), ids[stage::stages], engine.device),
         memory_cap_bytes=memory_cap_bytes,
         checkpoint_path=Path(checkpoint_dir) / f"stage{stage}.pt",
     )
@@ -99,7 +104,7 @@ def run_guests_in_bubbles(
     return executor
 
 
-def _stage_guest(workload: Any, configs: list[Mapping[str, Any]], device) -> GuestWork | None:
+def _stage_guest(workload: Any, configs: list[Mapping[str, Any]], ids: list[Any], device) -> GuestWork | None:
     """One fused group for a stage's configs when `fusion` can fuse them, else one guest per config in turn."""
     if not configs:
         return None
@@ -107,10 +112,12 @@ def _stage_guest(workload: Any, configs: list[Mapping[str, Any]], device) -> Gue
         try:
             from pipeline_bubble.fused_guest import fused_group_guest
 
-            return fused_group_guest(workload, configs, device=device)
+            return fused_group_guest(workload, configs, member_ids=ids, device=device)
         except (ImportError, ValueError) as error:  # no fusion/, or configs it cannot fuse (FusionError)
             logger.info("bubble guests: training %d configs unfused (%s)", len(configs), error)
     members = [workload_guest(workload, config, device=device) for config in configs]
+    for member, trial_id in zip(members, ids):
+        member.member_id = trial_id
     return members[0] if len(members) == 1 else GuestGroup(members)
 
 
@@ -122,8 +129,8 @@ def guest_results(engine: InstrumentedPipelineEngine) -> list[dict[str, Any]]:
     guest = executor.guest
     if isinstance(guest, FusedGroupGuest):
         return [
-            {"config": config, "steps": guest.steps, **metrics}
-            for config, metrics in zip(guest.config, guest.evaluate())
+            {"trial_id": trial_id, "config": config, "steps": guest.steps, **metrics}
+            for trial_id, config, metrics in zip(guest.member_ids, guest.config, guest.evaluate())
         ]
     members = guest.members if isinstance(guest, GuestGroup) else [guest]
-    return [{"config": m.config, "steps": m.steps, **m.evaluate()} for m in members]
+    return [{"trial_id": m.member_id, "config": m.config, "steps": m.steps, **m.evaluate()} for m in members]

@@ -40,6 +40,10 @@ class FusedGroupGuest:
         return list(self.trainer.configs)
 
     @property
+    def member_ids(self) -> list[Any]:
+        return list(self.trainer.member_ids)
+
+    @property
     def steps(self) -> int:
         return int(self.trainer.step)
 
@@ -80,13 +84,18 @@ class FusedGroupGuest:
 
 
 def fused_group_guest(
-    workload: Any, configs: Sequence[Mapping[str, Any]], *, device: torch.device | str = "cpu", seed: int = 0
+    workload: Any,
+    configs: Sequence[Mapping[str, Any]],
+    *,
+    member_ids: Sequence[Any] | None = None,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
 ) -> FusedGroupGuest:
     """Build a `fusion.FusedTrainer` for `configs` without touching the global RNG, as a guest."""
     from fusion import FusedTrainer
 
     with torch.random.fork_rng(devices=_devices_for_rng(torch.device(device))):  # members seed the global RNG
-        trainer = FusedTrainer(workload, configs, device=device)
+        trainer = FusedTrainer(workload, configs, member_ids=member_ids, device=device)
     return FusedGroupGuest(trainer, seed=seed)
 
 

@@ -80,6 +80,8 @@ class TorchGuest:
     ):
         self.device = torch.device(device)
         self.config = dict(config or {})
+        #: The sweep's id for this trial (set by `run_guests_in_bubbles`).
+        self.member_id: Any = None
         self._evaluate = evaluate
         self.model = model.to(self.device)
         self.optimizer = optimizer

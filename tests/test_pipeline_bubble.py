@@ -1,8 +1,9 @@
 """Bubble harvesting on a real 2-process DeepSpeed pipeline (CPU, gloo), plus executor unit specs.
 
 The module fixture launches one job: each rank trains the reference pipeline twice in turn,
-without and with a guest in its bubbles (a `fusion.FusedTrainer` group of four digits-MLP
-configs), and evicts the guest part-way.
+without and with tuning trials in its bubbles: four digits-MLP configs handed to the job with
+`run_guests_in_bubbles`, so each stage trains two of them as one `fusion.FusedTrainer` group;
+the guests are evicted part-way.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from examples.mlp_digits import workload as digits
 
 from pipeline_bubble.abtest import JobSpec, run_rank, synthetic_guest
 from pipeline_bubble.executor import BubbleExecutor
-from pipeline_bubble.fused_guest import fused_digits_guest
+from pipeline_bubble.api import _stage_guest
 from pipeline_bubble.guests import GuestGroup
 from pipeline_bubble.launch import launch
 from pipeline_bubble.plots import plot_gantt
@@ -25,6 +27,7 @@ from pipeline_bubble.timeline import theoretical_bubble_fraction
 
 BATCHES = 8
 EVICT_AFTER = 6
+SWEEP = [{"lr": lr, "width": 32, "seed": i} for i, lr in enumerate((1e-3, 2e-3, 3e-3, 5e-3))]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +39,7 @@ def job(tmp_path_factory):
         micro_batch_size=64,
         width=1024,
         batches=BATCHES,
-        guest_factory=fused_digits_guest,
+        sweep_configs=SWEEP,
         checkpoint_dir=str(checkpoints),
         evict_after=EVICT_AFTER,
     )
@@ -63,7 +66,7 @@ def test_every_stage_has_measured_bubble_windows(job, tmp_path):
 
 
 @pytest.mark.slow
-def test_harvested_steps_trained_the_fused_group(job):
+def test_harvested_steps_trained_the_fused_groups(job):
     steps = [r["harvest"]["steps"] for r in job["results"]]
     assert sum(steps) > 0, f"no guest step ran in any bubble: {[r['harvest'] for r in job['results']]}"
     for result in job["results"]:
@@ -74,6 +77,14 @@ def test_harvested_steps_trained_the_fused_group(job):
     assert max(steps) >= 4, f"too few harvested steps to judge training: {steps}"
     guest_spans = [i for t in _timelines(job, "harvested") for b in t.batches for i in b.intervals if i.category == GUEST]
     assert len(guest_spans) == sum(steps)
+
+
+@pytest.mark.slow
+def test_each_trial_is_reported_with_its_own_metrics(job):
+    rows = sorted((row for r in job["results"] for row in r["trials"]), key=lambda row: row["trial_id"])
+    assert [row["trial_id"] for row in rows] == [0, 1, 2, 3], "stage s trains configs[s::2]"
+    assert [row["config"]["lr"] for row in rows] == [c["lr"] for c in SWEEP]
+    assert all(row["steps"] > 0 and 0 < row["val_loss"] < 10 for row in rows)
 
 
 @pytest.mark.slow
@@ -94,10 +105,11 @@ def test_evicted_guest_stops_and_resumes_from_its_checkpoint(job):
             if i.category == GUEST
         ]
         assert not late, "guest steps ran after eviction"
-        path = Path(job["checkpoints"]) / f"guest_stage{result['stage']}.pt"
+        path = Path(job["checkpoints"]) / f"stage{result['stage']}.pt"
         saved = torch.load(path, weights_only=False)
         assert saved["harvested_steps"] == result["harvest"]["steps"]
-        resumed = fused_digits_guest(result["stage"], torch.device("cpu"))
+        stage = result["stage"]
+        resumed = _stage_guest(digits, SWEEP[stage::2], list(range(4))[stage::2], torch.device("cpu"))
         resumed.load_state_dict(saved["guest"])
         assert resumed.steps == len(result["guest_losses"])  # profiling steps + harvested steps
         assert resumed.step() < result["guest_losses"][0]
@@ -208,17 +220,16 @@ def test_theoretical_bubble_fraction():
 def test_sweep_configs_become_one_fused_guest_per_stage_with_per_trial_rows():
     from types import SimpleNamespace
 
-    from examples.mlp_digits import workload
-    from pipeline_bubble.api import _stage_guest, guest_results
+    from pipeline_bubble.api import guest_results
     from pipeline_bubble.fused_guest import FusedGroupGuest
 
     configs = [{"lr": 1e-3, "width": 32}, {"lr": 3e-3, "width": 32}]
-    guest = _stage_guest(workload, configs, torch.device("cpu"))
+    guest = _stage_guest(digits, configs, ["t0", "t2"], torch.device("cpu"))
     assert isinstance(guest, FusedGroupGuest)
     executor = BubbleExecutor(guest, profile_steps=3)
     executor.start()
     rows = guest_results(SimpleNamespace(bubble_executor=executor))
-    assert [row["config"]["lr"] for row in rows] == [1e-3, 3e-3]
+    assert [(row["trial_id"], row["config"]["lr"]) for row in rows] == [("t0", 1e-3), ("t2", 3e-3)]
     assert all(row["steps"] == 3 and "val_loss" in row for row in rows)
 
 
