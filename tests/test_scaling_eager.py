@@ -51,12 +51,32 @@ def test_fraction_outside_0_1_is_refused(fraction):
         EagerTransferPolicy(fraction=fraction, num_trials=4)
 
 
-def _trial(trial_id, lr, value):
-    return SimpleNamespace(trial_id=trial_id, config={"width": 16, "lr": lr, "steps_per_iteration": 2}, last_result={"val_loss": value})
+def _trial(trial_id, lr, value, status="TERMINATED"):
+    config = {"width": 16, "lr": lr, "steps_per_iteration": 2}
+    return SimpleNamespace(trial_id=trial_id, config=config, last_result={"val_loss": value}, status=status)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A fresh local Ray for this module; `address="local"` so that a cluster someone else started
+    on this machine (or a stale /tmp/ray/ray_current_cluster) is never joined."""
+    import os
+
+    ray = pytest.importorskip("ray")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": repo}},
+    )
+    yield ray
+    ray.shutdown()
 
 
 @pytest.mark.slow
-def test_callback_starts_restarts_and_trains_the_target_on_ray(ray_local):
+def test_callback_starts_restarts_and_trains_the_target_on_ray(local_ray):
     from examples.mlp_digits import workload as mlp_digits
     from hpo.scaling import EagerTransferCallback, ScalingConfig
 
@@ -66,6 +86,10 @@ def test_callback_starts_restarts_and_trains_the_target_on_ray(ray_local):
     callback.on_trial_complete(iteration=1, trials=[], trial=_trial("a", 0.01, 2.0))
     assert not callback.starts, "1 of 4 finished: below the 0.5 fraction"
     callback.on_trial_complete(iteration=2, trials=[], trial=_trial("b", 0.02, 1.0))
+    callback.on_step_end(iteration=2, trials=[_trial("c", 0.03, None, "PENDING")])
+    assert not callback.starts, "a proxy trial still waits for resources: not idle"
+    callback.on_step_end(iteration=2, trials=[_trial("c", 0.03, None, "RUNNING")])  # c is running, none pending: idle
+    assert len(callback.starts) == 1, "2 of 4 finished and resources idle: the target starts"
     callback.on_trial_complete(iteration=3, trials=[], trial=_trial("c", 0.03, 1.5))
     callback.on_trial_complete(iteration=4, trials=[], trial=_trial("d", 0.04, 0.5))
     report = callback.finish(timeout_s=120)

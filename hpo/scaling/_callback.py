@@ -1,7 +1,8 @@
 """Eager transfer: train the target while the proxy sweep is still running.
 
 A `ray.tune.Callback` (public Tune API). Once `scaling.eager_transfer` of the proxy trials have
-finished, it starts the target, as a Ray actor with `scaling.target_cpus`/`target_gpus`, with
+finished and resources are idle (no proxy trial is PENDING and the target's CPUs/GPUs are free),
+it starts the target, as a Ray actor with `scaling.target_cpus`/`target_gpus`, with
 the best proxy configuration so far (carried by `transfer_config`); when a better proxy result
 arrives it kills that actor and starts again, and when the best has not changed it keeps it.
 The decisions are `EagerTransferPolicy`'s; this class only runs them on Ray.
@@ -94,16 +95,17 @@ class EagerTransferCallback(tune.Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         value = (trial.last_result or {}).get(self.metric)
-        self._act(self._policy().record(trial.trial_id, trial.config, None if value is None else float(value), idle=self._idle()))
+        # A first start waits for on_step_end, when Tune has handed the freed slot on (or not).
+        self._act(self._policy().record(trial.trial_id, trial.config, None if value is None else float(value), idle=False))
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self._act(self._policy().record(trial.trial_id, trial.config, None, idle=self._idle()))
+        self._act(self._policy().record(trial.trial_id, trial.config, None, idle=False))
 
     def on_step_end(self, iteration, trials, **info):
         self._collect()
         policy = self._policy()
-        if policy.running_config is None and len(policy.finished) >= policy.threshold:  # waiting for idle resources
-            self._act(policy.decide(idle=self._idle()))
+        if policy.running_config is None and len(policy.finished) >= policy.threshold:
+            self._act(policy.decide(idle=self._idle(trials)))
 
     def on_experiment_end(self, trials, **info):
         self._collect()
@@ -143,7 +145,10 @@ class EagerTransferCallback(tune.Callback):
             raise RuntimeError("EagerTransferCallback.setup() has not run; pass the callback to tune.RunConfig")
         return self.policy
 
-    def _idle(self) -> bool:
+    def _idle(self, trials) -> bool:
+        """No proxy trial waits for resources, and the target's are free."""
+        if any(getattr(trial, "status", None) == "PENDING" for trial in trials):
+            return False
         free = ray.available_resources()
         return free.get("CPU", 0.0) >= self.scaling.target_cpus and free.get("GPU", 0.0) >= self.scaling.target_gpus
 
