@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from examples.mlp_digits import workload as mlp_digits
-from hpo.scaling import NON_TRANSFERABLE, ScalingConfig, train_target, transfer_config
+from hpo.scaling import NON_TRANSFERABLE, ScalingConfig, complete_transfer, transfer_config
 
 SCALING = ScalingConfig(target_width=256, ratio=4)
 BEST_PROXY = {
@@ -63,9 +63,11 @@ def test_transfer_json_holds_both_configs_and_the_flags(tmp_path):
     assert "dropout" in written["flagged"] and written["proxy_metric"] == 0.5
 
 
-def test_final_training_trains_the_target_with_the_transferred_config():
+def test_final_training_trains_the_target_with_the_transferred_config_and_reports_its_metric(tmp_path):
     scaling = ScalingConfig(target_width=32, ratio=2, final_training=True)
-    result = transfer_config({"width": 16, "lr": 0.01, "steps_per_iteration": 3}, scaling)
-    run = train_target(mlp_digits, result, scaling, max_iterations=2)
+    best = {"width": 16, "lr": 0.01, "steps_per_iteration": 3}
+    result = complete_transfer(mlp_digits, scaling, best, tmp_path, max_iterations=2, metric="val_loss")
+    run = result.target_run
     assert run.iterations == 2 and run.config["width"] == 32 and run.config["lr"] == 0.01
     assert math.isfinite(run.value) and run.metric == "val_loss"
+    assert json.loads((tmp_path / "transfer.json").read_text())["target_run"]["value"] == run.value

@@ -3,7 +3,8 @@
 - `ScalingConfig`: the validated `scaling:` block (target width, proxy width or ratio, ...).
 - `proxy_workload` / `target_workload`: a user's `Workload` built in muP (Microsoft's `mup`).
 - `coord_check`: muP's coordinate check over several widths, with a plot and a verdict.
-- `transfer_config` / `train_target`: the proxy's best config carried to the target.
+- `transfer_config` / `train_target` / `complete_transfer`: the proxy's best config carried to
+  the target, `transfer.json`, and the optional final training of the target.
 - `EagerTransferPolicy` and `EagerTransferCallback` (a `ray.tune.Callback`): train the target
   while the proxy sweep is still running.
 
@@ -19,6 +20,7 @@ from hpo.scaling._transfer import (
     TRANSFERABLE,
     TargetRun,
     TransferResult,
+    complete_transfer,
     train_target,
     transfer_config,
 )
@@ -46,6 +48,7 @@ __all__ = [
     "ScalingError",
     "TargetRun",
     "TransferResult",
+    "complete_transfer",
     "coord_check",
     "mup_factors",
     "proxy_workload",

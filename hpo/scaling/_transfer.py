@@ -160,6 +160,26 @@ def train_target(
     return run_target(target_workload(workload, scaling), transfer.target_config, iterations)
 
 
+def complete_transfer(
+    workload: Workload,
+    scaling: "ScalingConfig",
+    best_proxy_config: Mapping[str, Any],
+    out_dir: str | os.PathLike[str],
+    *,
+    max_iterations: int,
+    metric: str | None = None,
+    proxy_metric: float | None = None,
+) -> TransferResult:
+    """After the proxy sweep: transfer, write `out_dir/transfer.json`, and with
+    `scaling.final_training` train the target and write the file again with its metric."""
+    result = transfer_config(best_proxy_config, scaling, metric=metric, proxy_metric=proxy_metric)
+    result.write_json(out_dir)  # first, so the transfer survives a failed final training
+    if scaling.final_training:
+        result.target_run = train_target(workload, result, scaling, max_iterations=max_iterations)
+        result.write_json(out_dir)
+    return result
+
+
 def run_target(target: Workload, config: Mapping[str, Any], iterations: int) -> TargetRun:
     """Train `config` on `target` for `iterations` iterations; stops early if the loss diverges."""
     from hpo.training import TrialTrainer  # imports Ray; kept off the import path of hpo.scaling
