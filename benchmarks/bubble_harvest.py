@@ -13,7 +13,9 @@ guest in its bubbles (see `pipeline_bubble.abtest`). Reported per point:
     python benchmarks/bubble_harvest.py --device cuda --json bubble_gpu.json      # one GPU, p=2
 
 On CUDA every stage shares GPU 0 (NCCL refuses two ranks on one device; gloo stages the CUDA
-tensors through host memory). Needs torch and deepspeed only: no Ray.
+tensors through host memory). Needs torch and deepspeed, no Ray. The guest is a
+`fusion.FusedTrainer` group of four digits-MLP configs when fusion/ and scikit-learn import,
+else a synthetic MLP (`--guest` picks; the JSON says which ran).
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ def _guest_factory(name: str, gpu: bool):
 
 def _default_guest() -> str:
     try:
-        import examples.mlp_digits  # noqa: F401  (imports hpo, hence Ray, and scikit-learn)
+        import examples.mlp_digits  # noqa: F401
         import fusion  # noqa: F401
+        import sklearn  # noqa: F401  (the digits data set)
 
         return "fused"
     except Exception:
@@ -98,6 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     if gpu:  # deterministic cuBLAS across the guest's stream and the job's (inherited by the ranks)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        import matplotlib  # noqa: F401
+
+        plots = True
+    except ImportError:
+        plots = False
+    if not plots:
+        print("matplotlib is not installed: timelines are written, Gantt charts are not", flush=True)
     runs = []
     for stages, micro_batches in points:
         spec = replace(base, stages=stages, micro_batches=micro_batches)
@@ -108,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         for run in ("baseline", "harvested"):
             timelines = [StageTimeline.from_dict(r["timelines"][run]) for r in results]
             save_timelines(timelines, args.out / f"timeline_p{stages}_m{micro_batches}_{run}.json")
-            plot_gantt(timelines, args.out / f"gantt_p{stages}_m{micro_batches}_{run}.png", title=run)
+            if plots:
+                plot_gantt(timelines, args.out / f"gantt_p{stages}_m{micro_batches}_{run}.png", title=run)
         print(
             f"p={stages} m={micro_batches:>2} {row['device']}: bubble theory {row['theory_fraction']:.3f} "
             f"measured {row['measured_fraction']:.3f} | harvested {row['harvested_fraction']:.1%} of it, "
