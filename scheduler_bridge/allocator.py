@@ -1,0 +1,324 @@
+"""The live allocator: one named, detached, restartable Ray actor (``hpo:allocator``).
+
+It owns the GPU inventory (alive nodes' ``GPU`` resources from ``ray.nodes()``,
+refreshed every second), the job table and the policy, driven through
+``live_driver.LiveDriver`` (the simulator's policy objects). A background
+thread ticks every ``tick_s``:
+
+1. collect finished, stopped, failed and dead jobs (``JobRunner.wait``);
+2. ``driver.decide`` against the inventory: lost jobs (a node is gone) go back
+   to the queue; stops (resize, preemption) ask the job to checkpoint and return;
+   starts become placement groups (``placement.py``) created only now that the
+   allocator's own accounting says they fit, so Ray never reorders the queue;
+   tuning groups become guest placements;
+3. every change is appended to the journal before it is acted on.
+
+A restarted allocator (Ray restarts it, ``max_restarts``) replays the journal
+through the same driver, finds the running jobs' detached actors by name and
+waits on them again; a job whose actors are gone goes back to the queue and
+resumes from its checkpoint. Submits carry a request id, so a client retry after
+a crash never makes a second job.
+
+Start it with ``jobs_api.start_allocator``; talk to it with ``jobs_api``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+
+from . import placement
+from .journal import Journal
+from .live_driver import FAULTS, LiveDriver
+from .live_state import JobSpec, LiveJob
+
+ALLOCATOR_NAME = "allocator"
+NAMESPACE = "hpo"
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Run:
+    """Handles of one running attempt (not journaled: found again by name)."""
+
+    name: str
+    workers: list
+    waits: list
+    ready: object = None              # the group's ready() ref, until it resolves
+    started: float = field(default_factory=time.time)
+    stop_deadline: float | None = None
+
+
+class Allocator:
+    """The actor class; see the module docstring. Public methods are the RPC surface."""
+
+    def __init__(self, journal_path: str, storage_path: str, policy: str = "fifo", *,
+                 base_policy: str = "fifo", backfill: bool | None = None, seed: int = 0,
+                 profiles_dir: str | None = None, tick_s: float = 0.2, stop_grace_s: float = 60.0,
+                 start_timeout_s: float = 120.0, cpus_per_bundle: float = 0.0,
+                 runtime_env: dict | None = None):
+        from .profiles import load_profiles
+        from .simulator import make_policy
+
+        pol = make_policy(policy, backfill=backfill, seed=seed, base=base_policy)
+        profiles = load_profiles(profiles_dir) if policy.startswith("elastic") else None
+        self.driver = LiveDriver(pol, profiles)
+        self.storage = Path(storage_path)
+        self.tick_s, self.stop_grace_s, self.start_timeout_s = tick_s, stop_grace_s, start_timeout_s
+        self.cpus_per_bundle, self.runtime_env = cpus_per_bundle, runtime_env
+        self.lock = threading.RLock()
+        self.journal = Journal(journal_path)
+        self.replayed = 0
+        for ev in self.journal.replay():
+            self.driver.apply(ev)
+            self.replayed += 1
+        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self.order: list[str] = []
+        self.inventory: dict[str, int] = {}
+        self._nodes_at = 0.0
+        self.runs: dict[int, _Run] = {}
+        self.tick_errors = 0
+        self.last_error = ""
+        self._closing = False
+        with self.lock:
+            self._refresh_nodes(force=True)
+            self._reattach()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="allocator-loop")
+        self._thread.start()
+
+    # ---- RPC ----------------------------------------------------------------------
+    def submit(self, spec: dict, request_id: str = "") -> int:
+        """Queue a job (``JobSpec`` fields); returns its id. The same ``request_id``
+        twice returns the first job's id instead of queueing a second job."""
+        with self.lock:
+            if request_id and request_id in self.driver.by_request:
+                return self.driver.by_request[request_id]
+            js = JobSpec.from_dict(spec)
+            self.driver.check(js)
+            jid = self.driver.next_id
+            self._emit({"ev": "submit", "job_id": jid, "request_id": request_id, "spec": js.to_dict()})
+            return jid
+
+    def list(self) -> list[dict]:
+        with self.lock:
+            return [j.summary() for j in sorted(self.driver.jobs.values(), key=lambda j: j.job_id)]
+
+    def get(self, job_id: int) -> dict:
+        with self.lock:
+            return self._job(job_id).summary()
+
+    def cancel(self, job_id: int) -> bool:
+        """Cancel a job; False if it had already ended."""
+        with self.lock:
+            job = self._job(job_id)
+            if not job.active:
+                return False
+            run = self.runs.pop(job_id, None)
+            if run is not None or job.state in ("running", "stopping"):
+                placement.release(placement.group_name(job_id, job.attempt), len(job.where),
+                                  run.workers if run else None)
+            self._emit({"ev": "finish", "job_id": job_id, "status": "cancelled"})
+            return True
+
+    def reclaim_bubbles(self, job_id: int) -> int:
+        """The pipeline job ``job_id`` needs its memory: evict its guests; returns how many."""
+        with self.lock:
+            n = sum(1 for t in self.driver.jobs.values() for w in t.guests.values()
+                    if w[0] == "bubble" and w[1] == job_id)
+            self._emit({"ev": "reclaim", "job_id": job_id})
+            return n
+
+    def status(self) -> dict:
+        with self.lock:
+            states: dict[str, int] = {}
+            for j in self.driver.jobs.values():
+                states[j.state] = states.get(j.state, 0) + 1
+            return {"policy": self.driver.policy.name, "inventory": dict(self.inventory),
+                    "nodes": list(self.order), "jobs": states, "restarted": self.restarted,
+                    "replayed_events": self.replayed, "journal": str(self.journal.path),
+                    "tick_errors": self.tick_errors, "last_error": self.last_error}
+
+    def ping(self) -> bool:
+        return True
+
+    def shutdown(self) -> int:
+        """Stop scheduling and release every running job's group (jobs stay journaled
+        as they are: a new allocator on the same journal requeues them). Returns how many."""
+        with self.lock:
+            self._closing = True
+            n = 0
+            for job in self.driver.jobs.values():
+                if job.state in ("running", "stopping"):
+                    run = self.runs.pop(job.job_id, None)
+                    placement.release(placement.group_name(job.job_id, job.attempt), len(job.where),
+                                      run.workers if run else None)
+                    n += 1
+            self.journal.close()
+            return n
+
+    # ---- internals ----------------------------------------------------------------
+    def _job(self, job_id: int) -> LiveJob:
+        try:
+            return self.driver.jobs[int(job_id)]
+        except KeyError:
+            raise ValueError(f"no job {job_id}; known: 0..{self.driver.next_id - 1}") from None
+
+    def _emit(self, ev: dict) -> None:
+        ev.setdefault("t", time.time())
+        self.journal.append(ev)
+        self.driver.apply(ev)
+
+    def _refresh_nodes(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._nodes_at < 1.0:
+            return
+        self._nodes_at = now
+        inv = {}
+        for n in ray.nodes():
+            gpus = int(n.get("Resources", {}).get("GPU", 0))
+            if n.get("Alive") and gpus > 0:
+                inv[n["NodeID"]] = gpus
+                if n["NodeID"] not in self.order:
+                    self.order.append(n["NodeID"])
+        self.inventory = inv
+
+    def _contexts(self, job: LiveJob) -> list[dict]:
+        return [{"job_id": job.job_id, "attempt": job.attempt, "rank": r, "world_size": len(job.where),
+                 "gpus": job.gpus, "local_gpus": k, "batch_size": job.batch_size,
+                 "checkpoint_dir": str(self.storage / "jobs" / str(job.job_id)),
+                 "config": dict(job.spec.config), "name": job.spec.name}
+                for r, (_, k) in enumerate(job.where)]
+
+    def _reattach(self) -> None:
+        """After a restart: wait again on running jobs whose actors survived; requeue the rest."""
+        for job in list(self.driver.jobs.values()):
+            if job.state not in ("running", "stopping"):
+                continue
+            name = placement.group_name(job.job_id, job.attempt)
+            workers = placement.find_ranks(name, len(job.where))
+            if len(workers) < len(job.where) or any(n not in self.inventory for n, _ in job.where):
+                placement.release(name, len(job.where), workers)
+                self._requeue(job, "lost")
+                continue
+            for w in workers:
+                w.start.remote()
+            run = _Run(name, workers, [w.wait.remote() for w in workers])
+            if job.state == "stopping":
+                for w in workers:
+                    w.stop.remote()
+                run.stop_deadline = time.time() + self.stop_grace_s
+            self.runs[job.job_id] = run
+
+    def _requeue(self, job: LiveJob, reason: str, error: str = "") -> None:
+        if reason in FAULTS and job.faults + 1 >= job.spec.max_attempts:
+            self._emit({"ev": "finish", "job_id": job.job_id, "status": "failed",
+                        "error": error or f"gave up after {job.faults + 1} faults ({reason})"})
+        else:
+            self._emit({"ev": "requeue", "job_id": job.job_id, "reason": reason})
+
+    def _loop(self) -> None:
+        while not self._closing:
+            try:
+                with self.lock:
+                    if self._closing:
+                        return
+                    self._tick()
+            except Exception as exc:  # noqa: BLE001  -- keep scheduling; visible in status()
+                self.tick_errors += 1
+                self.last_error = repr(exc)
+                log.exception("allocator tick failed")
+            time.sleep(self.tick_s)
+
+    def _tick(self) -> None:
+        self._refresh_nodes()
+        self._collect()
+        d = self.driver.decide(self.inventory, self.order, time.time())
+        for jid in d.lost:
+            job = self.driver.jobs[jid]
+            run = self.runs.pop(jid, None)
+            placement.release(placement.group_name(jid, job.attempt), len(job.where),
+                              run.workers if run else None)
+            self._requeue(job, "node-lost")
+        for jid, reason in d.stops:
+            run = self.runs.get(jid)
+            self._emit({"ev": "stop", "job_id": jid, "reason": reason})
+            if run is not None:
+                for w in run.workers:
+                    w.stop.remote()
+                run.stop_deadline = time.time() + self.stop_grace_s
+        for jid, where, gpus, batch in d.starts:
+            self._start(jid, where, gpus, batch)
+        for tid, g in d.evictions:
+            self._emit({"ev": "evict", "job_id": tid, "group": g})
+        for tid, g, where in d.guests:
+            self._emit({"ev": "guest", "job_id": tid, "group": g, "where": where})
+
+    def _start(self, jid: int, where, gpus: int, batch) -> None:
+        job = self.driver.jobs[jid]
+        attempt = job.attempt + 1
+        self._emit({"ev": "start", "job_id": jid, "attempt": attempt, "where": [list(w) for w in where],
+                    "gpus": gpus, "batch_size": batch})
+        name = placement.group_name(jid, attempt)
+        try:
+            pg = placement.create_group(name, where, self.cpus_per_bundle)
+            workers = placement.launch_ranks(pg, name, where, job.spec.entrypoint, self._contexts(job),
+                                             self.runtime_env)
+        except Exception as exc:  # noqa: BLE001  -- Ray refused: back to the queue
+            placement.release(name, len(where))
+            self._requeue(job, "fault", repr(exc))
+            return
+        for w in workers:
+            w.start.remote()
+        self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready())
+
+    def _collect(self) -> None:
+        now = time.time()
+        for jid, run in list(self.runs.items()):
+            job = self.driver.jobs[jid]
+            if run.ready is not None:
+                done, _ = ray.wait([run.ready], timeout=0)
+                if done:
+                    run.ready = None
+                elif now - run.started > self.start_timeout_s:
+                    self._end(jid, run)
+                    self._requeue(job, "fault", "placement group not ready in time")
+                    continue
+            done, _ = ray.wait(run.waits, num_returns=len(run.waits), timeout=0)
+            outcomes, died = [], ""
+            for ref in done:
+                try:
+                    outcomes.append(ray.get(ref))
+                except Exception as exc:  # noqa: BLE001  -- actor died: node lost or killed
+                    died = repr(exc)
+            if died:
+                self._end(jid, run)
+                lost = any(n not in self.inventory for n, _ in job.where)
+                self._requeue(job, "node-lost" if lost else "fault", died)
+                continue
+            errors = [o["error"] for o in outcomes if o["status"] == "error"]
+            if errors:
+                self._end(jid, run)
+                self._emit({"ev": "finish", "job_id": jid, "status": "failed", "error": errors[0]})
+                continue
+            if len(done) == len(run.waits):
+                self._end(jid, run)
+                chief = ray.get(run.waits[0])
+                ran = {"ran_s": chief["elapsed"]} if "elapsed" in chief else {}
+                if chief["status"] == "stopped":
+                    self._emit({"ev": "requeue", "job_id": jid, "reason": job.stop_reason or "stopped", **ran})
+                else:
+                    self._emit({"ev": "finish", "job_id": jid, "status": "done",
+                                "result": chief.get("value"), **ran})
+                continue
+            if run.stop_deadline is not None and now > run.stop_deadline:
+                self._end(jid, run)   # did not checkpoint in time: resumes from its last checkpoint
+                self._emit({"ev": "requeue", "job_id": jid, "reason": job.stop_reason or "stopped"})
+
+    def _end(self, jid: int, run: _Run) -> None:
+        self.runs.pop(jid, None)
+        placement.release(run.name, len(run.workers), run.workers)

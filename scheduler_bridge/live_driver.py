@@ -1,0 +1,306 @@
+"""The live driver: the same policy objects the simulator runs, driven by a real job table.
+
+``LiveDriver`` has no Ray in it. It keeps the job table, changes it only by
+``apply(event)`` (the allocator journals each event first, and a restarted
+allocator replays the journal through the same method), and turns the table plus
+the current GPU inventory into ``Decisions`` with the simulator's machinery:
+
+- queue policies (FIFO, SJF, SRTF, QSSF, tuning-aware): ``policy.priority`` when a
+  job (re-)enters the queue, ``policy.observe`` when one finishes (``priorities``
+  after a refit), ``pending.select_starts`` on the cluster's ``FreeGPUs`` for who
+  starts where, ``policy.victims`` for preemptive policies;
+- the elastic policy: ``ElasticPolicy.allocate`` over the active elastic jobs;
+  a running job whose decided placement differs is stopped (checkpoint) and
+  restarted where the policy put it, with the policy's GPU count and batch size;
+- tuning-aware: ``TuningAware.evictions`` / ``fill`` place tuning groups as
+  guests on idle GPUs and in pipeline jobs' bubbles.
+
+Nodes are Ray node ids; the policies see them as indices 0..n-1 of the alive
+GPU nodes (``ClusterView``), in the order the allocator first saw them.
+
+>>> from scheduler_bridge.policy_queue import FIFO
+>>> d = LiveDriver(FIFO(backfill=True))
+>>> d.apply({"ev": "submit", "t": 0.0, "job_id": 0, "spec": {"entrypoint": "m:f", "gpus": 2}})
+>>> d.decide({"n1": 4}, ["n1"], now=1.0).starts
+[(0, (('n1', 2),), 2, None)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import count
+
+from .cluster import ClusterSpec, FreeGPUs, Placement
+from .jobs import Job
+from .live_state import ACTIVE, JobSpec, LiveJob, Where
+from .pending import PendingQueue, select_starts
+from .policy_elastic import ElasticJobState, ElasticPolicy
+from .policy_queue import QueuePolicy
+from .policy_tuning import TuningAware
+
+FAULTS = ("fault", "node-lost", "lost")   # requeue reasons that count against max_attempts
+
+
+class ClusterView:
+    """The alive GPU nodes as the policies' ``ClusterSpec`` / ``FreeGPUs``.
+
+    Nodes with fewer GPUs than the largest one keep the difference permanently
+    taken, so the policies' placement rule never uses GPUs that do not exist.
+    """
+
+    def __init__(self, inventory: dict[str, int], order: list[str]):
+        self.nodes = [n for n in order if inventory.get(n, 0) > 0]
+        self.index = {n: i for i, n in enumerate(self.nodes)}
+        gpn = max((inventory[n] for n in self.nodes), default=1)
+        self.spec = ClusterSpec(num_gpus=max(1, len(self.nodes)) * gpn, gpus_per_node=gpn)
+        self.free = FreeGPUs(self.spec)
+        if not self.nodes:
+            self.free.take(((0, gpn),))
+        for i, n in enumerate(self.nodes):
+            if inventory[n] < gpn:
+                self.free.take(((i, gpn - inventory[n]),))
+
+    def alive(self, where: Where) -> bool:
+        return all(n in self.index for n, _ in where)
+
+    def to_placement(self, where: Where) -> Placement:
+        return tuple((self.index[n], k) for n, k in where)
+
+    def to_where(self, placement: Placement) -> Where:
+        return tuple((self.nodes[i], k) for i, k in placement)
+
+
+@dataclass
+class Decisions:
+    """What the allocator should do now. ``starts``: (job, where, gpus, batch)."""
+
+    lost: list[int] = field(default_factory=list)
+    starts: list[tuple[int, Where, int, int | None]] = field(default_factory=list)
+    stops: list[tuple[int, str]] = field(default_factory=list)
+    guests: list[tuple[int, int, list]] = field(default_factory=list)
+    evictions: list[tuple[int, int]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.lost or self.starts or self.stops or self.guests or self.evictions)
+
+
+class LiveDriver:
+    """Job table + policy. ``apply`` events, then ``decide`` against the inventory."""
+
+    def __init__(self, policy, profiles: dict | None = None):
+        if not isinstance(policy, (QueuePolicy, ElasticPolicy)):
+            raise TypeError(f"not a scheduling policy: {policy!r}")
+        self.policy = policy
+        self.elastic = isinstance(policy, ElasticPolicy)
+        self.tuning = isinstance(policy, TuningAware)
+        if self.elastic and profiles is None:
+            from .profiles import load_profiles
+            profiles = load_profiles()
+        self.profiles = profiles or {}
+        policy.reset(0.0)  # live times are Unix seconds
+        self.jobs: dict[int, LiveJob] = {}
+        self.by_request: dict[str, int] = {}
+        self.next_id = 0
+        self._qseq = count()
+
+    # ---- validation ---------------------------------------------------------------
+    def check(self, spec: JobSpec) -> None:
+        """Raise ValueError if this policy cannot run ``spec``."""
+        if spec.kind == "tuning" and not self.tuning:
+            raise ValueError(f"tuning jobs need the tuning-aware policy; this allocator runs {self.policy.name}")
+        if self.elastic:
+            if spec.kind != "train" or not spec.elastic:
+                raise ValueError(f"the {self.policy.name} policy only runs elastic jobs: give application= "
+                                 f"(one of {', '.join(sorted(self.profiles))})")
+            if spec.application not in self.profiles:
+                raise ValueError(f"unknown application {spec.application!r}; measured profiles: "
+                                 f"{', '.join(sorted(self.profiles))}")
+
+    # ---- events -------------------------------------------------------------------
+    def _policy_job(self, job: LiveJob, duration: float | None = None) -> Job:
+        s = job.spec
+        return Job(job_id=job.job_id, submit=job.submit_t, gpus=s.gpus,
+                   duration=s.expected_seconds if duration is None else duration,
+                   user=s.user, name=s.name, vc=s.vc, bubble_fraction=s.bubble_fraction)
+
+    def _remaining(self, job: LiveJob, now: float) -> float:
+        ran = job.run_s + (now - job.seg_start if job.state in ("running", "stopping") else 0.0)
+        return max(job.spec.expected_seconds - ran, 0.0)
+
+    def _enqueue(self, job: LiveJob, t: float) -> None:
+        job.state, job.where, job.gpus, job.stop_reason = "queued", (), 0, ""
+        if self.elastic:
+            job.priority = job.submit_t
+        else:
+            job.priority = float(self.policy.priority(self._policy_job(job), self._remaining(job, t), t))
+        job.qseq = next(self._qseq)
+
+    def _end_segment(self, job: LiveJob, t: float, ran_s: float | None = None) -> None:
+        """``ran_s``: how long the entry point itself ran, when its runner said so
+        (actor start-up is not the job's run time); else the wall clock since start."""
+        if job.state in ("running", "stopping"):
+            job.run_s += max(0.0, t - job.seg_start) if ran_s is None else float(ran_s)
+        self._drop_bubble_guests(job.job_id)
+
+    def _drop_bubble_guests(self, owner: int) -> None:
+        for tj in self.jobs.values():
+            if tj.guests:
+                tj.guests = {g: w for g, w in tj.guests.items() if not (w[0] == "bubble" and w[1] == owner)}
+
+    def apply(self, ev: dict) -> None:
+        kind, t = ev["ev"], float(ev.get("t", 0.0))
+        if kind == "submit":
+            spec = JobSpec.from_dict(ev["spec"])
+            job = LiveJob(job_id=ev["job_id"], spec=spec, submit_t=t, request_id=ev.get("request_id", ""))
+            self.jobs[job.job_id] = job
+            self.next_id = max(self.next_id, job.job_id + 1)
+            if job.request_id:
+                self.by_request[job.request_id] = job.job_id
+            self._enqueue(job, t)
+            return
+        job = self.jobs[ev["job_id"]]
+        if kind == "start":
+            job.state, job.attempt = "running", ev["attempt"]
+            job.where = tuple((n, int(k)) for n, k in ev["where"])
+            job.gpus, job.batch_size, job.seg_start = ev["gpus"], ev.get("batch_size"), t
+            if job.first_start is None:
+                job.first_start = t
+            job.runs.append({"attempt": job.attempt, "gpus": job.gpus, "batch_size": job.batch_size,
+                             "where": [list(w) for w in job.where]})
+        elif kind == "stop":
+            job.state, job.stop_reason = "stopping", ev["reason"]
+        elif kind == "requeue":
+            self._end_segment(job, t, ev.get("ran_s"))
+            job.requeues.append(ev["reason"])
+            if ev["reason"] in FAULTS:
+                job.faults += 1
+            self._enqueue(job, t)
+        elif kind == "finish":
+            self._end_segment(job, t, ev.get("ran_s"))
+            was_running = job.first_start is not None
+            job.state, job.finish_t = ev["status"], t
+            job.where, job.gpus = (), 0
+            job.result, job.error = ev.get("result"), ev.get("error", "")
+            job.guests = {}
+            if (ev["status"] == "done" and job.spec.kind == "train" and was_running
+                    and not self.elastic and self.policy.observe(self._policy_job(job, job.run_s), t)):
+                queued = [j for j in self.jobs.values() if j.state == "queued"]
+                prios = self.policy.priorities(
+                    [(self._policy_job(j), self._remaining(j, t)) for j in queued], t)
+                for j, p in zip(queued, prios):
+                    j.priority = float(p)
+        elif kind == "guest":
+            job.guests[str(ev["group"])] = list(ev["where"])
+        elif kind == "evict":
+            job.guests.pop(str(ev["group"]), None)
+        elif kind == "reclaim":
+            job.reclaimed = True
+            self._drop_bubble_guests(job.job_id)
+        else:
+            raise ValueError(f"unknown journal event {kind!r}")
+
+    # ---- decisions ----------------------------------------------------------------
+    def active(self) -> list[LiveJob]:
+        return sorted((j for j in self.jobs.values() if j.active and j.spec.kind == "train"),
+                      key=lambda j: j.job_id)
+
+    def decide(self, inventory: dict[str, int], order: list[str], now: float) -> Decisions:
+        view = ClusterView(inventory, order)
+        out = Decisions()
+        holding = []
+        for job in self.active():
+            if job.state in ("running", "stopping"):
+                if view.alive(job.where):
+                    view.free.take(view.to_placement(job.where))
+                    holding.append(job)
+                else:
+                    out.lost.append(job.job_id)
+        if self.elastic:
+            self._decide_elastic(view, holding, out, now)
+        else:
+            self._decide_queue(view, holding, out, now)
+        if self.tuning:
+            self._decide_guests(view, out)
+        return out
+
+    def _decide_queue(self, view: ClusterView, holding: list[LiveJob], out: Decisions, now: float) -> None:
+        queue = PendingQueue()
+        queued = sorted((j for j in self.active() if j.state == "queued"), key=lambda j: j.qseq)
+        for job in queued:
+            queue.push(job.job_id, job.spec.gpus, job.priority)
+        for jid, p in select_starts(queue, view.free, self.policy.backfill):
+            job = self.jobs[jid]
+            out.starts.append((jid, view.to_where(p), job.spec.gpus, job.spec.batch_size))
+        if not (self.policy.preemptive and len(queue)):
+            return
+        if any(j.state == "stopping" for j in holding):
+            return  # earlier victims are still checkpointing
+        _, _, head_id, _ = queue.heads()[0]
+        head = self.jobs[head_id]
+        running = [j for j in holding if j.state == "running"]
+        cands = [(self._policy_job(j), self._remaining(j, now)) for j in running]
+        victims = self.policy.victims((self._policy_job(head), self._remaining(head, now)), cands, now)
+        trial, chosen = view.free.copy(), []
+        for v in victims:
+            trial.give(view.to_placement(self.jobs[v].where))
+            chosen.append(v)
+            if trial.place(head.spec.gpus) is not None:
+                break
+        else:
+            chosen = []
+        out.stops.extend((v, "preempt") for v in chosen)
+
+    def _decide_elastic(self, view: ClusterView, holding: list[LiveJob], out: Decisions, now: float) -> None:
+        jobs = sorted(self.active(), key=lambda j: (j.submit_t, j.job_id))
+        held = {j.job_id for j in holding if j.state == "running"}
+        states = []
+        for j in jobs:
+            running = j.job_id in held
+            states.append(ElasticJobState(
+                j.job_id, self.profiles[j.spec.application], 0, j.spec.batch_size or 0,
+                j.spec.max_gpus or j.spec.gpus, j.gpus if running else 0,
+                view.to_placement(j.where) if running else ()))
+        decisions = self.policy.allocate(states, view.spec)
+        for j in jobs:
+            d = decisions.get(j.job_id)
+            target = view.to_where(d.placement) if d else ()
+            if j.job_id in held:
+                if tuple(sorted(target)) != tuple(sorted(j.where)):
+                    out.stops.append((j.job_id, "resize" if target else "preempt"))
+            elif j.state == "queued" and d is not None:
+                p = view.to_placement(target)
+                if all(view.free.free[i] >= k for i, k in p):
+                    view.free.take(p)
+                    out.starts.append((j.job_id, target, d.gpus, j.spec.clamp_batch(int(d.batch_size))))
+
+    def _decide_guests(self, view: ClusterView, out: Decisions) -> None:
+        policy: TuningAware = self.policy
+        tuning = sorted((j for j in self.jobs.values() if j.active and j.spec.kind == "tuning"),
+                        key=lambda j: j.job_id)
+        on_node: dict[int, list[tuple[int, int]]] = {}
+        in_bubbles: dict[int, int] = {}
+        for tj in tuning:
+            for g, w in sorted(tj.guests.items(), key=lambda kv: int(kv[0])):
+                if w[0] == "gpu":
+                    if w[1] in view.index:
+                        on_node.setdefault(view.index[w[1]], []).append((tj.job_id, int(g)))
+                    else:
+                        out.evictions.append((tj.job_id, int(g)))
+                else:
+                    in_bubbles[w[1]] = in_bubbles.get(w[1], 0) + 1
+        free = view.free.free
+        for node, groups in on_node.items():  # ordinary jobs took the GPUs: evict at once
+            k = policy.evictions(len(groups), free[node])
+            for tid, g in groups[len(groups) - k:]:
+                out.evictions.append((tid, g))
+            del groups[len(groups) - k:]
+        idle = {n: free[n] - len(on_node.get(n, [])) for n in range(len(view.nodes))
+                if free[n] > len(on_node.get(n, []))}
+        owners = {j.job_id: j for j in self.active()
+                  if j.state == "running" and j.spec.bubble_fraction > 0 and not j.reclaimed}
+        slots = {o: j.gpus - in_bubbles.get(o, 0) for o, j in owners.items() if j.gpus > in_bubbles.get(o, 0)}
+        pending = [(tj.job_id, g) for tj in tuning for g in range(tj.spec.groups) if str(g) not in tj.guests]
+        places, _ = policy.fill(idle, slots, len(pending))
+        for (tid, g), (kind, at) in zip(pending, places):
+            where = ["gpu", view.nodes[at]] if kind == "gpu" else ["bubble", at]
+            out.guests.append((tid, g, where))

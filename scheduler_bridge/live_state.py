@@ -1,0 +1,146 @@
+"""What the live allocator knows about one job: the submitted spec and its run state.
+
+``JobSpec`` is validated once, at submit; everything inward takes it as typed.
+``LiveJob`` is the allocator's mutable record; it only changes by applying
+journal events (``live_driver.LiveDriver.apply``), so a replayed journal gives
+back the same records.
+
+>>> JobSpec(entrypoint="pkg.mod:train", gpus=2).kind
+'train'
+>>> JobSpec(entrypoint="train", gpus=2)
+Traceback (most recent call last):
+...
+ValueError: entrypoint must look like 'package.module:function', got 'train'
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+Where = tuple[tuple[str, int], ...]  # ((ray node id, gpus), ...): a placement on real nodes
+
+ACTIVE = ("queued", "running", "stopping")
+TERMINAL = ("done", "failed", "cancelled")
+_ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job as submitted.
+
+    ``entrypoint``: ``"package.module:function"``, called as ``function(ctx)`` with a
+    ``live_job.JobContext``. ``gpus``: the GPUs it asks for (queue policies run it on
+    exactly these). ``application`` / ``min_gpus`` / ``max_gpus`` make it elastic
+    (the elastic policy picks its GPU count from the named measured profile).
+    ``batch_size`` (``min_batch`` .. ``max_batch``): the global batch; an elastic
+    decision's batch is clamped into that range. ``expected_seconds``: the run-time
+    hint the oracle policies (SJF, SRTF) rank by. ``bubble_fraction`` > 0 marks a
+    pipeline-parallel job whose bubbles may host tuning groups. ``kind="tuning"``
+    with ``groups`` > 0: a tuning job whose fused groups are placed as guests.
+    """
+
+    entrypoint: str
+    gpus: int = 1
+    kind: str = "train"
+    name: str = ""
+    user: str = ""
+    vc: str = ""
+    config: dict = field(default_factory=dict)
+    batch_size: int | None = None
+    min_batch: int | None = None
+    max_batch: int | None = None
+    application: str | None = None
+    min_gpus: int | None = None
+    max_gpus: int | None = None
+    expected_seconds: float = 3600.0
+    bubble_fraction: float = 0.0
+    groups: int = 0
+    max_attempts: int = 5
+
+    def __post_init__(self) -> None:
+        if not _ENTRY.match(self.entrypoint):
+            raise ValueError(f"entrypoint must look like 'package.module:function', got {self.entrypoint!r}")
+        if self.kind not in ("train", "tuning"):
+            raise ValueError(f"kind must be 'train' or 'tuning', got {self.kind!r}")
+        if not isinstance(self.gpus, int) or self.gpus < 1:
+            raise ValueError(f"gpus must be an int >= 1, got {self.gpus!r}")
+        if self.kind == "tuning" and self.groups < 1:
+            raise ValueError(f"a tuning job needs groups >= 1, got {self.groups}")
+        lo, hi = self.min_gpus or 1, self.max_gpus or self.gpus
+        if not 1 <= lo <= hi:
+            raise ValueError(f"elastic range needs 1 <= min_gpus <= max_gpus, got {lo}..{hi}")
+        if (self.min_gpus or self.max_gpus) and not self.application:
+            raise ValueError("an elastic GPU range needs application= (a measured profile name)")
+        if self.min_batch and self.max_batch and self.min_batch > self.max_batch:
+            raise ValueError(f"min_batch {self.min_batch} > max_batch {self.max_batch}")
+        if not 0.0 <= self.bubble_fraction < 1.0:
+            raise ValueError(f"bubble_fraction must be in [0, 1), got {self.bubble_fraction}")
+        if self.expected_seconds <= 0:
+            raise ValueError(f"expected_seconds must be > 0, got {self.expected_seconds}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+
+    @property
+    def elastic(self) -> bool:
+        return self.application is not None
+
+    def clamp_batch(self, batch: int | None) -> int | None:
+        if batch is None:
+            return self.batch_size
+        if self.min_batch:
+            batch = max(batch, self.min_batch)
+        if self.max_batch:
+            batch = min(batch, self.max_batch)
+        return int(batch)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "JobSpec":
+        return cls(**d)
+
+
+@dataclass
+class LiveJob:
+    """The allocator's record of one job. Times are Unix seconds."""
+
+    job_id: int
+    spec: JobSpec
+    submit_t: float
+    request_id: str = ""
+    state: str = "queued"
+    attempt: int = 0                 # starts so far; names this run's group and actors
+    where: Where = ()                # placement of the current run
+    gpus: int = 0
+    batch_size: int | None = None
+    seg_start: float = 0.0
+    run_s: float = 0.0               # seconds run over all finished segments
+    first_start: float | None = None
+    finish_t: float | None = None
+    priority: float = 0.0
+    qseq: int = 0                    # enqueue order: ties in priority go first-come
+    stop_reason: str = ""
+    faults: int = 0
+    result: object = None
+    error: str = ""
+    runs: list = field(default_factory=list)     # [{attempt, gpus, batch_size, where}]
+    requeues: list = field(default_factory=list)  # reasons, in order
+    guests: dict = field(default_factory=dict)    # tuning: group -> ["gpu", node] | ["bubble", job]
+    reclaimed: bool = False          # pipeline owner asked its bubbles back
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    def summary(self) -> dict:
+        return {
+            "job_id": self.job_id, "name": self.spec.name, "kind": self.spec.kind,
+            "state": self.state, "gpus": self.gpus, "requested_gpus": self.spec.gpus,
+            "batch_size": self.batch_size, "where": [list(w) for w in self.where],
+            "attempt": self.attempt, "priority": self.priority, "submit_t": self.submit_t,
+            "first_start": self.first_start, "finish_t": self.finish_t, "run_s": self.run_s,
+            "requeues": list(self.requeues), "runs": list(self.runs), "result": self.result,
+            "error": self.error, "guests": dict(self.guests), "entrypoint": self.spec.entrypoint,
+        }

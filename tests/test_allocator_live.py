@@ -1,0 +1,256 @@
+"""The live allocator on a real multi-node Ray (``ray.cluster_utils.Cluster``, fake GPUs).
+
+One cluster for the module: a head without GPUs and three nodes of 4 GPUs. Each
+test starts its own allocator (journal and checkpoints under ``tmp_path``) and
+stops it at the end. Jobs are tiny step counters (``count_steps``) that
+checkpoint every few steps and log every step, so a test can tell exactly which
+steps ran in which attempt. The node-removal test runs last (it shrinks the cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+ENTRY = "test_allocator_live:count_steps"
+GPUS_PER_NODE = 4
+
+
+# ---- the entry point the jobs run (imported by the job actors) ------------------
+def count_steps(ctx):
+    """Count to ``steps``; checkpoint every ``every`` steps and when asked to stop;
+    log ``start``/``step``/``done`` lines (rank 0) to ``log``."""
+    cfg = ctx.config
+    state = ctx.load_checkpoint() or {"step": 0}
+
+    def log(**rec):
+        if ctx.is_chief and cfg.get("log"):
+            with open(cfg["log"], "a") as f:
+                f.write(json.dumps({"attempt": ctx.attempt, **rec}) + "\n")
+
+    log(ev="start", step=state["step"], gpus=ctx.gpus, batch=ctx.batch_size, world=ctx.world_size)
+    while state["step"] < cfg["steps"] and not ctx.should_stop():
+        time.sleep(cfg.get("step_s", 0.05))
+        state["step"] += 1
+        log(ev="step", step=state["step"])
+        if state["step"] % cfg.get("every", 5) == 0:
+            ctx.save_checkpoint(state)
+            log(ev="ckpt", step=state["step"])
+    ctx.save_checkpoint(state)
+    log(ev="ckpt", step=state["step"])
+    if state["step"] >= cfg["steps"]:
+        log(ev="done", step=state["step"])
+    return {"steps": state["step"]}
+
+
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for(cond, timeout=60.0, what="condition", poll=0.2):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+# ---- fixtures -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster():
+    import ray
+    from ray.cluster_utils import Cluster
+
+    repo = Path(__file__).resolve().parents[1]
+    small = dict(object_store_memory=80 * 1024**2)
+    c = Cluster(initialize_head=True,
+                head_node_args=dict(num_cpus=1, num_gpus=0, include_dashboard=False, **small))
+    workers = [c.add_node(num_cpus=1, num_gpus=GPUS_PER_NODE, **small) for _ in range(3)]
+    ray.init(address=c.address, namespace="hpo", log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": f"{repo / 'tests'}:{repo}"}})
+    c.wait_for_nodes()
+    yield c, workers
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture
+def allocator(cluster, tmp_path):
+    """start(policy, **kw) -> the allocator handle; stopped (jobs released) afterwards."""
+    from scheduler_bridge import jobs_api
+
+    def start(policy="fifo", **kw):
+        kw.setdefault("tick_s", 0.1)
+        kw.setdefault("stop_grace_s", 20.0)
+        return jobs_api.start_allocator(str(tmp_path / "journal.jsonl"), str(tmp_path / "ckpt"),
+                                        policy, **kw)
+
+    yield start
+    try:
+        jobs_api.stop_allocator()
+    except ValueError:
+        pass
+
+
+def job(jid):
+    from scheduler_bridge import jobs_api
+
+    return jobs_api.get_job(jid)
+
+
+def running(jid):
+    j = job(jid)
+    return j if j["state"] == "running" else None
+
+
+def pg_row(jid, attempt):
+    from ray.util.placement_group import placement_group_table
+
+    for row in placement_group_table().values():
+        if row["name"] == f"hpo-job-{jid}-a{attempt}" and row["state"] == "CREATED":
+            return row
+    return None
+
+
+# ---- tests ----------------------------------------------------------------------
+def test_jobs_land_in_groups_on_exactly_the_nodes_the_policy_chose(allocator, tmp_path):
+    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live_driver import ClusterView
+    from scheduler_bridge.pending import PendingQueue, select_starts
+
+    allocator("fifo")
+    demands = [2, 4, 6]   # 2 and 4 fit a node (STRICT_PACK); 6 spans two (STRICT_SPREAD)
+    ids = [jobs_api.submit(ENTRY, g, config={"steps": 10_000}) for g in demands]
+    for jid in ids:
+        wait_for(lambda: running(jid) and pg_row(jid, 1), what=f"job {jid} placed")
+
+    st = jobs_api.status()
+    view = ClusterView(st["inventory"], st["nodes"])
+    queue = PendingQueue()
+    for jid, g in zip(ids, demands):
+        queue.push(jid, g, float(jid))
+    decided = {jid: view.to_where(p) for jid, p in select_starts(queue, view.free, backfill=True)}
+    for jid in ids:
+        j, row = job(jid), pg_row(jid, 1)
+        where = tuple((n, k) for n, k in j["where"])
+        assert where == decided[jid], f"job {jid} at {where}, FIFO + placement rule decided {decided[jid]}"
+        assert [row["bundles_to_node_id"][i] for i in range(len(where))] == [n for n, _ in where], \
+            f"Ray put job {jid}'s bundles elsewhere than the allocator decided"
+        assert [row["bundles"][i]["GPU"] for i in range(len(where))] == [k for _, k in where]
+        assert row["strategy"] == ("STRICT_PACK" if len(where) == 1 else "STRICT_SPREAD")
+    assert sum(job(j)["gpus"] for j in ids) == 12
+    for jid in ids:
+        assert jobs_api.cancel(jid)
+    wait_for(lambda: all(pg_row(j, 1) is None for j in ids), what="groups removed on cancel")
+
+
+def test_qssf_starts_the_job_with_the_shorter_predicted_gpu_time_first(allocator, tmp_path):
+    from scheduler_bridge import jobs_api
+
+    allocator("qssf")
+    # Teach QSSF: user "long" runs ~3 s on 8 GPUs, user "short" a fraction of that.
+    for user, steps in (("long", 30), ("short", 1)):
+        jid = jobs_api.submit(ENTRY, 8, user=user, config={"steps": steps, "step_s": 0.1})
+        assert jobs_api.wait_job(jid, 60)["state"] == "done"
+    blocker = jobs_api.submit(ENTRY, 8, user="blocker", config={"steps": 10_000})
+    wait_for(lambda: running(blocker), what="blocker running")
+    long_id = jobs_api.submit(ENTRY, 8, user="long", config={"steps": 10_000})
+    short_id = jobs_api.submit(ENTRY, 8, user="short", config={"steps": 10_000})
+    assert job(short_id)["priority"] < job(long_id)["priority"], "QSSF should predict 'short' shorter"
+    jobs_api.cancel(blocker)
+    wait_for(lambda: running(short_id), what="the short job started")
+    assert job(long_id)["state"] == "queued", "8+8 GPUs do not fit 12: 'long' must wait behind 'short'"
+    jobs_api.cancel(short_id)
+    wait_for(lambda: running(long_id), what="the long job started next")
+    jobs_api.cancel(long_id)
+
+
+def test_elastic_job_is_resized_and_continues_from_its_checkpoint(allocator, tmp_path):
+    from scheduler_bridge import jobs_api
+
+    allocator("elastic")
+    log = tmp_path / "a.log"
+    el = dict(application="bert", max_gpus=8, batch_size=12, max_batch=256)
+    a = jobs_api.submit(ENTRY, 8, config={"steps": 60, "step_s": 0.1, "log": str(log)}, **el)
+    wait_for(lambda: running(a) and len(job(a)["where"]) == 2 and
+             any(r["ev"] == "step" and r["step"] >= 8 for r in read_log(log)), what="A on 8 GPUs")
+    others = [jobs_api.submit(ENTRY, 4, config={"steps": 10_000}, **el) for _ in range(2)]
+    done = jobs_api.wait_job(a, 120)
+    for o in others:
+        jobs_api.cancel(o)
+
+    assert done["state"] == "done", done["error"]
+    assert "resize" in done["requeues"]
+    assert [(r["gpus"], len(r["where"])) for r in done["runs"]][:2] == [(8, 2), (4, 1)], done["runs"]
+    assert done["runs"][1]["batch_size"] == 256, "bert's best batch (384) clamped to max_batch"
+    recs = read_log(log)
+    starts = [r for r in recs if r["ev"] == "start"]
+    assert [s["gpus"] for s in starts][:2] == [8, 4]
+    first_ckpt = max(r["step"] for r in recs if r["ev"] == "ckpt" and r["attempt"] == 1)
+    last_step = max(r["step"] for r in recs if r["ev"] == "step" and r["attempt"] == 1)
+    assert starts[1]["step"] == first_ckpt == last_step, "resize lost steps beyond the checkpoint"
+    steps = [r["step"] for r in recs if r["ev"] == "step"]
+    assert steps == list(range(1, 61)), "every step ran exactly once across the resize"
+
+
+def test_allocator_killed_restarts_from_its_journal_without_losing_or_duplicating_jobs(
+        allocator, tmp_path):
+    import ray
+    from scheduler_bridge import jobs_api
+
+    actor = allocator("fifo")
+    logs = [tmp_path / f"{i}.log" for i in range(4)]
+    cfg = [{"steps": 25, "step_s": 0.1, "log": str(p)} for p in logs]
+    ids = [jobs_api.submit(ENTRY, g, config=c, request_id=f"req-{i}")
+           for i, (g, c) in enumerate(zip([8, 4, 8, 4], cfg))]
+    assert jobs_api.submit(ENTRY, 8, config=cfg[0], request_id="req-0") == ids[0], "retried submit"
+    wait_for(lambda: running(ids[0]) and running(ids[1]), what="first two jobs running")
+    assert job(ids[2])["state"] == "queued"
+
+    ray.kill(actor, no_restart=False)
+    wait_for(lambda: jobs_api.status()["restarted"], timeout=60, what="allocator restarted")
+    assert jobs_api.submit(ENTRY, 8, config=cfg[0], request_id="req-0") == ids[0], "dedup after restart"
+    assert [j["job_id"] for j in jobs_api.list_jobs()] == ids, "jobs lost or duplicated by the restart"
+
+    final = [jobs_api.wait_job(j, 120) for j in ids]
+    assert [f["state"] for f in final] == ["done"] * 4, [f["error"] for f in final]
+    for jid, f, p in zip(ids, final, logs):
+        recs = read_log(p)
+        assert sum(r["ev"] == "done" for r in recs) == 1, f"job {jid} finished more than once"
+        assert [r["step"] for r in recs if r["ev"] == "step"] == list(range(1, 26))
+    assert final[0]["attempt"] == 1 and final[1]["attempt"] == 1, \
+        "running jobs survive an allocator restart (reattached, not restarted)"
+
+
+def test_node_removed_jobs_go_back_to_the_queue_and_resume_from_checkpoint(
+        cluster, allocator, tmp_path):
+    from scheduler_bridge import jobs_api
+
+    c, workers = cluster
+    allocator("fifo")
+    log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
+    a = jobs_api.submit(ENTRY, 4, config={"steps": 40, "step_s": 0.1, "every": 5, "log": str(log_a)})
+    b = jobs_api.submit(ENTRY, 4, config={"steps": 60, "step_s": 0.1, "log": str(log_b)})
+    wait_for(lambda: running(a) and running(b), what="both jobs running")
+    node_a, node_b = job(a)["where"][0][0], job(b)["where"][0][0]
+    assert node_a != node_b, "best fit puts two 4-GPU jobs on two nodes"
+    wait_for(lambda: any(r["ev"] == "step" and r["step"] >= 12 for r in read_log(log_a)),
+             what="job A past its second checkpoint")
+    c.remove_node(next(w for w in workers if w.node_id == node_a))
+
+    fa, fb = jobs_api.wait_job(a, 120), jobs_api.wait_job(b, 120)
+    assert fa["state"] == fb["state"] == "done", (fa["error"], fb["error"])
+    assert fa["requeues"] and fa["requeues"][0] in ("node-lost", "fault"), fa["requeues"]
+    assert fa["runs"][-1]["where"][0][0] != node_a, "A restarted on a live node"
+    assert fb["requeues"] == [], "B's node stayed up: B was not touched"
+    recs = read_log(log_a)
+    ckpt = max(r["step"] for r in recs if r["ev"] == "ckpt" and r["attempt"] == 1)
+    resume = next(r for r in recs if r["ev"] == "start" and r["attempt"] == 2)
+    assert resume["step"] == ckpt, "A resumed from its last checkpoint"
+    assert sorted({r["step"] for r in recs if r["ev"] == "step"}) == list(range(1, 41))
+    assert sum(r["ev"] == "done" for r in recs) == 1
