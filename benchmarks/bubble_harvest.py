@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         width=args.width or (8192 if gpu else 1024),
         micro_batch_size=args.micro_batch_size or (256 if gpu else 128),
         layers_per_stage=args.layers_per_stage or (6 if gpu else 2),
-        batches=args.batches or (10 if args.quick else 30),
+        batches=args.batches or (14 if args.quick else 30),
         guest_factory=_guest_factory(guest, gpu),
     )
     if gpu:  # deterministic cuBLAS across the guest's stream and the job's (inherited by the ranks)
@@ -112,9 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for stages, micro_batches in points:
         spec = replace(base, stages=stages, micro_batches=micro_batches)
-        started = time.perf_counter()
+        started, load = time.perf_counter(), os.getloadavg()[0]
         results = launch(run_rank, stages, spec, timeout_s=900, log_dir=args.out / f"logs_p{stages}_m{micro_batches}", same_device=gpu)
         row = {**summarize_ab(results), "guest": guest, "wall_s": time.perf_counter() - started}
+        row["host_load_1m"] = [load, os.getloadavg()[0]]  # before / after: other work on the host skews CPU runs
         runs.append(row)
         for run in ("baseline", "harvested"):
             timelines = [StageTimeline.from_dict(r["timelines"][run]) for r in results]
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             f"p={stages} m={micro_batches:>2} {row['device']}: bubble theory {row['theory_fraction']:.3f} "
             f"measured {row['measured_fraction']:.3f} | harvested {row['harvested_fraction']:.1%} of it, "
             f"slowdown {row['slowdown']:+.1%}, {row['guest_samples_per_s']:.0f} guest samples/s | "
-            f"bit-identical {row['main_job_bit_identical']} ({row['wall_s']:.0f} s)",
+            f"bit-identical {row['main_job_bit_identical']} ({row['wall_s']:.0f} s, load {load:.1f})",
             flush=True,
         )
     import deepspeed

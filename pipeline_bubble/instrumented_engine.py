@@ -39,9 +39,10 @@ from pipeline_bubble.timeline import COMPUTE, WAIT, BatchRecord, Interval, Stage
 
 #: Instructions that block on a neighbour stage (gloo send/recv are rendezvous: both sides wait).
 BLOCKING_INSTRUCTIONS = (schedule.SendActivation, schedule.RecvActivation, schedule.SendGrad, schedule.RecvGrad)
-#: Waits a guest may fill: the receiving side of each exchange only. A send that blocks is
-#: waiting for its receiver; if both sides filled the same rendezvous, each would see the window
-#: the other's guest made and grow its own quantum into it, a feedback loop that slows the job.
+#: Waits a guest may fill: the receiving side of each exchange only. A gloo exchange completes
+#: when both sides have arrived, so a quantum on either side delays the other; giving every
+#: exchange one owner (the side that waits for data) keeps two guests from stretching the same
+#: exchange from both ends, and a blocked send is rare and short (its receiver is computing).
 HARVESTABLE = ("RecvActivation", "RecvGrad")
 #: The loss broadcast is filled on its source, the last stage, which waits there for the others.
 LOSS_BROADCAST = "LossBroadcast"
