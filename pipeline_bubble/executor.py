@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -137,6 +138,8 @@ class BubbleExecutor:
             saved = torch.load(self.checkpoint_path, weights_only=False)
             self.guest.load_state_dict(saved["guest"])
         if self._device.type == "cuda":
+            # The lowest priority there is; PyTorch's default stream, which the job uses, has it too,
+            # so on one device this separates the guest's work rather than deprioritising it.
             lowest_priority, _ = torch.cuda.Stream.priority_range()
             self._stream = torch.cuda.Stream(self._device, priority=lowest_priority)
         self._check_memory()
@@ -197,12 +200,15 @@ class BubbleExecutor:
                 break
             if self._device.type == "cuda" and torch.cuda.mem_get_info(self._device)[0] < self.guest.memory_bytes:
                 break
-            begin = recorder.mark()
+            with self._on_guest_stream():  # on CUDA the marks are events on the guest's stream
+                begin = recorder.mark()
             elapsed = self._guarded_step()
             if elapsed is None:
                 break
+            with self._on_guest_stream():
+                end = recorder.mark()
             self.stats.guest_seconds += elapsed
-            recorder.record("guest_step", GUEST, begin, recorder.mark(), slot)
+            recorder.record("guest_step", GUEST, begin, end, slot)
             self.stats.steps += 1
             self.stats.samples += int(getattr(self.guest, "samples_per_step", 0))
             steps += 1
@@ -238,18 +244,19 @@ class BubbleExecutor:
         begin = time.perf_counter()
         # The engine may be inside no_grad (the loss broadcast is): the guest trains regardless.
         with torch.random.fork_rng(devices=_devices_for_rng(self._device)), torch.enable_grad():
-            if self._stream is not None:
-                with torch.cuda.stream(self._stream):
-                    loss = self.guest.step()
-                self._stream.synchronize()
-            else:
+            with self._on_guest_stream():
                 loss = self.guest.step()
+            if self._stream is not None:
+                self._stream.synchronize()
         elapsed = time.perf_counter() - begin
         self._recent.append(elapsed)
         self.step_time_s = self._predict_step()
         self.stats.losses.append(loss)
         self._since_checkpoint += 1
         return elapsed
+
+    def _on_guest_stream(self):
+        return torch.cuda.stream(self._stream) if self._stream is not None else nullcontext()
 
     def _predict_step(self) -> float:
         """A high quantile of the recent step times (a quantum's first step is the slowest)."""

@@ -258,3 +258,12 @@ def test_requested_eviction_checkpoints_before_the_next_step(tmp_path):
     assert executor.harvest(0, _Recorder()) == 0.0
     assert executor.guest is None and guest.steps == 2
     assert torch.load(tmp_path / "g.pt", weights_only=False)["guest"] == {"steps": 2}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_two_stages_on_one_gpu_harvest_and_stay_bit_identical(tmp_path):
+    spec = JobSpec(stages=2, micro_batches=4, width=2048, micro_batch_size=128, batches=6, device="cuda")
+    results = launch(run_rank, 2, spec, timeout_s=300, log_dir=tmp_path, same_device=True)
+    assert all(r["losses"]["baseline"] == r["losses"]["harvested"] and r["rng_equal"] for r in results)
+    assert all(StageTimeline.from_dict(r["timelines"]["baseline"]).device.startswith("cuda") for r in results)
