@@ -66,6 +66,8 @@ class FusedModel(nn.Module):
 
     @property
     def num_members(self) -> int:
+        for tensor in self.module.parameters():
+            return tensor.shape[0]
         return next(iter(self.module.state_dict().values())).shape[0]
 
     def member_state_dict(self, index: int) -> dict[str, torch.Tensor]:

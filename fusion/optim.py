@@ -1,9 +1,12 @@
 """Fused SGD / Adam / AdamW whose every hyperparameter is a per-member [B] tensor.
 
 PyTorch's optimizers take one `lr` per parameter group; a fused group needs one per member, per
-parameter. `FusedOptimizer` keeps each optimizer state as one `[B, P]` matrix (P: the parameters
-of one member, flattened and concatenated), so a step is a dozen element-wise kernels however
-many layers the model has, a member's state is one row, and removing members is a row index.
+parameter. `FusedOptimizer` lays out the parameters, the gradients and each optimizer state as
+one `[B, P]` matrix each (P: the parameters of one member, flattened and concatenated; every
+parameter and its `.grad` are views into them), so a step is a dozen element-wise kernels on
+whole matrices however many layers the model has (vectorised further than `torch._foreach_*`,
+which still launches per tensor), a member's state is one row, and removing members is a row
+index.
 
 The arithmetic follows `torch.optim.SGD/Adam/AdamW` (single-tensor path) operation by
 operation, so a member trains as `hpo.hparams.build_torch_optimizer` would train it alone:
@@ -24,10 +27,15 @@ Example::
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+
+# Gradients are views into the gradient matrix by design (see `_repack`); autograd's note that
+# such views do not match its preferred layout is about speed, not correctness.
+warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
 
 from hpo.hparams import OptimHParams
 
@@ -72,6 +80,7 @@ class FusedOptimizer:
         self.state = {
             name: torch.zeros(self.num_members, total, dtype=first.dtype, device=first.device) for name in STATE_NAMES[self.kind]
         }
+        self._repack()
         self._refresh_hparams()
         #: Each member's global gradient norm at the last step (before clipping).
         self.last_grad_norms: torch.Tensor | None = None
@@ -110,6 +119,20 @@ class FusedOptimizer:
         self._clip = column([hp.grad_clip if hp.grad_clip > 0 else math.inf for hp in hps])
         self._any_clip = any(hp.grad_clip > 0 for hp in hps)
 
+    @torch.no_grad()
+    def _repack(self) -> None:
+        """Make every parameter and gradient a view into one `[B, P]` matrix, and allocate scratch.
+
+        The step then runs on whole matrices without copying parameters in and out, and without
+        allocating (large fresh CPU allocations page-fault on every step).
+        """
+        self._params_flat = self.flat(self.params)
+        self._grads_flat = torch.zeros_like(self._params_flat)
+        for param, value, grad in zip(self.params, self.unflat(self._params_flat), self.unflat(self._grads_flat)):
+            param.data = value
+            param.grad = grad
+        self._scratch = [torch.empty_like(self._params_flat) for _ in range(2)]
+
     def flat(self, tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
         """Concatenate per-parameter `[B, ...]` tensors into one `[B, P]` matrix (None: zeros)."""
         members = self.num_members
@@ -131,8 +154,11 @@ class FusedOptimizer:
     # -- stepping ------------------------------------------------------------------------------
 
     def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
+        """Zero the gradient matrix; autograd then accumulates into it in place."""
+        self._grads_flat.zero_()
+        for param, grad in zip(self.params, self.unflat(self._grads_flat)):
+            if param.grad is None or param.grad.data_ptr() != grad.data_ptr():
+                param.grad = grad
 
     def current_lrs(self) -> list[float]:
         """Each member's scheduled learning rate for its next step (before lr multipliers)."""
@@ -154,33 +180,36 @@ class FusedOptimizer:
     @torch.no_grad()
     def step(self) -> None:
         """One optimizer step for every member, each with its own schedule, clipping and state."""
-        grads = self.flat([p.grad for p in self.params])
+        grads, params = self._grads_flat, self._params_flat
+        for param, grad in zip(self.params, self.unflat(grads)):
+            if param.grad is not None and param.grad.data_ptr() != grad.data_ptr():
+                grad.copy_(param.grad)  # someone replaced .grad; take it into the matrix
         if self._any_clip:
             # torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped at 1.
             self.last_grad_norms = torch.linalg.vector_norm(grads, dim=1, keepdim=True)
             grads.mul_(torch.clamp(self._clip / (self.last_grad_norms + 1e-6), max=1.0))
-        params = self.flat(self.params)
         lrs = self.current_lrs()
         if self.kind == "sgd":
             self._sgd(params, grads, lrs)
         else:
             self._adam(params, grads, lrs)
-        torch._foreach_copy_(self.params, self.unflat(params))
         self.steps = [s + 1 for s in self.steps]
 
     # `x.add(y, alpha=a)` is emulated as `torch.addcmul(x, y, a)` and `x.addcdiv(y, z, value=v)`
     # as `x.addcdiv(v * y, z)`: with [B]-shaped a and v these round exactly as torch's scalar forms.
+    # The gradient matrix is consumed by the step, so weight decay is added to it in place.
 
     def _sgd(self, params: torch.Tensor, grads: torch.Tensor, lrs: list[float]) -> None:
         if self._any_decay:
-            grads = torch.addcmul(grads, params, self._weight_decay)
+            grads.addcmul_(params, self._weight_decay)
         buffer = self.state["momentum_buffer"]
         # The first step's buffer is the gradient itself: 0 * momentum + grad, as torch clones it;
         # with momentum 0 the buffer is just the gradient, as torch uses it.
         buffer.mul_(self._momentum).add_(grads)
         update = buffer
         if self._any_nesterov:
-            update = torch.where(self._nesterov, torch.addcmul(grads, buffer, self._momentum), buffer)
+            update = torch.addcmul(grads, buffer, self._momentum, out=self._scratch[0])
+            torch.where(self._nesterov, update, buffer, out=update)
         params.addcmul_(update, self._per_member([-lr for lr in lrs]))
 
     def _adam(self, params: torch.Tensor, grads: torch.Tensor, lrs: list[float]) -> None:
@@ -195,20 +224,22 @@ class FusedOptimizer:
                     decay = self._per_member(lrs, lambda lr: 1 - lr * wd)
                 params.mul_(decay)
         elif self._any_decay:
-            grads = torch.addcmul(grads, params, self._weight_decay)
+            grads.addcmul_(params, self._weight_decay)
         exp_avg, exp_avg_sq = self.state["exp_avg"], self.state["exp_avg_sq"]
+        scaled, denom = self._scratch
         exp_avg.lerp_(grads, self._one_minus_beta1)
-        exp_avg_sq.mul_(self._beta2).addcmul_(grads * self._one_minus_beta2, grads)
+        exp_avg_sq.mul_(self._beta2).addcmul_(torch.mul(grads, self._one_minus_beta2, out=scaled), grads)
         # Bias corrections and step sizes in double precision, as torch computes them in Python.
         step_size = [lr / (1 - hp.beta1**s) for lr, hp, s in zip(lrs, self.hparams, steps)]
         correction2_sqrt = [math.sqrt(1 - hp.beta2**s) for hp, s in zip(self.hparams, steps)]
-        denom = (exp_avg_sq.sqrt() / self._column(correction2_sqrt)).add_(self._eps)
-        params.addcdiv_(exp_avg * self._per_member([-s for s in step_size]), denom)
+        torch.sqrt(exp_avg_sq, out=denom).div_(self._column(correction2_sqrt)).add_(self._eps)
+        params.addcdiv_(torch.mul(exp_avg, self._per_member([-s for s in step_size]), out=scaled), denom)
 
     # -- members -------------------------------------------------------------------------------
 
     def select_members(self, index: Sequence[int]) -> None:
-        """Keep members at `index`, in that order (call after the model's `select_members`)."""
+        """Keep members at `index`, in that order (call after the model's `select_members`, which
+        already re-indexed the parameters; this re-indexes the state and repacks)."""
         index = list(index)
         rows = torch.as_tensor(index, dtype=torch.long, device=self.params[0].device)
         self.state = {name: matrix[rows] for name, matrix in self.state.items()}
@@ -217,6 +248,7 @@ class FusedOptimizer:
         self.hparams = [self.hparams[i] for i in index]
         self.steps = [self.steps[i] for i in index]
         self.num_members = len(index)
+        self._repack()
         self._refresh_hparams()
 
     def member_state(self, index: int) -> dict[str, Any]:
@@ -234,6 +266,10 @@ class FusedOptimizer:
             for name, view in zip(self.names, self.unflat(matrix)):
                 value = state["params"].get(name, {}).get(state_name)
                 view[index].copy_(value if value is not None else torch.zeros_like(view[index]))
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every matrix the optimizer holds: parameters, gradients, state and scratch (for sizing)."""
+        return [self._params_flat, self._grads_flat, *self.state.values(), *self._scratch]
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "steps": list(self.steps), "state": {k: v.clone() for k, v in self.state.items()}}

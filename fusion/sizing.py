@@ -85,9 +85,8 @@ def _dry_run(workload: Workload, config: Mapping[str, Any], members: int, device
     with torch.random.fork_rng(devices=[device] if cuda else []):
         trainer = FusedTrainer(workload, [{**config, "seed": i} for i in range(members)], device=device, **kwargs)
         seen: set[int] = set()
-        state = sum(_storage_bytes(t, seen) for t in trainer.model.module.state_dict().values())
-        grads = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
-        state += grads + sum(_storage_bytes(t, seen) for t in trainer.optimizer.state.values())
+        held = [*trainer.model.module.state_dict().values(), *trainer.optimizer.tensors()]
+        state = sum(_storage_bytes(t, seen) for t in held)
         saved = 0
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:

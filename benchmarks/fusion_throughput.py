@@ -1,0 +1,385 @@
+"""Training throughput of B tuning trials: one after another, concurrently, and fused.
+
+For each model, dtype and B this measures samples per second (B members x batch x steps over
+wall-clock time) of:
+- serial: each member trained alone with PyTorch's own optimizer, one member after another
+  (members cost the same, so up to `--serial-cap` members are timed and their rate reported);
+- concurrent: B Ray actors, each with 1/B of the device's CPUs, training one member each at
+  the same time (skipped, null, without Ray, on CUDA, or above `--concurrent-cap` actors);
+- fused: `fusion.FusedTrainer` with B different configs (its automatic fusion);
+- hand_bmm (MLPs only): a hand-written baddbmm MLP with one torch Adam over the stacked weights
+  (one lr for all members: the speed reference, not a tuning engine).
+ratio = fused / serial. On CUDA also the fused run's TFLOP/s and its fraction of the measured
+peak of a large matmul in the same dtype.
+
+Models: the MLP from examples/mlp_digits.py with its defaults (`mlp`: 2 hidden layers of 64) and
+as issue 3's H100 reference (`mlp256`: 4 linear layers of width 256), batch 64, Adam; and the
+char GPT from examples/char_gpt.py with its defaults (AdamW). Inputs are synthetic
+tensors of the workloads' shapes, so the benchmark needs neither scikit-learn nor a dataset.
+
+    python benchmarks/fusion_throughput.py --quick --json fusion_cpu.json
+    python benchmarks/fusion_throughput.py --device cuda --json fusion_cuda.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import platform
+import sys
+import time
+import types
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def _import_engine_without_sweep_dependencies() -> None:
+    """`hpo/__init__` imports the Ray/pandas/pydantic sweep API; the engine needs only
+    `hpo.hparams` and `hpo.workload`. Where those dependencies are missing (the GPU machine),
+    load the `hpo` package without running its `__init__`."""
+    try:
+        importlib.import_module("hpo")
+    except ImportError:
+        for name in [n for n in sys.modules if n == "hpo" or n.startswith("hpo.")]:
+            del sys.modules[name]
+        package = types.ModuleType("hpo")
+        package.__path__ = [str(REPO / "hpo")]
+        sys.modules["hpo"] = package
+
+
+_import_engine_without_sweep_dependencies()
+
+from examples.char_gpt import CharGPTWorkload, load_corpus  # noqa: E402
+from examples.mlp_digits import NUM_CLASSES, NUM_FEATURES, DigitsMLP  # noqa: E402
+from fusion import FusedTrainer, build_member  # noqa: E402
+from hpo.hparams import OptimHParams, build_torch_optimizer  # noqa: E402
+from hpo.workload import Batch  # noqa: E402
+
+MEMBERS = (1, 4, 16, 64, 128)
+QUICK_MEMBERS = (1, 4, 16)
+
+
+class SyntheticDigitsMLP(DigitsMLP):
+    """The digits MLP fed random inputs of the digits' shapes (no scikit-learn needed)."""
+
+    def train_batches(self, config: Mapping[str, Any], seed: int) -> Iterator[Batch]:
+        generator = torch.Generator().manual_seed(seed)
+        n = int(config["batch_size"])
+        while True:
+            yield torch.randn(n, NUM_FEATURES, generator=generator), torch.randint(0, NUM_CLASSES, (n,), generator=generator)
+
+    def eval_batches(self, config: Mapping[str, Any]) -> list[Batch]:
+        return [next(self.train_batches(config, 1))]
+
+
+MODELS: dict[str, tuple[Any, dict[str, Any]]] = {
+    # the examples' MLP with its defaults (2 hidden layers of 64, batch 64, Adam)
+    "mlp": (SyntheticDigitsMLP(), {"width": 64, "depth": 2, "batch_size": 64, "optimizer": "adam", "lr": 1e-3}),
+    # issue 3's H100 reference: 4 linear layers of width 256, batch 64, Adam
+    "mlp256": (SyntheticDigitsMLP(), {"width": 256, "depth": 3, "batch_size": 64, "optimizer": "adam", "lr": 1e-3}),
+    "char_gpt": (CharGPTWorkload(), {"optimizer": "adamw", "lr": 3e-3}),
+}
+
+
+def member_configs(model: str, members: int) -> list[dict[str, Any]]:
+    """B distinct configs of one structure: per-member lr and seed, as a sweep would give."""
+    workload, base = MODELS[model]
+    return [workload.resolve({**base, "seed": i, "lr": base["lr"] * (0.5 + i / max(members, 1))}) for i in range(members)]
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def autocast(device: torch.device, dtype: str):
+    if dtype == "fp32":
+        return torch.autocast(device.type, enabled=False)
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+#: Each measurement is the best of this many timed runs (the CPU may be shared).
+REPEATS = 5
+
+
+def timed(step: Callable[[], None], steps: int, warmup: int, device: torch.device) -> float:
+    """Seconds for `steps` steps after `warmup` steps: the fastest of `REPEATS` runs."""
+    for _ in range(warmup):
+        step()
+    best = math.inf
+    for _ in range(REPEATS):
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+# -- the three ways to train B members --------------------------------------------------------
+
+
+def serial_rate(model: str, members: int, dtype: str, device: torch.device, steps: int, warmup: int, cap: int) -> float:
+    workload, _ = MODELS[model]
+    configs = member_configs(model, members)[:cap]
+    batch = [t.to(device) for t in next(workload.train_batches(configs[0], 0))]
+    elapsed = 0.0
+    for config in configs:
+        net = build_member(workload, config).to(device)
+        hp = OptimHParams.from_config(config)
+        optimizer = build_torch_optimizer(net.named_parameters(), hp, workload.lr_multipliers(net, hp.optimizer))
+
+        def step() -> None:
+            with autocast(device, dtype):
+                loss = workload.loss(net(batch[0]), batch[1])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+        elapsed += timed(step, steps, warmup, device)
+    return len(configs) * batch[0].shape[0] * steps / elapsed
+
+
+def fused_rate(model: str, members: int, dtype: str, device: torch.device, steps: int, warmup: int) -> float:
+    workload, _ = MODELS[model]
+    trainer = FusedTrainer(workload, member_configs(model, members), device=device, dtype=dtype)
+    inputs, targets = (t.to(device) for t in next(workload.train_batches(trainer.configs[0], 0)))
+    elapsed = timed(lambda: trainer.train_step(inputs, targets), steps, warmup, device)
+    return members * inputs.shape[0] * steps / elapsed
+
+
+def hand_bmm_rate(model: str, members: int, dtype: str, device: torch.device, steps: int, warmup: int) -> float:
+    """The MLP written by hand as stacked baddbmm layers, one Adam for all members' weights."""
+    workload, base = MODELS[model]
+    config = member_configs(model, 1)[0]
+    sizes = [NUM_FEATURES] + [int(base["width"])] * int(base["depth"]) + [NUM_CLASSES]
+    weights = [(torch.randn(members, i, o, device=device) / math.sqrt(i)).requires_grad_() for i, o in zip(sizes, sizes[1:])]
+    biases = [torch.zeros(members, 1, o, device=device, requires_grad=True) for o in sizes[1:]]
+    optimizer = torch.optim.Adam(weights + biases, lr=1e-3, foreach=True)
+    inputs, targets = (t.to(device) for t in next(workload.train_batches(config, 0)))
+    x = inputs.unsqueeze(0).expand(members, *inputs.shape)
+    repeated = targets.repeat(members)
+
+    def step() -> None:
+        with autocast(device, dtype):
+            h = x
+            for layer, (w, b) in enumerate(zip(weights, biases)):
+                h = torch.baddbmm(b, h, w)
+                if layer < len(weights) - 1:
+                    h = torch.relu(h)
+            # sum of the members' mean losses
+            loss = F.cross_entropy(h.reshape(-1, NUM_CLASSES).float(), repeated) * members
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    elapsed = timed(step, steps, warmup, device)
+    return members * inputs.shape[0] * steps / elapsed
+
+
+def concurrent_rate(model: str, members: int, steps: int, warmup: int, cpus: int) -> float | None:
+    """B Ray actors sharing `cpus` CPU slots (fractional resources, cpus/B each), one member each."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    if not ray.is_initialized():
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        ray.init(  # a private local instance, never someone else's cluster
+            address="local",
+            num_cpus=cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
+        )
+    Member = ray.remote(num_cpus=cpus / members)(_MemberActor)
+    actors = [Member.remote(model, config, steps, warmup) for config in member_configs(model, members)]
+    ray.get([a.ready.remote() for a in actors])
+    start = time.perf_counter()
+    samples = sum(ray.get([a.train.remote() for a in actors]))
+    elapsed = time.perf_counter() - start
+    for actor in actors:
+        ray.kill(actor)
+    return samples / elapsed
+
+
+class _MemberActor:
+    """One trial of the concurrent baseline (a Ray actor; imports happen on the worker)."""
+
+    def __init__(self, model: str, config: dict[str, Any], steps: int, warmup: int):
+        torch.set_num_threads(1)
+        workload, _ = MODELS[model]
+        self.steps = steps
+        self.net = build_member(workload, config)
+        hp = OptimHParams.from_config(config)
+        self.optimizer = build_torch_optimizer(self.net.named_parameters(), hp, workload.lr_multipliers(self.net, hp.optimizer))
+        self.workload = workload
+        self.batch = next(workload.train_batches(config, 0))
+        for _ in range(warmup):
+            self._step()
+
+    def _step(self) -> None:
+        loss = self.workload.loss(self.net(self.batch[0]), self.batch[1])
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+
+    def ready(self) -> bool:
+        return True
+
+    def train(self) -> int:
+        for _ in range(self.steps):
+            self._step()
+        return self.steps * self.batch[0].shape[0]
+
+
+# -- GPU efficiency ----------------------------------------------------------------------------
+
+
+def flops_per_sample(model: str) -> float:
+    """Training FLOPs (forward + backward = 3x forward) of one sample of one member."""
+    workload, _ = MODELS[model]
+    config = member_configs(model, 1)[0]
+    net = build_member(workload, config)
+    if model.startswith("mlp"):
+        return 6.0 * sum(m.weight.numel() for m in net.modules() if isinstance(m, torch.nn.Linear))
+    tokens = int(config["block_size"])
+    linear = sum(m.weight.numel() for m in net.modules() if isinstance(m, torch.nn.Linear))
+    attention = 4 * tokens * tokens * int(config["width"]) * int(config["n_layer"])  # QK^T and AV, per sequence
+    return 6.0 * linear * tokens + 3.0 * attention
+
+
+def matmul_peak(device: torch.device, dtype: str) -> float:
+    """FLOP/s of a large square matmul in `dtype` (TF32 off: fp32 is true fp32)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.float32 if dtype == "fp32" else torch.bfloat16)
+    b = torch.randn_like(a)
+    elapsed = timed(lambda: a @ b, 20, 3, device)
+    return 2 * n**3 * 20 / elapsed
+
+
+# -- driver --------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda but torch sees no CUDA device")
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    dtypes = ["fp32", "bf16"] if device.type == "cuda" else ["fp32"]
+    members = QUICK_MEMBERS if args.quick else MEMBERS
+    if args.members:
+        members = tuple(int(b) for b in args.members.split(","))
+    steps, warmup = (args.steps or (4 if args.quick else 20)), 2
+    load_corpus()
+    peaks = {dtype: matmul_peak(device, dtype) for dtype in dtypes} if device.type == "cuda" else {}
+    rows = []
+    for model in args.models.split(","):
+        for dtype in dtypes:
+            for b in members:
+                row: dict[str, Any] = {"model": model, "device": device.type, "dtype": dtype, "B": b, "concurrent": None}
+                row["serial"] = serial_rate(model, b, dtype, device, steps, warmup, args.serial_cap)
+                row["fused"] = fused_rate(model, b, dtype, device, steps, warmup)
+                row["hand_bmm"] = hand_bmm_rate(model, b, dtype, device, steps, warmup) if model.startswith("mlp") else None
+                row["ratio"] = row["fused"] / row["serial"]
+                if device.type == "cuda":
+                    achieved = row["fused"] * flops_per_sample(model)
+                    row["fused_tflops"] = achieved / 1e12
+                    row["peak_tflops"] = peaks[dtype] / 1e12
+                    row["peak_fraction"] = achieved / peaks[dtype]
+                if row["hand_bmm"]:
+                    row["fused_vs_hand_bmm"] = row["fused"] / row["hand_bmm"]
+                rows.append(row)
+                print_row(row)
+    # Ray last, so its worker processes never compete with the other measurements.
+    concurrent_cap = args.concurrent_cap if args.concurrent_cap is not None else (4 if args.quick else 16)
+    if device.type == "cpu" and not args.no_concurrent:
+        print("concurrent (Ray actors with fractional CPUs):", flush=True)
+        for row in rows:
+            if row["B"] <= concurrent_cap:
+                row["concurrent"] = concurrent_rate(row["model"], row["B"], steps, warmup, args.threads)
+                print_row(row)
+    print("results:", flush=True)
+    print_row.header = False
+    for row in rows:
+        print_row(row)
+    return {
+        "rows": rows,
+        "machine": {
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "settings": {
+            "steps": steps,
+            "warmup": warmup,
+            "repeats": REPEATS,
+            "serial_cap": args.serial_cap,
+            "concurrent_cap": concurrent_cap,
+            "torch_threads": args.threads,
+            "units": "samples/s (members x batch x steps / s); ratio = fused / serial",
+        },
+        "models": {name: member_configs(name, 1)[0] for name in args.models.split(",")},
+    }
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.1f}" if value >= 10 else f"{value:.2f}"
+    return str(value)
+
+
+COLUMNS = ("model", "dtype", "B", "serial", "concurrent", "fused", "hand_bmm", "ratio", "fused_vs_hand_bmm", "peak_fraction")
+
+
+def print_row(row: Mapping[str, Any]) -> None:
+    if not getattr(print_row, "header", False):
+        print(" ".join(f"{c:>17}" for c in COLUMNS), flush=True)
+        print_row.header = True
+    print(" ".join(f"{fmt(row.get(c)):>17}" for c in COLUMNS), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="B in {1,4,16}, few steps: a CPU run under 3 minutes")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--models", default="mlp,mlp256,char_gpt")
+    parser.add_argument("--members", help="comma-separated B values (default 1,4,16,64,128; --quick 1,4,16)")
+    parser.add_argument("--steps", type=int, help="timed steps per measurement")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="CPU slots: torch threads for serial/fused, Ray CPUs for concurrent (default 1)"
+    )
+    parser.add_argument("--serial-cap", type=int, default=8, help="members timed for the serial rate")
+    parser.add_argument("--concurrent-cap", type=int, help="most Ray actors for the concurrent rate (default 16; --quick 4)")
+    parser.add_argument("--no-concurrent", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        results = run(args)
+    finally:
+        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+            sys.modules["ray"].shutdown()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
