@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Callable, Iterator
 from importlib import import_module
 from tempfile import mkdtemp
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from statistics import median
@@ -57,7 +57,6 @@ class JobSpec:
     memory_cap_bytes: int | None = None
     #: Stop harvesting (evict the guest) after this many batches; None: never.
     evict_after: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # ---- the main job -----------------------------------------------------------------------------
@@ -130,7 +129,7 @@ def synthetic_guest(stage: int, device: torch.device, *, width: int = 64, batch:
 
 
 def digits_guest(stage: int, device: torch.device):
-    """The `examples.mlp_digits` workload as a guest (needs `hpo`, hence Ray, and scikit-learn)."""
+    """One `examples.mlp_digits` config as an unfused guest (needs scikit-learn for the data)."""
     from examples.mlp_digits import workload
 
     return workload_guest(workload, {"lr": 3e-3, "width": 64, "seed": stage, "data_seed": stage}, device=device)
