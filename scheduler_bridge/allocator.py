@@ -297,6 +297,7 @@ class Allocator:
                     died = repr(exc)
             if died:
                 self._end(jid, run)
+                self._refresh_nodes(force=True)   # a dead node must not get the retry
                 lost = any(n not in self.inventory for n, _ in job.where)
                 self._requeue(job, "node-lost" if lost else "fault", died)
                 continue

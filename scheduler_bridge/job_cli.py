@@ -1,0 +1,184 @@
+"""``hpo job start|submit|list|cancel|stop``: the live allocator from the shell.
+
+Wire into the main CLI with ``add_job_parser(subparsers)``; standalone:
+
+    python -m scheduler_bridge.job_cli job start --journal /var/lib/hpo/journal.jsonl \\
+        --storage /shared/hpo --policy qssf
+    python -m scheduler_bridge.job_cli job submit mypkg.train:main --gpus 4 --set lr=0.1
+    python -m scheduler_bridge.job_cli job list
+
+Every command joins an existing Ray cluster (``--address``, else ``RAY_ADDRESS``,
+else ``auto``). Bad input prints one line naming it and exits with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+EXIT_BAD_INPUT = 2
+POLICY_CHOICES = ("fifo", "sjf", "srtf", "qssf", "elastic", "elastic-fixed-batch", "tuning-aware")
+
+
+def _guarded(cmd):
+    """Bad input or no cluster / allocator: one line on stderr, exit 2 (also under ``hpo``)."""
+    def run(args) -> int:
+        try:
+            return cmd(args)
+        except (ValueError, ConnectionError, TimeoutError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    run.__name__ = cmd.__name__
+    return run
+
+
+def _connect(address: str | None) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto",
+                 namespace="hpo", log_to_driver=False)
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _config(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, val = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
+        out[key] = _value(val)
+    return out
+
+
+@_guarded
+def _cmd_start(args) -> int:
+    from . import jobs_api
+
+    _connect(args.address)
+    env = {"env_vars": {"PYTHONPATH": args.pythonpath}} if args.pythonpath else None
+    jobs_api.start_allocator(args.journal, args.storage, args.policy, base_policy=args.base_policy,
+                             backfill=args.backfill, runtime_env=env)
+    print(json.dumps(jobs_api.status(), indent=2))
+    return 0
+
+
+@_guarded
+def _cmd_submit(args) -> int:
+    from . import jobs_api
+
+    fields = dict(name=args.name, user=args.user, vc=args.vc, config=_config(args.set),
+                  batch_size=args.batch_size, min_batch=args.min_batch, max_batch=args.max_batch,
+                  application=args.application, min_gpus=args.min_gpus, max_gpus=args.max_gpus,
+                  expected_seconds=args.expected_seconds, bubble_fraction=args.bubble_fraction)
+    from .live_state import JobSpec
+    JobSpec(entrypoint=args.entrypoint, gpus=args.gpus, **fields)   # bad input fails before connecting
+    _connect(args.address)
+    print(jobs_api.submit(args.entrypoint, args.gpus, **fields))
+    return 0
+
+
+@_guarded
+def _cmd_list(args) -> int:
+    from . import jobs_api
+
+    _connect(args.address)
+    jobs = jobs_api.list_jobs()
+    if args.json:
+        print(json.dumps(jobs, indent=2, default=str))
+        return 0
+    print(f"{'id':>4}  {'state':<9} {'gpus':>4} {'asked':>5} {'batch':>6} {'tries':>5}  {'name':<16} entrypoint")
+    for j in jobs:
+        batch = "" if j["batch_size"] is None else j["batch_size"]
+        print(f"{j['job_id']:>4}  {j['state']:<9} {j['gpus']:>4} {j['requested_gpus']:>5} {batch!s:>6} "
+              f"{j['attempt']:>5}  {j['name'][:16]:<16} {j['entrypoint']}")
+    return 0
+
+
+@_guarded
+def _cmd_cancel(args) -> int:
+    from . import jobs_api
+
+    _connect(args.address)
+    ok = jobs_api.cancel(args.job_id)
+    print("cancelled" if ok else "already ended")
+    return 0
+
+
+@_guarded
+def _cmd_stop(args) -> int:
+    from . import jobs_api
+
+    _connect(args.address)
+    jobs_api.stop_allocator(release_jobs=True)
+    print("allocator stopped; its journal keeps the queue for the next start")
+    return 0
+
+
+def add_job_parser(subparsers) -> None:
+    """Register ``job`` (with start, submit, list, cancel, stop) on an argparse ``subparsers``."""
+    job = subparsers.add_parser("job", help="submit and manage jobs on the live allocator",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = job.add_subparsers(dest="job_command", required=True)
+
+    def common(p):
+        p.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS or auto)")
+        return p
+
+    st = common(sub.add_parser("start", help="start the allocator actor on this node"))
+    st.add_argument("--journal", required=True, help="journal file on this node's local disk")
+    st.add_argument("--storage", required=True, help="checkpoint folder every GPU node can reach")
+    st.add_argument("--policy", default="fifo", choices=POLICY_CHOICES)
+    st.add_argument("--base-policy", default="fifo", help="ordinary-job policy under tuning-aware")
+    st.add_argument("--backfill", default=None, action=argparse.BooleanOptionalAction)
+    st.add_argument("--pythonpath", default=None, help="PYTHONPATH for the allocator and its jobs")
+    st.set_defaults(func=_cmd_start)
+
+    sm = common(sub.add_parser("submit", help="queue a training job; prints its id"))
+    sm.add_argument("entrypoint", help="package.module:function, called with a JobContext")
+    sm.add_argument("--gpus", type=int, default=1)
+    sm.add_argument("--name", default="")
+    sm.add_argument("--user", default=os.environ.get("USER", ""))
+    sm.add_argument("--vc", default="", help="virtual cluster / team (QSSF history key)")
+    sm.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="entry-point config (ctx.config); values parsed as JSON when they can be")
+    sm.add_argument("--batch-size", type=int, default=None)
+    sm.add_argument("--min-batch", type=int, default=None)
+    sm.add_argument("--max-batch", type=int, default=None)
+    sm.add_argument("--application", default=None, help="measured profile: makes the job elastic")
+    sm.add_argument("--min-gpus", type=int, default=None)
+    sm.add_argument("--max-gpus", type=int, default=None)
+    sm.add_argument("--expected-seconds", type=float, default=3600.0, help="run-time hint (SJF/SRTF)")
+    sm.add_argument("--bubble-fraction", type=float, default=0.0,
+                    help="pipeline job: fraction of time its GPUs idle in bubbles")
+    sm.set_defaults(func=_cmd_submit)
+
+    ls = common(sub.add_parser("list", help="all jobs and their state"))
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=_cmd_list)
+
+    cc = common(sub.add_parser("cancel", help="cancel a queued or running job"))
+    cc.add_argument("job_id", type=int)
+    cc.set_defaults(func=_cmd_cancel)
+
+    sp = common(sub.add_parser("stop", help="stop the allocator (the journal keeps the queue)"))
+    sp.set_defaults(func=_cmd_stop)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="hpo")
+    add_job_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The live allocator's decision layer without Ray: journal replay, the same policy
+objects as the simulator, preemption, elastic resizes and tuning guests."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scheduler_bridge import ClusterSpec, Job, make_policy, make_trace, simulate
+from scheduler_bridge.journal import Journal
+from scheduler_bridge.live_driver import LiveDriver
+from scheduler_bridge.live_state import JobSpec
+
+NODES = ["n0", "n1", "n2"]
+INV = {n: 4 for n in NODES}
+
+
+class Recorder:
+    """What the allocator does with an event: journal it, then apply it."""
+
+    def __init__(self, driver: LiveDriver, journal: Journal | None = None):
+        self.driver, self.journal, self.t = driver, journal, 1000.0
+
+    def emit(self, ev: dict, dt: float = 1.0) -> None:
+        self.t += dt
+        ev = {"t": self.t, **ev}
+        if self.journal:
+            self.journal.append(ev)
+        self.driver.apply(ev)
+
+    def submit(self, gpus: int, request_id: str = "", **spec) -> int:
+        jid = self.driver.next_id
+        spec = JobSpec(entrypoint="m:f", gpus=gpus, **spec).to_dict()
+        self.emit({"ev": "submit", "job_id": jid, "request_id": request_id, "spec": spec})
+        return jid
+
+    def start_decided(self) -> list:
+        d = self.driver.decide(INV, NODES, self.t)
+        for jid, where, gpus, batch in d.starts:
+            self.emit({"ev": "start", "job_id": jid, "attempt": self.driver.jobs[jid].attempt + 1,
+                       "where": [list(w) for w in where], "gpus": gpus, "batch_size": batch})
+        return d.starts
+
+
+def test_replaying_the_journal_rebuilds_the_same_table_and_policy_state(tmp_path):
+    path = tmp_path / "j.jsonl"
+    rec = Recorder(LiveDriver(make_policy("qssf")), Journal(path))
+    a = rec.submit(8, user="long", request_id="r-a")
+    b = rec.submit(8, user="short")
+    rec.start_decided()
+    rec.emit({"ev": "finish", "job_id": a, "status": "done", "ran_s": 300.0}, dt=300)
+    rec.start_decided()
+    rec.emit({"ev": "finish", "job_id": b, "status": "done", "ran_s": 5.0}, dt=5)
+    c, d = rec.submit(8, user="long"), rec.submit(8, user="short")
+    rec.start_decided()
+    rec.emit({"ev": "requeue", "job_id": d, "reason": "node-lost"})
+
+    again = LiveDriver(make_policy("qssf"))
+    for ev in Journal(path).replay():
+        again.apply(ev)
+    summaries = lambda drv: [j.summary() for j in sorted(drv.jobs.values(), key=lambda j: j.job_id)]
+    assert summaries(again) == summaries(rec.driver)
+    assert again.next_id == 4 and again.by_request == {"r-a": a}
+    assert again.jobs[c].priority > again.jobs[d].priority, "the rebuilt QSSF history ranks 'short' first"
+
+
+def test_a_torn_last_line_is_dropped_and_later_records_follow_cleanly(tmp_path):
+    path = tmp_path / "j.jsonl"
+    j = Journal(path)
+    j.append({"ev": "submit", "job_id": 0})
+    j.close()
+    with open(path, "a") as f:
+        f.write('{"ev": "start", "job_')   # the allocator died mid-write
+    j = Journal(path)
+    j.append({"ev": "submit", "job_id": 1})
+    assert [r["job_id"] for r in j.replay()] == [0, 1]
+    assert all(json.loads(line) for line in path.read_text().splitlines())
+
+
+@pytest.mark.parametrize("policy", ["fifo", "sjf", "qssf"])
+def test_live_driver_starts_the_same_jobs_in_the_same_places_as_the_simulator(policy):
+    demands = [(4, 50.0), (8, 10.0), (2, 30.0), (4, 5.0), (2, 70.0), (1, 20.0)]
+    trace = make_trace([Job(i, 0.0, g, d) for i, (g, d) in enumerate(demands)])
+    sim = simulate(trace, make_policy(policy), ClusterSpec(12, 4))
+    sim_started = {i for i, t in enumerate(sim.log.first_start) if t == 0.0}
+
+    rec = Recorder(LiveDriver(make_policy(policy)))
+    for g, d in demands:
+        rec.emit({"ev": "submit", "job_id": rec.driver.next_id, "spec":
+                  JobSpec(entrypoint="m:f", gpus=g, expected_seconds=d).to_dict()}, dt=0.0)
+    live_started = {jid for jid, *_ in rec.start_decided()}
+    assert live_started == sim_started, f"{policy}: live started {live_started}, simulator {sim_started}"
+
+
+def test_srtf_preempts_the_running_job_with_more_remaining_gpu_time():
+    rec = Recorder(LiveDriver(make_policy("srtf")))
+    big = rec.submit(12, expected_seconds=1000.0)
+    rec.start_decided()
+    small = rec.submit(4, expected_seconds=10.0)
+    d = rec.driver.decide(INV, NODES, rec.t)
+    assert d.starts == [] and d.stops == [(big, "preempt")]
+    rec.emit({"ev": "stop", "job_id": big, "reason": "preempt"})
+    assert rec.driver.decide(INV, NODES, rec.t).stops == [], "no second preemption while one is stopping"
+    rec.emit({"ev": "requeue", "job_id": big, "reason": "preempt"})
+    assert [s[0] for s in rec.start_decided()] == [small]
+
+
+def test_elastic_policy_resizes_a_running_job_when_others_arrive():
+    rec = Recorder(LiveDriver(make_policy("elastic")))
+    el = dict(application="bert", max_gpus=8, batch_size=12, max_batch=256)
+    a = rec.submit(8, **el)
+    (start,) = rec.start_decided()
+    assert start[2] == 8 and len(start[1]) == 2, "alone, bert is worth 8 GPUs on two nodes"
+    b, c = rec.submit(4, **el), rec.submit(4, **el)
+    d = rec.driver.decide(INV, NODES, rec.t)
+    assert d.stops == [(a, "resize")], "three bert jobs: 4 + 4 + 4 beats keeping A on 8"
+    assert all(s[0] in (b, c) for s in d.starts)
+    rec.emit({"ev": "stop", "job_id": a, "reason": "resize"})
+    first = {s[0] for s in rec.start_decided()}
+    rec.emit({"ev": "requeue", "job_id": a, "reason": "resize", "ran_s": 2.0})
+    then = {s[0]: (s[2], s[3]) for s in rec.start_decided()}
+    assert first | set(then) == {a, b, c}, "a job whose GPUs A still holds waits for A's checkpoint"
+    assert then[a] == (4, 256), "A back on 4 GPUs, bert's best batch 384 clamped to max_batch"
+    assert rec.driver.jobs[a].requeues == ["resize"]
+
+
+def test_a_node_that_disappears_reports_its_running_jobs_lost():
+    rec = Recorder(LiveDriver(make_policy("fifo")))
+    a, b = rec.submit(4), rec.submit(4)
+    rec.start_decided()
+    gone = rec.driver.jobs[b].where[0][0]
+    inv = {n: g for n, g in INV.items() if n != gone}
+    d = rec.driver.decide(inv, NODES, rec.t)
+    assert d.lost == [b] and d.starts == []
+    assert rec.driver.jobs[a].where[0][0] != gone
+
+
+def test_tuning_groups_take_idle_gpus_and_bubbles_and_are_evicted_for_owners():
+    rec = Recorder(LiveDriver(make_policy("tuning-aware", base="fifo")))
+    inv, nodes = {"n0": 4}, ["n0"]
+    pipe = rec.submit(2, bubble_fraction=0.3)
+    d = rec.driver.decide(inv, nodes, rec.t)
+    for jid, where, gpus, batch in d.starts:
+        rec.emit({"ev": "start", "job_id": jid, "attempt": 1, "where": [list(w) for w in where],
+                  "gpus": gpus, "batch_size": batch})
+    tune = rec.submit(1, kind="tuning", groups=5)
+    d = rec.driver.decide(inv, nodes, rec.t)
+    assert [w for *_, w in d.guests] == [["gpu", "n0"]] * 2 + [["bubble", pipe]] * 2, \
+        "2 idle GPUs first, then the pipeline job's 2 GPUs of bubbles; the 5th group waits"
+    for tid, g, w in d.guests:
+        rec.emit({"ev": "guest", "job_id": tid, "group": g, "where": w})
+
+    other = rec.submit(2)   # an ordinary job needs the idle GPUs: the guests there leave at once
+    d = rec.driver.decide(inv, nodes, rec.t)
+    assert [s[0] for s in d.starts] == [other]
+    for jid, where, gpus, batch in d.starts:
+        rec.emit({"ev": "start", "job_id": jid, "attempt": 1, "where": [list(w) for w in where],
+                  "gpus": gpus, "batch_size": batch})
+    assert sorted(d.evictions) == [(tune, 0), (tune, 1)]
+    for tid, g in d.evictions:
+        rec.emit({"ev": "evict", "job_id": tid, "group": g})
+
+    rec.emit({"ev": "reclaim", "job_id": pipe})   # the owner needs its memory back
+    assert rec.driver.jobs[tune].guests == {}
+    assert rec.driver.decide(inv, nodes, rec.t).guests == [], "no bubbles offered after a reclaim"
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(entrypoint="train"), "package.module:function"),
+    (dict(entrypoint="m:f", gpus=0), "gpus must be an int >= 1"),
+    (dict(entrypoint="m:f", max_gpus=4), "application="),
+    (dict(entrypoint="m:f", kind="tuning"), "groups >= 1"),
+    (dict(entrypoint="m:f", min_batch=64, max_batch=32), "min_batch 64 > max_batch 32"),
+])
+def test_job_spec_names_the_bad_field(bad, message):
+    with pytest.raises(ValueError, match=message):
+        JobSpec(**bad)
+
+
+def test_policies_refuse_jobs_they_cannot_run():
+    with pytest.raises(ValueError, match="only runs elastic jobs"):
+        LiveDriver(make_policy("elastic")).check(JobSpec(entrypoint="m:f", gpus=2))
+    with pytest.raises(ValueError, match="need the tuning-aware policy"):
+        LiveDriver(make_policy("fifo")).check(JobSpec(entrypoint="m:f", kind="tuning", groups=2))
