@@ -118,10 +118,8 @@ class Allocator:
             job = self._job(job_id)
             if not job.active:
                 return False
-            run = self.runs.pop(job_id, None)
-            if run is not None or job.state in ("running", "stopping"):
-                placement.release(placement.group_name(job_id, job.attempt), len(job.where),
-                                  run.workers if run else None)
+            if job.state in ("running", "stopping"):
+                self._release(job)
             self._emit({"ev": "finish", "job_id": job_id, "status": "cancelled"})
             return True
 
@@ -154,9 +152,7 @@ class Allocator:
             n = 0
             for job in self.driver.jobs.values():
                 if job.state in ("running", "stopping"):
-                    run = self.runs.pop(job.job_id, None)
-                    placement.release(placement.group_name(job.job_id, job.attempt), len(job.where),
-                                      run.workers if run else None)
+                    self._release(job)
                     n += 1
             self.journal.close()
             return n
@@ -240,9 +236,7 @@ class Allocator:
         d = self.driver.decide(self.inventory, self.order, time.time())
         for jid in d.lost:
             job = self.driver.jobs[jid]
-            run = self.runs.pop(jid, None)
-            placement.release(placement.group_name(jid, job.attempt), len(job.where),
-                              run.workers if run else None)
+            self._release(job)
             self._requeue(job, "node-lost")
         for jid, reason in d.stops:
             run = self.runs.get(jid)
@@ -323,3 +317,10 @@ class Allocator:
     def _end(self, jid: int, run: _Run) -> None:
         self.runs.pop(jid, None)
         placement.release(run.name, len(run.workers), run.workers)
+
+    def _release(self, job: LiveJob) -> None:
+        """Kill the current attempt's actors and remove its group (found by name if
+        this allocator never held their handles)."""
+        run = self.runs.pop(job.job_id, None)
+        placement.release(placement.group_name(job.job_id, job.attempt), len(job.where),
+                          run.workers if run else None)
