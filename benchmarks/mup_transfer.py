@@ -63,12 +63,18 @@ from hpo.scaling import MuPWorkload, transfer_config  # noqa: E402
 
 PRESETS = {
     # 2-core CPU, under 10 minutes.
-    "quick": dict(widths=[64, 128, 256], log2_lrs=list(range(-10, -2)), steps=150, batch_size=32, block_size=32, n_layer=2),
-    # One GPU, about 10 minutes on an H100.
-    "full": dict(
-        widths=[128, 256, 512, 1024, 2048], log2_lrs=list(range(-14, -4)), steps=500, batch_size=64, block_size=64, n_layer=2
+    "quick": dict(
+        widths=[64, 128, 256], log2_lrs=list(range(-10, -2)), steps=150, batch_size=32, block_size=32, n_layer=2,
+        readout_zero_init=False,
     ),
-}
+    # One GPU, about 10 minutes on an H100. At a 16x width ratio muP's readout (weights at the
+    # base width's scale, output x base/width) starts with logits sqrt(16) = 4x the target's;
+    # a zero readout starts every width at 0 (Tensor Programs V's recommendation).
+    "full": dict(
+        widths=[128, 256, 512, 1024, 2048], log2_lrs=list(range(-14, -4)), steps=500, batch_size=64, block_size=64, n_layer=2,
+        readout_zero_init=True,
+    ),
+}  # fmt: skip
 
 
 class _Scaling:
@@ -86,6 +92,7 @@ def run_config(settings: dict, log2_lr: int, width: int, parametrization: str) -
         "n_layer": settings["n_layer"],
         "block_size": settings["block_size"],
         "batch_size": settings["batch_size"],
+        "readout_zero_init": settings["readout_zero_init"],
         "attn_scale": "inv_sqrt_d",  # head_dim is fixed, so this is width-independent (see above)
         "optimizer": "adamw",
         "lr": 2.0**log2_lr,
@@ -189,6 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--widths", type=int, nargs="+", help="override the preset's widths")
     parser.add_argument("--log2-lrs", type=int, nargs="+", help="override the preset's log2 learning-rate grid")
     parser.add_argument("--steps", type=int, help="override the preset's training steps per run")
+    parser.add_argument("--readout-zero-init", type=int, choices=[0, 1], help="override the preset's readout init")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = parser.parse_args(argv)
 
@@ -198,6 +206,8 @@ def main(argv: list[str] | None = None) -> dict:
             settings[key] = sorted(getattr(args, key))
     if args.steps is not None:
         settings["steps"] = args.steps
+    if args.readout_zero_init is not None:
+        settings["readout_zero_init"] = bool(args.readout_zero_init)
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True

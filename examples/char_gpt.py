@@ -7,7 +7,7 @@ linear `readout`. `width` is the embedding size; heads keep `head_dim` fixed as 
 which is how muP scales transformers.
 
 muP knobs (config keys; their defaults are the plain nanoGPT model): `attn_scale` ('inv_d' is
-muP's 1/d attention), `attn_mult`, `emb_mult`, `output_mult` and `init_std`. They are the
+muP's 1/d attention), `attn_mult`, `emb_mult`, `output_mult`, `init_std` and `readout_zero_init`. They are the
 hyperparameters muP transfers from a narrow proxy to the wide target (Tensor Programs V,
 table 1); `hpo.scaling` does the width-dependent part (MuReadout, base shapes, per-layer lr).
 """
@@ -91,6 +91,7 @@ class CharGPT(nn.Module):
         emb_mult: float = 1.0,
         output_mult: float = 1.0,
         init_std: float | None = None,
+        readout_zero_init: bool = False,
     ):
         super().__init__()
         self.block_size = block_size
@@ -105,6 +106,9 @@ class CharGPT(nn.Module):
         self.output_mult = output_mult
         if init_std is not None:  # GPT-2 init; under hpo.scaling it is redrawn with mup.init's width rules
             self.apply(lambda module: _normal_init(module, init_std))
+        if readout_zero_init:  # muP's recommended readout init: logits start at 0 at every width
+            nn.init.zeros_(self.readout.weight)
+            nn.init.zeros_(self.readout.bias)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (N, T) -> (N, T, vocab)
         positions = torch.arange(idx.shape[1], device=idx.device)
@@ -133,6 +137,7 @@ class CharGPTWorkload(Workload):
         "emb_mult": 1.0,
         "output_mult": 1.0,
         "init_std": None,
+        "readout_zero_init": False,
         "batch_size": 32,
         "optimizer": "adamw",
         "lr": 3e-3,
@@ -153,6 +158,7 @@ class CharGPTWorkload(Workload):
             emb_mult=float(config["emb_mult"]),
             output_mult=float(config["output_mult"]),
             init_std=None if config["init_std"] is None else float(config["init_std"]),
+            readout_zero_init=bool(config["readout_zero_init"]),
         )
 
     @staticmethod

@@ -148,3 +148,13 @@ def test_char_gpt_with_mup_attention_builds_without_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         proxy_workload(char_gpt, ScalingConfig(target_width=64, ratio=2), config={"attn_scale": "inv_d"})
+
+
+def test_readout_zero_init_and_init_std_give_mups_width_scaled_init():
+    proxy = MuPWorkload(mlp_digits, width=32, base_width=128)
+    torch.manual_seed(0)
+    model = proxy.build_model(proxy.resolve({"init_std": 0.02, "readout_zero_init": True}))
+    assert not model.readout.weight.any(), "readout_zero_init zeroes the readout"
+    hidden_std = model.body[2].weight.std().item()
+    assert hidden_std == pytest.approx(0.02 * (32 / 128) ** -0.5, rel=0.1), "hidden std scales like width**-0.5"
+    assert model.body[0].weight.std().item() == pytest.approx(0.02, rel=0.1), "input weights keep init_std"

@@ -11,6 +11,7 @@ a base width (by default the target's, so the target itself is ordinary parametr
    "width" and rescales the default PyTorch init to muP;
 4. if the config sets `init_std`, every Linear/Embedding weight is re-drawn with
    `mup.init.normal_(std=init_std)` (muP-scaled) and biases zeroed: GPT-2's init under muP;
+   `readout_zero_init: true` zeroes the readout (logits start at 0 at every width);
 5. `lr_multipliers` returns the per-parameter factors that `mup.MuAdam`/`MuAdamW`/`MuSGD` apply,
    so the plain trainer and the fused optimizers both train the proxy in muP.
 
@@ -89,6 +90,10 @@ class MuPWorkload(Workload):
         init_std = config.get("init_std")
         if init_std is not None:
             mup_normal_init_(model, float(init_std))
+        if config.get("readout_zero_init"):
+            with torch.no_grad():
+                for tensor in model.get_submodule(self.readout).parameters():
+                    tensor.zero_()
         return model
 
     def _shape_models(self, config: Mapping[str, Any]) -> tuple[nn.Module, nn.Module]:

@@ -28,7 +28,7 @@ TRANSFERABLE: frozenset[str] = frozenset(
     {
         "lr", "optimizer", "beta1", "beta2", "momentum", "nesterov",
         "lr_schedule", "warmup_steps", "schedule_steps", "lr_gamma", "min_lr_ratio",
-        "init_std", "output_mult", "emb_mult", "attn_mult", "attn_scale",
+        "init_std", "readout_zero_init", "output_mult", "emb_mult", "attn_mult", "attn_scale",
     }
 )  # fmt: skip
 
