@@ -112,6 +112,9 @@ class LiveDriver:
             if spec.kind != "train" or not spec.elastic:
                 raise ValueError(f"the {self.policy.name} policy only runs elastic jobs: give application= "
                                  f"(one of {', '.join(sorted(self.profiles))})")
+            if (spec.min_gpus or 1) > 1:
+                raise ValueError(f"min_gpus={spec.min_gpus}: the {self.policy.name} policy (shared with the "
+                                 "simulator) has no lower GPU bound; leave min_gpus at 1")
             if spec.application not in self.profiles:
                 raise ValueError(f"unknown application {spec.application!r}; measured profiles: "
                                  f"{', '.join(sorted(self.profiles))}")

@@ -181,5 +181,8 @@ def test_job_spec_names_the_bad_field(bad, message):
 def test_policies_refuse_jobs_they_cannot_run():
     with pytest.raises(ValueError, match="only runs elastic jobs"):
         LiveDriver(make_policy("elastic")).check(JobSpec(entrypoint="m:f", gpus=2))
+    with pytest.raises(ValueError, match="no lower GPU bound"):
+        LiveDriver(make_policy("elastic")).check(
+            JobSpec(entrypoint="m:f", gpus=4, application="bert", min_gpus=2, max_gpus=8))
     with pytest.raises(ValueError, match="need the tuning-aware policy"):
         LiveDriver(make_policy("fifo")).check(JobSpec(entrypoint="m:f", kind="tuning", groups=2))
