@@ -224,6 +224,10 @@ def main(argv: list[str] | None = None) -> dict:
             for log2_lr in log2_lrs:
                 run = train(workload, run_config(settings, log2_lr, width, parametrization), steps, device)
                 runs[(parametrization, width, log2_lr)] = run
+                if args.json:  # progress survives a run cut short by a time limit
+                    partial = [{"parametrization": p, "width": w, "log2_lr": lr, **r} for (p, w, lr), r in runs.items()]
+                    args.json.parent.mkdir(parents=True, exist_ok=True)
+                    args.json.with_suffix(".partial.json").write_text(json.dumps(partial, indent=1) + "\n")
                 print(
                     f"{parametrization:3s} width {width:5d} log2(lr) {log2_lr:4d}: val_loss {run['val_loss']:.4f} "
                     f"({run['seconds']:.1f}s)",
