@@ -165,7 +165,12 @@ class FusedOptimizer:
         return [hp.lr * hp.lr_factor(step) for hp, step in zip(self.hparams, self.steps)]
 
     def _column(self, values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=self.params[0].dtype).view(-1, 1).to(self.params[0].device, non_blocking=True)
+        return self._columns(values)[0]
+
+    def _columns(self, *values: list[float]) -> list[torch.Tensor]:
+        """`[B, 1]` columns of per-member scalars, sent to the device in one transfer."""
+        table = torch.tensor(values, dtype=self.params[0].dtype).view(len(values), -1, 1)
+        return list(table.to(self.params[0].device, non_blocking=True).unbind(0))
 
     def _per_member(self, values: list[float], transform=None) -> torch.Tensor:
         """An lr-scaled quantity per member (`[B, 1]`), or per element (`[B, P]`) with lr multipliers.
@@ -214,26 +219,29 @@ class FusedOptimizer:
 
     def _adam(self, params: torch.Tensor, grads: torch.Tensor, lrs: list[float]) -> None:
         steps = [s + 1 for s in self.steps]
-        if self.kind == "adamw":
-            if self._any_decay:
-                weight_decay = [hp.weight_decay for hp in self.hparams]
-                if self.lr_multipliers is None:
-                    decay = self._column([1 - lr * wd for lr, wd in zip(lrs, weight_decay)])
-                else:
-                    wd = torch.tensor(weight_decay, dtype=torch.float64, device=params.device).view(-1, 1)
-                    decay = self._per_member(lrs, lambda lr: 1 - lr * wd)
-                params.mul_(decay)
-        elif self._any_decay:
+        # Bias corrections and step sizes in double precision, as torch computes them in Python.
+        neg_step = [-lr / (1 - hp.beta1**s) for lr, hp, s in zip(lrs, self.hparams, steps)]
+        correction2_sqrt = [math.sqrt(1 - hp.beta2**s) for hp, s in zip(self.hparams, steps)]
+        decoupled = self.kind == "adamw" and self._any_decay
+        if self.lr_multipliers is None:
+            decay = [1 - lr * hp.weight_decay for lr, hp in zip(lrs, self.hparams)]
+            neg_step_t, correction2_t, decay_t = self._columns(neg_step, correction2_sqrt, decay)
+        else:
+            (correction2_t,) = self._columns(correction2_sqrt)
+            neg_step_t = self._per_member(neg_step)
+            if decoupled:
+                wd = torch.tensor([hp.weight_decay for hp in self.hparams], dtype=torch.float64, device=params.device)
+                decay_t = self._per_member(lrs, lambda lr: 1 - lr * wd.view(-1, 1))
+        if decoupled:
+            params.mul_(decay_t)
+        elif self.kind == "adam" and self._any_decay:
             grads.addcmul_(params, self._weight_decay)
         exp_avg, exp_avg_sq = self.state["exp_avg"], self.state["exp_avg_sq"]
         scaled, denom = self._scratch
         exp_avg.lerp_(grads, self._one_minus_beta1)
         exp_avg_sq.mul_(self._beta2).addcmul_(torch.mul(grads, self._one_minus_beta2, out=scaled), grads)
-        # Bias corrections and step sizes in double precision, as torch computes them in Python.
-        step_size = [lr / (1 - hp.beta1**s) for lr, hp, s in zip(lrs, self.hparams, steps)]
-        correction2_sqrt = [math.sqrt(1 - hp.beta2**s) for hp, s in zip(self.hparams, steps)]
-        torch.sqrt(exp_avg_sq, out=denom).div_(self._column(correction2_sqrt)).add_(self._eps)
-        params.addcdiv_(torch.mul(exp_avg, self._per_member([-s for s in step_size]), out=scaled), denom)
+        torch.sqrt(exp_avg_sq, out=denom).div_(correction2_t).add_(self._eps)
+        params.addcdiv_(torch.mul(exp_avg, neg_step_t, out=scaled), denom)
 
     # -- members -------------------------------------------------------------------------------
 
