@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -306,7 +307,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print_row(row)
     # Ray last, so its worker processes never compete with the other measurements.
     concurrent_cap = args.concurrent_cap if args.concurrent_cap is not None else (4 if args.quick else 16)
-    if device.type == "cpu" and not args.no_concurrent:
+    if device.type == "cpu" and not args.no_concurrent and importlib.util.find_spec("ray") is None:
+        print("concurrent: skipped, Ray is not installed", flush=True)
+    elif device.type == "cpu" and not args.no_concurrent:
         print("concurrent (Ray actors with fractional CPUs):", flush=True)
         for row in rows:
             if row["B"] <= concurrent_cap:
