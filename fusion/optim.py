@@ -128,7 +128,8 @@ class FusedOptimizer:
         """
         self._params_flat = self.flat(self.params)
         self._grads_flat = torch.zeros_like(self._params_flat)
-        for param, value, grad in zip(self.params, self.unflat(self._params_flat), self.unflat(self._grads_flat)):
+        self._grad_views = self.unflat(self._grads_flat)
+        for param, value, grad in zip(self.params, self.unflat(self._params_flat), self._grad_views):
             param.data = value
             param.grad = grad
         self._scratch = [torch.empty_like(self._params_flat) for _ in range(2)]
@@ -156,7 +157,7 @@ class FusedOptimizer:
     def zero_grad(self) -> None:
         """Zero the gradient matrix; autograd then accumulates into it in place."""
         self._grads_flat.zero_()
-        for param, grad in zip(self.params, self.unflat(self._grads_flat)):
+        for param, grad in zip(self.params, self._grad_views):
             if param.grad is None or param.grad.data_ptr() != grad.data_ptr():
                 param.grad = grad
 
@@ -186,7 +187,7 @@ class FusedOptimizer:
     def step(self) -> None:
         """One optimizer step for every member, each with its own schedule, clipping and state."""
         grads, params = self._grads_flat, self._params_flat
-        for param, grad in zip(self.params, self.unflat(grads)):
+        for param, grad in zip(self.params, self._grad_views):
             if param.grad is not None and param.grad.data_ptr() != grad.data_ptr():
                 grad.copy_(param.grad)  # someone replaced .grad; take it into the matrix
         if self._any_clip:
