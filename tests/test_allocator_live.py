@@ -209,6 +209,26 @@ def test_elastic_job_is_resized_and_continues_from_its_checkpoint(allocator, tmp
     assert steps == list(range(1, 61)), "every step ran exactly once across the resize"
 
 
+def test_srtf_preempts_a_long_job_which_resumes_from_its_checkpoint(allocator, tmp_path):
+    from scheduler_bridge import jobs_api
+
+    allocator("srtf")
+    log = tmp_path / "big.log"
+    big = jobs_api.submit(ENTRY, 12, expected_seconds=1000.0,
+                          config={"steps": 40, "step_s": 0.1, "every": 100, "log": str(log)})
+    wait_for(lambda: any(r["ev"] == "step" and r["step"] >= 8 for r in read_log(log)), what="big running")
+    small = jobs_api.submit(ENTRY, 4, expected_seconds=1.0, config={"steps": 5})
+    fs, fb = jobs_api.wait_job(small, 120), jobs_api.wait_job(big, 120)
+    assert fs["state"] == fb["state"] == "done", (fs["error"], fb["error"])
+    assert fb["requeues"] == ["preempt"] and fs["requeues"] == []
+    recs = read_log(log)
+    starts = [r for r in recs if r["ev"] == "start"]
+    last_before = max(r["step"] for r in recs if r["ev"] == "step" and r["attempt"] == 1)
+    assert len(starts) == 2 and starts[1]["step"] == last_before, \
+        "preemption checkpointed on request (no periodic checkpoint here) and resumed there"
+    assert [r["step"] for r in recs if r["ev"] == "step"] == list(range(1, 41))
+
+
 def test_allocator_killed_restarts_from_its_journal_without_losing_or_duplicating_jobs(
         allocator, tmp_path):
     import ray
