@@ -285,6 +285,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.members:
         members = tuple(int(b) for b in args.members.split(","))
     steps, warmup = (args.steps or (4 if args.quick else 20)), 2
+    global REPEATS
+    REPEATS = args.repeats or (3 if args.quick else 5)
     load_corpus()
     peaks = {dtype: matmul_peak(device, dtype) for dtype in dtypes} if device.type == "cuda" else {}
     rows = []
@@ -370,6 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="CPU slots: torch threads for serial/fused, Ray CPUs for concurrent (default 1)"
     )
+    parser.add_argument("--repeats", type=int, help="timed runs per measurement, best kept (default 5; --quick 3)")
     parser.add_argument("--serial-cap", type=int, default=8, help="members timed for the serial rate")
     parser.add_argument("--concurrent-cap", type=int, help="most Ray actors for the concurrent rate (default 16; --quick 4)")
     parser.add_argument("--no-concurrent", action="store_true")
