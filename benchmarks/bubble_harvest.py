@@ -5,8 +5,9 @@ reference MLP twice in the same processes, batch by batch in turn: without a gue
 guest in its bubbles (see `pipeline_bubble.abtest`). Reported per point:
 
 - theory_fraction (p-1)/(m+p-1) and measured_fraction (mean over stages of wait time / batch time);
-- slowdown: median batch time with harvesting / without - 1;
-- harvested_fraction: guest step time / bubble time of the run without a guest;
+- slowdown: median over batch pairs of (batch time with harvesting / without) - 1;
+- harvested_fraction: guest step time / bubble time of the run without a guest, next to
+  harvestable_fraction, the share of that bubble in waits the executor may fill at all;
 - guest_samples_per_s; main_job_bit_identical (losses, parameters and global RNG equal).
 
     python benchmarks/bubble_harvest.py --quick --json runs/bubble_harvest.json   # CPU, < 5 min
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                 plot_gantt(timelines, args.out / f"gantt_p{stages}_m{micro_batches}_{run}.png", title=run)
         print(
             f"p={stages} m={micro_batches:>2} {row['device']}: bubble theory {row['theory_fraction']:.3f} "
-            f"measured {row['measured_fraction']:.3f} | harvested {row['harvested_fraction']:.1%} of it, "
+            f"measured {row['measured_fraction']:.3f} | harvested {row['harvested_fraction']:.1%} of it "
+            f"({row['harvestable_fraction']:.0%} harvestable), "
             f"slowdown {row['slowdown']:+.1%}, {row['guest_samples_per_s']:.0f} guest samples/s | "
             f"bit-identical {row['main_job_bit_identical']} ({row['wall_s']:.0f} s, load {load:.1f})",
             flush=True,

@@ -245,7 +245,16 @@ def summarize_ab(results: list[dict[str, Any]], skip: int = 1) -> dict[str, Any]
     base = [StageTimeline.from_dict(r["timelines"]["baseline"]) for r in results]
     harv = [StageTimeline.from_dict(r["timelines"]["harvested"]) for r in results]
     base_summary, harv_summary = summarize(base, skip), summarize(harv, skip)
+    from pipeline_bubble.instrumented_engine import is_harvestable
+
     bubble = sum(b.total(WAIT) for t in base for b in t.measured(skip))
+    harvestable = sum(
+        i.duration
+        for t in base
+        for b in t.measured(skip)
+        for i in b.intervals
+        if i.category == WAIT and is_harvestable(i.name, t.stage, t.stages)
+    )
     guest = sum(b.total(GUEST) for t in harv for b in t.measured(skip))
     wall = sum(b.span for b in harv[0].measured(skip))
     samples_per_step = [r["harvest"]["samples"] / max(r["harvest"]["steps"], 1) for r in results]
@@ -264,6 +273,8 @@ def summarize_ab(results: list[dict[str, Any]], skip: int = 1) -> dict[str, Any]
         "batch_time_harvested_s": harv_summary["median_batch_time_s"],
         "slowdown": _paired_slowdown(base, harv, skip),
         "harvested_fraction": guest / bubble if bubble > 0 else 0.0,
+        # Share of the bubble in waits a guest may fill (receives; the last stage's loss broadcast).
+        "harvestable_fraction": harvestable / bubble if bubble > 0 else 0.0,
         "guest_samples_per_s": guest_steps * (sum(samples_per_step) / len(samples_per_step)) / wall if wall else 0.0,
         "guest_steps": sum(r["harvest"]["steps"] for r in results),
         "guest_step_time_s": [r["harvest"]["step_time_s"] for r in results],

@@ -48,6 +48,11 @@ HARVESTABLE = ("RecvActivation", "RecvGrad")
 LOSS_BROADCAST = "LossBroadcast"
 
 
+def is_harvestable(name: str, stage: int, stages: int) -> bool:
+    """Whether a guest may fill the wait of instruction `name` on `stage` (see `HARVESTABLE`)."""
+    return name in HARVESTABLE or (name == LOSS_BROADCAST and stage == stages - 1)
+
+
 class StageRecorder:
     """Collects one stage's intervals batch by batch into a `StageTimeline`."""
 
@@ -125,7 +130,7 @@ class InstrumentedPipelineEngine(PipelineEngine):
         if not recorder.active:  # eval_batch and anything else outside train_batch
             return run()
         slot = recorder.next_slot()
-        harvestable = name in HARVESTABLE or (name == LOSS_BROADCAST and self.is_last_stage())
+        harvestable = is_harvestable(name, self.stage_id, self.num_stages)
         executor = self.bubble_executor if harvestable else None
         harvested = executor.harvest(slot, recorder) if executor is not None else 0.0
         begin, host_begin = recorder.mark(), time.perf_counter()
