@@ -23,6 +23,7 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_gpus: in
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
         return
     ray.init(
+        address="local",  # a new Ray even when `ray start` runs a cluster on this machine
         num_cpus=os.cpu_count() or 1,
         num_gpus=num_gpus,
         include_dashboard=dashboard,

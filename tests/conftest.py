@@ -26,6 +26,7 @@ def ray_local():
     import ray
 
     ray.init(
+        address="local",
         num_cpus=2,
         num_gpus=4,
         include_dashboard=False,
