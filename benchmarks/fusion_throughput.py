@@ -113,54 +113,63 @@ def autocast(device: torch.device, dtype: str):
 REPEATS = 5
 
 
-def timed(step: Callable[[], None], steps: int, warmup: int, device: torch.device) -> float:
-    """Seconds for `steps` steps after `warmup` steps: the fastest of `REPEATS` runs."""
-    for _ in range(warmup):
-        step()
-    best = math.inf
+def measure(
+    methods: Mapping[str, tuple[list[Callable[[], None]], int]], steps: int, warmup: int, device: torch.device
+) -> dict[str, float]:
+    """Samples/s of each method: `(step functions, samples per step of all of them)`.
+
+    Methods take turns within each of `REPEATS` rounds and each keeps its fastest round, so a
+    burst of load from other processes on a shared machine hits them alike."""
+    for step_fns, _ in methods.values():
+        for step in step_fns:
+            for _ in range(warmup):
+                step()
+    best = dict.fromkeys(methods, math.inf)
     for _ in range(REPEATS):
-        synchronize(device)
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return best
+        for name, (step_fns, _) in methods.items():
+            synchronize(device)
+            start = time.perf_counter()
+            for step in step_fns:  # serial: one member after another
+                for _ in range(steps):
+                    step()
+            synchronize(device)
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: samples * steps / best[name] for name, (_, samples) in methods.items()}
 
 
-# -- the three ways to train B members --------------------------------------------------------
+# -- the ways to train B members ----------------------------------------------------------------
 
 
-def serial_rate(model: str, members: int, dtype: str, device: torch.device, steps: int, warmup: int, cap: int) -> float:
+def serial_steps(model: str, members: int, dtype: str, device: torch.device, cap: int) -> tuple[list[Callable[[], None]], int]:
+    """One step function per member (PyTorch's own optimizer), for up to `cap` members."""
     workload, _ = MODELS[model]
     configs = member_configs(model, members)[:cap]
     batch = [t.to(device) for t in next(workload.train_batches(configs[0], 0))]
-    elapsed = 0.0
+    steps = []
     for config in configs:
         net = build_member(workload, config).to(device)
         hp = OptimHParams.from_config(config)
         optimizer = build_torch_optimizer(net.named_parameters(), hp, workload.lr_multipliers(net, hp.optimizer))
 
-        def step() -> None:
+        def step(net=net, optimizer=optimizer) -> None:
             with autocast(device, dtype):
                 loss = workload.loss(net(batch[0]), batch[1])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
 
-        elapsed += timed(step, steps, warmup, device)
-    return len(configs) * batch[0].shape[0] * steps / elapsed
+        steps.append(step)
+    return steps, len(configs) * batch[0].shape[0]
 
 
-def fused_rate(model: str, members: int, dtype: str, device: torch.device, steps: int, warmup: int) -> float:
+def fused_steps(model: str, members: int, dtype: str, device: torch.device) -> tuple[list[Callable[[], None]], int]:
     workload, _ = MODELS[model]
     trainer = FusedTrainer(workload, member_configs(model, members), device=device, dtype=dtype)
     inputs, targets = (t.to(device) for t in next(workload.train_batches(trainer.configs[0], 0)))
-    elapsed = timed(lambda: trainer.train_step(inputs, targets), steps, warmup, device)
-    return members * inputs.shape[0] * steps / elapsed
+    return [lambda: trainer.train_step(inputs, targets)], members * inputs.shape[0]
 
 
-def hand_bmm_rate(model: str, members: int, dtype: str, device: torch.device, steps: int, warmup: int) -> float:
+def hand_bmm_steps(model: str, members: int, dtype: str, device: torch.device) -> tuple[list[Callable[[], None]], int]:
     """The MLP written by hand as stacked baddbmm layers, one Adam for all members' weights."""
     workload, base = MODELS[model]
     config = member_configs(model, 1)[0]
@@ -185,8 +194,7 @@ def hand_bmm_rate(model: str, members: int, dtype: str, device: torch.device, st
         loss.backward()
         optimizer.step()
 
-    elapsed = timed(step, steps, warmup, device)
-    return members * inputs.shape[0] * steps / elapsed
+    return [step], members * inputs.shape[0]
 
 
 def concurrent_rate(model: str, members: int, steps: int, warmup: int, cpus: int) -> float | None:
@@ -207,9 +215,11 @@ def concurrent_rate(model: str, members: int, steps: int, warmup: int, cpus: int
     Member = ray.remote(num_cpus=cpus / members)(_MemberActor)
     actors = [Member.remote(model, config, steps, warmup) for config in member_configs(model, members)]
     ray.get([a.ready.remote() for a in actors])
-    start = time.perf_counter()
-    samples = sum(ray.get([a.train.remote() for a in actors]))
-    elapsed = time.perf_counter() - start
+    elapsed = math.inf
+    for _ in range(REPEATS):  # fastest round, as for the other methods
+        start = time.perf_counter()
+        samples = sum(ray.get([a.train.remote() for a in actors]))
+        elapsed = min(elapsed, time.perf_counter() - start)
     for actor in actors:
         ray.kill(actor)
     return samples / elapsed
@@ -267,8 +277,8 @@ def matmul_peak(device: torch.device, dtype: str) -> float:
     n = 8192
     a = torch.randn(n, n, device=device, dtype=torch.float32 if dtype == "fp32" else torch.bfloat16)
     b = torch.randn_like(a)
-    elapsed = timed(lambda: a @ b, 20, 3, device)
-    return 2 * n**3 * 20 / elapsed
+    rate = measure({"matmul": ([lambda: a @ b], 1)}, 20, 3, device)["matmul"]  # matmuls per second
+    return 2 * n**3 * rate
 
 
 # -- driver --------------------------------------------------------------------------------------
@@ -294,9 +304,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for dtype in dtypes:
             for b in members:
                 row: dict[str, Any] = {"model": model, "device": device.type, "dtype": dtype, "B": b, "concurrent": None}
-                row["serial"] = serial_rate(model, b, dtype, device, steps, warmup, args.serial_cap)
-                row["fused"] = fused_rate(model, b, dtype, device, steps, warmup)
-                row["hand_bmm"] = hand_bmm_rate(model, b, dtype, device, steps, warmup) if model.startswith("mlp") else None
+                methods = {
+                    "serial": serial_steps(model, b, dtype, device, args.serial_cap),
+                    "fused": fused_steps(model, b, dtype, device),
+                }
+                if model.startswith("mlp"):
+                    methods["hand_bmm"] = hand_bmm_steps(model, b, dtype, device)
+                row.update(measure(methods, steps, warmup, device))
+                row.setdefault("hand_bmm", None)
+                del methods
                 row["ratio"] = row["fused"] / row["serial"]
                 if device.type == "cuda":
                     achieved = row["fused"] * flops_per_sample(model)
