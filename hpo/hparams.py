@@ -10,9 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+
+if TYPE_CHECKING:
+    from hpo.workload import Workload
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "step")
@@ -92,20 +95,36 @@ def build_torch_optimizer(
     named_params: Iterable[tuple[str, torch.nn.Parameter]],
     hp: OptimHParams,
     lr_multipliers: Mapping[str, float] | None = None,
+    weight_decay_multipliers: Mapping[str, float] | None = None,
 ) -> torch.optim.Optimizer:
     """PyTorch's own optimizer for one unfused trial (the reference the fused optimizers match).
 
-    Parameters with an lr multiplier (muP) go into their own parameter group; LambdaLR schedules
-    scale every group's initial lr by the same factor, so the multipliers survive the schedule.
+    Parameters with lr or weight-decay multipliers (muP) go into their own parameter group;
+    LambdaLR schedules scale every group's initial lr by the same factor, so the multipliers
+    survive the schedule.
     """
-    multipliers = lr_multipliers or {}
-    groups: dict[float, list[torch.nn.Parameter]] = {}
+    lr_scales, wd_scales = lr_multipliers or {}, weight_decay_multipliers or {}
+    groups: dict[tuple[float, float], list[torch.nn.Parameter]] = {}
     for name, param in named_params:
-        groups.setdefault(float(multipliers.get(name, 1.0)), []).append(param)
-    params = [{"params": group, "lr": hp.lr * scale} for scale, group in groups.items()]
+        key = (float(lr_scales.get(name, 1.0)), float(wd_scales.get(name, 1.0)))
+        groups.setdefault(key, []).append(param)
+    params = [
+        {"params": group, "lr": hp.lr * lr_scale, "weight_decay": hp.weight_decay * wd_scale}
+        for (lr_scale, wd_scale), group in groups.items()
+    ]
     if hp.optimizer == "sgd":
         return torch.optim.SGD(
             params, lr=hp.lr, momentum=hp.momentum, nesterov=hp.nesterov, weight_decay=hp.weight_decay
         )
     cls = torch.optim.Adam if hp.optimizer == "adam" else torch.optim.AdamW
     return cls(params, lr=hp.lr, betas=(hp.beta1, hp.beta2), eps=hp.eps, weight_decay=hp.weight_decay)
+
+
+def workload_optimizer(workload: "Workload", model: torch.nn.Module, hp: OptimHParams) -> torch.optim.Optimizer:
+    """The optimizer a trial of `workload` trains `model` with, the workload's muP factors included."""
+    return build_torch_optimizer(
+        model.named_parameters(),
+        hp,
+        workload.lr_multipliers(model, hp.optimizer),
+        workload.weight_decay_multipliers(model, hp.optimizer),
+    )

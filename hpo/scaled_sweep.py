@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.results import SweepResult
-from hpo.scaling import ScalingError, coord_check, proxy_workload, train_target, transfer_config
+from hpo.scaling import ScalingError, complete_transfer, coord_check, proxy_workload
 from hpo.scaling._config import ScalingConfig
 from hpo.workload import Workload
 
@@ -52,10 +52,16 @@ def finish(
     max_iterations: int,
     eager: Any = None,
 ) -> None:
-    """Write `transfer.json` beside the results and attach the transfer (and target run) to `result`."""
+    """Write `transfer.json` beside the results and attach the transfer (and target run) to `result`.
+
+    An eager run already trained the target during the sweep, so it replaces `final_training`.
+    """
     best = result.best_result
-    transfer = transfer_config(
-        best.config, scaling, metric=result.metric, proxy_metric=float(best.metrics[result.metric])
+    if eager is not None:
+        scaling = scaling.model_copy(update={"final_training": False})
+    transfer = complete_transfer(
+        workload, scaling, best.config, result.experiment_path,
+        max_iterations=max_iterations, metric=result.metric, proxy_metric=float(best.metrics[result.metric]),
     )
     if eager is not None:
         report = eager.finish()
@@ -66,13 +72,11 @@ def finish(
         run = report["target_run"]
         if run is not None:
             result.extras["target (eager)"] = f"{run['metric']} = {run['value']:.4g} after {run['iterations']} iterations"
-    elif scaling.final_training:
-        transfer.target_run = train_target(workload, transfer, scaling, max_iterations=max_iterations)
+    elif transfer.target_run is not None:
         run = transfer.target_run
         result.extras["target"] = f"{run.metric} = {run.value:.4g} after {run.iterations} iterations"
-    path = transfer.write_json(Path(result.experiment_path))
     result.transfer = transfer
     result.extras["transferred target config"] = transfer.target_config
     if transfer.flagged:
         result.extras["re-tune on the target (does not transfer)"] = sorted(transfer.flagged)
-    result.extras["transfer"] = str(path)
+    result.extras["transfer"] = str(Path(result.experiment_path) / "transfer.json")

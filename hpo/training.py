@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from hpo.hparams import OptimHParams, build_torch_optimizer
+from hpo.hparams import OptimHParams, workload_optimizer
 from hpo.workload import Batch, Workload
 
 CHECKPOINT_FILE = "trial_state.pt"
@@ -33,11 +33,7 @@ class TrialTrainer:
         self.hparams = OptimHParams.from_config(self.config)
         seed_everything(int(self.config.get("seed", 0)))
         self.model = workload.build_model(self.config)
-        self.optimizer = build_torch_optimizer(
-            self.model.named_parameters(),
-            self.hparams,
-            workload.lr_multipliers(self.model, self.hparams.optimizer),
-        )
+        self.optimizer = workload_optimizer(workload, self.model, self.hparams)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.hparams.lr_factor)
         self.steps_per_iteration = int(self.config.get("steps_per_iteration", workload.steps_per_iteration))
         self.iteration = 0

@@ -76,6 +76,13 @@ class Workload(ABC):
         """
         return {}
 
+    def weight_decay_multipliers(self, model: nn.Module, optimizer: str) -> Mapping[str, float]:
+        """Per-parameter weight-decay multipliers, by parameter name; missing names mean 1.0.
+
+        muP's optimizers scale decay per parameter too (decoupled decay stays lr * wd per weight).
+        """
+        return {}
+
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over every position; override for other tasks."""
         return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))

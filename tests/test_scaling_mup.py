@@ -10,7 +10,7 @@ from torch import nn
 
 from examples.char_gpt import workload as char_gpt
 from examples.mlp_digits import workload as mlp_digits
-from hpo.hparams import OptimHParams, build_torch_optimizer
+from hpo.hparams import OptimHParams, workload_optimizer
 from hpo.scaling import MuPWorkload, ScalingConfig, ScalingError, proxy_workload, target_workload
 from hpo.workload import Workload
 
@@ -44,17 +44,15 @@ def test_target_at_the_base_width_is_the_users_own_model_bit_for_bit():
     "optimizer, mup_optimizer",
     [("adam", mup.MuAdam), ("adamw", mup.MuAdamW), ("sgd", mup.MuSGD)],
 )
-def test_lr_multipliers_train_exactly_like_mups_optimizer(optimizer, mup_optimizer):
+def test_trial_optimizer_trains_exactly_like_mups_optimizer(optimizer, mup_optimizer):
     proxy = MuPWorkload(mlp_digits, width=32, base_width=128)
-    config = proxy.resolve({"optimizer": optimizer, "lr": 0.05})
+    config = proxy.resolve({"optimizer": optimizer, "lr": 0.05, "weight_decay": 0.1})
     torch.manual_seed(0)
     ours = proxy.build_model(config)
     torch.manual_seed(0)
     theirs = proxy.build_model(config)
-    ours_opt = build_torch_optimizer(
-        ours.named_parameters(), OptimHParams.from_config(config), proxy.lr_multipliers(ours, optimizer)
-    )
-    theirs_opt = mup_optimizer(theirs.parameters(), lr=0.05)
+    ours_opt = workload_optimizer(proxy, ours, OptimHParams.from_config(config))
+    theirs_opt = mup_optimizer(theirs.parameters(), lr=0.05, weight_decay=0.1)
     inputs, targets = next(proxy.train_batches(config, seed=0))
     for model, opt in ((ours, ours_opt), (theirs, theirs_opt)):
         for _ in range(2):

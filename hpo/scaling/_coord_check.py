@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hpo.hparams import OptimHParams, build_torch_optimizer
+from hpo.hparams import OptimHParams, workload_optimizer
 from hpo.scaling._mup import MuPWorkload, ScalingError
 from hpo.workload import Workload
 
@@ -136,9 +136,7 @@ def _record_sizes(workload: Workload, config: Mapping[str, Any], seed: int, step
     model = workload.build_model(config)
     model.train()
     hparams = OptimHParams.from_config(config)
-    optimizer = build_torch_optimizer(
-        model.named_parameters(), hparams, workload.lr_multipliers(model, hparams.optimizer)
-    )
+    optimizer = workload_optimizer(workload, model, hparams)
     inputs, targets = next(iter(workload.train_batches(config, seed=0)))  # one fixed batch, as mup does
     sizes: dict[tuple[str, int], float] = {}
 
