@@ -52,6 +52,7 @@ class FusedOptimizer:
         hparams: Sequence[OptimHParams],
         lr_multipliers: Sequence[Mapping[str, float]] | None = None,
         steps: Sequence[int] | None = None,
+        weight_decay_multipliers: Sequence[Mapping[str, float]] | None = None,
     ):
         self.names = list(params)
         self.params = [params[name] for name in self.names]
@@ -76,6 +77,7 @@ class FusedOptimizer:
             self.offsets.append(self.offsets[-1] + size)
         self.steps = list(steps) if steps is not None else [0] * self.num_members
         self.lr_multipliers = self._multiplier_matrix(lr_multipliers)
+        self.weight_decay_multipliers = self._multiplier_matrix(weight_decay_multipliers)
         total = self.offsets[-1]
         self.state = {
             name: torch.zeros(self.num_members, total, dtype=first.dtype, device=first.device) for name in STATE_NAMES[self.kind]
@@ -88,7 +90,7 @@ class FusedOptimizer:
     # -- layout --------------------------------------------------------------------------------
 
     def _multiplier_matrix(self, multipliers: Sequence[Mapping[str, float]] | None) -> torch.Tensor | None:
-        """`[B or 1, P]` per-element lr multipliers (float64), or None when every multiplier is 1."""
+        """`[B or 1, P]` per-element multipliers (float64), or None when every multiplier is 1."""
         if not multipliers or all(all(float(v) == 1.0 for v in m.values()) for m in multipliers):
             return None
         rows = []
@@ -112,6 +114,8 @@ class FusedOptimizer:
         self._one_minus_beta2 = column([1 - hp.beta2 for hp in hps])
         self._eps = column([hp.eps for hp in hps])
         self._weight_decay = column([hp.weight_decay for hp in hps])
+        if self.weight_decay_multipliers is not None:  # muP: decay per element, rounded once
+            self._weight_decay = self._decay_matrix().to(dtype)
         self._momentum = column([hp.momentum for hp in hps])
         self._nesterov = torch.tensor([hp.nesterov for hp in hps], device=device).view(-1, 1)
         self._any_decay = any(hp.weight_decay != 0 for hp in hps)
@@ -173,6 +177,11 @@ class FusedOptimizer:
         table = torch.tensor(values, dtype=self.params[0].dtype).view(len(values), -1, 1)
         return list(table.to(self.params[0].device, non_blocking=True).unbind(0))
 
+    def _decay_matrix(self) -> torch.Tensor:
+        """Each member's weight decay times the per-element multipliers, in double precision."""
+        wd = torch.tensor([hp.weight_decay for hp in self.hparams], dtype=torch.float64, device=self.params[0].device)
+        return wd.view(-1, 1) * self.weight_decay_multipliers
+
     def _per_member(self, values: list[float], transform=None) -> torch.Tensor:
         """An lr-scaled quantity per member (`[B, 1]`), or per element (`[B, P]`) with lr multipliers.
 
@@ -224,15 +233,22 @@ class FusedOptimizer:
         neg_step = [-lr / (1 - hp.beta1**s) for lr, hp, s in zip(lrs, self.hparams, steps)]
         correction2_sqrt = [math.sqrt(1 - hp.beta2**s) for hp, s in zip(self.hparams, steps)]
         decoupled = self.kind == "adamw" and self._any_decay
-        if self.lr_multipliers is None:
+        if self.lr_multipliers is None and self.weight_decay_multipliers is None:
             decay = [1 - lr * hp.weight_decay for lr, hp in zip(lrs, self.hparams)]
             neg_step_t, correction2_t, decay_t = self._columns(neg_step, correction2_sqrt, decay)
         else:
             (correction2_t,) = self._columns(correction2_sqrt)
             neg_step_t = self._per_member(neg_step)
             if decoupled:
-                wd = torch.tensor([hp.weight_decay for hp in self.hparams], dtype=torch.float64, device=params.device)
-                decay_t = self._per_member(lrs, lambda lr: 1 - lr * wd.view(-1, 1))
+                if self.weight_decay_multipliers is None:
+                    wd = torch.tensor([hp.weight_decay for hp in self.hparams], dtype=torch.float64, device=params.device)
+                    wd = wd.view(-1, 1)
+                else:
+                    wd = self._decay_matrix()
+                lr = torch.tensor(lrs, dtype=torch.float64, device=params.device).view(-1, 1)
+                if self.lr_multipliers is not None:
+                    lr = lr * self.lr_multipliers
+                decay_t = (1 - lr * wd).to(params.dtype)
         if decoupled:
             params.mul_(decay_t)
         elif self.kind == "adam" and self._any_decay:
@@ -254,6 +270,8 @@ class FusedOptimizer:
         self.state = {name: matrix[rows] for name, matrix in self.state.items()}
         if self.lr_multipliers is not None and self.lr_multipliers.shape[0] > 1:
             self.lr_multipliers = self.lr_multipliers[rows]
+        if self.weight_decay_multipliers is not None and self.weight_decay_multipliers.shape[0] > 1:
+            self.weight_decay_multipliers = self.weight_decay_multipliers[rows]
         self.hparams = [self.hparams[i] for i in index]
         self.steps = [self.steps[i] for i in index]
         self.num_members = len(index)

@@ -37,7 +37,7 @@ from torch.nn import functional as F
 from fusion.grouping import FUSIBLE_KEYS, check_fusible
 from fusion.model import FusedModel, build_member, fuse_models
 from fusion.optim import FusedOptimizer
-from hpo.hparams import OptimHParams, build_torch_optimizer
+from hpo.hparams import OptimHParams, workload_optimizer
 from hpo.workload import Batch, Workload
 
 #: The file a fused group saves into its checkpoint directory.
@@ -87,9 +87,15 @@ class FusedTrainer:
 
         models = [build_member(workload, config) for config in self.configs]
         multipliers = [workload.lr_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
+        decay_multipliers = [workload.weight_decay_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         example, _ = next(workload.train_batches(first, self.data_seed))
         self.model: FusedModel = fuse_models(models, example, strategy).to(self.device)
-        self.optimizer = FusedOptimizer(dict(self.model.module.named_parameters()), self.hparams, multipliers)
+        self.optimizer = FusedOptimizer(
+            dict(self.model.module.named_parameters()),
+            self.hparams,
+            multipliers,
+            weight_decay_multipliers=decay_multipliers,
+        )
         self.iteration = 0
         self.step = 0
         self._batches: Iterator[Batch] | None = None
@@ -353,7 +359,7 @@ class FusedTrainer:
 
 def _torch_optimizer(workload: Workload, model: torch.nn.Module, hp: OptimHParams):
     """The optimizer and schedule `TrialTrainer` builds for `model` (to read and write its format)."""
-    optimizer = build_torch_optimizer(model.named_parameters(), hp, workload.lr_multipliers(model, hp.optimizer))
+    optimizer = workload_optimizer(workload, model, hp)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, hp.lr_factor)
 
 

@@ -157,13 +157,14 @@ def test_per_member_attention_and_output_multipliers_fuse():
             torch.testing.assert_close(out[i], reference(x), rtol=1e-5, atol=1e-5, msg=f"member {i}")
 
 
-def test_mup_proxy_members_match_training_alone():
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_mup_proxy_members_match_training_alone(optimizer):
     from hpo.scaling import MuPWorkload
 
     proxy = MuPWorkload(mlp_digits, width=32, base_width=16)
     configs = [
-        {"seed": 0, "lr": 3e-3, "optimizer": "adam", "steps_per_iteration": 25},
-        {"seed": 1, "lr": 1e-2, "optimizer": "adam", "output_mult": 2.0, "init_std": 0.05, "steps_per_iteration": 25},
+        {"seed": 0, "lr": 3e-3, "optimizer": optimizer, "weight_decay": 0.1, "steps_per_iteration": 25},
+        {"seed": 1, "lr": 1e-2, "optimizer": optimizer, "output_mult": 2.0, "init_std": 0.05, "steps_per_iteration": 25},
     ]
     fused = FusedTrainer(proxy, configs)
     fused.train_iteration()
@@ -173,4 +174,4 @@ def test_mup_proxy_members_match_training_alone():
         for name, tensor in alone.model.state_dict().items():
             fused_tensor = fused.model.member_state_dict(i)[name]
             error = ((fused_tensor - tensor).norm() / tensor.norm()).item()
-            assert error <= 1e-5, f"member {i} {name}: rel err {error:.2e} (muP lr multipliers or readout scale not applied)"
+            assert error <= 1e-5, f"member {i} {name}: rel err {error:.2e} (muP lr or weight-decay multipliers, or readout scale, not applied)"
