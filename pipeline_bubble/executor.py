@@ -15,13 +15,15 @@ never starts a step that does not fit.
 How windows are predicted: open loop. A window is only ever measured in an *observation batch*
 (the first `history` batches, then one in every `observe_every`), where the executor runs no
 guest, so the waits it sees are the main job's own. The prediction for a slot is the smallest
-of its last `history` observed waits, less the transfer floor (the shortest blocking call seen).
+of its last `history` observed waits, less the ready latency (below).
 Learning windows from harvested batches instead is a trap with rendezvous transports: a quantum
 that overruns makes the peer wait, the peer arrives later at the next exchange, and a residual
 wait inflated by scheduling latency on a busy host reads as a longer window, so the quanta grow
 batch after batch (we measured +60-90% slowdowns that way). In harvested batches the executor
-only watches for overruns (the call then returns at once): the slot's quantum is scaled down by
-`backoff` until the next observation batch.
+only watches for overruns: when the call after a quantum blocked no longer than an exchange
+with a ready peer takes (twice the lower quartile of all blocking calls of the last observation
+batch; several ms on a busy host), the slot's quantum is scaled down by `backoff` until the next
+observation batch.
 
 Safety. Guest steps run under `torch.random.fork_rng`, so the host job's RNG stream is never
 advanced; a guest whose footprint exceeds `memory_cap_bytes` is refused; on CUDA its kernels go
@@ -119,6 +121,10 @@ class BubbleExecutor:
         self._batches = 0
         self._observing = True
         self._floor = float("inf")
+        #: A blocking call's duration when its peer is already there: the lower quartile of
+        #: all blocking calls in the last observation batch (most exchanges do not wait).
+        self._ready_latency = 0.0
+        self._observed_now: list[float] = []
         self._stream: torch.cuda.Stream | None = None
         self._device = torch.device("cpu")
         self._since_checkpoint = 0
@@ -174,6 +180,10 @@ class BubbleExecutor:
 
     def begin_batch(self) -> None:
         """Start a batch: the first `history` ones and every `observe_every`-th one run no guest."""
+        if self._observed_now:  # the batch before was an observation batch
+            ordered = sorted(self._observed_now)
+            self._ready_latency = ordered[len(ordered) // 4]
+            self._observed_now = []
         self._observing = self._batches < self.history or self._batches % self.observe_every == 0
         self._batches += 1
         if self._observing:
@@ -214,19 +224,26 @@ class BubbleExecutor:
             steps += 1
         return time.perf_counter() - start if steps else 0.0
 
-    def observe(self, slot: int, harvested_s: float, blocked_s: float) -> None:
-        """Record how long the blocking call of `slot` took (after a quantum of `harvested_s`)."""
+    def observe(self, slot: int, harvested_s: float, blocked_s: float, *, fillable: bool = True) -> None:
+        """Record how long the blocking call of `slot` took (after a quantum of `harvested_s`).
+
+        The engine reports every blocking call; only `fillable` ones get windows, the others
+        tell how long an exchange takes when the peer is already there (the ready latency).
+        """
         self._floor = min(self._floor, blocked_s)
         if self._observing:
-            self._waits.setdefault(slot, deque(maxlen=self.history)).append(blocked_s)
-        elif harvested_s > 0 and blocked_s - self._floor <= _READY_TOLERANCE_S:
+            self._observed_now.append(blocked_s)
+            if fillable:
+                self._waits.setdefault(slot, deque(maxlen=self.history)).append(blocked_s)
+        elif harvested_s > 0 and blocked_s <= max(self._floor + _READY_TOLERANCE_S, 2 * self._ready_latency):
+            # The call barely waited: the peer was most likely there before the quantum ended.
             self.stats.overruns += 1
             self._scale[slot] = self._scale.get(slot, 1.0) * self.backoff
 
     def predicted_window(self, slot: int) -> float | None:
         """Idle seconds expected before the peer of `slot` is ready; None before it was observed."""
         waits = self._waits.get(slot)
-        return max(0.0, min(waits) - self._floor) if waits else None
+        return max(0.0, min(waits) - max(self._floor, self._ready_latency)) if waits else None
 
     # ---- internals --------------------------------------------------------------------------
     def _guarded_step(self) -> float | None:

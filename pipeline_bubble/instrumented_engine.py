@@ -130,15 +130,15 @@ class InstrumentedPipelineEngine(PipelineEngine):
         if not recorder.active:  # eval_batch and anything else outside train_batch
             return run()
         slot = recorder.next_slot()
-        harvestable = is_harvestable(name, self.stage_id, self.num_stages)
-        executor = self.bubble_executor if harvestable else None
-        harvested = executor.harvest(slot, recorder) if executor is not None else 0.0
+        executor = self.bubble_executor if category == WAIT else None
+        fillable = is_harvestable(name, self.stage_id, self.num_stages)
+        harvested = executor.harvest(slot, recorder) if executor is not None and fillable else 0.0
         begin, host_begin = recorder.mark(), time.perf_counter()
         result = run()
         host_end, end = time.perf_counter(), recorder.mark()
         recorder.record(name, category, begin, end, slot)
         if executor is not None:
-            executor.observe(slot, harvested, host_end - host_begin)
+            executor.observe(slot, harvested, host_end - host_begin, fillable=fillable)
         return result
 
 
