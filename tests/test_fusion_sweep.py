@@ -18,10 +18,10 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 LRS = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
 
 
-def sweep(tmp_path, name, fusion):
+def sweep(tmp_path, name, fusion, lrs):
     return hpo.run(
         digits,
-        config={"lr": tune.grid_search(LRS), "width": 16, "seed": 3},
+        config={"lr": tune.grid_search(lrs), "width": 16, "seed": 3},
         metric="val_loss",
         mode="min",
         stop={"training_iteration": 3},
@@ -32,14 +32,15 @@ def sweep(tmp_path, name, fusion):
 
 
 def test_fused_members_are_trials_that_train_exactly_like_unfused_ones(tmp_path):
-    fused = sweep(tmp_path, "fused", hpo.FusionConfig(max_members=3))
-    plain = sweep(tmp_path, "plain", None)
+    lrs = LRS[1::2]
+    fused = sweep(tmp_path, "fused", hpo.FusionConfig(max_members=2), lrs)
+    plain = sweep(tmp_path, "plain", None, lrs)
 
     groups = ray.get(fused.actors[1].groups.remote())
-    assert sorted(len(g) for g in groups) == [3, 3], f"six configs in groups of at most three: {groups}"
+    assert len(groups) >= 2 and all(len(g) <= 2 for g in groups), f"three configs in groups of at most two: {groups}"
     fused_frame = fused.get_dataframe().set_index("config/lr").sort_index()
     plain_frame = plain.get_dataframe().set_index("config/lr").sort_index()
-    assert list(fused_frame.index) == LRS and (fused_frame["iterations"] == 3).all()
+    assert list(fused_frame.index) == lrs and (fused_frame["iterations"] == 3).all()
     relative = (fused_frame["val_loss"] - plain_frame["val_loss"]).abs() / plain_frame["val_loss"]
     assert relative.max() < 1e-4, relative
     assert fused.best_config["lr"] == plain.best_config["lr"]
