@@ -13,9 +13,9 @@ one more step (predicted from the measured step time), then the engine issues th
 never starts a step that does not fit.
 
 How windows are predicted: open loop. A window is only ever measured in an *observation batch*
-(the first `history` batches, then one in every `observe_every`), where the executor runs no
-guest, so the waits it sees are the main job's own. The prediction for a slot is the smallest
-of its last `history` observed waits, less the ready latency (below).
+(the first `history` batches after a warm-up one, then one in every `observe_every`), where the
+executor runs no guest, so the waits it sees are the main job's own. The prediction for a slot
+is the smallest of its last `history` observed waits, less the ready latency (below).
 Learning windows from harvested batches instead is a trap with rendezvous transports: a quantum
 that overruns makes the peer wait, the peer arrives later at the next exchange, and a residual
 wait inflated by scheduling latency on a busy host reads as a longer window, so the quanta grow
@@ -120,6 +120,7 @@ class BubbleExecutor:
         self._scale: dict[int, float] = {}
         self._batches = 0
         self._observing = True
+        self._warmup = False
         self._floor = float("inf")
         #: A blocking call's duration when its peer is already there: the lower quartile of
         #: all blocking calls in the last observation batch (most exchanges do not wait).
@@ -179,12 +180,17 @@ class BubbleExecutor:
         self._since_checkpoint = 0
 
     def begin_batch(self) -> None:
-        """Start a batch: the first `history` ones and every `observe_every`-th one run no guest."""
+        """Start a batch: the first `history + 1` ones and every `observe_every`-th one run no guest.
+
+        The very first batch is not used for predictions: DeepSpeed exchanges tensor shapes and
+        allocates its buffers in it, so its waits are not the job's steady state.
+        """
         if self._observed_now:  # the batch before was an observation batch
             ordered = sorted(self._observed_now)
             self._ready_latency = ordered[len(ordered) // 4]
             self._observed_now = []
-        self._observing = self._batches < self.history or self._batches % self.observe_every == 0
+        self._observing = self._batches <= self.history or self._batches % self.observe_every == 0
+        self._warmup = self._batches == 0
         self._batches += 1
         if self._observing:
             self._scale.clear()
@@ -230,6 +236,8 @@ class BubbleExecutor:
         The engine reports every blocking call; only `fillable` ones get windows, the others
         tell how long an exchange takes when the peer is already there (the ready latency).
         """
+        if self._warmup:
+            return
         self._floor = min(self._floor, blocked_s)
         if self._observing:
             self._observed_now.append(blocked_s)

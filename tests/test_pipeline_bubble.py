@@ -25,8 +25,8 @@ from pipeline_bubble.plots import plot_gantt
 from pipeline_bubble.timeline import GUEST, WAIT, StageTimeline, load_timelines, save_timelines
 from pipeline_bubble.timeline import theoretical_bubble_fraction
 
-BATCHES = 8
-EVICT_AFTER = 6
+BATCHES = 9
+EVICT_AFTER = 7
 SWEEP = [{"lr": lr, "width": 32, "seed": i} for i, lr in enumerate((1e-3, 2e-3, 3e-3, 5e-3))]
 
 
@@ -148,6 +148,8 @@ class _Recorder:
 
 def _observed(executor: BubbleExecutor, slot: int, wait_s: float) -> None:
     """One observation batch in which `slot` blocked `wait_s` (another slot sets the floor to 0)."""
+    if executor._batches == 0:
+        executor.begin_batch()  # the warm-up batch, never used for predictions
     executor.begin_batch()
     executor.observe(slot + 1, 0.0, 0.0)
     executor.observe(slot, 0.0, wait_s)
@@ -177,7 +179,7 @@ def test_executor_shrinks_a_slots_quantum_after_an_overrun():
 
 
 def test_window_prediction_ignores_harvested_batches():
-    executor = BubbleExecutor(_SleepGuest(0.001), profile_steps=2, observe_every=2, history=1)
+    executor = BubbleExecutor(_SleepGuest(0.001), profile_steps=2, observe_every=4, history=1)
     executor.start()
     _observed(executor, slot=0, wait_s=0.02)
     executor.begin_batch()  # a harvested batch: its (longer) wait must not grow the window
