@@ -32,7 +32,7 @@ from itertools import count
 
 from .cluster import ClusterSpec, FreeGPUs, Placement
 from .jobs import Job
-from .live_state import ACTIVE, JobSpec, LiveJob, Where
+from .live_state import JobSpec, LiveJob, Where
 from .pending import PendingQueue, select_starts
 from .policy_elastic import ElasticJobState, ElasticPolicy
 from .policy_queue import QueuePolicy

@@ -20,6 +20,18 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """One intra-op thread: no oversubscription on CI's 2 cores, and the same kernels for every
+    run a test compares (fused vs alone)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """One real Ray per test module (fake GPUs schedule like real ones)."""

@@ -10,14 +10,6 @@ from fusion import MEMBER_CHECKPOINT_FILE, FusedTrainer
 from hpo.training import CHECKPOINT_FILE, TrialTrainer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 BASE = {"width": 32, "steps_per_iteration": 10}
 CONFIGS = [
     {**BASE, "seed": 0, "optimizer": "adamw", "lr": 2e-3, "weight_decay": 0.1, "lr_schedule": "cosine", "schedule_steps": 40},

@@ -16,15 +16,6 @@ from hpo.training import TrialTrainer
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: fast on a shared 2-core CI machine, and the same kernels for both runs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 STEPS = 50
 TOLERANCE = 1e-5
 MLP = {"width": 32, "steps_per_iteration": 25}

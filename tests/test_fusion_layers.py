@@ -14,14 +14,6 @@ from fusion import FusedTrainer, FusionError, build_member, fuse_models
 from hpo.training import TrialTrainer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def conv1d_net() -> nn.Module:
     return nn.Sequential(
         nn.Conv1d(3, 4, 3, padding=1), nn.ReLU(), nn.BatchNorm1d(4), nn.Conv1d(4, 2, 3, padding=1, padding_mode="reflect")

@@ -11,14 +11,6 @@ from fusion import FUSIBLE_KEYS, MULTIPLIER_KEYS, FusedTrainer, FusionError, che
 from hpo.hparams import OptimHParams
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 BASE = {"width": 32, "steps_per_iteration": 10}
 
 

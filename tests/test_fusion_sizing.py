@@ -13,14 +13,6 @@ from fusion import choose_num_members, measure_member_bytes
 MiB = 2**20
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def config(width: int) -> dict:
     return mlp_digits.resolve({"width": width, "optimizer": "adam"})
 

@@ -1,21 +1,11 @@
 """The coordinate check passes a muP model and fails, naming layers, a standard-parametrised one."""
 
 import pytest
-import torch
 
 from examples.mlp_digits import workload as mlp_digits
 from hpo.scaling import ScalingError, coord_check
 
 WIDTHS = [32, 64, 128, 256]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The 2 cores are shared: one intra-op thread avoids oversubscription (restored afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_mup_proxy_passes_and_the_plot_is_saved(tmp_path):

@@ -4,7 +4,6 @@ import json
 import math
 
 import pytest
-import torch
 
 from examples.mlp_digits import workload as mlp_digits
 from hpo.scaling import NON_TRANSFERABLE, ScalingConfig, complete_transfer, transfer_config
@@ -23,15 +22,6 @@ BEST_PROXY = {
     "depth": 2,
     "my_knob": 3,
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The 2 cores are shared: one intra-op thread avoids oversubscription (restored afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_transferred_config_has_the_proxys_transferable_values_at_the_target_width():
