@@ -169,6 +169,9 @@ def run_rank(rank: int, world_size: int, spec: JobSpec) -> dict[str, Any]:
         from pipeline_bubble.launch import stage_cuda_on_host
 
         stage_cuda_on_host()
+        # DeepSpeed binds a CUDA device to the default group, after which torch builds every
+        # new_group by splitting it, which gloo cannot do; staged gloo needs no bound device.
+        torch.distributed.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size)
     deepspeed.init_distributed(dist_backend="gloo")
     baseline = instrument(build_engine(spec))
     harvested = harvest_bubbles(build_engine(spec))  # the one call a user makes

@@ -14,6 +14,7 @@ already does for Apple MPS tensors).
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import sys
@@ -36,7 +37,8 @@ def free_port() -> int:
 
 def stage_cuda_on_host() -> None:
     """Make DeepSpeed's gloo communication stage CUDA tensors through host memory (one-GPU pipelines)."""
-    import deepspeed.comm.torch as ds_torch_comm
+    # `import deepspeed.comm.torch as m` would bind deepspeed.comm's `torch` attribute: PyTorch itself.
+    ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
 
     if not hasattr(ds_torch_comm, "_needs_cpu_staging"):
         raise RuntimeError(
