@@ -145,6 +145,17 @@ class FusionConfig(_Strict):
     placement: Literal["device", "bubbles"] = "device"
     dtype: Literal["fp32", "bf16"] = "fp32"
 
+    @field_validator("placement")
+    @classmethod
+    def _placement_available(cls, value: str) -> str:
+        if value == "bubbles":
+            raise ValueError(
+                "placement 'bubbles' cannot be targeted from a sweep yet; inside your DeepSpeed pipeline job call "
+                "pipeline_bubble.harvest_bubbles(engine) and pipeline_bubble.run_guests_in_bubbles(engine, workload, "
+                "configs, checkpoint_dir=...) to train these configs in its bubbles"
+            )
+        return value
+
     @field_validator("max_members")
     @classmethod
     def _positive(cls, value: int | str) -> int | str:
