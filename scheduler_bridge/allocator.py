@@ -37,7 +37,7 @@ from .journal import Journal
 from .live_driver import FAULTS, LiveDriver
 from .live_state import JobSpec, LiveJob
 
-ALLOCATOR_NAME = "allocator"
+ALLOCATOR_NAME = "hpo:allocator"
 NAMESPACE = "hpo"
 log = logging.getLogger(__name__)
 

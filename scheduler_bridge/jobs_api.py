@@ -30,7 +30,7 @@ def get_allocator():
     try:
         return ray.get_actor(ALLOCATOR_NAME, namespace=NAMESPACE)
     except ValueError:
-        raise ValueError(f"no allocator running (named actor {NAMESPACE}:{ALLOCATOR_NAME}); "
+        raise ValueError(f"no allocator running (named actor {ALLOCATOR_NAME!r} in namespace {NAMESPACE!r}); "
                          "start one with jobs_api.start_allocator(...) or `hpo job start`") from None
 
 
