@@ -13,9 +13,6 @@ from typing import Any
 import pandas as pd
 from ray.tune import ResultGrid
 
-STATUS_ORDER = ("completed", "early_stopped", "diverged", "error")
-
-
 def _error_line(error: BaseException | None) -> str:
     """The user's exception (`ValueError: ...`), which Ray puts last under its own wrapper lines."""
     if error is None:

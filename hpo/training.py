@@ -20,10 +20,6 @@ from hpo.workload import Batch, Workload
 CHECKPOINT_FILE = "trial_state.pt"
 
 
-def seed_everything(seed: int) -> None:
-    torch.manual_seed(seed)
-
-
 class TrialTrainer:
     """One model, one optimizer, one config; iterations of `steps_per_iteration` steps."""
 
@@ -31,7 +27,7 @@ class TrialTrainer:
         self.workload = workload
         self.config = workload.resolve(config)
         self.hparams = OptimHParams.from_config(self.config)
-        seed_everything(int(self.config.get("seed", 0)))
+        torch.manual_seed(int(self.config.get("seed", 0)))
         self.model = workload.build_model(self.config)
         self.optimizer = workload_optimizer(workload, self.model, self.hparams)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.hparams.lr_factor)
