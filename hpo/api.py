@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -72,6 +71,10 @@ class Tuner:
         return self.run_config.name or "sweep"
 
     @property
+    def mode(self) -> str:
+        return self.tune_config.mode or "min"
+
+    @property
     def max_iterations(self) -> int:
         stop = self.run_config.stop
         if isinstance(stop, Mapping) and "training_iteration" in stop:
@@ -94,7 +97,7 @@ class Tuner:
         metric = self.tune_config.metric
         callbacks = list(self.run_config.callbacks or [])
         if metric and not any(isinstance(cb, ControllerCallback) for cb in callbacks):
-            callbacks.append(ControllerCallback(self.name, metric, self.tune_config.mode or "min"))
+            callbacks.append(ControllerCallback(self.name, metric, self.mode))
         if self.fusion is not None:
             from fusion.tune_trials import FusionCallback
 
@@ -103,7 +106,7 @@ class Tuner:
             from hpo.scaling import EagerTransferCallback
 
             self._eager = EagerTransferCallback(
-                self.user_workload, self.scaling, metric=metric, mode=self.tune_config.mode or "min",
+                self.user_workload, self.scaling, metric=metric, mode=self.mode,
                 max_iterations=self.max_iterations,
             )
             callbacks.append(self._eager)
@@ -115,7 +118,7 @@ class Tuner:
     def _start_actors(self) -> list[Any]:
         """The sweep's controller and, with fusion, its group broker; the Tuner owns both."""
         metric = self.tune_config.metric
-        actors = [start_controller(self.name, metric, self.tune_config.mode or "min") if metric else None]
+        actors = [start_controller(self.name, metric, self.mode) if metric else None]
         if self.fusion is not None:
             from fusion.tune_trials import start_broker
 
@@ -161,7 +164,7 @@ class Tuner:
     def _wrap(self, grid: tune.ResultGrid, actors: list[Any]) -> SweepResult:
         metric = self.tune_config.metric or ""
         iterations = self.max_iterations if isinstance(self.trainable, Workload) else None
-        result = SweepResult(grid, metric, self.tune_config.mode or "min", iterations)
+        result = SweepResult(grid, metric, self.mode, iterations)
         # Holding the handle keeps `hpo:<name>` alive (and in the dashboard) while the result lives.
         result.controller = actors[0]
         result.actors = actors
@@ -170,6 +173,27 @@ class Tuner:
 
             scaled_sweep.finish(result, self.user_workload, self.scaling, self.max_iterations, self._eager)
         return result
+
+
+def sweep_run_config(
+    name: str | None,
+    storage_path: str | None,
+    stop: Mapping[str, Any] | None,
+    max_failures: int,
+    callbacks: Sequence[tune.Callback] | None = None,
+    **options: Any,
+) -> tune.RunConfig:
+    """Every sweep's run config: where it is stored, when trials stop, how often a failing trial
+    is retried, and the two newest checkpoints kept per trial (enough to resume either way)."""
+    return tune.RunConfig(
+        name=name,
+        storage_path=str(Path(storage_path).resolve()) if storage_path else None,
+        stop=dict(stop) if stop else None,
+        callbacks=list(callbacks or []),
+        failure_config=tune.FailureConfig(max_failures=max_failures),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+        **options,
+    )
 
 
 def run(
@@ -199,19 +223,11 @@ def run(
         scheduler=scheduler,
         max_concurrent_trials=max_concurrent_trials,
     )
-    run_config = tune.RunConfig(
-        name=name,
-        storage_path=os.path.abspath(storage_path) if storage_path else None,
-        stop=dict(stop) if stop else None,
-        callbacks=list(callbacks or []),
-        failure_config=tune.FailureConfig(max_failures=max_failures),
-        checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-    )
     return Tuner(
         trainable,
         param_space=config,
         tune_config=tune_config,
-        run_config=run_config,
+        run_config=sweep_run_config(name, storage_path, stop, max_failures, callbacks),
         resources=resources_per_trial,
         scaling=scaling,
         fusion=fusion,

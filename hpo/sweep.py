@@ -8,7 +8,7 @@ from typing import Any
 
 from ray import tune
 
-from hpo.api import Tuner
+from hpo.api import Tuner, sweep_run_config
 from hpo.progress import ProgressCallback
 from hpo.errors import ConfigIssue, SweepConfigError
 from hpo.search_space import param_space
@@ -59,14 +59,8 @@ def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
             scheduler=build_scheduler(spec),
             max_concurrent_trials=spec.max_concurrent_trials,
         ),
-        run_config=tune.RunConfig(
-            name=spec.name,
-            storage_path=str(Path(spec.storage_path).resolve()),
-            stop=stop,
-            failure_config=tune.FailureConfig(max_failures=spec.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            callbacks=callbacks if show_progress else [],
-            verbose=0,
+        run_config=sweep_run_config(
+            spec.name, spec.storage_path, stop, spec.max_failures, callbacks if show_progress else [], verbose=0
         ),
         resources={"cpu": spec.resources.cpu, "gpu": spec.resources.gpu},
         scaling=spec.scaling,
