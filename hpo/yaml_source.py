@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from hpo.errors import ConfigIssue, SweepConfigError
+
+
+class SweepLoader(yaml.SafeLoader):
+    """SafeLoader that reads `1e-3` as a float, as YAML 1.2 and every sweep author do.
+
+    PyYAML follows YAML 1.1, where a float needs a dot (`1.0e-3`), so `values: [1e-3, 3e-3]`
+    would silently become strings: categorical learning rates that sort and compare as text.
+    """
+
+
+SweepLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 class YamlSource:
@@ -21,9 +37,9 @@ class YamlSource:
     @classmethod
     def from_text(cls, text: str, name: str = "<string>") -> "YamlSource":
         try:
-            # SafeLoader builds no Python objects from tags (no !!python/object).
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
-            data = yaml.load(text, Loader=yaml.SafeLoader)
+            # A SafeLoader builds no Python objects from tags (no !!python/object).
+            node = yaml.compose(text, Loader=SweepLoader)
+            data = yaml.load(text, Loader=SweepLoader)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             line = mark.line + 1 if mark is not None else None

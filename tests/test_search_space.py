@@ -9,6 +9,7 @@ from ray import tune
 
 from hpo.search_space import to_tune_domain
 from hpo.spec import ParameterSpec
+from hpo.yaml_source import YamlSource
 
 
 def samples(spec: dict, n: int = 2000) -> list:
@@ -53,3 +54,10 @@ def test_inferred_distributions_follow_wandb():
 def test_values_become_a_grid_under_the_grid_method():
     domain = to_tune_domain(ParameterSpec.model_validate({"values": [1, 2]}), grid=True)
     assert domain == tune.grid_search([1, 2])
+
+
+def test_yaml_reads_scientific_notation_as_numbers_not_strings():
+    parameters = YamlSource.from_text("lr: {values: [1e-3, 3E-2, 1.5e-1]}\nwd: {min: 1e-5, max: 1e-2}").data
+    lr = ParameterSpec.model_validate(parameters["lr"])
+    assert lr.values == [1e-3, 3e-2, 0.15]
+    assert ParameterSpec.model_validate(parameters["wd"]).distribution == "uniform"
