@@ -16,6 +16,10 @@ from hpo.sweep import build_tuner, load_sweep
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 LRS = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
+#: LRS from best to worst val_loss after one iteration. ASHA never stops the first result at a
+#: rung, so results arriving worst-first (the grid's own order, for LRS) would stop nobody;
+#: grid order best-first makes every order members are likely to report in stop someone.
+LRS_BEST_FIRST = [3e-2, 1e-1, 1e-2, 3e-1, 3e-3, 1e-3]
 
 
 def sweep(tmp_path, name, fusion, lrs):
@@ -55,7 +59,7 @@ def test_yaml_fused_sweep_with_asha_gives_one_row_per_configuration(tmp_path):
         method: grid
         metric: {{name: val_loss, goal: minimize}}
         parameters:
-          lr: {{values: {LRS}}}
+          lr: {{values: {LRS_BEST_FIRST}}}
           width: {{value: 16}}
         early_terminate: {{type: asha, min_iter: 1, eta: 3}}
         max_iterations: 3
