@@ -258,6 +258,34 @@ def test_allocator_killed_restarts_from_its_journal_without_losing_or_duplicatin
         "running jobs survive an allocator restart (reattached, not restarted)"
 
 
+def test_a_killed_job_actor_goes_back_to_the_queue_resumes_from_its_checkpoint_and_finishes_once(
+        allocator, tmp_path):
+    import ray
+    from scheduler_bridge import jobs_api, placement
+
+    allocator("fifo")
+    log = tmp_path / "k.log"
+    jid = jobs_api.submit(ENTRY, 4, config={"steps": 30, "step_s": 0.05, "every": 5, "log": str(log)})
+    wait_for(lambda: any(r["ev"] == "step" and r["step"] >= 12 for r in read_log(log)),
+             what="the job past its second checkpoint")
+    rank0 = placement.rank_name(placement.group_name(jid, job(jid)["attempt"]), 0)
+    ray.kill(ray.get_actor(rank0, namespace=placement.NAMESPACE), no_restart=True)
+
+    final = jobs_api.wait_job(jid, 60)
+    assert final["state"] == "done", final["error"]
+    assert final["requeues"] == ["fault"] and final["attempt"] == 2, (final["requeues"], final["attempt"])
+    recs = read_log(log)
+    ckpt = max(r["step"] for r in recs if r["ev"] == "ckpt" and r["attempt"] == 1)
+    starts = [r for r in recs if r["ev"] == "start"]
+    assert [(s["attempt"], s["step"]) for s in starts] == [(1, 0), (2, ckpt)], \
+        f"the relaunch resumed from the last checkpoint (step {ckpt}): {starts}"
+    killed_at = max(r["step"] for r in recs if r["ev"] == "step" and r["attempt"] == 1)
+    redone = [r["step"] for r in recs if r["ev"] == "step" and r["attempt"] == 2 and r["step"] <= killed_at]
+    assert redone == list(range(ckpt + 1, killed_at + 1)), "only the steps after the checkpoint ran again"
+    assert sorted({r["step"] for r in recs if r["ev"] == "step"}) == list(range(1, 31))
+    assert sum(r["ev"] == "done" for r in recs) == 1, "the job finished exactly once"
+
+
 def test_tuning_groups_are_guests_on_idle_gpus_then_in_bubbles_and_leave_on_reclaim(allocator):
     from scheduler_bridge import jobs_api
 
