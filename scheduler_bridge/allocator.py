@@ -123,6 +123,17 @@ class Allocator:
             self._emit({"ev": "finish", "job_id": job_id, "status": "cancelled"})
             return True
 
+    def progress(self, job_id: int, attempt: int, done: float) -> bool:
+        """Attempt ``attempt`` of the job checkpointed ``done`` (0..1) of its work; the
+        policy plans with it from now on. False (ignored) if that attempt is no
+        longer the job's current one, or the job has ended."""
+        with self.lock:
+            job = self._job(job_id)
+            if not job.active or job.attempt != attempt:
+                return False
+            self._emit({"ev": "progress", "job_id": job_id, "done": float(done)})
+            return True
+
     def reclaim_bubbles(self, job_id: int) -> int:
         """The pipeline job ``job_id`` needs its memory: evict its guests; returns how many."""
         with self.lock:

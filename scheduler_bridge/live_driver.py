@@ -15,6 +15,11 @@ the current GPU inventory into ``Decisions`` with the simulator's machinery:
 - tuning-aware: ``TuningAware.evictions`` / ``fill`` place tuning groups as
   guests on idle GPUs and in pipeline jobs' bubbles.
 
+A job that reports its progress with its checkpoints (``progress`` events: the
+fraction of its work done) is planned with it, as the simulator plans with its
+jobs' modelled progress: the remaining time SRTF ranks and preempts by, and the
+epoch whose gradient statistics set the elastic policy's GPU count and batch size.
+
 Nodes are Ray node ids; the policies see them as indices 0..n-1 of the alive
 GPU nodes (``ClusterView``), in the order the allocator first saw them.
 
@@ -127,6 +132,11 @@ class LiveDriver:
                    user=s.user, name=s.name, vc=s.vc, bubble_fraction=s.bubble_fraction)
 
     def _remaining(self, job: LiveJob, now: float) -> float:
+        """Seconds of work left. From the job's own checkpointed progress when it
+        reported any (the wall clock also counts start-up, waiting for a checkpoint
+        and steps redone after a fault); else the hint minus the time it ran."""
+        if job.progress is not None:
+            return job.spec.expected_seconds * (1.0 - job.progress)
         ran = job.run_s + (now - job.seg_start if job.state in ("running", "stopping") else 0.0)
         return max(job.spec.expected_seconds - ran, 0.0)
 
@@ -192,6 +202,10 @@ class LiveDriver:
                     [(self._policy_job(j), self._remaining(j, t)) for j in queued], t)
                 for j, p in zip(queued, prios):
                     j.priority = float(p)
+        elif kind == "progress":
+            job.progress = float(ev["done"])
+            if job.state == "queued" and not self.elastic:  # reported after it was requeued
+                job.priority = float(self.policy.priority(self._policy_job(job), self._remaining(job, t), t))
         elif kind == "guest":
             job.guests[str(ev["group"])] = list(ev["where"])
         elif kind == "evict":
@@ -259,8 +273,9 @@ class LiveDriver:
         states = []
         for j in jobs:
             running = j.job_id in held
+            app = self.profiles[j.spec.application]
             states.append(ElasticJobState(
-                j.job_id, self.profiles[j.spec.application], 0, j.spec.batch_size or 0,
+                j.job_id, app, app.epoch_at(j.progress or 0.0), j.spec.batch_size or 0,
                 j.spec.max_gpus or j.spec.gpus, j.gpus if running else 0,
                 view.to_placement(j.where) if running else ()))
         decisions = self.policy.allocate(states, view.spec)

@@ -14,8 +14,8 @@ checkpoint already complete should just return.
             ...one step on ctx.local_gpus GPUs at global batch ctx.batch_size...
             state["step"] += 1
             if state["step"] % 100 == 0:
-                ctx.save_checkpoint(state)
-        ctx.save_checkpoint(state)
+                ctx.save_checkpoint(state, progress=state["step"] / 1000)
+        ctx.save_checkpoint(state, progress=state["step"] / 1000)
         return {"steps": state["step"]}
 """
 
@@ -68,8 +68,15 @@ class JobContext:
         """True once the allocator wants the job to checkpoint and return."""
         return self._stop.is_set()
 
-    def save_checkpoint(self, state) -> None:
-        """Atomically replace the job's checkpoint with ``state`` (rank 0 only; others no-op)."""
+    def save_checkpoint(self, state, progress: float | None = None) -> None:
+        """Atomically replace the job's checkpoint with ``state`` (rank 0 only; others no-op).
+
+        ``progress``: the fraction (0..1) of the job's work that ``state`` holds. The
+        allocator then plans with it (SRTF's remaining time, the elastic policy's
+        epoch) instead of the submitted estimate."""
+        if progress is not None and not 0.0 <= progress <= 1.0:
+            raise ValueError(f"progress must be the fraction of the job's work done, in [0, 1], "
+                             f"got {progress!r}")
         if not self.is_chief:
             return
         d = Path(self.checkpoint_dir)
@@ -80,6 +87,8 @@ class JobContext:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, d / CHECKPOINT_FILE)
+        if progress is not None:
+            self._report_progress(progress)
 
     def load_checkpoint(self):
         """The last saved state, or None before the first checkpoint."""
@@ -88,6 +97,19 @@ class JobContext:
             return None
         with open(p, "rb") as f:
             return pickle.load(f)
+
+    def _report_progress(self, done: float) -> None:
+        """Tell the allocator without waiting for it (the call is retried across an
+        allocator restart). No allocator (stopped without releasing its jobs): the
+        checkpoint is all that counts."""
+        import ray
+
+        from .allocator import ALLOCATOR_NAME, NAMESPACE
+        try:
+            allocator = ray.get_actor(ALLOCATOR_NAME, namespace=NAMESPACE)
+        except ValueError:
+            return
+        allocator.progress.remote(self.job_id, self.attempt, float(done))
 
     def reclaim_bubbles(self) -> None:
         """A pipeline job needs its bubbles' memory back: the allocator evicts its guests."""

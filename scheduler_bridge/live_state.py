@@ -123,6 +123,7 @@ class LiveJob:
     qseq: int = 0                    # enqueue order: ties in priority go first-come
     stop_reason: str = ""
     faults: int = 0
+    progress: float | None = None    # fraction of its work the job's last checkpoint holds
     result: object = None
     error: str = ""
     runs: list = field(default_factory=list)     # [{attempt, gpus, batch_size, where}]
@@ -139,8 +140,9 @@ class LiveJob:
             "job_id": self.job_id, "name": self.spec.name, "kind": self.spec.kind,
             "state": self.state, "gpus": self.gpus, "requested_gpus": self.spec.gpus,
             "batch_size": self.batch_size, "where": [list(w) for w in self.where],
-            "attempt": self.attempt, "priority": self.priority, "submit_t": self.submit_t,
-            "first_start": self.first_start, "finish_t": self.finish_t, "run_s": self.run_s,
-            "requeues": list(self.requeues), "runs": list(self.runs), "result": self.result,
-            "error": self.error, "guests": dict(self.guests), "entrypoint": self.spec.entrypoint,
+            "attempt": self.attempt, "progress": self.progress, "priority": self.priority,
+            "submit_t": self.submit_t, "first_start": self.first_start, "finish_t": self.finish_t,
+            "run_s": self.run_s, "requeues": list(self.requeues), "runs": list(self.runs),
+            "result": self.result, "error": self.error, "guests": dict(self.guests),
+            "entrypoint": self.spec.entrypoint,
         }

@@ -186,6 +186,12 @@ class AppProfile:
         best = max(sorted(cands), key=lambda b: self.goodput(gpus, gpus_per_node, b, epoch))
         return best, self.goodput(gpus, gpus_per_node, best, epoch)
 
+    def epoch_at(self, fraction: float) -> int:
+        """The epoch a job is in once ``fraction`` (0..1) of its total progress is done:
+        a live job reports how far it got, not the profile's progress units."""
+        done = float(np.clip(fraction, 0.0, 1.0)) * self.epoch_progress[-1]
+        return min(int(np.searchsorted(self.epoch_progress, done, side="right")) - 1, self.max_epochs - 1)
+
     def isolated_runtime(self, gpus: int, batch: int, gpus_per_node: int = 4) -> float:
         """Seconds to finish alone on ``gpus`` GPUs at fixed global ``batch``."""
         t = 0.0

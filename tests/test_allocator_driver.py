@@ -125,6 +125,43 @@ def test_elastic_policy_resizes_a_running_job_when_others_arrive():
     assert rec.driver.jobs[a].requeues == ["resize"]
 
 
+def test_elastic_policy_plans_with_reported_progress_which_survives_a_restart(tmp_path):
+    path = tmp_path / "j.jsonl"
+    rec = Recorder(LiveDriver(make_policy("elastic")), Journal(path))
+    el = dict(application="cifar10", max_gpus=8, batch_size=128)
+    a, b = rec.submit(4, **el), rec.submit(4, **el)
+    assert sorted((s[0], s[2]) for s in rec.start_decided()) == [(a, 4), (b, 4)]
+    assert rec.driver.decide(INV, NODES, rec.t).stops == [], "in epoch 0 more GPUs buy cifar10 nothing"
+    rec.emit({"ev": "progress", "job_id": a, "done": 0.6})
+    assert rec.driver.decide(INV, NODES, rec.t).stops == [(a, "resize")], \
+        "60% done, A is in epoch 59 of 100, where its gradient noise makes 8 GPUs pay"
+
+    again = LiveDriver(make_policy("elastic"))
+    for ev in Journal(path).replay():
+        again.apply(ev)
+    assert again.decide(INV, NODES, rec.t).stops == [(a, "resize")], "a restarted allocator knows A's progress"
+
+
+def test_srtf_does_not_preempt_a_job_whose_reported_progress_leaves_less_than_the_newcomer():
+    rec = Recorder(LiveDriver(make_policy("srtf")))
+    big = rec.submit(12, expected_seconds=1000.0)
+    rec.start_decided()
+    rec.emit({"ev": "progress", "job_id": big, "done": 0.99})
+    rec.submit(4, expected_seconds=100.0)
+    assert rec.driver.decide(INV, NODES, rec.t).stops == [], \
+        "big has 1% of 1000 s on 12 GPUs left (120 GPU-s), less than the newcomer's 400 GPU-s"
+
+
+def test_progress_reported_after_a_preempted_job_was_requeued_reranks_it():
+    rec = Recorder(LiveDriver(make_policy("srtf")))
+    a = rec.submit(4, expected_seconds=1000.0)
+    rec.start_decided()
+    rec.emit({"ev": "stop", "job_id": a, "reason": "preempt"})
+    rec.emit({"ev": "requeue", "job_id": a, "reason": "preempt", "ran_s": 2.0})
+    rec.emit({"ev": "progress", "job_id": a, "done": 0.5})   # its stop-time checkpoint, reported late
+    assert rec.driver.jobs[a].priority == pytest.approx(500.0 * 4)
+
+
 def test_a_node_that_disappears_reports_its_running_jobs_lost():
     rec = Recorder(LiveDriver(make_policy("fifo")))
     a, b = rec.submit(4), rec.submit(4)
