@@ -21,8 +21,8 @@ GPUS_PER_NODE = 4
 
 # ---- the entry point the jobs run (imported by the job actors) ------------------
 def count_steps(ctx):
-    """Count to ``steps``; checkpoint every ``every`` steps and when asked to stop;
-    log ``start``/``step``/``done`` lines (rank 0) to ``log``."""
+    """Count to ``steps``; checkpoint (with the fraction of steps done) every ``every``
+    steps and when asked to stop; log ``start``/``step``/``done`` lines (rank 0) to ``log``."""
     cfg = ctx.config
     state = ctx.load_checkpoint() or {"step": 0}
 
@@ -37,9 +37,9 @@ def count_steps(ctx):
         state["step"] += 1
         log(ev="step", step=state["step"])
         if state["step"] % cfg.get("every", 5) == 0:
-            ctx.save_checkpoint(state)
+            ctx.save_checkpoint(state, progress=state["step"] / cfg["steps"])
             log(ev="ckpt", step=state["step"])
-    ctx.save_checkpoint(state)
+    ctx.save_checkpoint(state, progress=state["step"] / cfg["steps"])
     log(ev="ckpt", step=state["step"])
     if state["step"] >= cfg["steps"]:
         log(ev="done", step=state["step"])
@@ -265,9 +265,9 @@ def test_a_killed_job_actor_goes_back_to_the_queue_resumes_from_its_checkpoint_a
 
     allocator("fifo")
     log = tmp_path / "k.log"
-    jid = jobs_api.submit(ENTRY, 4, config={"steps": 30, "step_s": 0.05, "every": 5, "log": str(log)})
-    wait_for(lambda: any(r["ev"] == "step" and r["step"] >= 12 for r in read_log(log)),
-             what="the job past its second checkpoint")
+    jid = jobs_api.submit(ENTRY, 4, config={"steps": 40, "step_s": 0.05, "every": 5, "log": str(log)})
+    wait_for(lambda: (job(jid)["progress"] or 0.0) >= 10 / 40,
+             what="the allocator told of the job's second checkpoint")
     rank0 = placement.rank_name(placement.group_name(jid, job(jid)["attempt"]), 0)
     ray.kill(ray.get_actor(rank0, namespace=placement.NAMESPACE), no_restart=True)
 
@@ -282,7 +282,7 @@ def test_a_killed_job_actor_goes_back_to_the_queue_resumes_from_its_checkpoint_a
     killed_at = max(r["step"] for r in recs if r["ev"] == "step" and r["attempt"] == 1)
     redone = [r["step"] for r in recs if r["ev"] == "step" and r["attempt"] == 2 and r["step"] <= killed_at]
     assert redone == list(range(ckpt + 1, killed_at + 1)), "only the steps after the checkpoint ran again"
-    assert sorted({r["step"] for r in recs if r["ev"] == "step"}) == list(range(1, 31))
+    assert sorted({r["step"] for r in recs if r["ev"] == "step"}) == list(range(1, 41))
     assert sum(r["ev"] == "done" for r in recs) == 1, "the job finished exactly once"
 
 
