@@ -1,7 +1,7 @@
 """Python client of the live allocator: start it, submit / list / cancel jobs.
 
 Connect to Ray first (``ray.init(address=...)``); every call finds the named
-actor ``allocator`` in namespace ``hpo``.
+actor ``hpo:allocator`` in namespace ``hpo``.
 
     import ray
     from scheduler_bridge import jobs_api
