@@ -2,15 +2,16 @@
 
 Tune starts one light trial per configuration; each asks the broker to `join`. Trials whose
 configs may share a group (same structural signature, same training step) are gathered until the
-group has `max_members` or no new member arrived for `window_s`, then one `FusedGroup` actor is
-started with the sweep's per-trial resources (one GPU or CPU slot) and trains them all.
+group has `max_members` or no new member arrived for `window_s`, then the group is launched:
+by default as one `FusedGroup` actor with the sweep's per-trial resources (one GPU or CPU slot),
+or by any `GroupLauncher` the sweep passes (pipeline bubbles: `pipeline_bubble.sweep_bubbles`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,24 @@ from fusion.grouping import structural_signature
 from hpo.workload import Workload
 
 logger = logging.getLogger(__name__)
+
+#: Starts a group's actor: (configs, member trial ids, member states or None) -> a `MemberRelay` actor.
+GroupLauncher = Callable[[list[Mapping[str, Any]], list[Hashable], list[bytes | None]], Any]
+
+
+def device_group_launcher(
+    workload: Workload, max_iterations: int, group_resources: Mapping[str, float], dtype: str = "fp32"
+) -> GroupLauncher:
+    """Each group a `FusedGroup` actor holding `group_resources` (one GPU, or CPU threads)."""
+    cpus = group_resources.get("cpu", 1.0)
+    gpus = group_resources.get("gpu", 0.0)
+
+    def launch(configs: list[Mapping[str, Any]], members: list[Hashable], states: list[bytes | None]) -> Any:
+        return FusedGroup.options(num_cpus=cpus, num_gpus=gpus, max_restarts=0).remote(
+            workload, configs, members, states, max_iterations, "cuda" if gpus > 0 else "cpu", dtype, max(1, int(cpus))
+        )
+
+    return launch
 
 
 @dataclass
@@ -35,20 +54,10 @@ class _Forming:
 
 @ray.remote(num_cpus=0)
 class GroupBroker:
-    def __init__(
-        self,
-        workload: Workload,
-        max_members: int,
-        max_iterations: int,
-        group_resources: Mapping[str, float],
-        dtype: str = "fp32",
-        window_s: float = 3.0,
-    ):
+    def __init__(self, workload: Workload, max_members: int, launch_group: GroupLauncher, window_s: float = 3.0):
         self.workload = workload
         self.max_members = max_members
-        self.max_iterations = max_iterations
-        self.group_resources = dict(group_resources)
-        self.dtype = dtype
+        self.launch_group = launch_group
         self.window_s = window_s
         self.forming: dict[tuple, _Forming] = {}
         self.group_of: dict[Hashable, Any] = {}
@@ -78,18 +87,7 @@ class GroupBroker:
             except asyncio.TimeoutError:
                 break
         del self.forming[key]  # later arrivals start a new group
-        cpus = self.group_resources.get("cpu", 1.0)
-        gpus = self.group_resources.get("gpu", 0.0)
-        forming.group = FusedGroup.options(num_cpus=cpus, num_gpus=gpus, max_restarts=0).remote(
-            self.workload,
-            forming.configs,
-            forming.members,
-            forming.states,
-            self.max_iterations,
-            "cuda" if gpus > 0 else "cpu",
-            self.dtype,
-            max(1, int(cpus)),
-        )
+        forming.group = self.launch_group(forming.configs, forming.members, forming.states)
         self.members_of[forming.group] = set(forming.members)
         self.launched_groups.append(list(forming.members))
         logger.info("fused group of %d members launched", len(forming.members))

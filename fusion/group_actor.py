@@ -1,10 +1,14 @@
 """`FusedGroup`: the Ray actor that holds one device slot and trains one fused group.
 
 Each member of the group is still an ordinary Tune trial (its own config, metrics, checkpoint and
-results row); the trial only fetches its results from this actor. An iteration runs when every
-current member has fetched the previous one (or left), so the group never races ahead of the
-trials Tune is still judging, and a member that ASHA stops, or that diverges, is dropped from the
-group (its parameters and optimizer state repacked away) before the next iteration.
+results row); the trial only fetches its results from the group's actor. An iteration runs when
+every current member has fetched the previous one (or left), so the group never races ahead of
+the trials Tune is still judging, and a member that ASHA stops, or that diverges, is dropped from
+the group (its parameters and optimizer state repacked away) before the next iteration.
+
+`MemberRelay` is that member-facing half on its own: where a group's results wait for their
+trials, whoever trains the group (`FusedGroup` here; a pipeline stage's bubbles in
+`pipeline_bubble.sweep_bubbles`).
 """
 
 from __future__ import annotations
@@ -38,8 +42,85 @@ class GroupFailed(RuntimeError):
     pass
 
 
+class MemberRelay:
+    """Per-member results of a fused group, handed to member trials one iteration at a time.
+
+    Subclasses train the group and call `_publish` after each iteration; `_released(iteration)`
+    says when every member has fetched it (or left), so the next iteration may start.
+    """
+
+    def __init__(self, member_ids: Sequence[Hashable], iteration: int):
+        self.member_ids = list(member_ids)
+        self.iteration = iteration
+        self.results: dict[Hashable, dict[int, dict[str, Any]]] = {m: {} for m in member_ids}
+        self.fetched: dict[Hashable, int] = {m: iteration for m in member_ids}
+        self.leaving: set[Hashable] = set()
+        self.error: str | None = None
+        self._changed: asyncio.Condition | None = None
+
+    @property
+    def changed(self) -> asyncio.Condition:
+        if self._changed is None:  # created inside the actor's event loop
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    def _released(self, iteration: int) -> bool:
+        return all(self.fetched[m] >= iteration or m in self.leaving for m in self.member_ids)
+
+    async def _publish(self, iteration: int, results: Mapping[Hashable, dict[str, Any]]) -> None:
+        """Iteration `iteration`'s result (metrics and checkpoint bytes) of every member."""
+        async with self.changed:
+            for member_id, result in results.items():
+                if member_id in self.results:
+                    self.results[member_id][iteration] = result
+            self.iteration = iteration
+            diverged = [m for m, r in results.items() if r["metrics"]["diverged"]]
+            if diverged and len(diverged) < len(results):
+                self.leaving.update(diverged)  # their trials end after reporting; repack them away now
+            self.changed.notify_all()
+
+    async def _fail(self, error: str) -> None:
+        async with self.changed:
+            self.error = error
+            self.changed.notify_all()
+
+    async def _wait_released(self) -> list[Hashable]:
+        """Wait until every member fetched the current iteration or left; returns who stays."""
+        async with self.changed:
+            await self.changed.wait_for(lambda: self._released(self.iteration))
+            self.member_ids = [m for m in self.member_ids if m not in self.leaving]
+            return list(self.member_ids)
+
+    async def fetch(self, member_id: Hashable, iteration: int) -> dict[str, Any]:
+        """Member `member_id`'s metrics and checkpoint (bytes) after `iteration` (1-based)."""
+        await self._on_first_call()
+        async with self.changed:
+            self.fetched[member_id] = iteration - 1
+            self.changed.notify_all()
+            await self.changed.wait_for(lambda: iteration in self.results[member_id] or self.error is not None)
+            if iteration not in self.results[member_id]:
+                raise GroupFailed(f"the fused group failed: {self.error}")
+            result = self.results[member_id].pop(iteration)
+            self.fetched[member_id] = iteration
+            self.changed.notify_all()
+            return result
+
+    async def leave(self, member_id: Hashable) -> None:
+        """The member's trial ended (stopped early, finished, failed): stop training it."""
+        await self._on_first_call()
+        async with self.changed:
+            self.leaving.add(member_id)
+            self.changed.notify_all()
+
+    async def members(self) -> list[Hashable]:
+        return list(self.member_ids)
+
+    async def _on_first_call(self) -> None:
+        """Hook for subclasses that start work once the actor's event loop runs."""
+
+
 @ray.remote
-class FusedGroup:
+class FusedGroup(MemberRelay):
     """Trains `configs` fused; members are Tune trial ids. Created by `fusion.broker.GroupBroker`."""
 
     def __init__(
@@ -61,85 +142,39 @@ class FusedGroup:
             )
         else:
             self.trainer = FusedTrainer(workload, configs, member_ids=member_ids, device=device, dtype=dtype)
+        super().__init__(member_ids, self.trainer.iteration)
         self.max_iterations = max_iterations
-        self.results: dict[Hashable, dict[int, dict[str, Any]]] = {m: {} for m in member_ids}
-        self.fetched: dict[Hashable, int] = {m: self.trainer.iteration for m in member_ids}
-        self.leaving: set[Hashable] = set()
-        self.error: str | None = None
-        self.changed: asyncio.Condition | None = None
         self.loop: asyncio.Task | None = None
 
-    async def _ensure_loop(self) -> None:
+    async def _on_first_call(self) -> None:
         if self.loop is None:
-            self.changed = asyncio.Condition()
             self.loop = asyncio.get_running_loop().create_task(self._train_loop())
-
-    def _members_done_with(self, iteration: int) -> bool:
-        return all(self.fetched[m] >= iteration or m in self.leaving for m in self.trainer.member_ids)
 
     async def _train_loop(self) -> None:
         try:
-            while self.trainer.member_ids and self.trainer.iteration < self.max_iterations:
-                async with self.changed:
-                    await self.changed.wait_for(lambda: self._members_done_with(self.trainer.iteration))
-                    self._drop(self.leaving & set(self.trainer.member_ids))
-                if not self.trainer.member_ids:
+            while self.trainer.iteration < self.max_iterations:
+                survivors = await self._wait_released()
+                if not survivors:
                     break
-                iteration_results = await asyncio.to_thread(self._train_iteration)
-                async with self.changed:
-                    for member_id, result in iteration_results.items():
-                        self.results[member_id][self.trainer.iteration] = result
-                    self.changed.notify_all()
+                if survivors != self.trainer.member_ids:
+                    self.trainer.keep_members(survivors)
+                    logger.info("fused group shrank to %d members", len(survivors))
+                results = await asyncio.to_thread(self._train_iteration)
+                await self._publish(self.trainer.iteration, results)
         except Exception as exc:  # reported to every member; each trial fails and is retried by Tune
             logger.exception("fused group failed")
-            async with self.changed:
-                self.error = f"{type(exc).__name__}: {exc}"
-                self.changed.notify_all()
+            await self._fail(f"{type(exc).__name__}: {exc}")
 
     def _train_iteration(self) -> dict[Hashable, dict[str, Any]]:
-        metrics = self.trainer.train_iteration()
-        results = {}
-        for member_id, member_metrics in zip(self.trainer.member_ids, metrics):
-            member_metrics = {**member_metrics, "fused_members": self.trainer.num_members}
-            results[member_id] = {
-                "metrics": member_metrics,
-                "checkpoint": member_state_to_bytes(self.trainer.member_state_dict(member_id)),
-            }
-        diverged = [m for m, r in results.items() if r["metrics"]["diverged"]]
-        if diverged and len(diverged) < self.trainer.num_members:
-            self.leaving.update(diverged)  # their trials end after reporting; repack them away now
-        return results
+        return member_results(self.trainer, self.trainer.train_iteration())
 
-    def _drop(self, members: set[Hashable]) -> None:
-        if not members:
-            return
-        survivors = [m for m in self.trainer.member_ids if m not in members]
-        if survivors:
-            self.trainer.keep_members(survivors)
-            logger.info("fused group shrank to %d members", len(survivors))
-        else:
-            self.trainer.member_ids = []
 
-    async def fetch(self, member_id: Hashable, iteration: int) -> dict[str, Any]:
-        """Member `member_id`'s metrics and checkpoint (bytes) after `iteration` (1-based)."""
-        await self._ensure_loop()
-        async with self.changed:
-            self.fetched[member_id] = iteration - 1
-            self.changed.notify_all()
-            await self.changed.wait_for(lambda: iteration in self.results[member_id] or self.error is not None)
-            if iteration not in self.results[member_id]:
-                raise GroupFailed(f"the fused group failed: {self.error}")
-            result = self.results[member_id].pop(iteration)
-            self.fetched[member_id] = iteration
-            self.changed.notify_all()
-            return result
-
-    async def leave(self, member_id: Hashable) -> None:
-        """The member's trial ended (stopped early, finished, failed): stop training it."""
-        await self._ensure_loop()
-        async with self.changed:
-            self.leaving.add(member_id)
-            self.changed.notify_all()
-
-    async def members(self) -> list[Hashable]:
-        return list(self.trainer.member_ids)
+def member_results(trainer: FusedTrainer, metrics: Sequence[Mapping[str, Any]]) -> dict[Hashable, dict[str, Any]]:
+    """What a member trial fetches after an iteration: its metrics and its checkpoint as bytes."""
+    return {
+        member_id: {
+            "metrics": {**member_metrics, "fused_members": trainer.num_members},
+            "checkpoint": member_state_to_bytes(trainer.member_state_dict(member_id)),
+        }
+        for member_id, member_metrics in zip(trainer.member_ids, metrics)
+    }

@@ -167,8 +167,15 @@ class FusedTrainer:
         total = torch.zeros(self.num_members, dtype=torch.float64, device=self.device)
         for _ in range(self.steps_per_iteration):
             total += self.train_step(*next(batches)).double()
+        return self.finish_iteration(total)
+
+    def finish_iteration(self, loss_sums: torch.Tensor) -> list[dict[str, Any]]:
+        """End an iteration whose `steps_per_iteration` steps summed to `loss_sums` ([B]): evaluate.
+
+        Split from `train_iteration` for callers that run the steps one at a time (bubble guests).
+        """
         self.iteration += 1
-        train_losses = (total / self.steps_per_iteration).tolist()
+        train_losses = (loss_sums / self.steps_per_iteration).tolist()
         results = []
         for train_loss, evaluation in zip(train_losses, self.evaluate()):
             metrics = {"train_loss": train_loss, **evaluation, "step": self.step}

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import ray
 from ray import tune
 
-from fusion.broker import GroupBroker
+from fusion.broker import GroupBroker, GroupLauncher
 from fusion.trainer import MEMBER_CHECKPOINT_FILE
 from hpo.ray_runtime import NAMESPACE
 from hpo.workload import Workload
@@ -31,17 +31,10 @@ def broker_name(sweep: str) -> str:
     return f"hpo:{sweep}:fusion"
 
 
-def start_broker(
-    sweep: str,
-    workload: Workload,
-    max_members: int,
-    max_iterations: int,
-    group_resources: Mapping[str, float],
-    dtype: str = "fp32",
-) -> Any:
+def start_broker(sweep: str, workload: Workload, max_members: int, launch_group: GroupLauncher) -> Any:
     """The sweep's broker, owned by the caller (it lives as long as the returned handle)."""
     return GroupBroker.options(name=broker_name(sweep), namespace=NAMESPACE, get_if_exists=True).remote(
-        workload, max_members, max_iterations, dict(group_resources), dtype
+        workload, max_members, launch_group
     )
 
 

@@ -30,6 +30,12 @@ advanced; a guest whose footprint exceeds `memory_cap_bytes` is refused; on CUDA
 to a separate lowest-priority stream; a guest that raises is dropped, never the job. Progress is
 checkpointed every `checkpoint_every` steps and on `evict()`; `request_evict()` may be called at
 any time (a signal handler, another thread) and takes effect before the next guest step.
+
+Guests that come and go. With a `guest_source`, a stage that has no guest (none yet, or the
+last one finished, failed or was evicted) asks the source for one between batches, keeping
+the windows it has learnt. A guest may also pause itself (`ready()` false: a sweep's group
+waits for its trials to take an iteration's results) and end itself (`finished`); a guest
+with `close(failure)` is told when it leaves the stage.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import time
 from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -83,6 +90,7 @@ class BubbleExecutor:
         profile_steps: guest steps run at `start()` to measure its step time.
         observe_every: one batch in this many runs no guest and re-measures the windows.
         history: observation batches a window prediction is the minimum of.
+        guest_source: asked between batches for a new guest while the stage has none.
     """
 
     def __init__(
@@ -97,6 +105,7 @@ class BubbleExecutor:
         profile_steps: int = 8,
         observe_every: int = 8,
         history: int = 2,
+        guest_source: Callable[[], GuestWork | None] | None = None,
     ):
         if not 0 < safety <= 1:
             raise ValueError(f"safety must be in (0, 1], got {safety}")
@@ -116,6 +125,7 @@ class BubbleExecutor:
         self.step_time_s: float | None = None
         self.observe_every = observe_every
         self.history = history
+        self.guest_source = guest_source
         self._waits: dict[int, deque[float]] = {}
         self._scale: dict[int, float] = {}
         self._batches = 0
@@ -139,31 +149,51 @@ class BubbleExecutor:
         Called once when the executor is attached to an engine, before the first batch.
         """
         self._device = torch.device(device)
-        if self.guest is None:
-            return
-        if self.checkpoint_path is not None and self.checkpoint_path.exists():
-            saved = torch.load(self.checkpoint_path, weights_only=False)
-            self.guest.load_state_dict(saved["guest"])
         if self._device.type == "cuda":
             # The lowest priority there is; PyTorch's default stream, which the job uses, has it too,
             # so on one device this separates the guest's work rather than deprioritising it.
             lowest_priority, _ = torch.cuda.Stream.priority_range()
             self._stream = torch.cuda.Stream(self._device, priority=lowest_priority)
+        if self.guest is None:
+            return
+        if self.checkpoint_path is not None and self.checkpoint_path.exists():
+            saved = torch.load(self.checkpoint_path, weights_only=False)
+            self.guest.load_state_dict(saved["guest"])
         self._check_memory()
+        self._profile()
+
+    def adopt(self, guest: GuestWork) -> None:
+        """Take `guest` in place of one that ended, keeping the windows learnt so far."""
+        self.guest, self.refused, self.failed = guest, None, None
+        self._recent.clear()
+        self.step_time_s = None
+        self._check_memory()
+        self._profile()
+
+    def _profile(self) -> None:
+        """Run `profile_steps` guest steps (outside any window) to predict a step's length."""
         for _ in range(self.profile_steps):
-            if self._guarded_step() is None:
-                return
+            if not self._guest_ready() or self._guarded_step() is None:
+                break
+        if len(self._recent) < self.profile_steps:
+            return  # the guest paused (or failed) first: profiled again at a later batch's end
         for _ in range(min(2, len(self._recent) - 1)):
             self._recent.popleft()  # the first steps pay for allocations and cold caches
-        self.step_time_s = self._predict_step() if self._recent else None
+        self.step_time_s = self._predict_step()
         self._check_memory()
 
     def evict(self) -> None:
         """Checkpoint the guest and drop it; the stage keeps training, its windows stay empty."""
         if self.guest is not None:
             self.checkpoint()
-        self.guest = None
+        self._release_guest(None)
         self._evict_requested = False
+
+    def _release_guest(self, failure: str | None) -> None:
+        guest, self.guest = self.guest, None
+        close = getattr(guest, "close", None)
+        if close is not None:
+            close(failure)
 
     def request_evict(self) -> None:
         """Ask for eviction from anywhere (a signal handler, another thread): it happens before
@@ -200,6 +230,14 @@ class BubbleExecutor:
             self.evict()
         elif self.guest is not None and self._since_checkpoint >= self.checkpoint_every:
             self.checkpoint()
+        if self.guest is not None and getattr(self.guest, "finished", False):
+            self._release_guest(None)
+        if self.guest is None and self.guest_source is not None:
+            guest = self.guest_source()
+            if guest is not None:
+                self.adopt(guest)
+        elif self.guest is not None and self.step_time_s is None:
+            self._profile()
 
     # ---- the engine's two calls -----------------------------------------------------------
     def harvest(self, slot: int, recorder: _Recorder) -> float:
@@ -213,6 +251,8 @@ class BubbleExecutor:
         while (time.perf_counter() - start) + self.step_time_s <= budget:
             if self._evict_requested:
                 self.evict()
+                break
+            if not self._guest_ready():
                 break
             if self._device.type == "cuda" and torch.cuda.mem_get_info(self._device)[0] < self.guest.memory_bytes:
                 break
@@ -260,8 +300,12 @@ class BubbleExecutor:
             return self._timed_step()
         except Exception as error:  # the guest's last checkpoint stays valid
             self.failed = f"{type(error).__name__}: {error}"
-            self.guest = None
+            self._release_guest(self.failed)
             return None
+
+    def _guest_ready(self) -> bool:
+        ready = getattr(self.guest, "ready", None)
+        return self.guest is not None and (ready is None or ready())
 
     def _timed_step(self) -> float:
         """One guest step under a private RNG (and stream on CUDA); returns its duration."""

@@ -60,13 +60,17 @@ class FusedGroupGuest:
         return self._batches
 
     def step(self) -> float:
+        return float(self.member_step().mean())
+
+    def member_step(self) -> torch.Tensor:
+        """One step of every member; their `[B]` losses."""
         inputs, targets = next(self._stream())
         with torch.random.fork_rng(devices=self._rng_devices):
             torch.set_rng_state(self._rng)
             self.trainer.model.train()
             losses = self.trainer.train_step(inputs, targets)
             self._rng = torch.get_rng_state()
-        return float(losses.mean())
+        return losses
 
     def evaluate(self) -> list[dict[str, float]]:
         """Per-member validation metrics, in `trainer.member_ids` order."""

@@ -33,6 +33,10 @@ class GuestWork(Protocol):
 
     `step()` must be self-contained (no state carried in autograd between calls), must leave the
     global RNG state as it found it, and returns the step's training loss.
+
+    Optional, for guests fed by a sweep (`pipeline_bubble.lending`): `ready() -> bool` (false:
+    run no step now), `finished: bool` (the stage may take another guest) and
+    `close(failure: str | None)` (called when the guest leaves the stage: done, evicted or failed).
     """
 
     #: Training samples consumed per `step()` (for samples/s harvested).
