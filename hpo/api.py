@@ -123,19 +123,30 @@ class Tuner:
             from fusion.tune_trials import start_broker
 
             self.members_per_group = group_size(self.trainable, self.fusion, self.resources, self.param_space)
-            actors.append(
-                start_broker(
-                    self.name, self.trainable, self.members_per_group, self.max_iterations, self.resources, self.fusion.dtype
-                )
-            )
+            actors.append(start_broker(self.name, self.trainable, self.members_per_group, self._group_launcher()))
         return actors
+
+    def _group_launcher(self) -> Any:
+        """Fused groups on devices the sweep holds, or queued for pipeline jobs' bubbles."""
+        if self.fusion.placement == "bubbles":
+            from pipeline_bubble.bubble_pool import bubble_group_launcher
+
+            return bubble_group_launcher(self.trainable, self.max_iterations, self.fusion.dtype)
+        from fusion.broker import device_group_launcher
+
+        return device_group_launcher(self.trainable, self.max_iterations, self.resources, self.fusion.dtype)
 
     def _tune_config(self) -> tune.TuneConfig:
         if self.fusion is None or self.tune_config.max_concurrent_trials:
             return self.tune_config
         # Enough member trials at once to fill every group slot with a full group.
-        concurrent = self.members_per_group * group_slots(self.resources)
-        return replace(self.tune_config, max_concurrent_trials=concurrent)
+        if self.fusion.placement == "bubbles":
+            from pipeline_bubble.bubble_pool import lending_stages
+
+            slots = max(1, lending_stages())
+        else:
+            slots = group_slots(self.resources)
+        return replace(self.tune_config, max_concurrent_trials=self.members_per_group * slots)
 
     def fit(self) -> SweepResult:
         ensure_ray()

@@ -145,16 +145,14 @@ class FusionConfig(_Strict):
     placement: Literal["device", "bubbles"] = "device"
     dtype: Literal["fp32", "bf16"] = "fp32"
 
-    @field_validator("placement")
-    @classmethod
-    def _placement_available(cls, value: str) -> str:
-        if value == "bubbles":
+    @model_validator(mode="after")
+    def _bubbles_need_a_group_size(self) -> "FusionConfig":
+        if self.placement == "bubbles" and self.max_members == "auto":
             raise ValueError(
-                "placement 'bubbles' cannot be targeted from a sweep yet; inside your DeepSpeed pipeline job call "
-                "pipeline_bubble.harvest_bubbles(engine) and pipeline_bubble.run_guests_in_bubbles(engine, workload, "
-                "configs, checkpoint_dir=...) to train these configs in its bubbles"
+                "placement 'bubbles' needs an explicit max_members (e.g. 8): 'auto' measures the free memory "
+                "of a device the sweep holds, and a bubble guest runs on a pipeline job's GPU instead"
             )
-        return value
+        return self
 
     @field_validator("max_members")
     @classmethod

@@ -5,7 +5,10 @@
 - `BubbleExecutor`: runs whole guest steps in each stage's predicted idle windows;
 - `GuestWork`: the protocol a guest implements; `TorchGuest`, `workload_guest`, `GuestGroup`,
   `fused_group_guest`: ready-made guests;
-- `run_guests_in_bubbles(engine, workload, configs, ...)` / `guest_results(engine)`: what the sweep calls;
+- `lend_bubbles(engine)`: a pipeline job on a Ray cluster lends its bubbles to sweeps with
+  `fusion.placement: bubbles` (`BubblePool`, `BubbleGroup`);
+- `run_guests_in_bubbles(engine, workload, configs, ...)` / `guest_results(engine)`: train a fixed
+  set of configs in a job's bubbles without Ray;
 - `theoretical_bubble_fraction`, `save_timelines`, `plot_gantt`: measuring and showing bubbles.
 
 Names are imported lazily: `import pipeline_bubble` does not import DeepSpeed.
@@ -19,6 +22,7 @@ _EXPORTS = {
     "attach_guest": "pipeline_bubble.api",
     "run_guests_in_bubbles": "pipeline_bubble.api",
     "guest_results": "pipeline_bubble.api",
+    "lend_bubbles": "pipeline_bubble.lending",
     "BubbleExecutor": "pipeline_bubble.executor",
     "InstrumentedPipelineEngine": "pipeline_bubble.instrumented_engine",
     "instrument": "pipeline_bubble.instrumented_engine",

@@ -9,9 +9,10 @@ or on the engine it already has::
     engine = pipeline_bubble.harvest_bubbles(engine)
 
 Either way the engine records its per-stage timeline (`engine.bubble_recorder.timeline`) and
-accepts a guest. The sweep (`fusion.placement: bubbles`) hands tuning configs to the job with
-`run_guests_in_bubbles(engine, workload, configs, checkpoint_dir=...)` on every rank; each stage
-trains its share of the configs in its bubbles and `guest_results(engine)` reports them per trial.
+accepts a guest. A job that knows its tuning configs calls `run_guests_in_bubbles(engine,
+workload, configs, checkpoint_dir=...)` on every rank; each stage trains its share of the configs
+in its bubbles and `guest_results(engine)` reports them per trial. A job on a Ray cluster can
+instead lend its bubbles to running sweeps (`pipeline_bubble.lending.lend_bubbles`).
 """
 
 from __future__ import annotations

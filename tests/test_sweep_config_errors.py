@@ -52,11 +52,11 @@ def test_valid_file_passes(tmp_path, capsys):
         (VALID.replace("trainable: mlp_digits", "trainable: nowhere.module:train"), "trainable", 2, "cannot import"),
         (VALID.replace("{values: [16, 32]}", "{valeus: [16, 32]}"), "parameters.width.valeus", 7, "did you mean 'values'"),
         (VALID.replace("goal: minimize", "goal: smallest"), "metric.goal", 4, "minimize"),
-        (VALID + "fusion: {placement: bubbles}\n", "fusion.placement", 10, "run_guests_in_bubbles"),
+        (VALID + "fusion: {placement: bubbles}\n", "fusion", 10, "needs an explicit max_members"),
     ],
     ids=["unknown-key", "wrong-type", "min-ge-max", "non-positive-log-bound", "grid-continuous",
          "metric-never-reported", "unimportable-trainable", "unknown-nested-key", "bad-enum",
-         "bubbles-not-from-a-sweep"],
+         "bubbles-without-group-size"],
 )
 def test_bad_input_names_key_and_line(tmp_path, capsys, bad, key, line, words):
     code, err = validate(write(tmp_path, bad), capsys)

@@ -1,0 +1,172 @@
+"""A sweep with `fusion.placement: bubbles` trains its trials inside a live DeepSpeed pipeline job.
+
+The module runs a real 2-stage DeepSpeed pipeline job (gloo, CPU) as two Ray actors, each rank
+lending its bubbles with `pipeline_bubble.lend_bubbles`, while a Tune sweep over four learning
+rates queues fused groups of two for them. The job keeps training in chunks of batches until the
+sweep ends.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+
+import pytest
+import ray
+from ray import tune
+
+import hpo
+from examples.mlp_digits import workload as digits
+from hpo.training import TrialTrainer
+from pipeline_bubble.abtest import JobSpec
+from pipeline_bubble.launch import free_port
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+LRS = [3e-3, 1e-2, 3e-2, 1e-1]
+ITERATIONS = 2
+
+
+@ray.remote(num_cpus=0.5)
+class PipelineRank:
+    """One rank of the main job: a DeepSpeed pipeline stage that lends its bubbles."""
+
+    def __init__(self, rank: int, world_size: int, port: int):
+        os.environ.update(
+            RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        )
+        import torch
+
+        torch.set_num_threads(1)
+
+    def start(self, spec: JobSpec) -> int:
+        import deepspeed
+
+        from pipeline_bubble.abtest import build_engine, main_job_batches
+        from pipeline_bubble.lending import lend_bubbles
+
+        deepspeed.init_distributed(dist_backend="gloo")
+        self.engine = build_engine(spec)
+        self.lender = lend_bubbles(self.engine)  # the one call the job makes
+        self.data = main_job_batches(spec, self.engine.device)
+        self.losses: list[float] = []
+        return self.engine.stage_id
+
+    def train(self, batches: int) -> None:
+        for _ in range(batches):
+            self.losses.append(float(self.engine.train_batch(self.data)))
+
+    def finish(self) -> dict:
+        self.lender.close()
+        executor = self.engine.bubble_executor
+        return {"losses": self.losses, "groups": self.lender.groups_taken, "guest_steps": executor.stats.steps}
+
+
+@pytest.fixture(scope="module")
+def bubble_sweep(tmp_path_factory):
+    port = free_port()
+    ranks = [PipelineRank.remote(r, 2, port) for r in range(2)]
+    ray.get([rank.start.remote(JobSpec(stages=2, micro_batches=4, width=1024)) for rank in ranks])
+    sweep_done = threading.Event()
+
+    def drive_main_job() -> None:
+        while not sweep_done.is_set():
+            ray.get([rank.train.remote(10) for rank in ranks])
+
+    driver = threading.Thread(target=drive_main_job, daemon=True)
+    driver.start()
+    try:
+        result = hpo.run(
+            digits,
+            config={"lr": tune.grid_search(LRS), "width": 16, "seed": 3},
+            metric="val_loss",
+            mode="min",
+            stop={"training_iteration": ITERATIONS},
+            storage_path=str(tmp_path_factory.mktemp("runs")),
+            name="in_bubbles",
+            fusion=hpo.FusionConfig(placement="bubbles", max_members=2),
+        )
+    finally:
+        sweep_done.set()
+        driver.join(timeout=120)
+    job = ray.get([rank.finish.remote() for rank in ranks])
+    return result, job
+
+
+def test_every_trial_is_reported_after_training_in_the_bubbles(bubble_sweep):
+    result, job = bubble_sweep
+    frame = result.get_dataframe()
+    assert sorted(frame["config/lr"]) == LRS
+    assert (frame["iterations"] == ITERATIONS).all() and (frame["status"] == "completed").all(), frame
+    assert all(r.metrics["fused_members"] == 2 and r.checkpoint is not None for r in result.result_grid)
+    assert sum(stage["groups"] for stage in job) == 2, "two groups of two, each taken by a stage"
+    assert sum(stage["guest_steps"] for stage in job) > 0, "some steps ran inside bubbles"
+
+
+def test_bubble_trained_trials_match_training_each_config_alone(bubble_sweep):
+    result, _ = bubble_sweep
+    for trial in result.result_grid:
+        alone = TrialTrainer(digits, {"lr": trial.config["lr"], "width": 16, "seed": 3})
+        for _ in range(ITERATIONS):
+            alone.train_iteration()
+        expected = alone.evaluate()["val_loss"]
+        assert math.isclose(trial.metrics["val_loss"], expected, rel_tol=1e-4), (trial.config, expected)
+
+
+def test_the_main_job_kept_training_and_gave_the_pool_its_stages_back(bubble_sweep):
+    from pipeline_bubble.bubble_pool import bubble_pool
+
+    _, job = bubble_sweep
+    assert len(job[0]["losses"]) == len(job[1]["losses"]) > 0
+    assert all(math.isfinite(loss) for loss in job[-1]["losses"])
+    assert ray.get(bubble_pool().state.remote()) == {"waiting": 0, "hosts": {}}
+
+
+def test_an_evicted_group_resumes_on_another_stage_from_its_last_published_iteration():
+    from pipeline_bubble.bubble_pool import bubble_group_launcher, bubble_pool
+    from pipeline_bubble.lending import SweepGroupGuest
+
+    import torch
+
+    configs = [{"lr": 1e-2, "width": 16, "seed": 3}, {"lr": 3e-2, "width": 16, "seed": 3}]
+    members = ["a", "b"]
+    pool = bubble_pool()
+    for host in ("stage-x", "stage-y"):
+        ray.get(pool.register.remote(host))
+    group = bubble_group_launcher(digits, ITERATIONS)(configs, members, [None, None])
+
+    def take(host: str) -> SweepGroupGuest:
+        taken = ray.get(pool.take.remote(host))
+        closed = lambda g, unfinished: pool.give_back.remote(host, g) if unfinished else pool.done.remote(host)
+        return SweepGroupGuest(taken, ray.get(taken.assignment.remote()), torch.device("cpu"), closed)
+
+    def step_when_ready(guest: SweepGroupGuest) -> None:
+        while not guest.ready():
+            time.sleep(0.01)
+        guest.step()
+
+    first = take("stage-x")
+    fetched = [group.fetch.remote(m, 1) for m in members]  # the member trials wait for iteration 1
+    while first.trainer.iteration < 1:
+        step_when_ready(first)
+    iteration_one = ray.get(fetched)
+    for _ in range(5):  # part of iteration 2, then the owner evicts the guest
+        step_when_ready(first)
+    first.close(None)
+    assert ray.get(pool.state.remote())["waiting"] == 1, "the unfinished group is back in the pool"
+
+    second = take("stage-y")
+    assert second.trainer.iteration == 1 and second.trainer.step == first.trainer.steps_per_iteration
+    fetched = [group.fetch.remote(m, 2) for m in members]
+    while not second.finished:
+        if second.ready():
+            second.step()
+    for member, config, first_result, result in zip(members, configs, iteration_one, ray.get(fetched)):
+        alone = TrialTrainer(digits, config)
+        assert math.isclose(first_result["metrics"]["val_loss"], alone.train_iteration()["val_loss"], rel_tol=1e-4)
+        assert math.isclose(result["metrics"]["val_loss"], alone.train_iteration()["val_loss"], rel_tol=1e-4), member
+    for host in ("stage-x", "stage-y"):
+        ray.get(pool.unregister.remote(host))
