@@ -9,12 +9,19 @@ group step by step in its idle windows and publishes every iteration back to the
 
 A stage that is evicted, or whose job ends, gives the group back; the next stage to take it
 resumes from the members' last published checkpoints, so only the steps since then are redone.
+
+On a cluster run by the allocator (`scheduler_bridge`), lending stages carry their job's id
+(`owner`) and a sweep submitted as a tuning job is *managed*: the allocator decides in whose
+bubbles its groups may run (`set_quotas`), the pool only hands its groups to those jobs' stages,
+and a stage holding more than its job's quota (the owner reclaimed its memory, or the sweep
+ended) is asked to yield its group (`should_yield`), which it does before its next step.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -32,43 +39,89 @@ def bubble_pool() -> Any:
     return BubblePool.options(name=POOL_NAME, namespace=NAMESPACE, get_if_exists=True, lifetime="detached").remote()
 
 
+@dataclass
+class _Host:
+    owner: int | None
+    group: Any = None
+    sweep: str | None = None
+    yielding: bool = False
+
+
 @ray.remote(num_cpus=0)
 class BubblePool:
-    """A FIFO of groups waiting for a stage, and which stage trains which group."""
+    """A FIFO of groups waiting for a stage, which stage trains which group, and the allocator's
+    quotas: for a managed sweep, how many of its groups each pipeline job's stages may hold."""
 
     def __init__(self) -> None:
-        self.waiting: deque[Any] = deque()
-        self.hosts: dict[str, Any] = {}
+        self.waiting: deque[tuple[Any, str]] = deque()
+        self.hosts: dict[str, _Host] = {}
+        self.quotas: dict[str, dict[int, int]] = {}
 
-    def register(self, host_id: str) -> None:
-        self.hosts.setdefault(host_id, None)
+    def register(self, host_id: str, owner: int | None = None) -> None:
+        self.hosts.setdefault(host_id, _Host(owner))
 
     def unregister(self, host_id: str) -> None:
         self.hosts.pop(host_id, None)
 
-    def submit(self, group: Any) -> None:
-        self.waiting.append(group)
+    def submit(self, group: Any, sweep: str) -> None:
+        self.waiting.append((group, sweep))
+
+    def _held(self, sweep: str, owner: int | None) -> list[_Host]:
+        return [h for h in self.hosts.values() if h.sweep == sweep and h.owner == owner and h.group is not None]
+
+    def _may_take(self, host: _Host, sweep: str) -> bool:
+        if sweep not in self.quotas:
+            return True  # an unmanaged sweep: any stage lending its bubbles
+        return host.owner is not None and len(self._held(sweep, host.owner)) < self.quotas[sweep].get(host.owner, 0)
 
     def take(self, host_id: str) -> Any:
-        """The oldest waiting group for `host_id` to train, or None."""
-        if not self.waiting or host_id not in self.hosts:
+        """The oldest waiting group `host_id` may train, or None."""
+        host = self.hosts.get(host_id)
+        if host is None or host.group is not None:
             return None
-        group = self.hosts[host_id] = self.waiting.popleft()
-        return group
+        for index, (group, sweep) in enumerate(self.waiting):
+            if self._may_take(host, sweep):
+                del self.waiting[index]
+                host.group, host.sweep = group, sweep
+                return group
+        return None
 
     def give_back(self, host_id: str, group: Any) -> None:
         """`host_id` stopped training `group` before it finished: first in line for the next stage."""
-        if host_id in self.hosts:
-            self.hosts[host_id] = None
-        self.waiting.appendleft(group)
+        host = self.hosts.get(host_id)
+        sweep = host.sweep if host is not None else None
+        self.done(host_id)
+        self.waiting.appendleft((group, sweep))
 
     def done(self, host_id: str) -> None:
-        if host_id in self.hosts:
-            self.hosts[host_id] = None
+        host = self.hosts.get(host_id)
+        if host is not None:
+            host.group, host.sweep, host.yielding = None, None, False
+
+    def set_quotas(self, sweep: str, quotas: dict[int, int] | None) -> None:
+        """How many of `sweep`'s groups each owner's stages may hold (None: the sweep is unmanaged
+        again). Stages holding more than their owner's new quota are asked to yield."""
+        if quotas is None:
+            self.quotas.pop(sweep, None)
+            return
+        self.quotas[sweep] = {int(owner): int(n) for owner, n in quotas.items()}
+        owners = {h.owner for h in self.hosts.values() if h.sweep == sweep}
+        for owner in owners:
+            allowed = self.quotas[sweep].get(owner, 0) if owner is not None else 0
+            for host in [h for h in self._held(sweep, owner) if not h.yielding][allowed:]:
+                host.yielding = True
+
+    def should_yield(self, host_id: str) -> bool:
+        host = self.hosts.get(host_id)
+        return host is not None and host.yielding
 
     def state(self) -> dict[str, Any]:
-        """How many groups wait, and which registered stages train one (for sizing and for tests)."""
-        return {"waiting": len(self.waiting), "hosts": {h: g is not None for h, g in self.hosts.items()}}
+        """Waiting groups, which registered stages train one, and the quotas (for sizing and tests)."""
+        return {
+            "waiting": len(self.waiting),
+            "hosts": {h: host.group is not None for h, host in self.hosts.items()},
+            "quotas": {sweep: dict(q) for sweep, q in self.quotas.items()},
+        }
 
 
 @ray.remote(num_cpus=0)
@@ -119,12 +172,12 @@ class BubbleGroup(MemberRelay):
         await self._fail(error)
 
 
-def bubble_group_launcher(workload: Workload, max_iterations: int, dtype: str = "fp32") -> GroupLauncher:
+def bubble_group_launcher(sweep: str, workload: Workload, max_iterations: int, dtype: str = "fp32") -> GroupLauncher:
     """Each group a `BubbleGroup`, queued in the cluster's pool for the next free stage."""
 
     def launch(configs: list[Mapping[str, Any]], members: list[Hashable], states: list[bytes | None]) -> Any:
         group = BubbleGroup.remote(workload, configs, members, states, max_iterations, dtype)
-        bubble_pool().submit.remote(group)
+        bubble_pool().submit.remote(group, sweep)
         return group
 
     return launch

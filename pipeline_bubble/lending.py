@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ray
@@ -40,7 +40,14 @@ REFUSED_BACKOFF = 20
 class SweepGroupGuest(FusedGroupGuest):
     """A sweep's fused group (a `BubbleGroup` actor), trained step by step in a stage's bubbles."""
 
-    def __init__(self, group: Any, assignment: Mapping[str, Any], device: torch.device, on_close):
+    def __init__(
+        self,
+        group: Any,
+        assignment: Mapping[str, Any],
+        device: torch.device,
+        on_close: Callable[[Any, bool], None],
+        yield_requested: Callable[[], bool] = lambda: False,
+    ):
         from fusion import FusedTrainer
 
         work = assignment
@@ -60,6 +67,7 @@ class SweepGroupGuest(FusedGroupGuest):
         self.max_iterations = int(work["max_iterations"])
         self.finished = trainer.iteration >= self.max_iterations
         self._on_close = on_close
+        self._yield_requested = yield_requested
         self._loss_sums = self._zeros()
         self._steps_in_iteration = 0
         # A group taken over mid-sweep waits until its trials have the last published iteration.
@@ -69,6 +77,8 @@ class SweepGroupGuest(FusedGroupGuest):
         return torch.zeros(self.trainer.num_members, dtype=torch.float64, device=self.trainer.device)
 
     def ready(self) -> bool:
+        if self._yield_requested():
+            return False  # the executor evicts the guest before its next step
         if self._release is not None:
             done, _ = ray.wait([self._release], timeout=0)
             if not done:
@@ -105,15 +115,18 @@ class SweepGroupGuest(FusedGroupGuest):
 class BubbleLender:
     """One rank's link to the pool: asks for groups between batches, gives them back on `close()`."""
 
-    def __init__(self, engine: InstrumentedPipelineEngine, poll_interval_s: float):
+    def __init__(self, engine: InstrumentedPipelineEngine, poll_interval_s: float, owner: int | None = None):
         self.engine = engine
         self.pool = bubble_pool()
         self.host_id = f"stage{engine.stage_id}-{uuid.uuid4().hex[:8]}"
-        ray.get(self.pool.register.remote(self.host_id))
+        ray.get(self.pool.register.remote(self.host_id, owner))
         self.poll_interval_s = poll_interval_s
         self.groups_taken = 0
+        self.groups_yielded = 0
         self._asking: ray.ObjectRef | None = None
         self._next_poll = 0.0
+        self._yield_query: ray.ObjectRef | None = None
+        self._next_yield_check = 0.0
 
     def next_guest(self) -> SweepGroupGuest | None:
         """Non-blocking: a group if the pool has answered with one since the last batch."""
@@ -130,7 +143,24 @@ class BubbleLender:
             return None
         self.groups_taken += 1
         assignment = ray.get(group.assignment.remote())
-        return SweepGroupGuest(group, assignment, self.engine.device, self._closed)
+        return SweepGroupGuest(group, assignment, self.engine.device, self._closed, self._yield_requested)
+
+    def _yield_requested(self) -> bool:
+        """Non-blocking: whether the pool asked this stage to give its group back (its owner
+        reclaimed the memory, or the allocator moved the sweep); asked once per poll interval."""
+        if self._yield_query is None:
+            if time.monotonic() < self._next_yield_check:
+                return False
+            self._yield_query = self.pool.should_yield.remote(self.host_id)
+        done, _ = ray.wait([self._yield_query], timeout=0)
+        if not done:
+            return False
+        answer, self._yield_query = ray.get(self._yield_query), None
+        self._next_yield_check = time.monotonic() + self.poll_interval_s
+        if answer:
+            self.groups_yielded += 1
+            self.engine.bubble_executor.request_evict()
+        return answer
 
     def _closed(self, group: Any, unfinished: bool) -> None:
         if unfinished:
@@ -155,6 +185,7 @@ class BubbleLender:
 def lend_bubbles(
     engine: Any,
     *,
+    owner: int | None = None,
     memory_cap_bytes: int | None = None,
     poll_interval_s: float = 0.5,
     safety: float = 0.9,
@@ -162,11 +193,13 @@ def lend_bubbles(
     """Lend this rank's pipeline bubbles to sweeps targeting them (`fusion.placement: bubbles`).
 
     Call on every rank, after `deepspeed.initialize` (the engine is instrumented if it is not
-    yet) and with Ray connected. `memory_cap_bytes` refuses groups larger than the stage can
-    spare. Returns the lender; `close()` it when the job ends.
+    yet) and with Ray connected. `owner`: the job's id when the allocator runs it
+    (`ctx.job_id`), so the allocator decides which sweeps use these bubbles. `memory_cap_bytes`
+    refuses groups larger than the stage can spare. Returns the lender; `close()` it when the
+    job ends.
     """
     engine = instrument(engine) if not isinstance(engine, InstrumentedPipelineEngine) else engine
-    lender = BubbleLender(engine, poll_interval_s)
+    lender = BubbleLender(engine, poll_interval_s, owner)
     engine.bubble_executor = BubbleExecutor(
         None, memory_cap_bytes=memory_cap_bytes, safety=safety, guest_source=lender.next_guest
     )

@@ -122,7 +122,7 @@ def test_the_main_job_kept_training_and_gave_the_pool_its_stages_back(bubble_swe
     _, job = bubble_sweep
     assert len(job[0]["losses"]) == len(job[1]["losses"]) > 0
     assert all(math.isfinite(loss) for loss in job[-1]["losses"])
-    assert ray.get(bubble_pool().state.remote()) == {"waiting": 0, "hosts": {}}
+    assert ray.get(bubble_pool().state.remote()) == {"waiting": 0, "hosts": {}, "quotas": {}}
 
 
 def test_an_evicted_group_resumes_on_another_stage_from_its_last_published_iteration():
@@ -136,7 +136,7 @@ def test_an_evicted_group_resumes_on_another_stage_from_its_last_published_itera
     pool = bubble_pool()
     for host in ("stage-x", "stage-y"):
         ray.get(pool.register.remote(host))
-    group = bubble_group_launcher(digits, ITERATIONS)(configs, members, [None, None])
+    group = bubble_group_launcher("evicted", digits, ITERATIONS)(configs, members, [None, None])
 
     def take(host: str) -> SweepGroupGuest:
         taken = ray.get(pool.take.remote(host))
@@ -170,3 +170,32 @@ def test_an_evicted_group_resumes_on_another_stage_from_its_last_published_itera
         assert math.isclose(result["metrics"]["val_loss"], alone.train_iteration()["val_loss"], rel_tol=1e-4), member
     for host in ("stage-x", "stage-y"):
         ray.get(pool.unregister.remote(host))
+
+
+def test_a_managed_sweep_runs_only_in_granted_bubbles_and_yields_when_the_grant_moves():
+    from pipeline_bubble.bubble_pool import bubble_group_launcher, bubble_pool
+
+    pool = bubble_pool()
+    hosts = {"job7-stage0": 7, "job8-stage0": 8, "unmanaged-stage": None}
+    for host, owner in hosts.items():
+        ray.get(pool.register.remote(host, owner))
+    ray.get(pool.set_quotas.remote("managed", {7: 1}))  # the allocator put one group in job 7's bubbles
+    group = bubble_group_launcher("managed", digits, ITERATIONS)([{"lr": 1e-2, "width": 16}], ["m"], [None])
+
+    same = lambda taken: taken is not None and taken._actor_id == group._actor_id
+    assert ray.get(pool.take.remote("unmanaged-stage")) is None, "a managed sweep only goes where it was granted"
+    assert ray.get(pool.take.remote("job8-stage0")) is None
+    assert same(ray.get(pool.take.remote("job7-stage0")))
+    assert not ray.get(pool.should_yield.remote("job7-stage0"))
+
+    ray.get(pool.set_quotas.remote("managed", {8: 1}))  # job 7 reclaimed its memory; the group moves to job 8
+    assert ray.get(pool.should_yield.remote("job7-stage0"))
+    ray.get(pool.give_back.remote("job7-stage0", group))
+    assert ray.get(pool.take.remote("job7-stage0")) is None
+    assert same(ray.get(pool.take.remote("job8-stage0")))
+
+    ray.get(pool.done.remote("job8-stage0"))
+    ray.get(pool.set_quotas.remote("managed", None))
+    for host in hosts:
+        ray.get(pool.unregister.remote(host))
+    ray.kill(group)
