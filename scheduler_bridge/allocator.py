@@ -10,7 +10,10 @@ thread ticks every ``tick_s``:
    to the queue; stops (resize, preemption) ask the job to checkpoint and return;
    starts become placement groups (``placement.py``) created only now that the
    allocator's own accounting says they fit, so Ray never reorders the queue;
-   tuning groups become guest placements;
+   tuning groups become guest placements; for a sweep submitted as a tuning job
+   (``hpo run --allocator``) its bubble placements become the bubble pool's quotas,
+   so its fused groups run in exactly those pipeline jobs' bubbles (and leave them
+   when the owner reclaims its memory);
 3. every change is appended to the journal before it is acted on.
 
 A restarted allocator (Ray restarts it, ``max_restarts``) replays the journal
@@ -85,6 +88,7 @@ class Allocator:
         self.tick_errors = 0
         self.last_error = ""
         self._closing = False
+        self._pushed_quotas: dict[str, dict[int, int]] = {}
         with self.lock:
             self._refresh_nodes(force=True)
             self._reattach()
@@ -262,6 +266,28 @@ class Allocator:
             self._emit({"ev": "evict", "job_id": tid, "group": g})
         for tid, g, where in d.guests:
             self._emit({"ev": "guest", "job_id": tid, "group": g, "where": where})
+        self._sync_bubble_quotas()
+
+    def _sync_bubble_quotas(self) -> None:
+        """Tell the bubble pool in whose bubbles each sweep's groups may run: the bubble guests
+        this allocator placed for the sweep's tuning job (none once the job has ended)."""
+        quotas: dict[str, dict[int, int]] = {}
+        for job in self.driver.jobs.values():
+            if job.spec.kind != "tuning" or not job.spec.sweep:
+                continue
+            counts: dict[int, int] = {}
+            for where in job.guests.values() if job.active else ():
+                if where[0] == "bubble":
+                    counts[int(where[1])] = counts.get(int(where[1]), 0) + 1
+            quotas[job.spec.sweep] = counts
+        changed = {sweep: q for sweep, q in quotas.items() if self._pushed_quotas.get(sweep) != q}
+        if changed:
+            from pipeline_bubble.bubble_pool import bubble_pool
+
+            pool = bubble_pool()
+            for sweep, q in changed.items():
+                pool.set_quotas.remote(sweep, q)
+            self._pushed_quotas.update(changed)
 
     def _start(self, jid: int, where, gpus: int, batch) -> None:
         job = self.driver.jobs[jid]

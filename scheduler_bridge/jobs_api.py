@@ -104,6 +104,13 @@ def submit_tuning(entrypoint: str, groups: int, *, request_id: str | None = None
     return submit(entrypoint, 1, request_id=request_id, kind="tuning", groups=groups, **fields)
 
 
+def submit_sweep(sweep: str, groups: int, *, request_id: str | None = None, **fields) -> int:
+    """Queue a running sweep (``fusion.placement: bubbles``) as a tuning job of ``groups``
+    groups: the allocator grants it pipeline jobs' bubbles and the bubble pool hands its
+    fused groups only to those jobs' stages. Cancel the job when the sweep ends."""
+    return submit_tuning("hpo.sweep:build_tuner", groups, request_id=request_id, sweep=sweep, name=sweep, **fields)
+
+
 def list_jobs() -> list[dict]:
     return ray.get(get_allocator().list.remote())
 

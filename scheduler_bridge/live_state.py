@@ -37,7 +37,10 @@ class JobSpec:
     decision's batch is clamped into that range. ``expected_seconds``: the run-time
     hint the oracle policies (SJF, SRTF) rank by. ``bubble_fraction`` > 0 marks a
     pipeline-parallel job whose bubbles may host tuning groups. ``kind="tuning"``
-    with ``groups`` > 0: a tuning job whose fused groups are placed as guests.
+    with ``groups`` > 0: a tuning job whose fused groups are placed as guests. With
+    ``sweep``, the tuning job is that running sweep (``hpo run --allocator``): its
+    groups wait in the bubble pool and only ever run in the pipeline jobs' bubbles
+    the allocator grants it.
     """
 
     entrypoint: str
@@ -56,6 +59,7 @@ class JobSpec:
     expected_seconds: float = 3600.0
     bubble_fraction: float = 0.0
     groups: int = 0
+    sweep: str = ""
     max_attempts: int = 5
 
     def __post_init__(self) -> None:
@@ -67,6 +71,8 @@ class JobSpec:
             raise ValueError(f"gpus must be an int >= 1, got {self.gpus!r}")
         if self.kind == "tuning" and self.groups < 1:
             raise ValueError(f"a tuning job needs groups >= 1, got {self.groups}")
+        if self.sweep and self.kind != "tuning":
+            raise ValueError(f"sweep={self.sweep!r} is for tuning jobs, not kind={self.kind!r}")
         lo, hi = self.min_gpus or 1, self.max_gpus or self.gpus
         if not 1 <= lo <= hi:
             raise ValueError(f"elastic range needs 1 <= min_gpus <= max_gpus, got {lo}..{hi}")

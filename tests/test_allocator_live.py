@@ -303,6 +303,24 @@ def test_tuning_groups_are_guests_on_idle_gpus_then_in_bubbles_and_leave_on_recl
     jobs_api.cancel(tune)
 
 
+def test_a_sweeps_bubble_grants_become_the_bubble_pools_quotas_and_vanish_on_reclaim(allocator):
+    import ray
+
+    from pipeline_bubble.bubble_pool import bubble_pool
+    from scheduler_bridge import jobs_api
+
+    allocator("tuning-aware", base_policy="fifo")
+    pipe = jobs_api.submit("test_allocator_live:pipeline_owner", 4, bubble_fraction=0.3,
+                           config={"steps": 60, "reclaim_at": 30})
+    sweep = jobs_api.submit_sweep("lr_sweep", groups=2)
+    quotas = lambda: ray.get(bubble_pool().state.remote())["quotas"].get("lr_sweep")
+    wait_for(lambda: quotas() == {pipe: 2}, what="both groups granted the pipeline job's bubbles, none a GPU")
+    assert all(w == ["bubble", pipe] for w in job(sweep)["guests"].values())
+    wait_for(lambda: quotas() == {}, what="the grant withdrawn when the owner reclaims its memory")
+    jobs_api.cancel(sweep)
+    assert jobs_api.wait_job(pipe, 60)["state"] == "done"
+
+
 def test_job_cli_starts_the_allocator_submits_lists_and_cancels(cluster, tmp_path, capsys):
     from scheduler_bridge import jobs_api
     from scheduler_bridge.job_cli import main
