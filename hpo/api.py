@@ -131,7 +131,7 @@ class Tuner:
         if self.fusion.placement == "bubbles":
             from pipeline_bubble.bubble_pool import bubble_group_launcher
 
-            return bubble_group_launcher(self.trainable, self.max_iterations, self.fusion.dtype)
+            return bubble_group_launcher(self.name, self.trainable, self.max_iterations, self.fusion.dtype)
         from fusion.broker import device_group_launcher
 
         return device_group_launcher(self.trainable, self.max_iterations, self.resources, self.fusion.dtype)

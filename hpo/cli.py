@@ -25,6 +25,20 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _submit_to_allocator(spec) -> int:
+    """Queue the sweep with the cluster's allocator (tuning-aware policy) as a tuning job of as
+    many groups as the sweep keeps in flight; the allocator then grants it pipeline jobs' bubbles."""
+    import math
+
+    from scheduler_bridge import jobs_api
+
+    in_flight = spec.max_concurrent_trials or spec.run_cap or 10
+    groups = max(1, math.ceil(in_flight / int(spec.fusion.max_members)))
+    job_id = jobs_api.submit_sweep(spec.name, groups)
+    print(f"sweep {spec.name!r} is tuning job {job_id} of the allocator ({groups} groups, in pipeline bubbles)")
+    return job_id
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from hpo.sweep import build_tuner, describe_plan, load_sweep
 
@@ -34,15 +48,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 0
     from hpo.ray_runtime import ensure_ray
 
+    fusion = loaded.spec.fusion
+    if args.allocator and (fusion is None or not fusion.enabled or fusion.placement != "bubbles"):
+        print(f"error: {args.file}: hpo run --allocator runs a sweep in the bubbles the allocator grants; "
+              "it needs fusion: {placement: bubbles, max_members: N}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.resume and not loaded.experiment_path.exists():
+        print(f"error: nothing to resume at {loaded.experiment_path}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     ensure_ray(address=args.address, dashboard=args.dashboard)
-    tuner = build_tuner(loaded, show_progress=True)
-    if args.resume:
-        if not loaded.experiment_path.exists():
-            print(f"error: nothing to resume at {loaded.experiment_path}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        result = tuner.resume(str(loaded.experiment_path))
-    else:
-        result = tuner.fit()
+    tuning_job = _submit_to_allocator(loaded.spec) if args.allocator else None
+    try:
+        tuner = build_tuner(loaded, show_progress=True)
+        result = tuner.resume(str(loaded.experiment_path)) if args.resume else tuner.fit()
+    finally:
+        if tuning_job is not None:
+            from scheduler_bridge import jobs_api
+
+            jobs_api.cancel(tuning_job)  # the allocator withdraws the sweep's bubbles
     paths = result.write()
     print()
     print(result.summary_table())
@@ -107,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true", help="print the resolved plan without starting Ray")
     run.add_argument("--address", default=None, help="join an existing Ray cluster (default: RAY_ADDRESS or a local Ray)")
     run.add_argument("--dashboard", action="store_true", help="start the Ray dashboard with the local Ray")
+    run.add_argument(
+        "--allocator", action="store_true",
+        help="submit the sweep to the cluster's allocator (hpo job start --policy tuning-aware): its fused groups "
+        "run in the pipeline jobs' bubbles the allocator grants (needs fusion.placement: bubbles)",
+    )
     run.set_defaults(func=_cmd_run)
 
     validate = commands.add_parser("validate", help="check a YAML sweep without running it")

@@ -107,3 +107,9 @@ def test_every_shipped_config_validates(capsys):
     assert configs
     for path in configs:
         assert main(["validate", str(path)]) == 0, capsys.readouterr().err
+
+
+def test_run_via_the_allocator_needs_a_sweep_that_targets_bubbles(tmp_path, capsys):
+    code = main(["run", "--allocator", str(write(tmp_path, VALID + "fusion: {max_members: 2}\n"))])
+    assert code == 2
+    assert "needs fusion: {placement: bubbles" in capsys.readouterr().err
