@@ -1,18 +1,21 @@
 """A sweep with `fusion.placement: bubbles` trains its trials inside a live DeepSpeed pipeline job.
 
 The module runs a real 2-stage DeepSpeed pipeline job (gloo, CPU) as two Ray actors, each rank
-lending its bubbles with `pipeline_bubble.lend_bubbles`, while a Tune sweep over four learning
-rates queues fused groups of two for them. The job keeps training in chunks of batches until the
-sweep ends.
+lending its bubbles with `pipeline_bubble.lend_bubbles`, while Tune sweeps over four learning
+rates queue fused groups of two for them: first an unmanaged sweep (any lending stage), then
+`hpo run --allocator`, whose groups go only where the allocator grants bubbles. The job keeps
+training in chunks of batches throughout.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import textwrap
 import threading
 import time
 
+import pandas as pd
 import pytest
 import ray
 from ray import tune
@@ -43,6 +46,7 @@ class PipelineRank:
         torch.set_num_threads(1)
 
     def start(self, spec: JobSpec) -> int:
+        """Initialise DeepSpeed and lend this stage's bubbles to any sweep."""
         import deepspeed
 
         from pipeline_bubble.abtest import build_engine, main_job_batches
@@ -53,51 +57,73 @@ class PipelineRank:
         self.lender = lend_bubbles(self.engine)  # the one call the job makes
         self.data = main_job_batches(spec, self.engine.device)
         self.losses: list[float] = []
+        self.groups = 0
         return self.engine.stage_id
+
+    def lend_as(self, owner: int) -> None:
+        """Lend again as the allocator's job `owner`, so the allocator decides who uses the bubbles."""
+        from pipeline_bubble.lending import lend_bubbles
+
+        self.lender.close()
+        self.groups += self.lender.groups_taken
+        self.lender = lend_bubbles(self.engine, owner=owner)
 
     def train(self, batches: int) -> None:
         for _ in range(batches):
             self.losses.append(float(self.engine.train_batch(self.data)))
 
-    def finish(self) -> dict:
-        self.lender.close()
+    def stats(self) -> dict:
         executor = self.engine.bubble_executor
-        return {"losses": self.losses, "groups": self.lender.groups_taken, "guest_steps": executor.stats.steps}
+        return {"losses": self.losses, "groups": self.groups + self.lender.groups_taken, "guest_steps": executor.stats.steps}
+
+    def finish(self) -> None:
+        """The job is done lending: an unfinished group goes back, the stage leaves the pool."""
+        self.lender.close()
+
+
+def hold_gpus(ctx) -> None:
+    """The allocator's record of the pipeline job above: holds its GPUs until cancelled."""
+    while not ctx.should_stop():
+        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
-def bubble_sweep(tmp_path_factory):
+def pipeline_job():
+    """The main job's two ranks, training in the background until the module's tests are done."""
     port = free_port()
     ranks = [PipelineRank.remote(r, 2, port) for r in range(2)]
     ray.get([rank.start.remote(JobSpec(stages=2, micro_batches=4, width=1024)) for rank in ranks])
-    sweep_done = threading.Event()
+    done = threading.Event()
 
     def drive_main_job() -> None:
-        while not sweep_done.is_set():
+        while not done.is_set():
             ray.get([rank.train.remote(10) for rank in ranks])
 
     driver = threading.Thread(target=drive_main_job, daemon=True)
     driver.start()
-    try:
-        result = hpo.run(
-            digits,
-            config={"lr": tune.grid_search(LRS), "width": 16, "seed": 3},
-            metric="val_loss",
-            mode="min",
-            stop={"training_iteration": ITERATIONS},
-            storage_path=str(tmp_path_factory.mktemp("runs")),
-            name="in_bubbles",
-            fusion=hpo.FusionConfig(placement="bubbles", max_members=2),
-        )
-    finally:
-        sweep_done.set()
-        driver.join(timeout=120)
-    job = ray.get([rank.finish.remote() for rank in ranks])
-    return result, job
+    yield ranks
+    done.set()
+    driver.join(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def bubble_sweep(pipeline_job, tmp_path_factory):
+    result = hpo.run(
+        digits,
+        config={"lr": tune.grid_search(LRS), "width": 16, "seed": 3},
+        metric="val_loss",
+        mode="min",
+        stop={"training_iteration": ITERATIONS},
+        storage_path=str(tmp_path_factory.mktemp("runs")),
+        name="in_bubbles",
+        fusion=hpo.FusionConfig(placement="bubbles", max_members=2),
+    )
+    return result, pipeline_job
 
 
 def test_every_trial_is_reported_after_training_in_the_bubbles(bubble_sweep):
-    result, job = bubble_sweep
+    result, ranks = bubble_sweep
+    job = ray.get([rank.stats.remote() for rank in ranks])
     frame = result.get_dataframe()
     assert sorted(frame["config/lr"]) == LRS
     assert (frame["iterations"] == ITERATIONS).all() and (frame["status"] == "completed").all(), frame
@@ -116,13 +142,53 @@ def test_bubble_trained_trials_match_training_each_config_alone(bubble_sweep):
         assert math.isclose(trial.metrics["val_loss"], expected, rel_tol=1e-4), (trial.config, expected)
 
 
-def test_the_main_job_kept_training_and_gave_the_pool_its_stages_back(bubble_sweep):
+def test_hpo_run_via_the_allocator_trains_only_in_the_bubbles_it_granted(pipeline_job, tmp_path):
+    from hpo.cli import main
+    from pipeline_bubble.bubble_pool import bubble_pool
+    from scheduler_bridge import jobs_api
+
+    jobs_api.start_allocator(str(tmp_path / "journal.jsonl"), str(tmp_path / "ckpt"), "tuning-aware", tick_s=0.1)
+    try:
+        owner = jobs_api.submit("test_bubble_sweep:hold_gpus", 2, bubble_fraction=0.2)
+        ray.get([rank.lend_as.remote(owner) for rank in pipeline_job])  # its stages lend as that job
+        groups_before = sum(stage["groups"] for stage in ray.get([rank.stats.remote() for rank in pipeline_job]))
+        sweep = tmp_path / "granted.yaml"
+        sweep.write_text(textwrap.dedent(f"""
+            name: granted
+            trainable: mlp_digits
+            method: grid
+            metric: {{name: val_loss, goal: minimize}}
+            parameters:
+              lr: {{values: {LRS}}}
+              width: {{value: 16}}
+            max_iterations: {ITERATIONS}
+            max_concurrent_trials: 4
+            storage_path: {tmp_path / "runs"}
+            fusion: {{placement: bubbles, max_members: 2}}
+        """))
+        assert main(["run", "--allocator", str(sweep)]) == 0
+        rows = pd.read_csv(tmp_path / "runs" / "granted" / "results.csv")
+        assert len(rows) == 4 and (rows["status"] == "completed").all(), rows
+        taken = sum(stage["groups"] for stage in ray.get([rank.stats.remote() for rank in pipeline_job]))
+        assert taken - groups_before == 2, "both groups ran in the granted job's bubbles"
+        tuning = [j for j in jobs_api.list_jobs() if j.get("name") == "granted"]
+        assert [j["state"] for j in tuning] == ["cancelled"], "the sweep's tuning job ended with the sweep"
+        deadline = time.monotonic() + 30
+        while ray.get(bubble_pool().state.remote())["quotas"]["granted"] != {}:
+            assert time.monotonic() < deadline, "the allocator withdraws the ended sweep's bubbles"
+            time.sleep(0.2)
+    finally:
+        jobs_api.stop_allocator()
+
+
+def test_the_main_job_kept_training_and_gave_the_pool_its_stages_back(pipeline_job):
     from pipeline_bubble.bubble_pool import bubble_pool
 
-    _, job = bubble_sweep
+    job = ray.get([rank.stats.remote() for rank in pipeline_job])
     assert len(job[0]["losses"]) == len(job[1]["losses"]) > 0
     assert all(math.isfinite(loss) for loss in job[-1]["losses"])
-    assert ray.get(bubble_pool().state.remote()) == {"waiting": 0, "hosts": {}, "quotas": {}}
+    ray.get([rank.finish.remote() for rank in pipeline_job])
+    assert ray.get(bubble_pool().state.remote())["hosts"] == {}
 
 
 def test_an_evicted_group_resumes_on_another_stage_from_its_last_published_iteration():
