@@ -112,6 +112,29 @@ class SweepGroupGuest(FusedGroupGuest):
         self._on_close(self.group, unfinished=failure is None and not self.finished)
 
 
+class _PeriodicQuery:
+    """A remote call made at most once per interval and read without blocking the stage."""
+
+    def __init__(self, call: Callable[[], ray.ObjectRef], interval_s: float):
+        self.call = call
+        self.interval_s = interval_s
+        self.pending: ray.ObjectRef | None = None
+        self.next_at = 0.0
+
+    def answer(self) -> tuple[bool, Any]:
+        """(True, value) when the latest call has answered; (False, None) while it is due or pending."""
+        if self.pending is None:
+            if time.monotonic() < self.next_at:
+                return False, None
+            self.pending = self.call()
+        done, _ = ray.wait([self.pending], timeout=0)
+        if not done:
+            return False, None
+        value, self.pending = ray.get(self.pending), None
+        self.next_at = time.monotonic() + self.interval_s
+        return True, value
+
+
 class BubbleLender:
     """One rank's link to the pool: asks for groups between batches, gives them back on `close()`."""
 
@@ -123,23 +146,13 @@ class BubbleLender:
         self.poll_interval_s = poll_interval_s
         self.groups_taken = 0
         self.groups_yielded = 0
-        self._asking: ray.ObjectRef | None = None
-        self._next_poll = 0.0
-        self._yield_query: ray.ObjectRef | None = None
-        self._next_yield_check = 0.0
+        self._take = _PeriodicQuery(lambda: self.pool.take.remote(self.host_id), poll_interval_s)
+        self._yield = _PeriodicQuery(lambda: self.pool.should_yield.remote(self.host_id), poll_interval_s)
 
     def next_guest(self) -> SweepGroupGuest | None:
         """Non-blocking: a group if the pool has answered with one since the last batch."""
-        if self._asking is None:
-            if time.monotonic() < self._next_poll:
-                return None
-            self._asking = self.pool.take.remote(self.host_id)
-        done, _ = ray.wait([self._asking], timeout=0)
-        if not done:
-            return None
-        group, self._asking = ray.get(self._asking), None
+        _, group = self._take.answer()
         if group is None:
-            self._next_poll = time.monotonic() + self.poll_interval_s
             return None
         self.groups_taken += 1
         assignment = ray.get(group.assignment.remote())
@@ -148,25 +161,17 @@ class BubbleLender:
     def _yield_requested(self) -> bool:
         """Non-blocking: whether the pool asked this stage to give its group back (its owner
         reclaimed the memory, or the allocator moved the sweep); asked once per poll interval."""
-        if self._yield_query is None:
-            if time.monotonic() < self._next_yield_check:
-                return False
-            self._yield_query = self.pool.should_yield.remote(self.host_id)
-        done, _ = ray.wait([self._yield_query], timeout=0)
-        if not done:
-            return False
-        answer, self._yield_query = ray.get(self._yield_query), None
-        self._next_yield_check = time.monotonic() + self.poll_interval_s
-        if answer:
+        _, yielding = self._yield.answer()
+        if yielding:
             self.groups_yielded += 1
             self.engine.bubble_executor.request_evict()
-        return answer
+        return bool(yielding)
 
     def _closed(self, group: Any, unfinished: bool) -> None:
         if unfinished:
             self.pool.give_back.remote(self.host_id, group)
             if self.engine.bubble_executor.refused is not None:  # too big for this stage: leave it to others
-                self._next_poll = time.monotonic() + REFUSED_BACKOFF * self.poll_interval_s
+                self._take.next_at = time.monotonic() + REFUSED_BACKOFF * self.poll_interval_s
         else:
             self.pool.done.remote(self.host_id)
 
@@ -175,8 +180,8 @@ class BubbleLender:
         executor = self.engine.bubble_executor
         if executor is not None and executor.guest is not None:
             executor.evict()
-        if self._asking is not None:  # a group the pool handed out after our last look
-            group = ray.get(self._asking)
+        if self._take.pending is not None:  # a group the pool handed out after our last look
+            group = ray.get(self._take.pending)
             if group is not None:
                 self.pool.give_back.remote(self.host_id, group)
         ray.get(self.pool.unregister.remote(self.host_id))
