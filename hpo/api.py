@@ -220,6 +220,7 @@ def run(
     storage_path: str | None = None,
     name: str | None = None,
     max_concurrent_trials: int | None = None,
+    time_budget_s: float | None = None,
     max_failures: int = 0,
     callbacks: Sequence[tune.Callback] | None = None,
     scaling: Any = None,
@@ -233,6 +234,7 @@ def run(
         search_alg=search_alg,
         scheduler=scheduler,
         max_concurrent_trials=max_concurrent_trials,
+        time_budget_s=time_budget_s,
     )
     return Tuner(
         trainable,

@@ -174,6 +174,7 @@ class SweepSpec(_Strict):
     max_iterations: int = Field(DEFAULT_MAX_ITERATIONS, ge=1)
     resources: ResourcesSpec = ResourcesSpec()
     max_concurrent_trials: int | None = Field(None, ge=1)
+    time_budget_s: float | None = Field(None, gt=0)
     stop: dict[str, float] | None = None
     storage_path: str = "runs"
     max_failures: int = Field(1, ge=0)

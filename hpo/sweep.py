@@ -58,6 +58,7 @@ def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
             search_alg=build_searcher(spec),
             scheduler=build_scheduler(spec),
             max_concurrent_trials=spec.max_concurrent_trials,
+            time_budget_s=spec.time_budget_s,
         ),
         run_config=sweep_run_config(
             spec.name, spec.storage_path, stop, spec.max_failures, callbacks if show_progress else [], verbose=0

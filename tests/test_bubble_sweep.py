@@ -30,6 +30,9 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 
 LRS = [3e-3, 1e-2, 3e-2, 1e-1]
 ITERATIONS = 2
+#: Groups only progress in bubbles: should a host ever offer none, the sweeps end (and the tests
+#: fail) instead of waiting forever.
+TIME_BUDGET_S = 300
 
 
 @ray.remote(num_cpus=0.5)
@@ -117,6 +120,7 @@ def bubble_sweep(pipeline_job, tmp_path_factory):
         storage_path=str(tmp_path_factory.mktemp("runs")),
         name="in_bubbles",
         fusion=hpo.FusionConfig(placement="bubbles", max_members=2),
+        time_budget_s=TIME_BUDGET_S,
     )
     return result, pipeline_job
 
@@ -163,6 +167,7 @@ def test_hpo_run_via_the_allocator_trains_only_in_the_bubbles_it_granted(pipelin
               width: {{value: 16}}
             max_iterations: {ITERATIONS}
             max_concurrent_trials: 4
+            time_budget_s: {TIME_BUDGET_S}
             storage_path: {tmp_path / "runs"}
             fusion: {{placement: bubbles, max_members: 2}}
         """))
