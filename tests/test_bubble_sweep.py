@@ -270,3 +270,35 @@ def test_a_managed_sweep_runs_only_in_granted_bubbles_and_yields_when_the_grant_
     for host in hosts:
         ray.get(pool.unregister.remote(host))
     ray.kill(group)
+
+
+def test_a_lending_stage_gives_its_group_back_once_its_grant_is_withdrawn():
+    from types import SimpleNamespace
+
+    import torch
+
+    from pipeline_bubble.bubble_pool import bubble_group_launcher, bubble_pool
+    from pipeline_bubble.executor import BubbleExecutor
+    from pipeline_bubble.lending import BubbleLender
+
+    pool = bubble_pool()
+    ray.get(pool.set_quotas.remote("withdrawn", {5: 1}))
+    group = bubble_group_launcher("withdrawn", digits, ITERATIONS)([{"lr": 1e-2, "width": 16}], ["m"], [None])
+    stage = SimpleNamespace(stage_id=0, device=torch.device("cpu"))  # the attributes a lender reads
+    lender = BubbleLender(stage, poll_interval_s=0.0, owner=5)
+    stage.bubble_executor = executor = BubbleExecutor(None, profile_steps=2, guest_source=lender.next_guest)
+    executor.start(stage.device)
+    deadline = time.monotonic() + 30
+    while not executor.stats.losses:  # between batches the stage takes the group and profiles its step
+        assert time.monotonic() < deadline, "the granted stage takes the group"
+        executor.end_batch()
+
+    ray.get(pool.set_quotas.remote("withdrawn", {}))  # the owner reclaimed its memory
+    while executor.guest.ready():  # asked before every guest step
+        assert time.monotonic() < deadline, "the stage hears of the withdrawal"
+    executor.end_batch()
+    assert executor.guest is None and lender.groups_yielded == 1
+    assert ray.get(pool.state.remote())["waiting"] == 1, "the group waits for another stage"
+    lender.close()
+    ray.get(pool.set_quotas.remote("withdrawn", None))
+    ray.kill(group)
