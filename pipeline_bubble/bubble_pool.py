@@ -41,7 +41,7 @@ def bubble_pool() -> Any:
 
 @dataclass
 class _Host:
-    owner: int | None
+    owner: int | str | None
     group: Any = None
     sweep: str | None = None
     yielding: bool = False
@@ -55,18 +55,21 @@ class BubblePool:
     def __init__(self) -> None:
         self.waiting: deque[tuple[Any, str]] = deque()
         self.hosts: dict[str, _Host] = {}
-        self.quotas: dict[str, dict[int, int]] = {}
+        self.quotas: dict[str, dict[int | str, int]] = {}
 
-    def register(self, host_id: str, owner: int | None = None) -> None:
+    def register(self, host_id: str, owner: int | str | None = None) -> None:
         self.hosts.setdefault(host_id, _Host(owner))
 
     def unregister(self, host_id: str) -> None:
-        self.hosts.pop(host_id, None)
+        """The host is gone (or about to be killed): a group it still held goes back in line."""
+        host = self.hosts.pop(host_id, None)
+        if host is not None and host.group is not None:
+            self.waiting.appendleft((host.group, host.sweep))
 
     def submit(self, group: Any, sweep: str) -> None:
         self.waiting.append((group, sweep))
 
-    def _held(self, sweep: str, owner: int | None) -> list[_Host]:
+    def _held(self, sweep: str, owner: int | str | None) -> list[_Host]:
         return [h for h in self.hosts.values() if h.sweep == sweep and h.owner == owner and h.group is not None]
 
     def _may_take(self, host: _Host, sweep: str) -> bool:
@@ -89,22 +92,24 @@ class BubblePool:
     def give_back(self, host_id: str, group: Any) -> None:
         """`host_id` stopped training `group` before it finished: first in line for the next stage."""
         host = self.hosts.get(host_id)
-        sweep = host.sweep if host is not None else None
+        if host is None or host.group is None:
+            return  # unregistered already, which put the group back in line
+        self.waiting.appendleft((group, host.sweep))
         self.done(host_id)
-        self.waiting.appendleft((group, sweep))
 
     def done(self, host_id: str) -> None:
         host = self.hosts.get(host_id)
         if host is not None:
             host.group, host.sweep, host.yielding = None, None, False
 
-    def set_quotas(self, sweep: str, quotas: dict[int, int] | None) -> None:
-        """How many of `sweep`'s groups each owner's stages may hold (None: the sweep is unmanaged
-        again). Stages holding more than their owner's new quota are asked to yield."""
+    def set_quotas(self, sweep: str, quotas: dict[int | str, int] | None) -> None:
+        """How many of `sweep`'s groups each owner's hosts may hold: a pipeline job's id, or an
+        idle-GPU host's id (None: the sweep is unmanaged again). Hosts holding more than their
+        owner's new quota are asked to yield."""
         if quotas is None:
             self.quotas.pop(sweep, None)
             return
-        self.quotas[sweep] = {int(owner): int(n) for owner, n in quotas.items()}
+        self.quotas[sweep] = {owner: int(n) for owner, n in quotas.items()}
         owners = {h.owner for h in self.hosts.values() if h.sweep == sweep}
         for owner in owners:
             allowed = self.quotas[sweep].get(owner, 0) if owner is not None else 0

@@ -153,7 +153,7 @@ def test_hpo_run_via_the_allocator_trains_only_in_the_bubbles_it_granted(pipelin
 
     jobs_api.start_allocator(str(tmp_path / "journal.jsonl"), str(tmp_path / "ckpt"), "tuning-aware", tick_s=0.1)
     try:
-        owner = jobs_api.submit("test_bubble_sweep:hold_gpus", 2, bubble_fraction=0.2)
+        owner = jobs_api.submit("test_bubble_sweep:hold_gpus", 4, bubble_fraction=0.2)  # no GPU left idle
         ray.get([rank.lend_as.remote(owner) for rank in pipeline_job])  # its stages lend as that job
         groups_before = sum(stage["groups"] for stage in ray.get([rank.stats.remote() for rank in pipeline_job]))
         sweep = tmp_path / "granted.yaml"
@@ -198,7 +198,7 @@ def test_the_main_job_kept_training_and_gave_the_pool_its_stages_back(pipeline_j
 
 def test_an_evicted_group_resumes_on_another_stage_from_its_last_published_iteration():
     from pipeline_bubble.bubble_pool import bubble_group_launcher, bubble_pool
-    from pipeline_bubble.lending import SweepGroupGuest
+    from pipeline_bubble.sweep_guest import SweepGroupGuest
 
     import torch
 
@@ -235,6 +235,7 @@ def test_an_evicted_group_resumes_on_another_stage_from_its_last_published_itera
     while not second.finished:
         if second.ready():
             second.step()
+    second.close(None)
     for member, config, first_result, result in zip(members, configs, iteration_one, ray.get(fetched)):
         alone = TrialTrainer(digits, config)
         assert math.isclose(first_result["metrics"]["val_loss"], alone.train_iteration()["val_loss"], rel_tol=1e-4)
