@@ -11,9 +11,10 @@ thread ticks every ``tick_s``:
    starts become placement groups (``placement.py``) created only now that the
    allocator's own accounting says they fit, so Ray never reorders the queue;
    tuning groups become guest placements; for a sweep submitted as a tuning job
-   (``hpo run --allocator``) its bubble placements become the bubble pool's quotas,
-   so its fused groups run in exactly those pipeline jobs' bubbles (and leave them
-   when the owner reclaims its memory);
+   (``hpo run --allocator``) they become real: an ``IdleGpuHost`` actor holds each
+   idle GPU given to it, and the bubble pool's quotas send its fused groups to
+   exactly those hosts and to the pipeline jobs' stages it was granted (groups
+   leave when an ordinary job needs the GPU or the owner reclaims its memory);
 3. every change is appended to the journal before it is acted on.
 
 A restarted allocator (Ray restarts it, ``max_restarts``) replays the journal
@@ -88,7 +89,8 @@ class Allocator:
         self.tick_errors = 0
         self.last_error = ""
         self._closing = False
-        self._pushed_quotas: dict[str, dict[int, int]] = {}
+        self._pushed_quotas: dict[str, dict[int | str, int]] = {}
+        self._gpu_hosts: dict[str, object] = {}
         with self.lock:
             self._refresh_nodes(force=True)
             self._reattach()
@@ -164,6 +166,8 @@ class Allocator:
         as they are: a new allocator on the same journal requeues them). Returns how many."""
         with self.lock:
             self._closing = True
+            for host in list(self._gpu_hosts):
+                ray.kill(self._gpu_hosts.pop(host), no_restart=True)
             n = 0
             for job in self.driver.jobs.values():
                 if job.state in ("running", "stopping"):
@@ -266,28 +270,62 @@ class Allocator:
             self._emit({"ev": "evict", "job_id": tid, "group": g})
         for tid, g, where in d.guests:
             self._emit({"ev": "guest", "job_id": tid, "group": g, "where": where})
-        self._sync_bubble_quotas()
+        self._sync_sweep_guests()
 
-    def _sync_bubble_quotas(self) -> None:
-        """Tell the bubble pool in whose bubbles each sweep's groups may run: the bubble guests
-        this allocator placed for the sweep's tuning job (none once the job has ended)."""
-        quotas: dict[str, dict[int, int]] = {}
-        for job in self.driver.jobs.values():
-            if job.spec.kind != "tuning" or not job.spec.sweep:
-                continue
-            counts: dict[int, int] = {}
-            for where in job.guests.values() if job.active else ():
-                if where[0] == "bubble":
+    def _sync_sweep_guests(self) -> None:
+        """Make sweeps' guest placements real: one `IdleGpuHost` per idle GPU placed, and the
+        bubble pool's quotas (each such host may hold one group, each pipeline job as many as
+        were placed in its bubbles; nothing once the sweep's tuning job has ended)."""
+        sweeps = [j for j in self.driver.jobs.values() if j.spec.kind == "tuning" and j.spec.sweep]
+        if not sweeps:
+            return
+        from pipeline_bubble.bubble_pool import bubble_pool
+        from pipeline_bubble.idle_gpu_host import idle_gpu_host_id
+
+        quotas: dict[str, dict[int | str, int]] = {}
+        gpus: dict[str, str] = {}
+        for job in sweeps:
+            counts: dict[int | str, int] = {}
+            for group, where in job.guests.items() if job.active else ():
+                if where[0] == "gpu":
+                    host = idle_gpu_host_id(job.job_id, group)
+                    gpus[host] = where[1]
+                    counts[host] = 1
+                else:
                     counts[int(where[1])] = counts.get(int(where[1]), 0) + 1
             quotas[job.spec.sweep] = counts
         changed = {sweep: q for sweep, q in quotas.items() if self._pushed_quotas.get(sweep) != q}
-        if changed:
-            from pipeline_bubble.bubble_pool import bubble_pool
+        if not changed and gpus.keys() == self._gpu_hosts.keys():
+            return
+        pool = bubble_pool()
+        for host in set(self._gpu_hosts) - set(gpus):  # evicted: its group goes back in line first
+            pool.unregister.remote(host)
+            ray.kill(self._gpu_hosts.pop(host), no_restart=True)
+        for host, node in gpus.items():
+            if host not in self._gpu_hosts:
+                self._gpu_hosts[host] = self._idle_gpu_host(host, node)
+        for sweep, q in changed.items():
+            pool.set_quotas.remote(sweep, q)
+        self._pushed_quotas.update(changed)
 
-            pool = bubble_pool()
-            for sweep, q in changed.items():
-                pool.set_quotas.remote(sweep, q)
-            self._pushed_quotas.update(changed)
+    def _idle_gpu_host(self, host: str, node: str):
+        """The host actor of one idle-GPU placement: found again after an allocator restart."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from pipeline_bubble.idle_gpu_host import IdleGpuHost
+
+        name = f"hpo:{host}"
+        try:
+            return ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            pass
+        options = dict(name=name, namespace=NAMESPACE, lifetime="detached", num_gpus=1,
+                       scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+        if self.runtime_env:
+            options["runtime_env"] = self.runtime_env
+        actor = IdleGpuHost.options(**options).remote(host)
+        actor.run.remote()
+        return actor
 
     def _start(self, jid: int, where, gpus: int, batch) -> None:
         job = self.driver.jobs[jid]

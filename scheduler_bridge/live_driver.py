@@ -317,14 +317,8 @@ class LiveDriver:
         owners = {j.job_id: j for j in self.active()
                   if j.state == "running" and j.spec.bubble_fraction > 0 and not j.reclaimed}
         slots = {o: j.gpus - in_bubbles.get(o, 0) for o, j in owners.items() if j.gpus > in_bubbles.get(o, 0)}
-        pending = [(tj, g) for tj in tuning for g in range(tj.spec.groups) if str(g) not in tj.guests]
-        anywhere = [(tj.job_id, g) for tj, g in pending if not tj.spec.sweep]
-        bubbles_only = [(tj.job_id, g) for tj, g in pending if tj.spec.sweep]  # sweeps' groups live in the pool
-        places, _ = policy.fill(idle, slots, len(anywhere))
-        for kind, at in places:
-            if kind == "bubble":
-                slots[at] -= 1
-        sweep_places, _ = policy.fill({}, {o: n for o, n in slots.items() if n > 0}, len(bubbles_only))
-        for (tid, g), (kind, at) in [*zip(anywhere, places), *zip(bubbles_only, sweep_places)]:
+        pending = [(tj.job_id, g) for tj in tuning for g in range(tj.spec.groups) if str(g) not in tj.guests]
+        places, _ = policy.fill(idle, slots, len(pending))
+        for (tid, g), (kind, at) in zip(pending, places):
             where = ["gpu", view.nodes[at]] if kind == "gpu" else ["bubble", at]
             out.guests.append((tid, g, where))

@@ -39,8 +39,8 @@ class JobSpec:
     pipeline-parallel job whose bubbles may host tuning groups. ``kind="tuning"``
     with ``groups`` > 0: a tuning job whose fused groups are placed as guests. With
     ``sweep``, the tuning job is that running sweep (``hpo run --allocator``): its
-    groups wait in the bubble pool and only ever run in the pipeline jobs' bubbles
-    the allocator grants it.
+    groups wait in the bubble pool and run where the allocator places its guests, on
+    idle GPUs (an ``IdleGpuHost`` each) and in pipeline jobs' bubbles.
     """
 
     entrypoint: str

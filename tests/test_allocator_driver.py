@@ -203,21 +203,6 @@ def test_tuning_groups_take_idle_gpus_and_bubbles_and_are_evicted_for_owners():
     assert rec.driver.decide(inv, nodes, rec.t).guests == [], "no bubbles offered after a reclaim"
 
 
-def test_a_sweeps_groups_go_only_to_bubbles_even_with_gpus_idle():
-    rec = Recorder(LiveDriver(make_policy("tuning-aware", base="fifo")))
-    inv, nodes = {"n0": 4}, ["n0"]
-    pipe = rec.submit(2, bubble_fraction=0.3)
-    for jid, where, gpus, batch in rec.driver.decide(inv, nodes, rec.t).starts:
-        rec.emit({"ev": "start", "job_id": jid, "attempt": 1, "where": [list(w) for w in where],
-                  "gpus": gpus, "batch_size": batch})
-    sweep = rec.submit(1, kind="tuning", groups=3, sweep="lr_sweep")
-    plain = rec.submit(1, kind="tuning", groups=3)
-    guests = {(tid, g): w for tid, g, w in rec.driver.decide(inv, nodes, rec.t).guests}
-    assert [w for (tid, _), w in guests.items() if tid == plain] == [["gpu", "n0"]] * 2 + [["bubble", pipe]]
-    assert [w for (tid, _), w in guests.items() if tid == sweep] == [["bubble", pipe]], \
-        "the sweep waits for bubbles (one left) while two GPUs sit idle"
-
-
 @pytest.mark.parametrize("bad, message", [
     (dict(entrypoint="train"), "package.module:function"),
     (dict(entrypoint="m:f", gpus=0), "gpus must be an int >= 1"),

@@ -303,22 +303,44 @@ def test_tuning_groups_are_guests_on_idle_gpus_then_in_bubbles_and_leave_on_recl
     jobs_api.cancel(tune)
 
 
-def test_a_sweeps_bubble_grants_become_the_bubble_pools_quotas_and_vanish_on_reclaim(allocator):
+def test_a_sweep_trains_on_idle_gpu_hosts_then_in_granted_bubbles_until_reclaimed(allocator):
     import ray
 
-    from pipeline_bubble.bubble_pool import bubble_pool
+    from examples.mlp_digits import workload as digits
+    from pipeline_bubble.bubble_pool import bubble_group_launcher, bubble_pool
     from scheduler_bridge import jobs_api
 
     allocator("tuning-aware", base_policy="fifo")
-    pipe = jobs_api.submit("test_allocator_live:pipeline_owner", 4, bubble_fraction=0.3,
-                           config={"steps": 60, "reclaim_at": 30})
     sweep = jobs_api.submit_sweep("lr_sweep", groups=2)
     quotas = lambda: ray.get(bubble_pool().state.remote())["quotas"].get("lr_sweep")
-    wait_for(lambda: quotas() == {pipe: 2}, what="both groups granted the pipeline job's bubbles, none a GPU")
-    assert all(w == ["bubble", pipe] for w in job(sweep)["guests"].values())
+    hosts = [f"gpu:{sweep}:{g}" for g in range(2)]
+    wait_for(lambda: quotas() == {host: 1 for host in hosts}, what="both groups on idle GPUs, one host each")
+    on_gpus = {w[1] for w in job(sweep)["guests"].values()}
+    for host in hosts:  # each host holds its GPU on the node the policy chose
+        actor = wait_for(lambda: _named(f"hpo:{host}"), what=f"{host} started")
+        assert ray.get(actor.node_id.remote()) in on_gpus
+
+    group = bubble_group_launcher("lr_sweep", digits, 1)([{"lr": 1e-2, "width": 16}], ["trial"], [None])
+    result = ray.get(group.fetch.remote("trial", 1), timeout=60)  # the member trial's first iteration
+    assert result["metrics"]["step"] == digits.steps_per_iteration, "a host trained the group"
+
+    pipe = jobs_api.submit("test_allocator_live:pipeline_owner", 12, bubble_fraction=0.3,
+                           config={"steps": 60, "reclaim_at": 30})
+    wait_for(lambda: quotas() == {pipe: 2}, what="GPU hosts evicted for the job, the groups in its bubbles")
+    wait_for(lambda: not any(_named(f"hpo:{host}") for host in hosts), what="GPU hosts gone")
     wait_for(lambda: quotas() == {}, what="the grant withdrawn when the owner reclaims its memory")
     jobs_api.cancel(sweep)
     assert jobs_api.wait_job(pipe, 60)["state"] == "done"
+    ray.kill(group)
+
+
+def _named(name: str):
+    import ray
+
+    try:
+        return ray.get_actor(name, namespace="hpo")
+    except ValueError:
+        return None
 
 
 def test_job_cli_starts_the_allocator_submits_lists_and_cancels(cluster, tmp_path, capsys):
