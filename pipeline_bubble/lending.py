@@ -42,18 +42,18 @@ class _PeriodicQuery:
         self.pending: ray.ObjectRef | None = None
         self.next_at = 0.0
 
-    def answer(self) -> tuple[bool, Any]:
-        """(True, value) when the latest call has answered; (False, None) while it is due or pending."""
+    def answer(self) -> Any:
+        """The latest call's answer once it has come; None while the call is not due or pending."""
         if self.pending is None:
             if time.monotonic() < self.next_at:
-                return False, None
+                return None
             self.pending = self.call()
         done, _ = ray.wait([self.pending], timeout=0)
         if not done:
-            return False, None
+            return None
         value, self.pending = ray.get(self.pending), None
         self.next_at = time.monotonic() + self.interval_s
-        return True, value
+        return value
 
 
 class BubbleLender:
@@ -72,7 +72,7 @@ class BubbleLender:
 
     def next_guest(self) -> SweepGroupGuest | None:
         """Non-blocking: a group if the pool has answered with one since the last batch."""
-        _, group = self._take.answer()
+        group = self._take.answer()
         if group is None:
             return None
         self.groups_taken += 1
@@ -82,11 +82,11 @@ class BubbleLender:
     def _yield_requested(self) -> bool:
         """Non-blocking: whether the pool asked this stage to give its group back (its owner
         reclaimed the memory, or the allocator moved the sweep); asked once per poll interval."""
-        _, yielding = self._yield.answer()
-        if yielding:
-            self.groups_yielded += 1
-            self.engine.bubble_executor.request_evict()
-        return bool(yielding)
+        if not self._yield.answer():
+            return False
+        self.groups_yielded += 1
+        self.engine.bubble_executor.request_evict()
+        return True
 
     def _closed(self, group: Any, unfinished: bool) -> None:
         if unfinished:

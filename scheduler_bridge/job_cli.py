@@ -79,8 +79,6 @@ def _cmd_submit(args) -> int:
                   batch_size=args.batch_size, min_batch=args.min_batch, max_batch=args.max_batch,
                   application=args.application, min_gpus=args.min_gpus, max_gpus=args.max_gpus,
                   expected_seconds=args.expected_seconds, bubble_fraction=args.bubble_fraction)
-    if args.groups:
-        fields.update(kind="tuning", groups=args.groups)
     from .live_state import JobSpec
     JobSpec(entrypoint=args.entrypoint, gpus=args.gpus, **fields)   # bad input fails before connecting
     _connect(args.address)
@@ -161,8 +159,6 @@ def add_job_parser(subparsers) -> None:
     sm.add_argument("--expected-seconds", type=float, default=3600.0, help="run-time hint (SJF/SRTF)")
     sm.add_argument("--bubble-fraction", type=float, default=0.0,
                     help="pipeline job: fraction of time its GPUs idle in bubbles")
-    sm.add_argument("--groups", type=int, default=0,
-                    help="submit a tuning job of this many fused groups (tuning-aware policy)")
     sm.set_defaults(func=_cmd_submit)
 
     ls = common(sub.add_parser("list", help="all jobs and their state"))

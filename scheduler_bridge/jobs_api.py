@@ -98,17 +98,13 @@ def submit(entrypoint: str, gpus: int = 1, *, request_id: str | None = None, **f
     return ray.get(get_allocator().submit.remote(spec.to_dict(), rid))
 
 
-def submit_tuning(entrypoint: str, groups: int, *, request_id: str | None = None, **fields) -> int:
-    """Queue a tuning job of ``groups`` fused groups (tuning-aware policy only): they are
-    placed as guests on idle GPUs and in running pipeline jobs' bubbles."""
-    return submit(entrypoint, 1, request_id=request_id, kind="tuning", groups=groups, **fields)
-
-
 def submit_sweep(sweep: str, groups: int, *, request_id: str | None = None, **fields) -> int:
     """Queue a running sweep (``fusion.placement: bubbles``) as a tuning job of ``groups``
-    groups: the allocator grants it pipeline jobs' bubbles and the bubble pool hands its
-    fused groups only to those jobs' stages. Cancel the job when the sweep ends."""
-    return submit_tuning("hpo.sweep:build_tuner", groups, request_id=request_id, sweep=sweep, name=sweep, **fields)
+    groups (tuning-aware policy only): the allocator places them as guests on idle GPUs and in
+    running pipeline jobs' bubbles, and the bubble pool hands its fused groups only to those
+    hosts. Cancel the job when the sweep ends."""
+    return submit("hpo.sweep:build_tuner", 1, request_id=request_id, kind="tuning", groups=groups,
+                  sweep=sweep, name=sweep, **fields)
 
 
 def list_jobs() -> list[dict]:

@@ -37,10 +37,10 @@ class JobSpec:
     decision's batch is clamped into that range. ``expected_seconds``: the run-time
     hint the oracle policies (SJF, SRTF) rank by. ``bubble_fraction`` > 0 marks a
     pipeline-parallel job whose bubbles may host tuning groups. ``kind="tuning"``
-    with ``groups`` > 0: a tuning job whose fused groups are placed as guests. With
-    ``sweep``, the tuning job is that running sweep (``hpo run --allocator``): its
-    groups wait in the bubble pool and run where the allocator places its guests, on
-    idle GPUs (an ``IdleGpuHost`` each) and in pipeline jobs' bubbles.
+    with ``groups`` > 0 and ``sweep``: the running sweep of that name (``hpo run
+    --allocator``), whose fused groups wait in the bubble pool and run where the
+    allocator places them as guests: on idle GPUs (an ``IdleGpuHost`` each) and in
+    pipeline jobs' bubbles.
     """
 
     entrypoint: str
@@ -73,6 +73,8 @@ class JobSpec:
             raise ValueError(f"a tuning job needs groups >= 1, got {self.groups}")
         if self.sweep and self.kind != "tuning":
             raise ValueError(f"sweep={self.sweep!r} is for tuning jobs, not kind={self.kind!r}")
+        if self.kind == "tuning" and not self.sweep:
+            raise ValueError("a tuning job is a running sweep: give sweep=<its name> (hpo run --allocator does)")
         lo, hi = self.min_gpus or 1, self.max_gpus or self.gpus
         if not 1 <= lo <= hi:
             raise ValueError(f"elastic range needs 1 <= min_gpus <= max_gpus, got {lo}..{hi}")

@@ -181,7 +181,7 @@ def test_tuning_groups_take_idle_gpus_and_bubbles_and_are_evicted_for_owners():
     for jid, where, gpus, batch in d.starts:
         rec.emit({"ev": "start", "job_id": jid, "attempt": 1, "where": [list(w) for w in where],
                   "gpus": gpus, "batch_size": batch})
-    tune = rec.submit(1, kind="tuning", groups=5)
+    tune = rec.submit(1, kind="tuning", groups=5, sweep="lr_sweep")
     d = rec.driver.decide(inv, nodes, rec.t)
     assert [w for *_, w in d.guests] == [["gpu", "n0"]] * 2 + [["bubble", pipe]] * 2, \
         "2 idle GPUs first, then the pipeline job's 2 GPUs of bubbles; the 5th group waits"
@@ -207,7 +207,8 @@ def test_tuning_groups_take_idle_gpus_and_bubbles_and_are_evicted_for_owners():
     (dict(entrypoint="train"), "package.module:function"),
     (dict(entrypoint="m:f", gpus=0), "gpus must be an int >= 1"),
     (dict(entrypoint="m:f", max_gpus=4), "application="),
-    (dict(entrypoint="m:f", kind="tuning"), "groups >= 1"),
+    (dict(entrypoint="m:f", kind="tuning", sweep="s"), "groups >= 1"),
+    (dict(entrypoint="m:f", kind="tuning", groups=2), "a tuning job is a running sweep"),
     (dict(entrypoint="m:f", sweep="lr_sweep"), "is for tuning jobs"),
     (dict(entrypoint="m:f", min_batch=64, max_batch=32), "min_batch 64 > max_batch 32"),
 ])
@@ -223,4 +224,4 @@ def test_policies_refuse_jobs_they_cannot_run():
         LiveDriver(make_policy("elastic")).check(
             JobSpec(entrypoint="m:f", gpus=4, application="bert", min_gpus=2, max_gpus=8))
     with pytest.raises(ValueError, match="need the tuning-aware policy"):
-        LiveDriver(make_policy("fifo")).check(JobSpec(entrypoint="m:f", kind="tuning", groups=2))
+        LiveDriver(make_policy("fifo")).check(JobSpec(entrypoint="m:f", kind="tuning", groups=2, sweep="s"))

@@ -286,23 +286,6 @@ def test_a_killed_job_actor_goes_back_to_the_queue_resumes_from_its_checkpoint_a
     assert sum(r["ev"] == "done" for r in recs) == 1, "the job finished exactly once"
 
 
-def test_tuning_groups_are_guests_on_idle_gpus_then_in_bubbles_and_leave_on_reclaim(allocator):
-    from scheduler_bridge import jobs_api
-
-    allocator("tuning-aware", base_policy="fifo")
-    tune = jobs_api.submit_tuning(ENTRY, groups=6)
-    guests = lambda: sorted(w[0] for w in job(tune)["guests"].values())
-    wait_for(lambda: guests() == ["gpu"] * 6, what="6 groups on idle GPUs")
-    pipe = jobs_api.submit("test_allocator_live:pipeline_owner", 12, bubble_fraction=0.3,
-                           config={"steps": 40, "reclaim_at": 20})
-    wait_for(lambda: guests() == ["bubble"] * 6, what="groups evicted from the GPUs, then in the bubbles")
-    assert all(w[1] == pipe for w in job(tune)["guests"].values())
-    assert job(pipe)["gpus"] == 12, "guests take no GPUs of their own"
-    wait_for(lambda: job(pipe)["state"] == "running" and guests() == [], what="evicted on reclaim")
-    assert jobs_api.wait_job(pipe, 60)["state"] == "done"
-    jobs_api.cancel(tune)
-
-
 def test_a_sweep_trains_on_idle_gpu_hosts_then_in_granted_bubbles_until_reclaimed(allocator):
     import ray
 
