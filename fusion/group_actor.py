@@ -135,13 +135,7 @@ class FusedGroup(MemberRelay):
         threads: int,
     ):
         torch.set_num_threads(threads)
-        if any(state is not None for state in states):
-            self.trainer = FusedTrainer.from_member_states(
-                workload, configs, [member_state_from_bytes(s) for s in states], member_ids=member_ids,
-                device=device, dtype=dtype,
-            )
-        else:
-            self.trainer = FusedTrainer(workload, configs, member_ids=member_ids, device=device, dtype=dtype)
+        self.trainer = group_trainer(workload, configs, member_ids, states, device, dtype)
         super().__init__(member_ids, self.trainer.iteration)
         self.max_iterations = max_iterations
         self.loop: asyncio.Task | None = None
@@ -167,6 +161,23 @@ class FusedGroup(MemberRelay):
 
     def _train_iteration(self) -> dict[Hashable, dict[str, Any]]:
         return member_results(self.trainer, self.trainer.train_iteration())
+
+
+def group_trainer(
+    workload: Workload,
+    configs: Sequence[Mapping[str, Any]],
+    member_ids: Sequence[Hashable],
+    states: Sequence[bytes | None],
+    device: Any,
+    dtype: str,
+) -> FusedTrainer:
+    """A group of fresh members, or of members resuming from their checkpoints (bytes)."""
+    if any(state is not None for state in states):
+        return FusedTrainer.from_member_states(
+            workload, configs, [member_state_from_bytes(s) for s in states], member_ids=member_ids,
+            device=device, dtype=dtype,
+        )
+    return FusedTrainer(workload, configs, member_ids=member_ids, device=device, dtype=dtype)
 
 
 def member_results(trainer: FusedTrainer, metrics: Sequence[Mapping[str, Any]]) -> dict[Hashable, dict[str, Any]]:

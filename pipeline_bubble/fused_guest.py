@@ -33,7 +33,7 @@ class FusedGroupGuest:
             self._rng = torch.get_rng_state()
         self._batches: Iterator | None = None
         inputs, _ = next(trainer.workload.train_batches(trainer.configs[0], trainer.data_seed))
-        self.samples_per_step = int(inputs.shape[0]) * trainer.num_members
+        self._batch_size = int(inputs.shape[0])
 
     @property
     def config(self) -> list[dict[str, Any]]:
@@ -42,6 +42,11 @@ class FusedGroupGuest:
     @property
     def member_ids(self) -> list[Any]:
         return list(self.trainer.member_ids)
+
+    @property
+    def samples_per_step(self) -> int:
+        """Every member trains on the shared batch (members come and go in a sweep's group)."""
+        return self._batch_size * self.trainer.num_members
 
     @property
     def steps(self) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 import ray
 import torch
 
-from fusion.group_actor import member_results, member_state_from_bytes
+from fusion.group_actor import group_trainer, member_results
 from pipeline_bubble.fused_guest import FusedGroupGuest
 from pipeline_bubble.guests import _devices_for_rng
 
@@ -31,23 +31,14 @@ class SweepGroupGuest(FusedGroupGuest):
         on_close: Callable[[Any, bool], None],
         yield_requested: Callable[[], bool] = lambda: False,
     ):
-        from fusion import FusedTrainer
-
-        work = assignment
         with torch.random.fork_rng(devices=_devices_for_rng(device)):  # members seed the global RNG
-            if any(state is not None for state in work["states"]):
-                states = [member_state_from_bytes(s) for s in work["states"]]
-                trainer = FusedTrainer.from_member_states(
-                    work["workload"], work["configs"], states, member_ids=work["member_ids"], device=device,
-                    dtype=work["dtype"],
-                )
-            else:
-                trainer = FusedTrainer(
-                    work["workload"], work["configs"], member_ids=work["member_ids"], device=device, dtype=work["dtype"]
-                )
+            trainer = group_trainer(
+                assignment["workload"], assignment["configs"], assignment["member_ids"], assignment["states"],
+                device, assignment["dtype"],
+            )
         super().__init__(trainer)
         self.group = group
-        self.max_iterations = int(work["max_iterations"])
+        self.max_iterations = int(assignment["max_iterations"])
         self.finished = trainer.iteration >= self.max_iterations
         self._on_close = on_close
         self._yield_requested = yield_requested
@@ -70,7 +61,6 @@ class SweepGroupGuest(FusedGroupGuest):
             self._release = None
             if survivors and survivors != self.trainer.member_ids:
                 self.trainer.keep_members(survivors)
-                self.samples_per_step = self.samples_per_step // len(self._loss_sums) * len(survivors)
                 self._loss_sums = self._zeros()
             self.finished = not survivors or self.trainer.iteration >= self.max_iterations
         return not self.finished
