@@ -4,7 +4,7 @@ Tune starts one light trial per configuration; each asks the broker to `join`. T
 configs may share a group (same structural signature, same training step) are gathered until the
 group has `max_members` or no new member arrived for `window_s`, then the group is launched:
 by default as one `FusedGroup` actor with the sweep's per-trial resources (one GPU or CPU slot),
-or by any `GroupLauncher` the sweep passes (pipeline bubbles: `pipeline_bubble.sweep_bubbles`).
+or by any `GroupLauncher` the sweep passes (pipeline bubbles: `pipeline_bubble.bubble_pool`).
 """
 
 from __future__ import annotations

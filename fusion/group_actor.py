@@ -7,8 +7,8 @@ the trials Tune is still judging, and a member that ASHA stops, or that diverges
 the group (its parameters and optimizer state repacked away) before the next iteration.
 
 `MemberRelay` is that member-facing half on its own: where a group's results wait for their
-trials, whoever trains the group (`FusedGroup` here; a pipeline stage's bubbles in
-`pipeline_bubble.sweep_bubbles`).
+trials, whoever trains the group (`FusedGroup` here; `pipeline_bubble.bubble_pool.BubbleGroup`
+for groups trained in pipeline stages' bubbles or on the allocator's idle GPUs).
 """
 
 from __future__ import annotations

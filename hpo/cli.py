@@ -27,7 +27,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _submit_to_allocator(spec) -> int:
     """Queue the sweep with the cluster's allocator (tuning-aware policy) as a tuning job of as
-    many groups as the sweep keeps in flight; the allocator then grants it pipeline jobs' bubbles."""
+    many groups as the sweep keeps in flight; the allocator then places them on idle GPUs and in
+    pipeline jobs' bubbles."""
     import math
 
     from scheduler_bridge import jobs_api
@@ -35,7 +36,7 @@ def _submit_to_allocator(spec) -> int:
     in_flight = spec.max_concurrent_trials or spec.run_cap or 10
     groups = max(1, math.ceil(in_flight / int(spec.fusion.max_members)))
     job_id = jobs_api.submit_sweep(spec.name, groups)
-    print(f"sweep {spec.name!r} is tuning job {job_id} of the allocator ({groups} groups, in pipeline bubbles)")
+    print(f"sweep {spec.name!r} is tuning job {job_id} of the allocator ({groups} groups)")
     return job_id
 
 
@@ -50,7 +51,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     fusion = loaded.spec.fusion
     if args.allocator and (fusion is None or not fusion.enabled or fusion.placement != "bubbles"):
-        print(f"error: {args.file}: hpo run --allocator runs a sweep in the bubbles the allocator grants; "
+        print(f"error: {args.file}: hpo run --allocator runs a sweep where the allocator places its groups; "
               "it needs fusion: {placement: bubbles, max_members: N}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.resume and not loaded.experiment_path.exists():
@@ -65,7 +66,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if tuning_job is not None:
             from scheduler_bridge import jobs_api
 
-            jobs_api.cancel(tuning_job)  # the allocator withdraws the sweep's bubbles
+            jobs_api.cancel(tuning_job)  # the allocator withdraws the sweep's idle GPUs and bubbles
     paths = result.write()
     print()
     print(result.summary_table())
@@ -133,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--allocator", action="store_true",
         help="submit the sweep to the cluster's allocator (hpo job start --policy tuning-aware): its fused groups "
-        "run in the pipeline jobs' bubbles the allocator grants (needs fusion.placement: bubbles)",
+        "run on idle GPUs and in pipeline jobs' bubbles, where the allocator places them (needs "
+        "fusion.placement: bubbles)",
     )
     run.set_defaults(func=_cmd_run)
 

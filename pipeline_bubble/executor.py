@@ -176,7 +176,7 @@ class BubbleExecutor:
             if not self._guest_ready() or self._guarded_step() is None:
                 break
         if len(self._recent) < self.profile_steps:
-            return  # the guest paused (or failed) first: profiled again at a later batch's end
+            return  # the guest paused (or failed) first: the steps it ran predict, else a later batch's end profiles
         for _ in range(min(2, len(self._recent) - 1)):
             self._recent.popleft()  # the first steps pay for allocations and cold caches
         self.step_time_s = self._predict_step()
