@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batch-size", type=int)
     parser.add_argument("--layers-per-stage", type=int)
     parser.add_argument("--points", help="comma-separated p:m list, e.g. 2:4,4:8")
+    parser.add_argument("--safety", type=float, default=JobSpec.safety, help="share of a predicted (open-loop) window used")
+    parser.add_argument(
+        "--window-quantile", type=float, default=JobSpec.window_quantile, help="quantile of recent signalled windows planned"
+    )
     args = parser.parse_args(argv)
 
     gpu = args.device == "cuda"
@@ -98,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         layers_per_stage=args.layers_per_stage or (6 if gpu else 2),
         batches=args.batches or (14 if args.quick else 30),
         guest_factory=_guest_factory(guest, gpu),
+        safety=args.safety,
+        window_quantile=args.window_quantile,
     )
     if gpu:  # deterministic cuBLAS across the guest's stream and the job's (inherited by the ranks)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -141,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             "deepspeed": deepspeed.__version__,
             "gpu": torch.cuda.get_device_name(0) if gpu else None,
             "main_job": {k: getattr(base, k) for k in ("width", "micro_batch_size", "layers_per_stage", "batches")},
+            "executor": {"safety": base.safety, "window_quantile": base.window_quantile},
         },
     }
     if args.json:

@@ -57,6 +57,9 @@ class JobSpec:
     memory_cap_bytes: int | None = None
     #: Stop harvesting (evict the guest) after this many batches; None: never.
     evict_after: int | None = None
+    #: `BubbleExecutor` settings of the harvested run (see there).
+    safety: float = 0.9
+    window_quantile: float = 0.75
 
 
 # ---- the main job -----------------------------------------------------------------------------
@@ -190,7 +193,11 @@ def run_rank(rank: int, world_size: int, spec: JobSpec) -> dict[str, Any]:
         factory = spec.guest_factory or synthetic_guest
         checkpoint = Path(spec.checkpoint_dir) / f"stage{stage}.pt" if spec.checkpoint_dir else None
         executor = BubbleExecutor(
-            factory(stage, harvested.device), checkpoint_path=checkpoint, memory_cap_bytes=spec.memory_cap_bytes
+            factory(stage, harvested.device),
+            checkpoint_path=checkpoint,
+            memory_cap_bytes=spec.memory_cap_bytes,
+            safety=spec.safety,
+            window_quantile=spec.window_quantile,
         )
         attach_guest(harvested, executor)
 
@@ -223,6 +230,7 @@ def run_rank(rank: int, world_size: int, spec: JobSpec) -> dict[str, Any]:
             "samples": executor.stats.samples,
             "guest_seconds": executor.stats.guest_seconds,
             "overruns": executor.stats.overruns,
+            "signalled_slots": executor.signalled_slots,
             "step_time_s": executor.step_time_s,
             "refused": executor.refused,
         },

@@ -71,8 +71,7 @@ def attach_guest(engine: InstrumentedPipelineEngine, executor: BubbleExecutor) -
     """Give an instrumented engine a (new) guest; the previous one is evicted (checkpointed) first."""
     if engine.bubble_executor is not None:
         engine.bubble_executor.evict()
-    engine.bubble_executor = executor
-    executor.start(engine.device)
+    engine.attach_executor(executor)
 
 
 def run_guests_in_bubbles(

@@ -12,10 +12,19 @@ issues it, the executor runs whole guest steps while the predicted remaining win
 one more step (predicted from the measured step time), then the engine issues the call. It
 never starts a step that does not fit.
 
-How windows are predicted: open loop. A window is only ever measured in an *observation batch*
-(the first `history` batches after a warm-up one, then one in every `observe_every`), where the
-executor runs no guest, so the waits it sees are the main job's own. The prediction for a slot
-is the smallest of its last `history` observed waits, less the ready latency (below).
+Where the neighbour signals its arrival (same host, see `peer_signals`): closed loop. The
+executor checks before each guest step whether the neighbour has reached the exchange and stops
+as soon as it has, so an overrun is at most one step; and the neighbour's arrival stamp gives
+the exact window of every exchange, harvested or not. The plan for a slot is then the
+`window_quantile` of its last `window_history` exact windows, and no step is started past it;
+the signal cuts a plan short when the window is shorter this time, so a high quantile (0.75)
+harvests most of a varying window at the cost of one partial step when it is short.
+
+Where it does not (a neighbour on another host): open loop. A window is only ever measured in an
+*observation batch* (the first `history` batches after a warm-up one, then one in every
+`observe_every`), where the executor runs no guest in such slots, so the waits it sees are the
+main job's own. The prediction for a slot is the smallest of its last `history` observed waits,
+less the ready latency (below).
 Learning windows from harvested batches instead is a trap with rendezvous transports: a quantum
 that overruns makes the peer wait, the peer arrives later at the next exchange, and a residual
 wait inflated by scheduling latency on a busy host reads as a longer window, so the quanta grow
@@ -24,6 +33,11 @@ only watches for overruns: when the call after a quantum blocked no longer than 
 with a ready peer takes (twice the lower quartile of all blocking calls of the last observation
 batch; several ms on a busy host), the slot's quantum is scaled down by `backoff` until the next
 observation batch.
+
+Idle cores. On CPU a stage's wait is idle hardware only if the host has a core for every
+thread of every rank on it; otherwise the waiting stage's core is already running another
+stage, and a guest would take it from the job (+30-45% measured with 4 ranks on 2 cores). Such
+a host's executor refuses guests (`refused` says why).
 
 Safety. Guest steps run under `torch.random.fork_rng`, so the host job's RNG stream is never
 advanced; a guest whose footprint exceeds `memory_cap_bytes` is refused; on CUDA its kernels go
@@ -52,6 +66,7 @@ from typing import Any, Protocol
 import torch
 
 from pipeline_bubble.guests import GuestWork, _devices_for_rng
+from pipeline_bubble.peer_signals import PeerArrival
 from pipeline_bubble.timeline import GUEST
 
 #: Below this residual (seconds, above the transfer floor) a blocking call "did not wait".
@@ -85,11 +100,13 @@ class BubbleExecutor:
         memory_cap_bytes: refuse the guest if its footprint exceeds this (None: no cap).
         checkpoint_path: where guest progress is saved (and resumed from, if it exists).
         checkpoint_every: guest steps between checkpoints.
-        safety: share of a predicted window the executor plans to use.
+        safety: share of an open-loop predicted window the executor plans to use.
         backoff: factor applied to a slot's quantum after a suspected overrun (until re-observed).
         profile_steps: guest steps run at `start()` to measure its step time.
         observe_every: one batch in this many runs no guest and re-measures the windows.
-        history: observation batches a window prediction is the minimum of.
+        history: observation batches an open-loop window prediction is the minimum of.
+        window_history: exact windows (closed loop) a slot's plan is taken from.
+        window_quantile: the quantile of those windows a slot's plan is.
         guest_source: asked between batches for a new guest while the stage has none.
     """
 
@@ -105,12 +122,16 @@ class BubbleExecutor:
         profile_steps: int = 8,
         observe_every: int = 8,
         history: int = 2,
+        window_history: int = 8,
+        window_quantile: float = 0.75,
         guest_source: Callable[[], GuestWork | None] | None = None,
     ):
         if not 0 < safety <= 1:
             raise ValueError(f"safety must be in (0, 1], got {safety}")
         if not 0 < backoff < 1:
             raise ValueError(f"backoff must be in (0, 1), got {backoff}")
+        if not 0 <= window_quantile <= 1:
+            raise ValueError(f"window_quantile must be in [0, 1], got {window_quantile}")
         self.guest = guest
         self.memory_cap_bytes = memory_cap_bytes
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path is not None else None
@@ -125,8 +146,12 @@ class BubbleExecutor:
         self.step_time_s: float | None = None
         self.observe_every = observe_every
         self.history = history
+        self.window_history = window_history
+        self.window_quantile = window_quantile
         self.guest_source = guest_source
         self._waits: dict[int, deque[float]] = {}
+        self._windows: dict[int, deque[float]] = {}  # exact, from the neighbours' arrival stamps
+        self._entered = 0.0  # time.monotonic() when the stage reached the current blocking call
         self._scale: dict[int, float] = {}
         self._batches = 0
         self._observing = True
@@ -141,14 +166,17 @@ class BubbleExecutor:
         self._since_checkpoint = 0
         self._evict_requested = False
         self._recent: deque[float] = deque(maxlen=32)
+        self._no_idle_cores: str | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
-    def start(self, device: torch.device | str = "cpu") -> None:
+    def start(self, device: torch.device | str = "cpu", *, host_ranks: int = 1) -> None:
         """Resume from the checkpoint, check the memory cap, and profile the guest's step time.
 
-        Called once when the executor is attached to an engine, before the first batch.
+        Called once when the executor is attached to an engine, before the first batch;
+        `host_ranks`: the job's processes on this host (for the idle-core check on CPU).
         """
         self._device = torch.device(device)
+        self._no_idle_cores = _no_idle_cores(self._device, host_ranks)
         if self._device.type == "cuda":
             # The lowest priority there is; PyTorch's default stream, which the job uses, has it too,
             # so on one device this separates the guest's work rather than deprioritising it.
@@ -159,7 +187,7 @@ class BubbleExecutor:
         if self.checkpoint_path is not None and self.checkpoint_path.exists():
             saved = torch.load(self.checkpoint_path, weights_only=False)
             self.guest.load_state_dict(saved["guest"])
-        self._check_memory()
+        self._check_fits()
         self._profile()
 
     def adopt(self, guest: GuestWork) -> None:
@@ -167,7 +195,7 @@ class BubbleExecutor:
         self.guest, self.refused, self.failed = guest, None, None
         self._recent.clear()
         self.step_time_s = None
-        self._check_memory()
+        self._check_fits()
         self._profile()
 
     def _profile(self) -> None:
@@ -180,7 +208,7 @@ class BubbleExecutor:
         for _ in range(min(2, len(self._recent) - 1)):
             self._recent.popleft()  # the first steps pay for allocations and cold caches
         self.step_time_s = self._predict_step()
-        self._check_memory()
+        self._check_fits()
 
     def evict(self) -> None:
         """Checkpoint the guest and drop it; the stage keeps training, its windows stay empty."""
@@ -240,19 +268,25 @@ class BubbleExecutor:
             self._profile()
 
     # ---- the engine's two calls -----------------------------------------------------------
-    def harvest(self, slot: int, recorder: _Recorder) -> float:
-        """Run whole guest steps that fit the predicted window of `slot`; returns seconds used."""
-        window = self.predicted_window(slot)
-        if self.guest is None or self._observing or window is None or self.step_time_s is None:
+    def harvest(self, slot: int, recorder: _Recorder, arrival: PeerArrival | None = None) -> float:
+        """Run whole guest steps that fit the window of `slot`; returns seconds used.
+
+        `arrival`: the neighbours' signal for this exchange (closed loop), None to predict its window.
+        """
+        self._entered = time.monotonic()
+        if self.guest is None or self.step_time_s is None or (arrival is None and self._observing):
             return 0.0
-        budget = window * self.safety * self._scale.get(slot, 1.0)
+        window = self.predicted_window(slot, closed_loop=arrival is not None)
+        if window is None:
+            return 0.0
+        budget = window if arrival is not None else window * self.safety * self._scale.get(slot, 1.0)
         start = time.perf_counter()
         steps = 0
         while (time.perf_counter() - start) + self.step_time_s <= budget:
             if self._evict_requested:
                 self.evict()
                 break
-            if not self._guest_ready():
+            if (arrival is not None and arrival.arrived()) or not self._guest_ready():
                 break
             if self._device.type == "cuda" and torch.cuda.mem_get_info(self._device)[0] < self.guest.memory_bytes:
                 break
@@ -270,17 +304,35 @@ class BubbleExecutor:
             steps += 1
         return time.perf_counter() - start if steps else 0.0
 
-    def observe(self, slot: int, harvested_s: float, blocked_s: float, *, fillable: bool = True) -> None:
+    def observe(
+        self,
+        slot: int,
+        harvested_s: float,
+        blocked_s: float,
+        *,
+        fillable: bool = True,
+        arrival: PeerArrival | None = None,
+    ) -> None:
         """Record how long the blocking call of `slot` took (after a quantum of `harvested_s`).
 
         The engine reports every blocking call; only `fillable` ones get windows, the others
         tell how long an exchange takes when the peer is already there (the ready latency).
+        With `arrival` (closed loop) the window is exact: from reaching the call to the
+        neighbours' arrival.
         """
         if self._warmup:
             return
+        if arrival is not None:
+            arrived_at = arrival.arrival_time()
+            if arrived_at is not None:
+                window = max(0.0, arrived_at - self._entered)
+                self._windows.setdefault(slot, deque(maxlen=self.window_history)).append(window)
+                self.stats.overruns += int(harvested_s > window)
+            return
         self._floor = min(self._floor, blocked_s)
         if self._observing:
-            self._observed_now.append(blocked_s)
+            if harvested_s == 0:
+                self._observed_now.append(blocked_s)
             if fillable:
                 self._waits.setdefault(slot, deque(maxlen=self.history)).append(blocked_s)
         elif harvested_s > 0 and blocked_s <= max(self._floor + _READY_TOLERANCE_S, 2 * self._ready_latency):
@@ -288,8 +340,16 @@ class BubbleExecutor:
             self.stats.overruns += 1
             self._scale[slot] = self._scale.get(slot, 1.0) * self.backoff
 
-    def predicted_window(self, slot: int) -> float | None:
+    @property
+    def signalled_slots(self) -> list[int]:
+        """Slots whose windows come from the neighbours' arrival signals (closed loop)."""
+        return sorted(self._windows)
+
+    def predicted_window(self, slot: int, *, closed_loop: bool = False) -> float | None:
         """Idle seconds expected before the peer of `slot` is ready; None before it was observed."""
+        if closed_loop:
+            windows = self._windows.get(slot)
+            return _quantile(windows, self.window_quantile) if windows else None
         waits = self._waits.get(slot)
         return max(0.0, min(waits) - max(self._floor, self._ready_latency)) if waits else None
 
@@ -329,14 +389,48 @@ class BubbleExecutor:
 
     def _predict_step(self) -> float:
         """A high quantile of the recent step times (a quantum's first step is the slowest)."""
-        ordered = sorted(self._recent)
-        return ordered[min(len(ordered) - 1, int(_STEP_QUANTILE * len(ordered)))]
+        return _quantile(self._recent, _STEP_QUANTILE)
 
-    def _check_memory(self) -> None:
-        if self.guest is None or self.memory_cap_bytes is None:
+    def _check_fits(self) -> None:
+        """Refuse a guest the stage has no room for: no idle cores, or over the memory cap."""
+        if self.guest is None:
             return
-        if self.guest.memory_bytes > self.memory_cap_bytes:
+        if self._no_idle_cores is not None:
+            self.refused = self._no_idle_cores
+        elif self.memory_cap_bytes is not None and self.guest.memory_bytes > self.memory_cap_bytes:
             self.refused = (
                 f"guest needs {self.guest.memory_bytes} bytes, over memory_cap_bytes={self.memory_cap_bytes}"
             )
-            self.evict()
+        else:
+            return
+        self.evict()
+
+
+def _quantile(values: deque[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _usable_cpus() -> float:
+    """CPUs this process may use: its affinity, capped by a cgroup v2 quota if there is one."""
+    cpus = float(len(os.sched_getaffinity(0)))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cpus = min(cpus, int(quota) / int(period))
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
+def _no_idle_cores(device: torch.device, host_ranks: int) -> str | None:
+    """Why a CPU stage's waits are not idle cores (None if they are, and on GPUs)."""
+    if device.type != "cpu":
+        return None
+    needed, usable = host_ranks * torch.get_num_threads(), _usable_cpus()
+    if needed <= usable:
+        return None
+    return (
+        f"no idle cores: {host_ranks} ranks x {torch.get_num_threads()} threads on {usable:g} CPUs, "
+        "so a stage's waits already run other stages"
+    )

@@ -12,6 +12,10 @@ extension points:
 - `train_batch`: opens and closes one batch record around DeepSpeed's own `train_batch`;
 - `_aggregate_total_loss`: timed as the "LossBroadcast" wait (the last stage waits there).
 
+Every blocking instruction also goes through the engine's `PeerSignals`: a stage announces
+its arrival at sends, and learns when the neighbour it receives from arrives (same host).
+Connecting them is a collective, so `instrument` must be called on every rank.
+
 Before every receive (and, on the last stage, the loss broadcast) the attached `BubbleExecutor`
 (if any) may run guest steps; see `HARVESTABLE` for why sends are left alone.
 
@@ -30,11 +34,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from deepspeed.runtime.pipe import schedule
 from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from pipeline_bubble.clocks import clock_for
 from pipeline_bubble.executor import BubbleExecutor
+from pipeline_bubble.peer_signals import PeerSignals
 from pipeline_bubble.timeline import COMPUTE, WAIT, BatchRecord, Interval, StageTimeline
 
 #: Instructions that block on a neighbour stage (gloo send/recv are rendezvous: both sides wait).
@@ -110,6 +117,13 @@ class InstrumentedPipelineEngine(PipelineEngine):
 
     bubble_recorder: StageRecorder
     bubble_executor: BubbleExecutor | None
+    peer_signals: PeerSignals
+
+    def attach_executor(self, executor: BubbleExecutor | None) -> None:
+        """Let `executor` fill this stage's waits from the next batch on (None: only record)."""
+        self.bubble_executor = executor
+        if executor is not None:
+            executor.start(self.device, host_ranks=self.peer_signals.host_ranks)
 
     def train_batch(self, data_iter=None):
         self.bubble_recorder.begin_batch()
@@ -130,22 +144,24 @@ class InstrumentedPipelineEngine(PipelineEngine):
         if not recorder.active:  # eval_batch and anything else outside train_batch
             return run()
         slot = recorder.next_slot()
+        arrival = self.peer_signals.enter(name) if category == WAIT else None
         executor = self.bubble_executor if category == WAIT else None
         fillable = is_harvestable(name, self.stage_id, self.num_stages)
-        harvested = executor.harvest(slot, recorder) if executor is not None and fillable else 0.0
+        harvested = executor.harvest(slot, recorder, arrival) if executor is not None and fillable else 0.0
         begin, host_begin = recorder.mark(), time.perf_counter()
         result = run()
         host_end, end = time.perf_counter(), recorder.mark()
         recorder.record(name, category, begin, end, slot)
         if executor is not None:
-            executor.observe(slot, harvested, host_end - host_begin, fillable=fillable)
+            executor.observe(slot, harvested, host_end - host_begin, fillable=fillable, arrival=arrival)
         return result
 
 
 def instrument(engine: PipelineEngine, executor: BubbleExecutor | None = None) -> InstrumentedPipelineEngine:
     """Make `engine` (as returned by `deepspeed.initialize`) record its bubbles, optionally filling them.
 
-    Call before the first `train_batch`. Returns the same object, now an `InstrumentedPipelineEngine`.
+    Call on every rank (connecting the stages' `PeerSignals` is a collective), before the first
+    `train_batch`. Returns the same object, now an `InstrumentedPipelineEngine`.
     """
     if not isinstance(engine, PipelineEngine):
         raise TypeError(f"instrument() needs a deepspeed PipelineEngine, got {type(engine).__name__}")
@@ -158,7 +174,8 @@ def instrument(engine: PipelineEngine, executor: BubbleExecutor | None = None) -
     engine.bubble_recorder = StageRecorder(
         engine.stage_id, engine.num_stages, engine.micro_batches, clock_for(engine.device)
     )
-    engine.bubble_executor = executor
-    if executor is not None:
-        executor.start(engine.device)
+    if not hasattr(engine, "peer_signals"):
+        staged = torch.device(engine.device).type == "cuda" and dist.get_backend() == "gloo"
+        engine.peer_signals = PeerSignals(engine, synchronize_cuda=staged)
+    engine.attach_executor(executor)
     return engine

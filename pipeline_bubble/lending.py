@@ -126,8 +126,7 @@ def lend_bubbles(
     """
     engine = instrument(engine) if not isinstance(engine, InstrumentedPipelineEngine) else engine
     lender = BubbleLender(engine, poll_interval_s, owner)
-    engine.bubble_executor = BubbleExecutor(
-        None, memory_cap_bytes=memory_cap_bytes, safety=safety, guest_source=lender.next_guest
+    engine.attach_executor(
+        BubbleExecutor(None, memory_cap_bytes=memory_cap_bytes, safety=safety, guest_source=lender.next_guest)
     )
-    engine.bubble_executor.start(engine.device)
     return lender

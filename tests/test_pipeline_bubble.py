@@ -80,6 +80,15 @@ def test_harvested_steps_trained_the_fused_groups(job):
 
 
 @pytest.mark.slow
+def test_stages_learn_their_windows_from_their_neighbours_arrival_signals(job):
+    for result in job["results"]:
+        timeline = StageTimeline.from_dict(result["timelines"]["harvested"])
+        filled = {i.slot for b in timeline.batches for i in b.intervals if i.category == GUEST}
+        assert filled, f"stage {result['stage']} harvested nothing"
+        assert filled <= set(result["harvest"]["signalled_slots"]), "a harvested slot had no arrival signal"
+
+
+@pytest.mark.slow
 def test_each_trial_is_reported_with_its_own_metrics(job):
     rows = sorted((row for r in job["results"] for row in r["trials"]), key=lambda row: row["trial_id"])
     assert [row["trial_id"] for row in rows] == [0, 1, 2, 3], "stage s trains configs[s::2]"
@@ -185,6 +194,56 @@ def test_window_prediction_ignores_harvested_batches():
     executor.begin_batch()  # a harvested batch: its (longer) wait must not grow the window
     executor.observe(0, harvested_s=0.018, blocked_s=0.01)
     assert executor.predicted_window(0) == pytest.approx(0.02)
+
+
+class _Arrival:
+    """A neighbour that reaches the exchange `after_s` seconds from now."""
+
+    def __init__(self, after_s: float):
+        self.at = time.monotonic() + after_s
+
+    def arrived(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def arrival_time(self) -> float | None:
+        return self.at if self.arrived() else None
+
+
+def _signalled(executor: BubbleExecutor, slot: int, window_s: float) -> None:
+    """One batch in which the neighbour of `slot` arrived `window_s` after the stage got there."""
+    executor.begin_batch()
+    arrival = _Arrival(window_s)
+    used = executor.harvest(slot, _Recorder(), arrival)
+    time.sleep(max(0.0, window_s - used))
+    executor.observe(slot, used, 0.0, arrival=arrival)
+
+
+def test_a_signalled_window_is_learnt_exactly_even_while_harvesting():
+    executor = BubbleExecutor(_SleepGuest(0.002), profile_steps=2)
+    executor.start()
+    executor.begin_batch()  # warm-up
+    _signalled(executor, slot=4, window_s=0.03)
+    assert executor.predicted_window(4, closed_loop=True) == pytest.approx(0.03, abs=0.003)
+    _signalled(executor, slot=4, window_s=0.03)  # harvested this time
+    assert executor.stats.steps > 0
+    assert executor.predicted_window(4, closed_loop=True) == pytest.approx(0.03, abs=0.003)
+    assert executor.signalled_slots == [4]
+
+
+def test_a_signalled_slot_stops_its_guest_once_the_neighbour_arrives():
+    executor = BubbleExecutor(_SleepGuest(0.004), profile_steps=2)
+    executor.start()
+    executor.begin_batch()  # warm-up
+    _signalled(executor, slot=0, window_s=0.1)
+    executor.begin_batch()
+    used = executor.harvest(0, _Recorder(), _Arrival(0.02))  # planned 100 ms, the neighbour came at 20
+    assert 0.02 <= used <= 0.02 + 0.004 + 0.003, f"ran {used * 1e3:.1f} ms past a 20 ms window"
+
+
+def test_a_cpu_host_without_idle_cores_refuses_guests():
+    executor = BubbleExecutor(_SleepGuest(0.0))
+    executor.start("cpu", host_ranks=10**4)
+    assert executor.guest is None and "no idle cores" in executor.refused
 
 
 def test_guest_over_the_memory_cap_is_refused():

@@ -1,0 +1,160 @@
+"""Arrival signals between the stages of a pipeline job on one host: "I have reached this exchange".
+
+Why. A stage waiting for a neighbour cannot see it coming: a blocking gloo receive cannot share
+its thread with guest work, and a gloo `irecv` cannot be polled. Without a signal the executor
+must guess each window in advance, and a window varies several-fold from batch to batch on a
+busy host, so a guess either wastes most of the window or overruns it. With a signal, a stage
+running guest steps checks between steps whether its neighbour has arrived and stops at once, so
+an overrun is at most one guest step, and the neighbour's arrival time gives the exact window
+length of every exchange, harvested or not.
+
+How. Each rank owns a small shared-memory page (a file in `/dev/shm`, which is never shared
+between hosts) in which it stamps the
+time (`time.monotonic`, one clock for all processes of a host) at which it enters each send of
+activations, each send of gradients and the loss broadcast; it counts them from the moment it
+was instrumented. A receive is matched to its send by count: the n-th `RecvGrad` of stage s is
+the n-th `SendGrad` of stage s+1. The pages are exchanged once (`connect`, a collective on the
+default process group); a neighbour whose page cannot be opened here, because it runs on
+another host (or a host has no `/dev/shm`), sends no signals, and the executor falls back to
+predicting that exchange's windows.
+
+A page is a sequence of float64: per kind, the count of announcements, then a ring of the last
+`_RING` stamps. The owner writes the stamp before the count, so a reader that sees the count
+sees the stamp (x86 keeps stores in order; elsewhere a torn read can only misjudge one window).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+#: What a stage announces as it enters the call, in page order.
+ANNOUNCED = ("SendActivation", "SendGrad", "LossBroadcast")
+#: Stamps kept per kind; a sender is never more than one exchange ahead of its receiver.
+_RING = 64
+_KIND_SIZE = 1 + _RING
+_PAGE_BYTES = 8 * len(ANNOUNCED) * _KIND_SIZE
+_PAGE_DIR = Path("/dev/shm")
+
+
+class _Page:
+    """One rank's page: written by its owner, read by the ranks of the same host."""
+
+    def __init__(self, path: Path, *, create: bool):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL if create else os.O_RDONLY, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, _PAGE_BYTES)
+            self._map = mmap.mmap(fd, _PAGE_BYTES, access=mmap.ACCESS_WRITE if create else mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        self.values = memoryview(self._map).cast("d")
+
+    def count(self, kind: int) -> int:
+        return int(self.values[kind * _KIND_SIZE])
+
+    def stamp(self, kind: int, number: int) -> float:
+        """When the `number`-th (1-based) announcement of `kind` was made."""
+        return self.values[kind * _KIND_SIZE + 1 + (number - 1) % _RING]
+
+    def announce(self, kind: int, now: float) -> None:
+        base = kind * _KIND_SIZE
+        number = int(self.values[base]) + 1
+        self.values[base + 1 + (number - 1) % _RING] = now
+        self.values[base] = number
+
+
+@dataclass
+class PeerArrival:
+    """The neighbours one blocking call waits for, and the announcement number it waits on."""
+
+    peers: list[_Page]
+    kind: int
+    number: int
+
+    def arrived(self) -> bool:
+        return all(page.count(self.kind) >= self.number for page in self.peers)
+
+    def arrival_time(self) -> float | None:
+        """When the last of the neighbours arrived (`time.monotonic`); None while one has not."""
+        if not self.arrived():
+            return None
+        return max(page.stamp(self.kind, self.number) for page in self.peers)
+
+
+class PeerSignals:
+    """This rank's page and its pipeline neighbours' pages, as seen from one engine.
+
+    `enter(name)` is called as the engine enters each blocking instruction: for a send (and the
+    loss broadcast on all but the last stage) it announces the arrival; for a receive (and the
+    loss broadcast on the last stage) it returns the `PeerArrival` to watch, or None when a
+    neighbour it waits for is on another host.
+    """
+
+    def __init__(self, engine, *, synchronize_cuda: bool = False):
+        """Create this rank's page and open its neighbours'. A collective: every rank calls it.
+
+        `synchronize_cuda`: the job stages CUDA tensors through the host (gloo), so a stage is
+        at a send only once its kernels are done; the announcement then waits for them too.
+        """
+        self._stage, self._stages = engine.stage_id, engine.num_stages
+        self._stage_rank = engine.grid.stage_to_global
+        self.synchronize_cuda = synchronize_cuda
+        self._expected = [0] * len(ANNOUNCED)
+        self._own: _Page | None = None
+        path: str | None = None
+        if _PAGE_DIR.is_dir() and os.access(_PAGE_DIR, os.W_OK):
+            path = str(_PAGE_DIR / f"hpo-bubble-signals-{secrets.token_hex(8)}")
+            self._own = _Page(Path(path), create=True)
+            self._finalizer = weakref.finalize(self, Path(path).unlink, missing_ok=True)
+        everyone: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, path)
+        #: The job's ranks on this host (their pages are here), this one included.
+        self.host_ranks = sum(1 for path in everyone if path is not None and Path(path).exists())
+        if self._own is None:
+            self.host_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self._peers: dict[int, _Page] = {}
+        for stage in range(self._stages):
+            rank = self._stage_rank(stage)
+            if stage != self._stage and everyone[rank] is not None and Path(everyone[rank]).exists():
+                self._peers[rank] = _Page(Path(everyone[rank]), create=False)
+
+    def enter(self, name: str) -> PeerArrival | None:
+        if name == "SendActivation" or name == "SendGrad" or (name == "LossBroadcast" and not self._last):
+            if self._own is None:
+                return None
+            if self.synchronize_cuda:  # free: the host-staged send waits for the kernels anyway
+                torch.cuda.current_stream().synchronize()
+            self._own.announce(ANNOUNCED.index(name), time.monotonic())
+            return None
+        if name == "RecvActivation":
+            return self._arrival([self._stage - 1], ANNOUNCED.index("SendActivation"))
+        if name == "RecvGrad":
+            return self._arrival([self._stage + 1], ANNOUNCED.index("SendGrad"))
+        if name == "LossBroadcast":
+            return self._arrival([s for s in range(self._stages) if s != self._stage], ANNOUNCED.index(name))
+        return None
+
+    @property
+    def _last(self) -> bool:
+        return self._stage == self._stages - 1
+
+    def _arrival(self, stages: list[int], kind: int) -> PeerArrival | None:
+        self._expected[kind] += 1
+        ranks = [self._stage_rank(s) for s in stages]
+        if any(rank not in self._peers for rank in ranks):
+            return None
+        return PeerArrival([self._peers[rank] for rank in ranks], kind, self._expected[kind])
+
+    def close(self) -> None:
+        """Remove this rank's page (also done when the object is collected or the process exits)."""
+        if self._own is not None:
+            self._finalizer()
