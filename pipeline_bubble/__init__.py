@@ -2,7 +2,8 @@
 
 - `harvest_bubbles(engine, guest)` / `initialize(...)`: the one call that instruments a
   `deepspeed.initialize` pipeline engine (per-stage timelines) and lends its bubbles to a guest;
-- `BubbleExecutor`: runs whole guest steps in each stage's predicted idle windows;
+- `BubbleExecutor`: runs whole guest steps in each stage's idle windows, until the neighbour
+  arrives (`PeerSignals`, same host) or the window predicted for it ends (across hosts);
 - `GuestWork`: the protocol a guest implements; `TorchGuest`, `workload_guest`, `GuestGroup`,
   `fused_group_guest`: ready-made guests;
 - `lend_bubbles(engine)`: a pipeline job on a Ray cluster lends its bubbles to sweeps with
@@ -26,6 +27,7 @@ _EXPORTS = {
     "BubbleExecutor": "pipeline_bubble.executor",
     "InstrumentedPipelineEngine": "pipeline_bubble.instrumented_engine",
     "instrument": "pipeline_bubble.instrumented_engine",
+    "PeerSignals": "pipeline_bubble.peer_signals",
     "GuestWork": "pipeline_bubble.guests",
     "TorchGuest": "pipeline_bubble.guests",
     "GuestGroup": "pipeline_bubble.guests",

@@ -231,6 +231,7 @@ def run_rank(rank: int, world_size: int, spec: JobSpec) -> dict[str, Any]:
             "guest_seconds": executor.stats.guest_seconds,
             "overruns": executor.stats.overruns,
             "signalled_slots": executor.signalled_slots,
+            "no_core": executor.stats.no_core,
             "step_time_s": executor.step_time_s,
             "refused": executor.refused,
         },

@@ -34,10 +34,10 @@ with a ready peer takes (twice the lower quartile of all blocking calls of the l
 batch; several ms on a busy host), the slot's quantum is scaled down by `backoff` until the next
 observation batch.
 
-Idle cores. On CPU a stage's wait is idle hardware only if the host has a core for every
-thread of every rank on it; otherwise the waiting stage's core is already running another
-stage, and a guest would take it from the job (+30-45% measured with 4 ranks on 2 cores). Such
-a host's executor refuses guests (`refused` says why).
+Idle cores. On CPU a stage's wait is idle hardware only while the host has a core that no rank
+of the job is using; with more ranks than cores the waiting stage's core is running another
+stage, and a guest would take it from the job (+30-45% measured with 4 ranks on 2 cores). So on
+CPU a guest step starts only while `host.spare_cores()` (see `peer_signals`) is not negative.
 
 Safety. Guest steps run under `torch.random.fork_rng`, so the host job's RNG stream is never
 advanced; a guest whose footprint exceeds `memory_cap_bytes` is refused; on CUDA its kernels go
@@ -75,6 +75,10 @@ _READY_TOLERANCE_S = 5e-4
 _STEP_QUANTILE = 0.75
 
 
+class _Host(Protocol):
+    def spare_cores(self) -> float: ...
+
+
 class _Recorder(Protocol):
     def mark(self) -> Any: ...
 
@@ -89,6 +93,8 @@ class HarvestStats:
     samples: int = 0
     guest_seconds: float = 0.0
     overruns: int = 0
+    #: Quanta cut short because every core of the host was running the job.
+    no_core: int = 0
     losses: list[float] = field(default_factory=list)
 
 
@@ -166,17 +172,17 @@ class BubbleExecutor:
         self._since_checkpoint = 0
         self._evict_requested = False
         self._recent: deque[float] = deque(maxlen=32)
-        self._no_idle_cores: str | None = None
+        self._host: _Host | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
-    def start(self, device: torch.device | str = "cpu", *, host_ranks: int = 1) -> None:
+    def start(self, device: torch.device | str = "cpu", *, host: _Host | None = None) -> None:
         """Resume from the checkpoint, check the memory cap, and profile the guest's step time.
 
         Called once when the executor is attached to an engine, before the first batch;
-        `host_ranks`: the job's processes on this host (for the idle-core check on CPU).
+        `host` tells whether the host's cores are all taken by the job (checked on CPU only).
         """
         self._device = torch.device(device)
-        self._no_idle_cores = _no_idle_cores(self._device, host_ranks)
+        self._host = host if self._device.type == "cpu" else None
         if self._device.type == "cuda":
             # The lowest priority there is; PyTorch's default stream, which the job uses, has it too,
             # so on one device this separates the guest's work rather than deprioritising it.
@@ -187,7 +193,7 @@ class BubbleExecutor:
         if self.checkpoint_path is not None and self.checkpoint_path.exists():
             saved = torch.load(self.checkpoint_path, weights_only=False)
             self.guest.load_state_dict(saved["guest"])
-        self._check_fits()
+        self._check_memory()
         self._profile()
 
     def adopt(self, guest: GuestWork) -> None:
@@ -195,7 +201,7 @@ class BubbleExecutor:
         self.guest, self.refused, self.failed = guest, None, None
         self._recent.clear()
         self.step_time_s = None
-        self._check_fits()
+        self._check_memory()
         self._profile()
 
     def _profile(self) -> None:
@@ -208,7 +214,7 @@ class BubbleExecutor:
         for _ in range(min(2, len(self._recent) - 1)):
             self._recent.popleft()  # the first steps pay for allocations and cold caches
         self.step_time_s = self._predict_step()
-        self._check_fits()
+        self._check_memory()
 
     def evict(self) -> None:
         """Checkpoint the guest and drop it; the stage keeps training, its windows stay empty."""
@@ -287,6 +293,9 @@ class BubbleExecutor:
                 self.evict()
                 break
             if (arrival is not None and arrival.arrived()) or not self._guest_ready():
+                break
+            if self._host is not None and self._host.spare_cores() < 0:
+                self.stats.no_core += 1
                 break
             if self._device.type == "cuda" and torch.cuda.mem_get_info(self._device)[0] < self.guest.memory_bytes:
                 break
@@ -391,46 +400,17 @@ class BubbleExecutor:
         """A high quantile of the recent step times (a quantum's first step is the slowest)."""
         return _quantile(self._recent, _STEP_QUANTILE)
 
-    def _check_fits(self) -> None:
-        """Refuse a guest the stage has no room for: no idle cores, or over the memory cap."""
-        if self.guest is None:
+    def _check_memory(self) -> None:
+        if self.guest is None or self.memory_cap_bytes is None:
             return
-        if self._no_idle_cores is not None:
-            self.refused = self._no_idle_cores
-        elif self.memory_cap_bytes is not None and self.guest.memory_bytes > self.memory_cap_bytes:
+        if self.guest.memory_bytes > self.memory_cap_bytes:
             self.refused = (
                 f"guest needs {self.guest.memory_bytes} bytes, over memory_cap_bytes={self.memory_cap_bytes}"
             )
-        else:
-            return
-        self.evict()
+            self.evict()
 
 
 def _quantile(values: deque[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
-
-def _usable_cpus() -> float:
-    """CPUs this process may use: its affinity, capped by a cgroup v2 quota if there is one."""
-    cpus = float(len(os.sched_getaffinity(0)))
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if quota != "max":
-            cpus = min(cpus, int(quota) / int(period))
-    except (OSError, ValueError):
-        pass
-    return cpus
-
-
-def _no_idle_cores(device: torch.device, host_ranks: int) -> str | None:
-    """Why a CPU stage's waits are not idle cores (None if they are, and on GPUs)."""
-    if device.type != "cpu":
-        return None
-    needed, usable = host_ranks * torch.get_num_threads(), _usable_cpus()
-    if needed <= usable:
-        return None
-    return (
-        f"no idle cores: {host_ranks} ranks x {torch.get_num_threads()} threads on {usable:g} CPUs, "
-        "so a stage's waits already run other stages"
-    )

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -123,7 +124,7 @@ class InstrumentedPipelineEngine(PipelineEngine):
         """Let `executor` fill this stage's waits from the next batch on (None: only record)."""
         self.bubble_executor = executor
         if executor is not None:
-            executor.start(self.device, host_ranks=self.peer_signals.host_ranks)
+            executor.start(self.device, host=self.peer_signals)
 
     def train_batch(self, data_iter=None):
         self.bubble_recorder.begin_batch()
@@ -149,7 +150,8 @@ class InstrumentedPipelineEngine(PipelineEngine):
         fillable = is_harvestable(name, self.stage_id, self.num_stages)
         harvested = executor.harvest(slot, recorder, arrival) if executor is not None and fillable else 0.0
         begin, host_begin = recorder.mark(), time.perf_counter()
-        result = run()
+        with self.peer_signals.blocked() if category == WAIT else nullcontext():
+            result = run()
         host_end, end = time.perf_counter(), recorder.mark()
         recorder.record(name, category, begin, end, slot)
         if executor is not None:

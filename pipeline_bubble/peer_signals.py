@@ -1,35 +1,44 @@
-"""Arrival signals between the stages of a pipeline job on one host: "I have reached this exchange".
+"""What the other ranks of a pipeline job on this host are doing: where they are, and whether on a core.
 
-Why. A stage waiting for a neighbour cannot see it coming: a blocking gloo receive cannot share
-its thread with guest work, and a gloo `irecv` cannot be polled. Without a signal the executor
-must guess each window in advance, and a window varies several-fold from batch to batch on a
-busy host, so a guess either wastes most of the window or overruns it. With a signal, a stage
-running guest steps checks between steps whether its neighbour has arrived and stops at once, so
-an overrun is at most one guest step, and the neighbour's arrival time gives the exact window
-length of every exchange, harvested or not.
+Why arrivals. A stage waiting for a neighbour cannot see it coming: a blocking gloo receive
+cannot share its thread with guest work, and a gloo `irecv` cannot be polled. Without a signal
+the executor must guess each window in advance, and a window varies several-fold from batch to
+batch on a busy host, so a guess either wastes most of the window or overruns it. With a
+signal, a stage running guest steps checks between steps whether its neighbour has arrived and
+stops at once, so an overrun is at most one guest step, and the neighbour's arrival time gives
+the exact window length of every exchange, harvested or not.
+
+Why cores. On CPU a stage's wait is idle hardware only while the host has a core that no rank
+of the job is using; when there are more ranks than cores, the waiting stage's core is running
+another stage. So each rank also shows whether its thread is on a core (everywhere but inside a
+blocking exchange), and a CPU guest step starts only if it leaves the job's ranks their cores.
 
 How. Each rank owns a small shared-memory page (a file in `/dev/shm`, which is never shared
-between hosts) in which it stamps the
-time (`time.monotonic`, one clock for all processes of a host) at which it enters each send of
-activations, each send of gradients and the loss broadcast; it counts them from the moment it
-was instrumented. A receive is matched to its send by count: the n-th `RecvGrad` of stage s is
-the n-th `SendGrad` of stage s+1. The pages are exchanged once (`connect`, a collective on the
-default process group); a neighbour whose page cannot be opened here, because it runs on
-another host (or a host has no `/dev/shm`), sends no signals, and the executor falls back to
-predicting that exchange's windows.
+between hosts). It holds the threads the rank has on a core (0 while it is blocked in an
+exchange) and the time (`time.monotonic`, one clock for all processes of a host) at which it
+entered each send of activations, each send of gradients and the loss broadcast, counted from
+the moment it was instrumented. A receive is matched to its send by count: the n-th `RecvGrad`
+of stage s is the n-th `SendGrad` of stage s+1. The pages are exchanged once (the constructor is
+a collective on the default process group); a rank whose page cannot be opened here, because it
+runs on another host (or a host has no `/dev/shm`), sends no signals, and the executor falls
+back to predicting the windows of exchanges with it.
 
-A page is a sequence of float64: per kind, the count of announcements, then a ring of the last
-`_RING` stamps. The owner writes the stamp before the count, so a reader that sees the count
-sees the stamp (x86 keeps stores in order; elsewhere a torn read can only misjudge one window).
+A page is a sequence of float64: the rank's threads on a core, then per kind the count of
+announcements and a ring of the last `_RING` stamps. The owner writes a stamp before its count,
+so a reader that sees the count sees the stamp (x86 keeps stores in order; elsewhere a torn read
+can only misjudge one window).
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import secrets
 import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +50,9 @@ ANNOUNCED = ("SendActivation", "SendGrad", "LossBroadcast")
 #: Stamps kept per kind; a sender is never more than one exchange ahead of its receiver.
 _RING = 64
 _KIND_SIZE = 1 + _RING
-_PAGE_BYTES = 8 * len(ANNOUNCED) * _KIND_SIZE
+_ON_CORE = 0  # where a page holds its rank's threads on a core
+_KINDS = 1  # where its announcements start
+_PAGE_BYTES = 8 * (_KINDS + len(ANNOUNCED) * _KIND_SIZE)
 _PAGE_DIR = Path("/dev/shm")
 
 
@@ -58,15 +69,23 @@ class _Page:
             os.close(fd)
         self.values = memoryview(self._map).cast("d")
 
+    @property
+    def on_core(self) -> float:
+        return self.values[_ON_CORE]
+
+    @on_core.setter
+    def on_core(self, threads: float) -> None:
+        self.values[_ON_CORE] = threads
+
     def count(self, kind: int) -> int:
-        return int(self.values[kind * _KIND_SIZE])
+        return int(self.values[_KINDS + kind * _KIND_SIZE])
 
     def stamp(self, kind: int, number: int) -> float:
         """When the `number`-th (1-based) announcement of `kind` was made."""
-        return self.values[kind * _KIND_SIZE + 1 + (number - 1) % _RING]
+        return self.values[_KINDS + kind * _KIND_SIZE + 1 + (number - 1) % _RING]
 
     def announce(self, kind: int, now: float) -> None:
-        base = kind * _KIND_SIZE
+        base = _KINDS + kind * _KIND_SIZE
         number = int(self.values[base]) + 1
         self.values[base + 1 + (number - 1) % _RING] = now
         self.values[base] = number
@@ -91,16 +110,16 @@ class PeerArrival:
 
 
 class PeerSignals:
-    """This rank's page and its pipeline neighbours' pages, as seen from one engine.
+    """This rank's page and the pages of the job's other ranks on this host, as seen from one engine.
 
     `enter(name)` is called as the engine enters each blocking instruction: for a send (and the
     loss broadcast on all but the last stage) it announces the arrival; for a receive (and the
     loss broadcast on the last stage) it returns the `PeerArrival` to watch, or None when a
-    neighbour it waits for is on another host.
+    neighbour it waits for is on another host. The instruction itself runs inside `blocked()`.
     """
 
     def __init__(self, engine, *, synchronize_cuda: bool = False):
-        """Create this rank's page and open its neighbours'. A collective: every rank calls it.
+        """Create this rank's page and open the others' here. A collective: every rank calls it.
 
         `synchronize_cuda`: the job stages CUDA tensors through the host (gloo), so a stage is
         at a send only once its kernels are done; the announcement then waits for them too.
@@ -114,18 +133,17 @@ class PeerSignals:
         if _PAGE_DIR.is_dir() and os.access(_PAGE_DIR, os.W_OK):
             path = str(_PAGE_DIR / f"hpo-bubble-signals-{secrets.token_hex(8)}")
             self._own = _Page(Path(path), create=True)
+            self._own.on_core = torch.get_num_threads()
             self._finalizer = weakref.finalize(self, Path(path).unlink, missing_ok=True)
         everyone: list[str | None] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, path)
-        #: The job's ranks on this host (their pages are here), this one included.
-        self.host_ranks = sum(1 for path in everyone if path is not None and Path(path).exists())
-        if self._own is None:
-            self.host_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        self._peers: dict[int, _Page] = {}
-        for stage in range(self._stages):
-            rank = self._stage_rank(stage)
-            if stage != self._stage and everyone[rank] is not None and Path(everyone[rank]).exists():
-                self._peers[rank] = _Page(Path(everyone[rank]), create=False)
+        #: The other ranks' pages that are on this host, by global rank.
+        self._peers = {
+            rank: _Page(Path(other), create=False)
+            for rank, other in enumerate(everyone)
+            if other is not None and other != path and Path(other).exists()
+        }
+        self._cpus = usable_cpus()
 
     def enter(self, name: str) -> PeerArrival | None:
         if name == "SendActivation" or name == "SendGrad" or (name == "LossBroadcast" and not self._last):
@@ -143,6 +161,26 @@ class PeerSignals:
             return self._arrival([s for s in range(self._stages) if s != self._stage], ANNOUNCED.index(name))
         return None
 
+    @contextmanager
+    def blocked(self) -> Iterator[None]:
+        """Shows the other ranks that this one is off its core while it waits in an exchange."""
+        if self._own is None:
+            yield
+            return
+        threads = self._own.on_core
+        self._own.on_core = 0
+        try:
+            yield
+        finally:
+            self._own.on_core = threads
+
+    def spare_cores(self) -> float:
+        """This host's CPUs less the threads the job's ranks here have on a core (this one's included);
+        negative when a guest step would take a core from the job. Unknown without pages: inf."""
+        if self._own is None:
+            return math.inf
+        return self._cpus - self._own.on_core - sum(page.on_core for page in self._peers.values())
+
     @property
     def _last(self) -> bool:
         return self._stage == self._stages - 1
@@ -158,3 +196,15 @@ class PeerSignals:
         """Remove this rank's page (also done when the object is collected or the process exits)."""
         if self._own is not None:
             self._finalizer()
+
+
+def usable_cpus() -> float:
+    """CPUs this process may use: its affinity, capped by a cgroup v2 quota if there is one."""
+    cpus = float(len(os.sched_getaffinity(0)))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cpus = min(cpus, int(quota) / int(period))
+    except (OSError, ValueError):
+        pass
+    return cpus

@@ -240,10 +240,22 @@ def test_a_signalled_slot_stops_its_guest_once_the_neighbour_arrives():
     assert 0.02 <= used <= 0.02 + 0.004 + 0.003, f"ran {used * 1e3:.1f} ms past a 20 ms window"
 
 
-def test_a_cpu_host_without_idle_cores_refuses_guests():
-    executor = BubbleExecutor(_SleepGuest(0.0))
-    executor.start("cpu", host_ranks=10**4)
-    assert executor.guest is None and "no idle cores" in executor.refused
+def test_a_cpu_guest_waits_while_every_core_runs_the_job():
+    class Host:
+        spare = -1.0
+
+        def spare_cores(self):
+            return self.spare
+
+    host = Host()
+    executor = BubbleExecutor(_SleepGuest(0.001), profile_steps=2)
+    executor.start("cpu", host=host)
+    executor.begin_batch()  # warm-up
+    _signalled(executor, slot=0, window_s=0.02)
+    executor.begin_batch()
+    assert executor.harvest(0, _Recorder(), _Arrival(0.02)) == 0.0, "a step took a core from the job"
+    host.spare = 0.0
+    assert executor.harvest(0, _Recorder(), _Arrival(0.02)) > 0.0
 
 
 def test_guest_over_the_memory_cap_is_refused():
