@@ -262,10 +262,11 @@ def summarize_ab(results: list[dict[str, Any]], skip: int = 1) -> dict[str, Any]
     bubble = sum(b.total(WAIT) for t in base for b in t.measured(skip))
     harvestable = sum(
         i.duration
-        for t in base
+        for t, r in zip(base, results)
         for b in t.measured(skip)
         for i in b.intervals
-        if i.category == WAIT and is_harvestable(i.name, t.stage, t.stages)
+        if i.category == WAIT
+        and (i.slot in r["harvest"]["signalled_slots"] or is_harvestable(i.name, t.stage, t.stages))
     )
     guest = sum(b.total(GUEST) for t in harv for b in t.measured(skip))
     wall = sum(b.span for b in harv[0].measured(skip))
@@ -285,7 +286,7 @@ def summarize_ab(results: list[dict[str, Any]], skip: int = 1) -> dict[str, Any]
         "batch_time_harvested_s": harv_summary["median_batch_time_s"],
         "slowdown": _paired_slowdown(base, harv, skip),
         "harvested_fraction": guest / bubble if bubble > 0 else 0.0,
-        # Share of the bubble in waits a guest may fill (receives; the last stage's loss broadcast).
+        # Share of the bubble in waits a guest may fill (all with arrival signals; else receives).
         "harvestable_fraction": harvestable / bubble if bubble > 0 else 0.0,
         "guest_samples_per_s": guest_steps * (sum(samples_per_step) / len(samples_per_step)) / wall if wall else 0.0,
         "guest_steps": sum(r["harvest"]["steps"] for r in results),

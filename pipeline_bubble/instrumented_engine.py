@@ -16,8 +16,9 @@ Every blocking instruction also goes through the engine's `PeerSignals`: a stage
 its arrival at sends, and learns when the neighbour it receives from arrives (same host).
 Connecting them is a collective, so `instrument` must be called on every rank.
 
-Before every receive (and, on the last stage, the loss broadcast) the attached `BubbleExecutor`
-(if any) may run guest steps; see `HARVESTABLE` for why sends are left alone.
+Before every blocking instruction whose other side signals its arrival (before every receive,
+and the last stage's loss broadcast, where it does not; see `HARVESTABLE`) the attached
+`BubbleExecutor` (if any) may run guest steps.
 
 Example::
 
@@ -47,17 +48,19 @@ from pipeline_bubble.timeline import COMPUTE, WAIT, BatchRecord, Interval, Stage
 
 #: Instructions that block on a neighbour stage (gloo send/recv are rendezvous: both sides wait).
 BLOCKING_INSTRUCTIONS = (schedule.SendActivation, schedule.RecvActivation, schedule.SendGrad, schedule.RecvGrad)
-#: Waits a guest may fill: the receiving side of each exchange only. A gloo exchange completes
-#: when both sides have arrived, so a quantum on either side delays the other; giving every
-#: exchange one owner (the side that waits for data) keeps two guests from stretching the same
-#: exchange from both ends, and a blocked send is rare and short (its receiver is computing).
+#: Waits a guest may fill when the other side sends no arrival signal (another host): the
+#: receiving side of each exchange only. A gloo exchange completes when both sides have
+#: arrived, so a quantum on either side delays the other; giving every exchange one owner (the
+#: side that waits for data) keeps two guests from stretching the same exchange from both ends.
+#: With signals every wait is fillable: the side that arrives first fills it, the other finds
+#: it ready.
 HARVESTABLE = ("RecvActivation", "RecvGrad")
 #: The loss broadcast is filled on its source, the last stage, which waits there for the others.
 LOSS_BROADCAST = "LossBroadcast"
 
 
 def is_harvestable(name: str, stage: int, stages: int) -> bool:
-    """Whether a guest may fill the wait of instruction `name` on `stage` (see `HARVESTABLE`)."""
+    """Whether a guest may fill the wait of instruction `name` on `stage` without signals (see `HARVESTABLE`)."""
     return name in HARVESTABLE or (name == LOSS_BROADCAST and stage == stages - 1)
 
 
@@ -147,7 +150,7 @@ class InstrumentedPipelineEngine(PipelineEngine):
         slot = recorder.next_slot()
         arrival = self.peer_signals.enter(name) if category == WAIT else None
         executor = self.bubble_executor if category == WAIT else None
-        fillable = is_harvestable(name, self.stage_id, self.num_stages)
+        fillable = arrival is not None or is_harvestable(name, self.stage_id, self.num_stages)
         harvested = executor.harvest(slot, recorder, arrival) if executor is not None and fillable else 0.0
         begin, host_begin = recorder.mark(), time.perf_counter()
         with self.peer_signals.blocked() if category == WAIT else nullcontext():

@@ -1,12 +1,14 @@
 """What the other ranks of a pipeline job on this host are doing: where they are, and whether on a core.
 
-Why arrivals. A stage waiting for a neighbour cannot see it coming: a blocking gloo receive
+Why arrivals. A stage waiting in an exchange cannot see its neighbour coming: a blocking gloo receive
 cannot share its thread with guest work, and a gloo `irecv` cannot be polled. Without a signal
 the executor must guess each window in advance, and a window varies several-fold from batch to
 batch on a busy host, so a guess either wastes most of the window or overruns it. With a
 signal, a stage running guest steps checks between steps whether its neighbour has arrived and
 stops at once, so an overrun is at most one guest step, and the neighbour's arrival time gives
-the exact window length of every exchange, harvested or not.
+the exact window length of every exchange, harvested or not. Since both sides of an exchange
+signal, whichever arrives first fills the wait and the other finds it ready: sends fill their
+waits as well as receives, and no exchange is stretched from both ends.
 
 Why cores. On CPU a stage's wait is idle hardware only while the host has a core that no rank
 of the job is using; when there are more ranks than cores, the waiting stage's core is running
@@ -16,9 +18,10 @@ blocking exchange), and a CPU guest step starts only if it leaves the job's rank
 How. Each rank owns a small shared-memory page (a file in `/dev/shm`, which is never shared
 between hosts). It holds the threads the rank has on a core (0 while it is blocked in an
 exchange) and the time (`time.monotonic`, one clock for all processes of a host) at which it
-entered each send of activations, each send of gradients and the loss broadcast, counted from
-the moment it was instrumented. A receive is matched to its send by count: the n-th `RecvGrad`
-of stage s is the n-th `SendGrad` of stage s+1. The pages are exchanged once (the constructor is
+entered each blocking instruction (sends and receives of activations and gradients, the loss
+broadcast), counted from the moment it was instrumented. An instruction is matched to its
+counterpart by count: the n-th `RecvGrad` of stage s waits for the n-th `SendGrad` of stage
+s+1, and that send for this receive. The pages are exchanged once (the constructor is
 a collective on the default process group); a rank whose page cannot be opened here, because it
 runs on another host (or a host has no `/dev/shm`), sends no signals, and the executor falls
 back to predicting the windows of exchanges with it.
@@ -45,8 +48,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-#: What a stage announces as it enters the call, in page order.
-ANNOUNCED = ("SendActivation", "SendGrad", "LossBroadcast")
+#: The blocking instructions a stage announces as it enters them, in page order.
+ANNOUNCED = ("SendActivation", "RecvActivation", "SendGrad", "RecvGrad", "LossBroadcast")
+#: Each exchange's other side: (stage offset, its instruction); the loss broadcast is apart.
+_COUNTERPART = {
+    "SendActivation": (1, "RecvActivation"),
+    "RecvActivation": (-1, "SendActivation"),
+    "SendGrad": (-1, "RecvGrad"),
+    "RecvGrad": (1, "SendGrad"),
+}
 #: Stamps kept per kind; a sender is never more than one exchange ahead of its receiver.
 _RING = 64
 _KIND_SIZE = 1 + _RING
@@ -112,22 +122,21 @@ class PeerArrival:
 class PeerSignals:
     """This rank's page and the pages of the job's other ranks on this host, as seen from one engine.
 
-    `enter(name)` is called as the engine enters each blocking instruction: for a send (and the
-    loss broadcast on all but the last stage) it announces the arrival; for a receive (and the
-    loss broadcast on the last stage) it returns the `PeerArrival` to watch, or None when a
-    neighbour it waits for is on another host. The instruction itself runs inside `blocked()`.
+    `enter(name)` is called as the engine enters each blocking instruction: it announces the
+    arrival and returns the `PeerArrival` of the other side to watch, or None when that side is
+    on another host. The instruction itself runs inside `blocked()`.
     """
 
     def __init__(self, engine, *, synchronize_cuda: bool = False):
         """Create this rank's page and open the others' here. A collective: every rank calls it.
 
         `synchronize_cuda`: the job stages CUDA tensors through the host (gloo), so a stage is
-        at a send only once its kernels are done; the announcement then waits for them too.
+        at a send only once its kernels are done; announcing a send then waits for them too.
         """
         self._stage, self._stages = engine.stage_id, engine.num_stages
         self._stage_rank = engine.grid.stage_to_global
         self.synchronize_cuda = synchronize_cuda
-        self._expected = [0] * len(ANNOUNCED)
+        self._entered = [0] * len(ANNOUNCED)
         self._own: _Page | None = None
         path: str | None = None
         if _PAGE_DIR.is_dir() and os.access(_PAGE_DIR, os.W_OK):
@@ -146,20 +155,26 @@ class PeerSignals:
         self._cpus = usable_cpus()
 
     def enter(self, name: str) -> PeerArrival | None:
-        if name == "SendActivation" or name == "SendGrad" or (name == "LossBroadcast" and not self._last):
-            if self._own is None:
-                return None
-            if self.synchronize_cuda:  # free: the host-staged send waits for the kernels anyway
-                torch.cuda.current_stream().synchronize()
-            self._own.announce(ANNOUNCED.index(name), time.monotonic())
+        if name not in ANNOUNCED:
             return None
-        if name == "RecvActivation":
-            return self._arrival([self._stage - 1], ANNOUNCED.index("SendActivation"))
-        if name == "RecvGrad":
-            return self._arrival([self._stage + 1], ANNOUNCED.index("SendGrad"))
-        if name == "LossBroadcast":
-            return self._arrival([s for s in range(self._stages) if s != self._stage], ANNOUNCED.index(name))
-        return None
+        kind = ANNOUNCED.index(name)
+        self._entered[kind] += 1
+        if self._own is None:
+            return None
+        sends = name.startswith("Send") or (name == "LossBroadcast" and self._last)
+        if sends and self.synchronize_cuda:  # free: the host-staged send waits for the kernels anyway
+            torch.cuda.current_stream().synchronize()
+        self._own.announce(kind, time.monotonic())
+        if name == "LossBroadcast":  # the last stage sends it to all the others
+            stages = [s for s in range(self._stages) if s != self._stage] if self._last else [self._stages - 1]
+            other = name
+        else:
+            offset, other = _COUNTERPART[name]
+            stages = [self._stage + offset]
+        ranks = [self._stage_rank(s) for s in stages]
+        if any(rank not in self._peers for rank in ranks):
+            return None
+        return PeerArrival([self._peers[rank] for rank in ranks], ANNOUNCED.index(other), self._entered[kind])
 
     @contextmanager
     def blocked(self) -> Iterator[None]:
@@ -184,13 +199,6 @@ class PeerSignals:
     @property
     def _last(self) -> bool:
         return self._stage == self._stages - 1
-
-    def _arrival(self, stages: list[int], kind: int) -> PeerArrival | None:
-        self._expected[kind] += 1
-        ranks = [self._stage_rank(s) for s in stages]
-        if any(rank not in self._peers for rank in ranks):
-            return None
-        return PeerArrival([self._peers[rank] for rank in ranks], kind, self._expected[kind])
 
     def close(self) -> None:
         """Remove this rank's page (also done when the object is collected or the process exits)."""
