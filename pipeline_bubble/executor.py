@@ -37,7 +37,7 @@ observation batch.
 Idle cores. On CPU a stage's wait is idle hardware only while the host has a core that no rank
 of the job is using; with more ranks than cores the waiting stage's core is running another
 stage, and a guest would take it from the job (+30-45% measured with 4 ranks on 2 cores). So on
-CPU a guest step starts only while `host.spare_cores()` (see `peer_signals`) is not negative.
+CPU a guest step starts only while `host.core_free()` (see `peer_signals`).
 
 Safety. Guest steps run under `torch.random.fork_rng`, so the host job's RNG stream is never
 advanced; a guest whose footprint exceeds `memory_cap_bytes` is refused; on CUDA its kernels go
@@ -76,7 +76,7 @@ _STEP_QUANTILE = 0.75
 
 
 class _Host(Protocol):
-    def spare_cores(self) -> float: ...
+    def core_free(self) -> bool: ...
 
 
 class _Recorder(Protocol):
@@ -294,7 +294,7 @@ class BubbleExecutor:
                 break
             if (arrival is not None and arrival.arrived()) or not self._guest_ready():
                 break
-            if self._host is not None and self._host.spare_cores() < 0:
+            if self._host is not None and not self._host.core_free():
                 self.stats.no_core += 1
                 break
             if self._device.type == "cuda" and torch.cuda.mem_get_info(self._device)[0] < self.guest.memory_bytes:

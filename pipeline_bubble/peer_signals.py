@@ -13,7 +13,9 @@ waits as well as receives, and no exchange is stretched from both ends.
 Why cores. On CPU a stage's wait is idle hardware only while the host has a core that no rank
 of the job is using; when there are more ranks than cores, the waiting stage's core is running
 another stage. So each rank also shows whether its thread is on a core (everywhere but inside a
-blocking exchange), and a CPU guest step starts only if it leaves the job's ranks their cores.
+blocking exchange), and a CPU guest step starts only if it leaves the job's ranks their cores;
+on a host with more of the job's threads than cores, only if it also leaves a core free for a
+rank that wakes up during the step.
 
 How. Each rank owns a small shared-memory page (a file in `/dev/shm`, which is never shared
 between hosts). It holds the threads the rank has on a core (0 while it is blocked in an
@@ -153,6 +155,8 @@ class PeerSignals:
             if other is not None and other != path and Path(other).exists()
         }
         self._cpus = usable_cpus()
+        #: Every rank's page shows its threads now: they are all in the collective above.
+        self._oversubscribed = self._own is not None and self._busy() > self._cpus
 
     def enter(self, name: str) -> PeerArrival | None:
         if name not in ANNOUNCED:
@@ -189,12 +193,18 @@ class PeerSignals:
         finally:
             self._own.on_core = threads
 
-    def spare_cores(self) -> float:
-        """This host's CPUs less the threads the job's ranks here have on a core (this one's included);
-        negative when a guest step would take a core from the job. Unknown without pages: inf."""
+    def core_free(self) -> bool:
+        """Whether a guest step on this rank's core takes no core from the job (see the module doc).
+
+        True where the pages are missing: without them nothing is known."""
         if self._own is None:
-            return math.inf
-        return self._cpus - self._own.on_core - sum(page.on_core for page in self._peers.values())
+            return True
+        headroom = self._own.on_core if self._oversubscribed else 0.0
+        return self._busy() + headroom <= self._cpus
+
+    def _busy(self) -> float:
+        """Threads the job's ranks on this host have on a core, this one's included."""
+        return self._own.on_core + sum(page.on_core for page in self._peers.values())
 
     @property
     def _last(self) -> bool:

@@ -242,10 +242,10 @@ def test_a_signalled_slot_stops_its_guest_once_the_neighbour_arrives():
 
 def test_a_cpu_guest_waits_while_every_core_runs_the_job():
     class Host:
-        spare = -1.0
+        free = False
 
-        def spare_cores(self):
-            return self.spare
+        def core_free(self):
+            return self.free
 
     host = Host()
     executor = BubbleExecutor(_SleepGuest(0.001), profile_steps=2)
@@ -254,7 +254,7 @@ def test_a_cpu_guest_waits_while_every_core_runs_the_job():
     _signalled(executor, slot=0, window_s=0.02)
     executor.begin_batch()
     assert executor.harvest(0, _Recorder(), _Arrival(0.02)) == 0.0, "a step took a core from the job"
-    host.spare = 0.0
+    host.free = True
     assert executor.harvest(0, _Recorder(), _Arrival(0.02)) > 0.0
 
 
