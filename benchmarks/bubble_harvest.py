@@ -4,7 +4,9 @@ For each (stages p, micro-batches m) a real p-process DeepSpeed pipeline job (gl
 reference MLP twice in the same processes, batch by batch in turn: without a guest and with a
 guest in its bubbles (see `pipeline_bubble.abtest`). Reported per point:
 
-- theory_fraction (p-1)/(m+p-1) and measured_fraction (mean over stages of wait time / batch time);
+- theory_fraction (p-1)/(m+p-1) and measured_fraction (mean over stages of wait time / batch time),
+  next to theory_fraction_measured_stages: the same theory for the stages' measured compute times
+  (stages are rarely equal: the first computes no input gradients, the last has head and loss);
 - slowdown: median over batch pairs of (batch time with harvesting / without) - 1;
 - harvested_fraction: guest step time / bubble time of the run without a guest, next to
   harvestable_fraction, the share of that bubble in waits the executor may fill at all;
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 plot_gantt(timelines, args.out / f"gantt_p{stages}_m{micro_batches}_{run}.png", title=run)
         print(
             f"p={stages} m={micro_batches:>2} {row['device']}: bubble theory {row['theory_fraction']:.3f} "
+            f"({row['theory_fraction_measured_stages']:.3f} for the stage times) "
             f"measured {row['measured_fraction']:.3f} | harvested {row['harvested_fraction']:.1%} of it "
             f"({row['harvestable_fraction']:.0%} harvestable), "
             f"slowdown {row['slowdown']:+.1%}, {row['guest_samples_per_s']:.0f} guest samples/s | "

@@ -280,6 +280,7 @@ def summarize_ab(results: list[dict[str, Any]], skip: int = 1) -> dict[str, Any]
         "micro_batches": first.micro_batches,
         "device": first.device,
         "theory_fraction": theoretical_bubble_fraction(first.stages, first.micro_batches),
+        "theory_fraction_measured_stages": base_summary["theory_fraction_measured_stages"],
         "measured_fraction": base_summary["measured_fraction"],
         "measured_fraction_per_stage": base_summary["measured_fraction_per_stage"],
         "batch_time_s": base_summary["median_batch_time_s"],

@@ -6,7 +6,9 @@ on GPU the intervals come from CUDA events, anchored to the host clock at the ba
 
 The bubble fraction of a stage is the share of its batch span spent waiting on its neighbours
 (blocking send/recv of activations and gradients, and the wait in the loss broadcast after the
-schedule). The theory for the 1F1B schedule DeepSpeed uses is (p-1)/(m+p-1).
+schedule). The theory for the 1F1B schedule DeepSpeed uses is (p-1)/(m+p-1), for stages that
+take equal time; real stages rarely do (the first computes no input gradients, the last carries
+the head and the loss), so the summary also gives the same theory for the measured stage times.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from statistics import median
 
 COMPUTE = "compute"
+_PASSES = ("ForwardPass", "BackwardPass")  # DeepSpeed's schedule instructions that compute a micro-batch
 WAIT = "wait"
 GUEST = "guest"
 
@@ -26,6 +29,18 @@ def theoretical_bubble_fraction(stages: int, micro_batches: int) -> float:
     if stages < 1 or micro_batches < 1:
         raise ValueError(f"stages and micro_batches must be >= 1, got {stages}, {micro_batches}")
     return (stages - 1) / (micro_batches + stages - 1)
+
+
+def stage_bubble_fractions(stage_times: list[float], micro_batches: int) -> list[float]:
+    """Idle share of each stage of a 1F1B pipeline whose stage s computes `stage_times[s]` per micro-batch.
+
+    The slowest stage sets the pace: a batch lasts m micro-batches of it, plus one of every other
+    stage (the first micro-batch's way down and back, the last one's way out). Equal times give
+    `theoretical_bubble_fraction`; communication and the optimizer step are left out.
+    """
+    slowest = max(stage_times)
+    batch = micro_batches * slowest + sum(stage_times) - slowest
+    return [1 - micro_batches * t / batch for t in stage_times]
 
 
 @dataclass
@@ -81,6 +96,12 @@ class StageTimeline:
         idle = sum(b.total(WAIT) + b.total(GUEST) for b in batches)
         return idle / span if span > 0 else 0.0
 
+    def micro_batch_compute(self, skip: int = 1) -> float:
+        """Mean forward plus backward time of one micro-batch on this stage."""
+        batches = self.measured(skip)
+        passes = sum(i.duration for b in batches for i in b.intervals if i.name in _PASSES)
+        return passes / (len(batches) * self.micro_batches) if batches else 0.0
+
     def median_batch_time(self, skip: int = 1) -> float:
         return median(b.span for b in self.measured(skip))
 
@@ -113,11 +134,15 @@ def summarize(timelines: list[StageTimeline], skip: int = 1) -> dict:
     """Measured bubble fraction per stage and on average, next to the theoretical one."""
     first = timelines[0]
     per_stage = {t.stage: t.bubble_fraction(skip) for t in timelines}
+    stage_times = [t.micro_batch_compute(skip) for t in timelines]
+    measured_stages = stage_bubble_fractions(stage_times, first.micro_batches) if all(stage_times) else None
     return {
         "stages": first.stages,
         "micro_batches": first.micro_batches,
         "device": first.device,
         "theory_fraction": theoretical_bubble_fraction(first.stages, first.micro_batches),
+        # The same theory for the stages' measured forward + backward times (None if unmeasured).
+        "theory_fraction_measured_stages": sum(measured_stages) / len(measured_stages) if measured_stages else None,
         "measured_fraction": sum(per_stage.values()) / len(per_stage),
         "measured_fraction_per_stage": per_stage,
         "median_batch_time_s": max(t.median_batch_time(skip) for t in timelines),

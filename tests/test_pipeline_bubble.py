@@ -23,7 +23,7 @@ from pipeline_bubble.guests import GuestGroup
 from pipeline_bubble.launch import launch
 from pipeline_bubble.plots import plot_gantt
 from pipeline_bubble.timeline import GUEST, WAIT, StageTimeline, load_timelines, save_timelines
-from pipeline_bubble.timeline import theoretical_bubble_fraction
+from pipeline_bubble.timeline import stage_bubble_fractions, theoretical_bubble_fraction
 
 BATCHES = 9
 EVICT_AFTER = 7
@@ -60,7 +60,9 @@ def test_every_stage_has_measured_bubble_windows(job, tmp_path):
         assert 0 < timeline.bubble_fraction() < 1
     save_timelines(_timelines(job, "harvested"), tmp_path / "timeline.json")
     assert [t.stage for t in load_timelines(tmp_path / "timeline.json")] == [0, 1]
-    assert json.loads((tmp_path / "timeline.json").read_text())["summary"]["theory_fraction"] == pytest.approx(0.2)
+    summary = json.loads((tmp_path / "timeline.json").read_text())["summary"]
+    assert summary["theory_fraction"] == pytest.approx(0.2)
+    assert 0 < summary["theory_fraction_measured_stages"] < 1
     plot_gantt(_timelines(job, "harvested"), tmp_path / "gantt.png")
     assert (tmp_path / "gantt.png").stat().st_size > 0
 
@@ -288,6 +290,12 @@ def test_theoretical_bubble_fraction():
     assert theoretical_bubble_fraction(1, 8) == 0.0
     with pytest.raises(ValueError, match="micro_batches"):
         theoretical_bubble_fraction(2, 0)
+
+
+def test_unequal_stages_leave_the_faster_ones_idle_in_the_steady_state_too():
+    assert stage_bubble_fractions([1.0] * 4, 8) == pytest.approx([3 / 11] * 4)
+    # m=4, the second stage twice as slow: a batch is 4 x 2 + 1 = 9, so the first idles 1 - 4/9
+    assert stage_bubble_fractions([1.0, 2.0], 4) == pytest.approx([5 / 9, 1 / 9])
 
 
 def test_sweep_configs_become_one_fused_guest_per_stage_with_per_trial_rows():
