@@ -26,7 +26,8 @@ counterpart by count: the n-th `RecvGrad` of stage s waits for the n-th `SendGra
 s+1, and that send for this receive. The pages are exchanged once (the constructor is
 a collective on the default process group); a rank whose page cannot be opened here, because it
 runs on another host (or a host has no `/dev/shm`), sends no signals, and the executor falls
-back to predicting the windows of exchanges with it.
+back to predicting the windows of exchanges with it. Once every rank has mapped the pages it
+reads, the files are removed (the mappings stay), so a killed rank leaves nothing behind.
 
 A page is a sequence of float64: the rank's threads on a core, then per kind the count of
 announcements and a ring of the last `_RING` stamps. The owner writes a stamp before its count,
@@ -41,7 +42,6 @@ import mmap
 import os
 import secrets
 import time
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -145,7 +145,6 @@ class PeerSignals:
             path = str(_PAGE_DIR / f"hpo-bubble-signals-{secrets.token_hex(8)}")
             self._own = _Page(Path(path), create=True)
             self._own.on_core = torch.get_num_threads()
-            self._finalizer = weakref.finalize(self, Path(path).unlink, missing_ok=True)
         everyone: list[str | None] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, path)
         #: The other ranks' pages that are on this host, by global rank.
@@ -154,6 +153,9 @@ class PeerSignals:
             for rank, other in enumerate(everyone)
             if other is not None and other != path and Path(other).exists()
         }
+        dist.barrier()  # every page is mapped by all its readers: the file is no longer needed
+        if path is not None:
+            Path(path).unlink()
         self._cpus = usable_cpus()
         #: Every rank's page shows its threads now: they are all in the collective above.
         self._oversubscribed = self._own is not None and self._busy() > self._cpus
@@ -209,11 +211,6 @@ class PeerSignals:
     @property
     def _last(self) -> bool:
         return self._stage == self._stages - 1
-
-    def close(self) -> None:
-        """Remove this rank's page (also done when the object is collected or the process exits)."""
-        if self._own is not None:
-            self._finalizer()
 
 
 def usable_cpus() -> float:
