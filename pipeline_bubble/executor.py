@@ -36,7 +36,7 @@ observation batch.
 
 Idle cores. On CPU a stage's wait is idle hardware only while the host has a core that no rank
 of the job is using; with more ranks than cores the waiting stage's core is running another
-stage, and a guest would take it from the job (+30-45% measured with 4 ranks on 2 cores). So on
+stage, and a guest would take it from the job (+22-45% measured with 4 ranks on 2 cores). So on
 CPU a guest step starts only while `host.core_free()` (see `peer_signals`).
 
 Safety. Guest steps run under `torch.random.fork_rng`, so the host job's RNG stream is never
