@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from pipeline_bubble.guests import GuestWork, TorchGuest, workload_guest
-from pipeline_bubble.timeline import GUEST, WAIT, StageTimeline, summarize, theoretical_bubble_fraction
+from pipeline_bubble.timeline import GUEST, WAIT, StageTimeline, summarize
 
 GuestFactory = Callable[[int, torch.device], GuestWork]
 
@@ -279,7 +279,7 @@ def summarize_ab(results: list[dict[str, Any]], skip: int = 1) -> dict[str, Any]
         "stages": first.stages,
         "micro_batches": first.micro_batches,
         "device": first.device,
-        "theory_fraction": theoretical_bubble_fraction(first.stages, first.micro_batches),
+        "theory_fraction": base_summary["theory_fraction"],
         "theory_fraction_measured_stages": base_summary["theory_fraction_measured_stages"],
         "measured_fraction": base_summary["measured_fraction"],
         "measured_fraction_per_stage": base_summary["measured_fraction_per_stage"],

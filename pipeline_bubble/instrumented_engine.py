@@ -12,13 +12,13 @@ extension points:
 - `train_batch`: opens and closes one batch record around DeepSpeed's own `train_batch`;
 - `_aggregate_total_loss`: timed as the "LossBroadcast" wait (the last stage waits there).
 
-Every blocking instruction also goes through the engine's `PeerSignals`: a stage announces
-its arrival at sends, and learns when the neighbour it receives from arrives (same host).
+Every blocking instruction also goes through the engine's `PeerSignals`: the stage announces
+that it has arrived there and learns when the other side of the exchange arrives (same host).
 Connecting them is a collective, so `instrument` must be called on every rank.
 
-Before every blocking instruction whose other side signals its arrival (before every receive,
-and the last stage's loss broadcast, where it does not; see `HARVESTABLE`) the attached
-`BubbleExecutor` (if any) may run guest steps.
+Before every blocking instruction whose other side signals its arrival, the attached
+`BubbleExecutor` (if any) may run guest steps; where it does not (another host), only before
+receives and the last stage's loss broadcast (see `HARVESTABLE`).
 
 Example::
 

@@ -19,9 +19,9 @@ from pathlib import Path
 from statistics import median
 
 COMPUTE = "compute"
-_PASSES = ("ForwardPass", "BackwardPass")  # DeepSpeed's schedule instructions that compute a micro-batch
 WAIT = "wait"
 GUEST = "guest"
+_PASSES = ("ForwardPass", "BackwardPass")  # DeepSpeed's schedule instructions that compute a micro-batch
 
 
 def theoretical_bubble_fraction(stages: int, micro_batches: int) -> float:
