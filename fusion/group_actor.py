@@ -2,9 +2,10 @@
 
 Each member of the group is still an ordinary Tune trial (its own config, metrics, checkpoint and
 results row); the trial only fetches its results from the group's actor. An iteration runs when
-every current member has fetched the previous one (or left), so the group never races ahead of
-the trials Tune is still judging, and a member that ASHA stops, or that diverges, is dropped from
-the group (its parameters and optimizer state repacked away) before the next iteration.
+every current member has fetched the previous one (or left), so the group trains at most one
+iteration ahead of the results Tune is judging: a member that ASHA stops is dropped from the group
+(its parameters and optimizer state repacked away) before the iteration after next, and one that
+diverges before the next.
 
 `MemberRelay` is that member-facing half on its own: where a group's results wait for their
 trials, whoever trains the group (`FusedGroup` here; `pipeline_bubble.bubble_pool.BubbleGroup`

@@ -16,10 +16,8 @@ from hpo.sweep import build_tuner, load_sweep
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 LRS = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
-#: LRS from best to worst val_loss after one iteration. ASHA never stops the first result at a
-#: rung, so results arriving worst-first (the grid's own order, for LRS) would stop nobody;
-#: grid order best-first makes every order members are likely to report in stop someone.
-LRS_BEST_FIRST = [3e-2, 1e-1, 1e-2, 3e-1, 3e-3, 1e-3]
+#: The best of LRS after one iteration (seed 0, width 16, the digits MLP).
+BEST_LR = 3e-2
 
 
 def sweep(tmp_path, name, fusion, lrs):
@@ -51,26 +49,49 @@ def test_fused_members_are_trials_that_train_exactly_like_unfused_ones(tmp_path)
     assert all(r.checkpoint is not None for r in fused.result_grid)
 
 
-def test_yaml_fused_sweep_with_asha_gives_one_row_per_configuration(tmp_path):
+def yaml_fused_sweep(tmp_path, scheduler: str):
     path = tmp_path / "fused.yaml"
     path.write_text(textwrap.dedent(f"""
-        name: fused_asha
+        name: fused_{scheduler}
         trainable: mlp_digits
         method: grid
         metric: {{name: val_loss, goal: minimize}}
         parameters:
-          lr: {{values: {LRS_BEST_FIRST}}}
+          lr: {{values: {LRS}}}
           width: {{value: 16}}
-        early_terminate: {{type: asha, min_iter: 1, eta: 3}}
+        early_terminate: {{type: {scheduler}, min_iter: 1, eta: 3}}
         max_iterations: 3
         storage_path: {tmp_path / "runs"}
         fusion: {{enabled: true, max_members: 6}}
     """))
-    result = build_tuner(load_sweep(path)).fit()
-    frame = result.get_dataframe()
-    assert len(frame) == 6
-    assert set(frame["status"]) <= {"completed", "early_stopped"}
-    assert (frame["status"] == "early_stopped").any(), "ASHA stops individual members"
-    assert (frame["status"] == "completed").any()
-    written = pd.read_csv(result.write()["results"])
-    assert len(written) == 6
+    return build_tuner(load_sweep(path)).fit()
+
+
+def test_yaml_fused_sweep_with_asha_gives_one_row_per_configuration_and_repacks_stopped_members(tmp_path):
+    """Which members ASHA stops depends on the order their results reach Tune (it never stops the
+    first result at a rung), so this checks what holds in every order."""
+    result = yaml_fused_sweep(tmp_path, "asha")
+    frame = result.get_dataframe().set_index("config/lr")
+    assert len(frame) == 6 and set(frame["status"]) <= {"completed", "early_stopped"}
+    stopped = frame[frame["status"] == "early_stopped"]
+    assert (stopped["iterations"] == 1).all(), "the only rung below max_iterations is iteration 1"
+    assert frame.loc[BEST_LR, "status"] == "completed", "ASHA never stops the best result at a rung"
+    last = {r.metrics["trial_id"]: r.metrics for r in result.result_grid}
+    for group in ray.get(result.actors[1].groups.remote()):
+        survivors = [last[t] for t in group if last[t]["training_iteration"] == 3]
+        left = len(group) - len(survivors)
+        assert {m["fused_members"] for m in survivors} <= {len(group) - left}, "the last iteration trains survivors only"
+    assert len(pd.read_csv(result.write()["results"])) == 6
+
+
+def test_yaml_fused_sweep_with_hyperband_stops_members_individually(tmp_path):
+    """HyperBand decides once a whole bracket reached its milestone, so its stops, unlike ASHA's,
+    don't depend on the order members report. Members it pauses leave their group, and join a new one
+    when it resumes them."""
+    result = yaml_fused_sweep(tmp_path, "hyperband")
+    frame = result.get_dataframe().set_index("config/lr")
+    assert len(frame) == 6 and set(frame["status"]) <= {"completed", "early_stopped"}
+    stopped = frame[frame["status"] == "early_stopped"]
+    assert len(stopped) >= 1 and (stopped["iterations"] == 1).all(), frame
+    assert (frame.loc[frame["status"] == "completed", "iterations"] == 3).all()
+    assert frame.loc[BEST_LR, "status"] == "completed"
