@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline_bubble.executor import SAFETY, WINDOW_QUANTILE
 from pipeline_bubble.guests import GuestWork, TorchGuest, workload_guest
 from pipeline_bubble.timeline import GUEST, WAIT, StageTimeline, summarize
 
@@ -58,8 +59,8 @@ class JobSpec:
     #: Stop harvesting (evict the guest) after this many batches; None: never.
     evict_after: int | None = None
     #: `BubbleExecutor` settings of the harvested run (see there).
-    safety: float = 0.9
-    window_quantile: float = 0.75
+    safety: float = SAFETY
+    window_quantile: float = WINDOW_QUANTILE
 
 
 # ---- the main job -----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline_bubble.executor import BubbleExecutor
+from pipeline_bubble.executor import SAFETY, BubbleExecutor
 from pipeline_bubble.fused_guest import FusedGroupGuest
 from pipeline_bubble.guests import GuestGroup, GuestWork, workload_guest
 from pipeline_bubble.instrumented_engine import InstrumentedPipelineEngine, instrument
@@ -37,7 +37,7 @@ def harvest_bubbles(
     memory_cap_bytes: int | None = None,
     checkpoint_path: str | Path | None = None,
     checkpoint_every: int = 100,
-    safety: float = 0.9,
+    safety: float = SAFETY,
 ) -> InstrumentedPipelineEngine:
     """Instrument a `PipelineEngine` from `deepspeed.initialize` and, if given, let `guest` fill its bubbles.
 

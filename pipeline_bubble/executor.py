@@ -73,6 +73,10 @@ from pipeline_bubble.timeline import GUEST
 _READY_TOLERANCE_S = 5e-4
 #: Quantile of the recent guest step times used as the predicted length of the next step.
 _STEP_QUANTILE = 0.75
+#: Share of an open-loop predicted window a quantum may use (the rest absorbs misprediction).
+SAFETY = 0.9
+#: Quantile of a signalled slot's recent exact windows planned (see "closed loop" above).
+WINDOW_QUANTILE = 0.75
 
 
 class _Host(Protocol):
@@ -123,13 +127,13 @@ class BubbleExecutor:
         memory_cap_bytes: int | None = None,
         checkpoint_path: str | Path | None = None,
         checkpoint_every: int = 100,
-        safety: float = 0.9,
+        safety: float = SAFETY,
         backoff: float = 0.6,
         profile_steps: int = 8,
         observe_every: int = 8,
         history: int = 2,
         window_history: int = 8,
-        window_quantile: float = 0.75,
+        window_quantile: float = WINDOW_QUANTILE,
         guest_source: Callable[[], GuestWork | None] | None = None,
     ):
         if not 0 < safety <= 1:

@@ -25,7 +25,7 @@ from typing import Any
 import ray
 
 from pipeline_bubble.bubble_pool import bubble_pool
-from pipeline_bubble.executor import BubbleExecutor
+from pipeline_bubble.executor import SAFETY, BubbleExecutor
 from pipeline_bubble.instrumented_engine import InstrumentedPipelineEngine, instrument
 from pipeline_bubble.sweep_guest import SweepGroupGuest
 
@@ -114,7 +114,7 @@ def lend_bubbles(
     owner: int | None = None,
     memory_cap_bytes: int | None = None,
     poll_interval_s: float = 0.5,
-    safety: float = 0.9,
+    safety: float = SAFETY,
 ) -> BubbleLender:
     """Lend this rank's pipeline bubbles to sweeps targeting them (`fusion.placement: bubbles`).
 
