@@ -36,6 +36,9 @@ DISTRIBUTIONS = (
 )
 CONTINUOUS = frozenset(DISTRIBUTIONS) - {"constant", "categorical", "int_uniform"}
 DEFAULT_MAX_ITERATIONS = 10
+#: Checkpoint every iteration unless told otherwise: persisting runs off the training thread, so
+#: its cost is small next to an iteration (benchmarks/sweep_overhead.py measures it).
+DEFAULT_CHECKPOINT_EVERY = 1
 
 
 class _Strict(BaseModel):
@@ -162,6 +165,18 @@ class FusionConfig(_Strict):
         return value
 
 
+class CheckpointPolicy(_Strict):
+    """How often a trial's state is persisted: after a crash a trial loses at most `every`
+    iterations, and `at_end` keeps the final state (the one a user deploys or transfers)."""
+
+    every: int = Field(DEFAULT_CHECKPOINT_EVERY, ge=1)
+    at_end: bool = True
+
+    def due(self, iteration: int, max_iterations: int) -> bool:
+        """Whether iteration `iteration` (1-based) of a trial is checkpointed."""
+        return iteration % self.every == 0 or (self.at_end and iteration >= max_iterations)
+
+
 class SweepSpec(_Strict):
     name: str
     description: str = ""
@@ -181,6 +196,7 @@ class SweepSpec(_Strict):
     seed: int | None = None
     scaling: ScalingConfig | None = None
     fusion: FusionConfig | None = None
+    checkpoint: CheckpointPolicy = CheckpointPolicy()
 
     @model_validator(mode="after")
     def _check_method(self) -> "SweepSpec":
@@ -242,6 +258,7 @@ _MODELS_BY_PATH_DEPTH: dict[str, type[BaseModel]] = {
     "resources": ResourcesSpec,
     "fusion": FusionConfig,
     "scaling": ScalingConfig,
+    "checkpoint": CheckpointPolicy,
 }
 
 
