@@ -16,7 +16,6 @@ import platform
 import tempfile
 import time
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 
 

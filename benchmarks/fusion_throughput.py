@@ -204,7 +204,6 @@ def concurrent_rate(model: str, members: int, steps: int, warmup: int, cpus: int
     except ImportError:
         return None
     if not ray.is_initialized():
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(  # a private local instance, never someone else's cluster
             address="local",
             num_cpus=cpus,

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Token authentication on, whatever the shell says: a test Ray is as reachable as any other, and
+# subprocess clients given `--address` inherit the mode (an explicit address never auto-enables it);
+# they read the token that the fixture's `ray.init` wrote to ~/.ray/auth_token if none was there.
+os.environ["RAY_AUTH_MODE"] = "token"
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
