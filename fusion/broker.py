@@ -1,10 +1,13 @@
-"""`GroupBroker`: the actor that gathers member trials into fused groups as Tune starts them.
+"""`GroupBroker`: the actor that gathers a sweep's configurations into fused groups.
 
-Tune starts one light trial per configuration; each asks the broker to `join`. Trials whose
-configs may share a group (same structural signature, same training step) are gathered until the
-group has `max_members` or no new member arrived for `window_s`, then the group is launched:
-by default as one `FusedGroup` actor with the sweep's per-trial resources (one GPU or CPU slot),
-or by any `GroupLauncher` the sweep passes (pipeline bubbles: `pipeline_bubble.bubble_pool`).
+Fresh configurations arrive from the driver (`register`, as soon as Tune creates their trials),
+so a group forms without waiting for its members' relay processes; a relay then `join`s and gets
+the group that already trains its configuration. Members resuming from checkpoints arrive through
+`join` with their state. Configurations that may share a group (same structural signature, same
+training step) are gathered until the group has `max_members` or no new member arrived for the
+window, then the group is launched: by default as one `FusedGroup` actor with the sweep's
+per-trial resources (one GPU or CPU slot), or by any `GroupLauncher` the sweep passes (pipeline
+bubbles: `pipeline_bubble.bubble_pool`).
 """
 
 from __future__ import annotations
@@ -25,25 +28,47 @@ logger = logging.getLogger(__name__)
 
 #: Starts a group's actor: (configs, member trial ids, member states or None) -> a `MemberRelay` actor.
 GroupLauncher = Callable[[list[Mapping[str, Any]], list[Hashable], list[bytes | None]], Any]
+#: How long a forming group of driver-registered members waits for one more: Tune creates a
+#: wave of trials within one controller step, so a short pause ends the wave.
+REGISTER_WINDOW_S = 0.5
+#: How long a forming group of resuming members waits for one more: each arrives only once its
+#: relay process has started and read its checkpoint.
+JOIN_WINDOW_S = 3.0
 
 
 def device_group_launcher(
-    workload: Workload, max_iterations: int, group_resources: Mapping[str, float], dtype: str = "fp32"
+    workload: Workload,
+    max_iterations: int,
+    group_resources: Mapping[str, float],
+    dtype: str = "fp32",
+    checkpoint_every: int = 1,
+    checkpoint_at_end: bool = True,
 ) -> GroupLauncher:
     """Each group a `FusedGroup` actor holding `group_resources` (one GPU, or CPU threads)."""
     cpus = group_resources.get("cpu", 1.0)
     gpus = group_resources.get("gpu", 0.0)
 
     def launch(configs: list[Mapping[str, Any]], members: list[Hashable], states: list[bytes | None]) -> Any:
-        return FusedGroup.options(num_cpus=cpus, num_gpus=gpus, max_restarts=0).remote(
-            workload, configs, members, states, max_iterations, "cuda" if gpus > 0 else "cpu", dtype, max(1, int(cpus))
+        group = FusedGroup.options(num_cpus=cpus, num_gpus=gpus, max_restarts=0).remote(
+            workload, configs, members, states, max_iterations, "cuda" if gpus > 0 else "cpu", dtype, max(1, int(cpus)),
+            checkpoint_every, checkpoint_at_end,
         )
+        group.start.remote()
+        return group
 
     return launch
 
 
+def start_broker(name: str, namespace: str, workload: Workload, max_members: int, launch_group: GroupLauncher) -> Any:
+    """The sweep's broker, owned by the caller (it lives as long as the returned handle)."""
+    return GroupBroker.options(name=name, namespace=namespace, get_if_exists=True).remote(
+        workload, max_members, launch_group
+    )
+
+
 @dataclass
 class _Forming:
+    window_s: float
     members: list[Hashable] = field(default_factory=list)
     configs: list[Mapping[str, Any]] = field(default_factory=list)
     states: list[bytes | None] = field(default_factory=list)
@@ -54,39 +79,52 @@ class _Forming:
 
 @ray.remote(num_cpus=0)
 class GroupBroker:
-    def __init__(self, workload: Workload, max_members: int, launch_group: GroupLauncher, window_s: float = 3.0):
+    def __init__(self, workload: Workload, max_members: int, launch_group: GroupLauncher):
         self.workload = workload
         self.max_members = max_members
         self.launch_group = launch_group
-        self.window_s = window_s
         self.forming: dict[tuple, _Forming] = {}
-        self.group_of: dict[Hashable, Any] = {}
+        self.placed: dict[Hashable, _Forming] = {}  # every member's group, launched or forming
         self.members_of: dict[Any, set[Hashable]] = {}
         self.launched_groups: list[list[Hashable]] = []
 
-    async def join(self, trial_id: Hashable, config: Mapping[str, Any], state: bytes | None, step: int) -> Any:
-        """Place a member trial (fresh, or resuming at `step` from `state`) and return its group actor."""
-        key = (structural_signature(self.workload.resolve(config)), step)
+    def _add(self, trial_id: Hashable, config: Mapping[str, Any], state: bytes | None, step: int, window_s: float) -> _Forming:
+        key = (structural_signature(self.workload.resolve(config)), step, state is None)
         forming = self.forming.get(key)
-        if forming is None:
-            forming = self.forming[key] = _Forming()
+        if forming is None or len(forming.members) >= self.max_members:
+            forming = self.forming[key] = _Forming(window_s)
             asyncio.get_running_loop().create_task(self._launch_when_ready(key, forming))
         forming.members.append(trial_id)
         forming.configs.append(dict(config))
         forming.states.append(state)
         forming.arrived.set()
+        self.placed[trial_id] = forming
+        return forming
+
+    async def register(self, entries: list[tuple[Hashable, Mapping[str, Any]]]) -> None:
+        """Fresh configurations Tune has just created trials for (from the driver)."""
+        for trial_id, config in entries:
+            if trial_id not in self.placed:  # its relay may have joined first
+                self._add(trial_id, config, None, 0, REGISTER_WINDOW_S)
+
+    async def join(self, trial_id: Hashable, config: Mapping[str, Any], state: bytes | None, step: int) -> Any:
+        """A member trial's relay asks for its group: the one its registration placed it in, or,
+        for a member resuming at `step` from `state`, a group of members at that step."""
+        forming = self.placed.get(trial_id) if state is None else None
+        if forming is None:
+            forming = self._add(trial_id, config, state, step, JOIN_WINDOW_S)
         await forming.launched.wait()
-        self.group_of[trial_id] = forming.group
         return forming.group
 
     async def _launch_when_ready(self, key: tuple, forming: _Forming) -> None:
         while len(forming.members) < self.max_members:
             forming.arrived.clear()
             try:
-                await asyncio.wait_for(forming.arrived.wait(), timeout=self.window_s)
+                await asyncio.wait_for(forming.arrived.wait(), timeout=forming.window_s)
             except asyncio.TimeoutError:
                 break
-        del self.forming[key]  # later arrivals start a new group
+        if self.forming.get(key) is forming:
+            del self.forming[key]  # later arrivals start a new group
         forming.group = self.launch_group(forming.configs, forming.members, forming.states)
         self.members_of[forming.group] = set(forming.members)
         self.launched_groups.append(list(forming.members))
@@ -95,9 +133,11 @@ class GroupBroker:
 
     async def leave(self, trial_id: Hashable) -> None:
         """A member's trial ended; the group drops it, and ends once it has no members left."""
-        group = self.group_of.pop(trial_id, None)
-        if group is None:
+        forming = self.placed.pop(trial_id, None)
+        if forming is None:
             return
+        await forming.launched.wait()
+        group = forming.group
         members = self.members_of.get(group, set())
         members.discard(trial_id)
         try:

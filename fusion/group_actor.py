@@ -2,10 +2,12 @@
 
 Each member of the group is still an ordinary Tune trial (its own config, metrics, checkpoint and
 results row); the trial only fetches its results from the group's actor. An iteration runs when
-every current member has fetched the previous one (or left), so the group trains at most one
-iteration ahead of the results Tune is judging: a member that ASHA stops is dropped from the group
-(its parameters and optimizer state repacked away) before the iteration after next, and one that
-diverges before the next.
+every current member has fetched the previous one (or left), so the group trains while its
+members report the previous iteration to Tune, and at most one iteration ahead of the results
+Tune is judging: a member that ASHA stops is dropped from the group (its parameters and optimizer
+state repacked away) before the iteration after next, and one that diverges before the next.
+Member checkpoints are built only on the iterations the sweep's checkpoint policy names: writing
+one costs an unfused model and optimizer per member.
 
 `MemberRelay` is that member-facing half on its own: where a group's results wait for their
 trials, whoever trains the group (`FusedGroup` here; `pipeline_bubble.bubble_pool.BubbleGroup`
@@ -24,6 +26,7 @@ import ray
 import torch
 
 from fusion.trainer import FusedTrainer
+from hpo.checkpointing import checkpoint_due
 from hpo.workload import Workload
 
 logger = logging.getLogger(__name__)
@@ -36,7 +39,8 @@ def member_state_to_bytes(state: Mapping[str, Any]) -> bytes:
 
 
 def member_state_from_bytes(blob: bytes) -> dict[str, Any]:
-    return torch.load(io.BytesIO(blob), weights_only=False)
+    """A member's checkpoint: tensors and plain values only, so nothing in it runs code on load."""
+    return torch.load(io.BytesIO(blob), weights_only=True)
 
 
 class GroupFailed(RuntimeError):
@@ -122,7 +126,11 @@ class MemberRelay:
 
 @ray.remote
 class FusedGroup(MemberRelay):
-    """Trains `configs` fused; members are Tune trial ids. Created by `fusion.broker.GroupBroker`."""
+    """Trains `configs` fused; members are Tune trial ids. Created by `fusion.broker.GroupBroker`.
+
+    Training starts when the broker launches the group (`start`), not when the first member
+    fetches: the group forms from configurations the driver registered, before relays are up.
+    """
 
     def __init__(
         self,
@@ -134,12 +142,20 @@ class FusedGroup(MemberRelay):
         device: str,
         dtype: str,
         threads: int,
+        checkpoint_every: int = 1,
+        checkpoint_at_end: bool = True,
     ):
         torch.set_num_threads(threads)
         self.trainer = group_trainer(workload, configs, member_ids, states, device, dtype)
         super().__init__(member_ids, self.trainer.iteration)
         self.max_iterations = max_iterations
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_at_end = checkpoint_at_end
         self.loop: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Begin training (the broker calls it at launch); idempotent."""
+        await self._on_first_call()
 
     async def _on_first_call(self) -> None:
         if self.loop is None:
@@ -161,7 +177,10 @@ class FusedGroup(MemberRelay):
             await self._fail(f"{type(exc).__name__}: {exc}")
 
     def _train_iteration(self) -> dict[Hashable, dict[str, Any]]:
-        return member_results(self.trainer, self.trainer.train_iteration())
+        metrics = self.trainer.train_iteration()
+        iteration = self.trainer.iteration
+        due = checkpoint_due(iteration, self.max_iterations, self.checkpoint_every, self.checkpoint_at_end)
+        return member_results(self.trainer, metrics, checkpoint=due)
 
 
 def group_trainer(
@@ -181,12 +200,15 @@ def group_trainer(
     return FusedTrainer(workload, configs, member_ids=member_ids, device=device, dtype=dtype)
 
 
-def member_results(trainer: FusedTrainer, metrics: Sequence[Mapping[str, Any]]) -> dict[Hashable, dict[str, Any]]:
-    """What a member trial fetches after an iteration: its metrics and its checkpoint as bytes."""
+def member_results(
+    trainer: FusedTrainer, metrics: Sequence[Mapping[str, Any]], checkpoint: bool = True
+) -> dict[Hashable, dict[str, Any]]:
+    """What a member trial fetches after an iteration: its metrics and, when `checkpoint`, its
+    checkpoint as bytes (None otherwise)."""
     return {
         member_id: {
             "metrics": {**member_metrics, "fused_members": trainer.num_members},
-            "checkpoint": member_state_to_bytes(trainer.member_state_dict(member_id)),
+            "checkpoint": member_state_to_bytes(trainer.member_state_dict(member_id)) if checkpoint else None,
         }
         for member_id, member_metrics in zip(trainer.member_ids, metrics)
     }

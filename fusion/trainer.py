@@ -37,13 +37,14 @@ from torch.nn import functional as F
 from fusion.grouping import FUSIBLE_KEYS, check_fusible
 from fusion.model import FusedModel, build_member, fuse_models
 from fusion.optim import FusedOptimizer
+from hpo.checkpointing import CHECKPOINT_FILE
 from hpo.hparams import OptimHParams, workload_optimizer
 from hpo.workload import Batch, Workload
 
 #: The file a fused group saves into its checkpoint directory.
 FUSED_CHECKPOINT_FILE = "fused_state.pt"
-#: A member's checkpoint file: the same name `hpo.training.CHECKPOINT_FILE` uses (a test checks).
-MEMBER_CHECKPOINT_FILE = "trial_state.pt"
+#: A member's checkpoint file: the one name every engine uses, so members resume on any path.
+MEMBER_CHECKPOINT_FILE = CHECKPOINT_FILE
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -326,7 +327,7 @@ class FusedTrainer:
         cls, workload: Workload, configs: Sequence[Mapping[str, Any]], directories: Sequence[str], **kwargs: Any
     ) -> "FusedTrainer":
         """`from_member_states` reading each member's `trial_state.pt` (written by either trainer)."""
-        states = [torch.load(os.path.join(d, MEMBER_CHECKPOINT_FILE), weights_only=False) for d in directories]
+        states = [torch.load(os.path.join(d, MEMBER_CHECKPOINT_FILE), weights_only=True) for d in directories]
         return cls.from_member_states(workload, configs, states, **kwargs)
 
     # -- checkpoints: the whole group ----------------------------------------------------------
@@ -358,7 +359,7 @@ class FusedTrainer:
     @classmethod
     def load(cls, workload: Workload, directory: str, **kwargs: Any) -> "FusedTrainer":
         """A group restored from `save(directory)`, with the members it had when saved."""
-        state = torch.load(os.path.join(directory, FUSED_CHECKPOINT_FILE), weights_only=False)
+        state = torch.load(os.path.join(directory, FUSED_CHECKPOINT_FILE), weights_only=True)
         trainer = cls(workload, state["configs"], member_ids=state["member_ids"], **kwargs)
         trainer.load_state_dict(state)
         return trainer

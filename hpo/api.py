@@ -26,7 +26,7 @@ from hpo.controller import ControllerCallback, start_controller
 from hpo.fused_sweep import group_size, group_slots
 from hpo.ray_runtime import ensure_ray
 from hpo.results import SweepResult
-from hpo.spec import DEFAULT_MAX_ITERATIONS, FusionConfig
+from hpo.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
 from hpo.trainables import resolve_trainable
 from hpo.training import workload_trainable
 from hpo.workload import Workload
@@ -47,8 +47,10 @@ class Tuner:
         resources: Mapping[str, float] | None = None,
         scaling: Any = None,
         fusion: FusionConfig | None = None,
+        checkpoint: CheckpointPolicy | Mapping[str, Any] | None = None,
     ):
         self.trainable = resolve_trainable(trainable) if isinstance(trainable, str) else trainable
+        self.checkpoint = _checkpoint_policy(checkpoint, (tune_config or tune.TuneConfig()).scheduler)
         self.param_space = dict(param_space or {})
         self.tune_config = tune_config or tune.TuneConfig()
         self.run_config = run_config or tune.RunConfig()
@@ -85,12 +87,15 @@ class Tuner:
         """The Tune trainable this sweep runs, with its per-trial resources attached."""
         trainable = self.trainable
         if self.fusion is not None:
-            from fusion.tune_trials import MEMBER_TRIAL_RESOURCES, fused_member_trainable
+            from hpo.member_trial import MEMBER_TRIAL_RESOURCES, fused_member_trainable
 
             return tune.with_resources(fused_member_trainable(self.name, self.max_iterations), MEMBER_TRIAL_RESOURCES)
         threads = max(1, int(self.resources.get("cpu", 1)))
         if isinstance(trainable, Workload):
-            trainable = workload_trainable(trainable, self.max_iterations, threads=threads)
+            trainable = workload_trainable(
+                trainable, self.max_iterations, threads=threads,
+                checkpoint_every=self.checkpoint.every, checkpoint_at_end=self.checkpoint.at_end,
+            )
         return tune.with_resources(trainable, dict(self.resources))
 
     def _run_config(self) -> tune.RunConfig:
@@ -99,7 +104,7 @@ class Tuner:
         if metric and not any(isinstance(cb, ControllerCallback) for cb in callbacks):
             callbacks.append(ControllerCallback(self.name, metric, self.mode))
         if self.fusion is not None:
-            from fusion.tune_trials import FusionCallback
+            from hpo.member_trial import FusionCallback
 
             callbacks.append(FusionCallback(self.name))
         if self.scaling is not None and self.scaling.eager_transfer is not None:
@@ -120,10 +125,14 @@ class Tuner:
         metric = self.tune_config.metric
         actors = [start_controller(self.name, metric, self.mode) if metric else None]
         if self.fusion is not None:
-            from fusion.tune_trials import start_broker
+            from fusion.broker import start_broker
+            from hpo.member_trial import broker_name
+            from hpo.ray_runtime import NAMESPACE
 
             self.members_per_group = group_size(self.trainable, self.fusion, self.resources, self.param_space)
-            actors.append(start_broker(self.name, self.trainable, self.members_per_group, self._group_launcher()))
+            actors.append(
+                start_broker(broker_name(self.name), NAMESPACE, self.trainable, self.members_per_group, self._group_launcher())
+            )
         return actors
 
     def _group_launcher(self) -> Any:
@@ -134,11 +143,19 @@ class Tuner:
             return bubble_group_launcher(self.name, self.trainable, self.max_iterations, self.fusion.dtype)
         from fusion.broker import device_group_launcher
 
-        return device_group_launcher(self.trainable, self.max_iterations, self.resources, self.fusion.dtype)
+        return device_group_launcher(
+            self.trainable, self.max_iterations, self.resources, self.fusion.dtype,
+            checkpoint_every=self.checkpoint.every, checkpoint_at_end=self.checkpoint.at_end,
+        )
 
     def _tune_config(self) -> tune.TuneConfig:
-        if self.fusion is None or self.tune_config.max_concurrent_trials:
-            return self.tune_config
+        tune_config = self.tune_config
+        if isinstance(self.trainable, Workload) and not tune_config.reuse_actors:
+            # hydro-hpo's own trainables reset cleanly, so a trial process (and its torch import)
+            # serves trial after trial instead of being started anew for each configuration.
+            tune_config = replace(tune_config, reuse_actors=True)
+        if self.fusion is None or tune_config.max_concurrent_trials:
+            return tune_config
         # Enough member trials at once to fill every group slot with a full group.
         if self.fusion.placement == "bubbles":
             from pipeline_bubble.bubble_pool import lending_stages
@@ -146,7 +163,7 @@ class Tuner:
             slots = max(1, lending_stages())
         else:
             slots = group_slots(self.resources)
-        return replace(self.tune_config, max_concurrent_trials=self.members_per_group * slots)
+        return replace(tune_config, max_concurrent_trials=self.members_per_group * slots)
 
     def fit(self) -> SweepResult:
         ensure_ray()
@@ -184,6 +201,17 @@ class Tuner:
 
             scaled_sweep.finish(result, self.user_workload, self.scaling, self.max_iterations, self._eager)
         return result
+
+
+def _checkpoint_policy(checkpoint: CheckpointPolicy | Mapping[str, Any] | None, scheduler: Any) -> CheckpointPolicy:
+    """The sweep's checkpoint policy. Schedulers that pause trials (HyperBand, PBT) resume them
+    from their last checkpoint, so under them every iteration is checkpointed."""
+    from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
+
+    policy = checkpoint if isinstance(checkpoint, CheckpointPolicy) else CheckpointPolicy(**(checkpoint or {}))
+    if isinstance(scheduler, (HyperBandScheduler, PopulationBasedTraining)) and policy.every != 1:
+        return policy.model_copy(update={"every": 1})
+    return policy
 
 
 def sweep_run_config(
@@ -225,8 +253,14 @@ def run(
     callbacks: Sequence[tune.Callback] | None = None,
     scaling: Any = None,
     fusion: FusionConfig | None = None,
+    checkpoint: CheckpointPolicy | Mapping[str, Any] | None = None,
+    reuse_actors: bool = True,
 ) -> SweepResult:
-    """`tune.run`'s common arguments, returning a `SweepResult`."""
+    """`tune.run`'s common arguments, returning a `SweepResult`.
+
+    `checkpoint` (`{"every": N, "at_end": True}`) bounds what a crash costs: a trial loses at most
+    N iterations. Trial processes are reused between trials unless `reuse_actors=False`.
+    """
     tune_config = tune.TuneConfig(
         metric=metric,
         mode=mode,
@@ -235,6 +269,7 @@ def run(
         scheduler=scheduler,
         max_concurrent_trials=max_concurrent_trials,
         time_budget_s=time_budget_s,
+        reuse_actors=reuse_actors,
     )
     return Tuner(
         trainable,
@@ -244,4 +279,5 @@ def run(
         resources=resources_per_trial,
         scaling=scaling,
         fusion=fusion,
+        checkpoint=checkpoint,
     ).fit()

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hpo.checkpointing import checkpoint_due
 from hpo.errors import ConfigIssue, SweepConfigError
 from hpo.scaling._config import ScalingConfig
 from hpo.yaml_source import YamlSource
@@ -174,7 +175,7 @@ class CheckpointPolicy(_Strict):
 
     def due(self, iteration: int, max_iterations: int) -> bool:
         """Whether iteration `iteration` (1-based) of a trial is checkpointed."""
-        return iteration % self.every == 0 or (self.at_end and iteration >= max_iterations)
+        return checkpoint_due(iteration, max_iterations, self.every, self.at_end)
 
 
 class SweepSpec(_Strict):

@@ -59,6 +59,7 @@ def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
             scheduler=build_scheduler(spec),
             max_concurrent_trials=spec.max_concurrent_trials,
             time_budget_s=spec.time_budget_s,
+            reuse_actors=True,
         ),
         run_config=sweep_run_config(
             spec.name, spec.storage_path, stop, spec.max_failures, callbacks if show_progress else [], verbose=0
@@ -66,6 +67,7 @@ def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
         resources={"cpu": spec.resources.cpu, "gpu": spec.resources.gpu},
         scaling=spec.scaling,
         fusion=spec.fusion,
+        checkpoint=spec.checkpoint,
     )
 
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
+from hpo.checkpointing import CHECKPOINT_FILE, checkpoint_due
 from hpo.hparams import OptimHParams, workload_optimizer
 from hpo.workload import Batch, Workload
 
-CHECKPOINT_FILE = "trial_state.pt"
 
 
 class TrialTrainer:
@@ -100,16 +100,16 @@ class TrialTrainer:
         torch.save(self.state_dict(), os.path.join(directory, CHECKPOINT_FILE))
 
     def restore(self, directory: str) -> None:
-        self.load_state_dict(torch.load(os.path.join(directory, CHECKPOINT_FILE), weights_only=False))
+        self.load_state_dict(torch.load(os.path.join(directory, CHECKPOINT_FILE), weights_only=True))
 
 
 def workload_trainable(
-    workload: Workload, max_iterations: int, threads: int = 1
+    workload: Workload, max_iterations: int, threads: int = 1, checkpoint_every: int = 1, checkpoint_at_end: bool = True
 ) -> Callable[[dict[str, Any]], None]:
-    """A Tune function trainable that trains `workload` and checkpoints after every iteration.
+    """A Tune function trainable that trains `workload`, checkpointing as the sweep's policy says.
 
     A restarted trial (retry after a failure, `--resume` of a killed sweep) continues from its
-    last checkpoint, so finished iterations are never trained twice.
+    last checkpoint, so it trains again at most `checkpoint_every` iterations.
     """
 
     from ray import tune
@@ -123,9 +123,12 @@ def workload_trainable(
                 trainer.restore(directory)
         while trainer.iteration < max_iterations:
             metrics = trainer.train_iteration()
-            with tempfile.TemporaryDirectory() as directory:
-                trainer.save(directory)
-                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
+            if not checkpoint_due(trainer.iteration, max_iterations, checkpoint_every, checkpoint_at_end):
+                tune.report(metrics)
+            else:
+                with tempfile.TemporaryDirectory() as directory:
+                    trainer.save(directory)
+                    tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
             if metrics["diverged"]:
                 return
 
