@@ -25,7 +25,8 @@ from ray import tune
 from hpo.controller import ControllerCallback, start_controller
 from hpo.fused_sweep import group_size, group_slots
 from hpo.ray_runtime import ensure_ray
-from hpo.results import SweepResult
+from hpo.results import SweepResult, results_file_callback
+from hpo.run_dirs import fresh_run_name, verify_run_state
 from hpo.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
 from hpo.trainables import resolve_trainable
 from hpo.training import workload_trainable
@@ -73,6 +74,10 @@ class Tuner:
         return self.run_config.name or "sweep"
 
     @property
+    def storage(self) -> Path:
+        return Path(self.run_config.storage_path or "~/ray_results").expanduser()
+
+    @property
     def mode(self) -> str:
         return self.tune_config.mode or "min"
 
@@ -103,6 +108,8 @@ class Tuner:
         callbacks = list(self.run_config.callbacks or [])
         if metric and not any(isinstance(cb, ControllerCallback) for cb in callbacks):
             callbacks.append(ControllerCallback(self.name, metric, self.mode))
+        if metric:
+            callbacks.append(results_file_callback(self.storage / self.name, metric, self.mode, self._iterations()))
         if self.fusion is not None:
             from hpo.member_trial import FusionCallback
 
@@ -166,6 +173,11 @@ class Tuner:
         return replace(tune_config, max_concurrent_trials=self.members_per_group * slots)
 
     def fit(self) -> SweepResult:
+        """Run the sweep in a new run folder: a name already on disk gets the next versioned one."""
+        name = fresh_run_name(self.storage, self.name)
+        if name != self.name:
+            print(f"{self.storage / self.name} holds an earlier run; this run is {self.storage / name}", flush=True)
+            self.run_config = replace(self.run_config, name=name)
         ensure_ray()
         actors = self._start_actors()
         tuner = tune.Tuner(
@@ -177,7 +189,12 @@ class Tuner:
         return self._wrap(tuner.fit(), actors)
 
     def resume(self, path: str) -> SweepResult:
-        """Continue an interrupted sweep stored at `path`: finished trials are kept, not re-run."""
+        """Continue an interrupted sweep stored at `path`: finished trials are kept, not re-run.
+
+        A damaged run state is refused (`RunStateError`, naming the file) rather than started over.
+        """
+        verify_run_state(Path(path))
+        self.run_config = replace(self.run_config, name=Path(path).name, storage_path=str(Path(path).parent))
         ensure_ray()
         actors = self._start_actors()
         tuner = tune.Tuner.restore(
@@ -189,10 +206,16 @@ class Tuner:
         )
         return self._wrap(tuner.fit(), actors)
 
+    def _iterations(self) -> int | None:
+        """Iterations a trial that was not stopped early runs (None when nothing says)."""
+        stop = self.run_config.stop
+        if isinstance(self.trainable, Workload) or (isinstance(stop, Mapping) and "training_iteration" in stop):
+            return self.max_iterations
+        return None
+
     def _wrap(self, grid: tune.ResultGrid, actors: list[Any]) -> SweepResult:
         metric = self.tune_config.metric or ""
-        iterations = self.max_iterations if isinstance(self.trainable, Workload) else None
-        result = SweepResult(grid, metric, self.mode, iterations)
+        result = SweepResult(grid, metric, self.mode, self._iterations())
         # Holding the handle keeps `hpo:<name>` alive (and in the dashboard) while the result lives.
         result.controller = actors[0]
         result.actors = actors
@@ -200,6 +223,8 @@ class Tuner:
             from hpo import scaled_sweep
 
             scaled_sweep.finish(result, self.user_workload, self.scaling, self.max_iterations, self._eager)
+        if metric:
+            result.paths = result.write()  # the same files the CLI writes, wherever the sweep ran from
         return result
 
 

@@ -1,28 +1,256 @@
 """What a sweep hands back: the best configuration, one row per configuration, a plot.
 
-Wraps Ray's `ResultGrid` (still reachable as `.result_grid`) so that plain, fused and proxy
-sweeps report the same way.
+Every row has the same shape whoever builds it: the finished sweep (Ray's `ResultGrid`), the
+running sweep (`ResultsFileCallback` rewrites `results.csv` each time a trial ends, so a crashed
+driver or a full disk leaves every finished row on disk), or a damaged run rebuilt from its
+trials' own folders (`rows_from_trial_dirs`). Files are replaced atomically (a temporary file,
+then a rename): a reader sees the old file or the new one, never half of one.
+
+`SweepResult` wraps the `ResultGrid` (still reachable as `.result_grid`) and offers its API
+(`get_best_result`, `errors`, `num_errors`, `len`, iteration), so plain, fused and proxy sweeps
+report the same way. The best trial is never one that errored or did not report the metric.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from ray.tune import ResultGrid
 
-def _error_line(error: BaseException | None) -> str:
+RESULTS_FILE = "results.csv"
+SUMMARY_FILE = "summary.json"
+PLOT_FILE = "curves.png"
+#: Tune's bookkeeping in every result: not metrics a user compares trials by.
+TUNE_METADATA = frozenset({
+    "config", "date", "hostname", "node_ip", "pid", "timestamp", "time_since_restore", "time_this_iter_s",
+    "iterations_since_restore", "checkpoint_dir_name", "done", "should_checkpoint", "trial_id",
+    "experiment_tag", "experiment_id",
+})
+#: Row statuses that are final outcomes a best configuration may come from.
+FINISHED = ("completed", "early_stopped")
+
+
+@dataclass
+class TrialRecord:
+    """One trial as any source knows it: enough for a row."""
+
+    trial_id: str
+    config: Mapping[str, Any]
+    metrics: Mapping[str, Any]
+    error: str = ""
+    error_file: str = ""
+    checkpoint: str = ""
+    running: bool = False
+    history: Any = field(default=None, repr=False)
+
+
+def _error_line(error: BaseException | str | None) -> str:
     """The user's exception (`ValueError: ...`), which Ray puts last under its own wrapper lines."""
-    if error is None:
+    if not error:
         return ""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[-1] if lines else type(error).__name__
 
 
+def status_of(record: TrialRecord, max_iterations: int | None) -> str:
+    if record.error:
+        return "error"
+    if record.metrics.get("diverged"):
+        return "diverged"
+    if record.running:
+        return "running"
+    if max_iterations is not None and record.metrics.get("training_iteration", 0) < max_iterations:
+        return "early_stopped"
+    return "completed"
+
+
+def record_row(record: TrialRecord, metric: str, max_iterations: int | None) -> dict[str, Any]:
+    """The row of one trial: id, `config/<key>` columns, the target metric, every other reported
+    metric, iterations, status, checkpoint path, error line and error file."""
+    metrics = record.metrics
+    row: dict[str, Any] = {"trial_id": record.trial_id}
+    row.update({f"config/{key}": value for key, value in record.config.items()})
+    value = metrics.get(metric)
+    row[metric] = value if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    row["iterations"] = int(metrics.get("training_iteration", 0))
+    row["status"] = status_of(record, max_iterations)
+    for key, item in metrics.items():
+        if key not in TUNE_METADATA and key != metric and key not in row and not isinstance(item, (dict, list)):
+            row[key] = item
+    row["checkpoint"] = record.checkpoint
+    row["error"] = record.error
+    row["error_file"] = record.error_file
+    return row
+
+
+def rows_frame(rows: Sequence[Mapping[str, Any]], metric: str, mode: str) -> pd.DataFrame:
+    """Rows sorted best first (trials without the metric last)."""
+    frame = pd.DataFrame(list(rows))
+    if not frame.empty:
+        frame = frame.sort_values(metric, ascending=mode == "min", na_position="last", kind="stable")
+    return frame.reset_index(drop=True)
+
+
+def best_record(records: Sequence[TrialRecord], metric: str, mode: str, max_iterations: int | None) -> TrialRecord | None:
+    """The best finished trial by its last reported `metric`; errored, diverged, running and
+    metric-less trials never qualify."""
+    candidates = []
+    for record in records:
+        value = record.metrics.get(metric)
+        if status_of(record, max_iterations) in FINISHED and isinstance(value, (int, float)) and math.isfinite(value):
+            candidates.append((value, record))
+    if not candidates:
+        return None
+    pick = min if mode == "min" else max
+    return pick(candidates, key=lambda pair: pair[0])[1]
+
+
+def write_atomically(path: Path, write: Any) -> None:
+    """Run `write(temporary_path)`, then rename the result over `path` (same folder, so atomic)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(handle)
+    try:
+        write(temporary)
+        with open(temporary, "rb") as written:
+            os.fsync(written.fileno())
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def write_run_files(
+    directory: Path, records: Sequence[TrialRecord], metric: str, mode: str, max_iterations: int | None
+) -> pd.DataFrame:
+    """`results.csv` (one row per trial) and `summary.json` (metric, counts, the best trial), each
+    replaced atomically; returns the rows."""
+    frame = rows_frame([record_row(r, metric, max_iterations) for r in records], metric, mode)
+    write_atomically(directory / RESULTS_FILE, lambda temporary: frame.to_csv(temporary, index=False))
+    best = best_record(records, metric, mode, max_iterations)
+    summary = {
+        "metric": metric,
+        "mode": mode,
+        "max_iterations": max_iterations,
+        "trials": len(records),
+        "errored": sum(1 for r in records if r.error),
+        "best": None if best is None else {
+            "trial_id": best.trial_id, "config": dict(best.config), "value": best.metrics.get(metric),
+            "checkpoint": best.checkpoint,
+        },
+    }
+    text = json.dumps(summary, indent=2, default=str) + "\n"
+    write_atomically(directory / SUMMARY_FILE, lambda temporary: Path(temporary).write_text(text))
+    return frame
+
+
+# -- sources --------------------------------------------------------------------------------------
+
+
+def record_from_result(result: Any) -> TrialRecord:
+    """A trial of a finished sweep (`ray.tune.Result`)."""
+    path = Path(result.path) if result.path else None
+    error_file = path / "error.txt" if path is not None else None
+    metrics = result.metrics or {}
+    return TrialRecord(
+        trial_id=str(metrics.get("trial_id", path.name if path else "")),
+        config=result.config or {},
+        metrics=metrics,
+        error=_error_line(result.error),
+        error_file=str(error_file) if result.error is not None and error_file and error_file.exists() else "",
+        checkpoint=result.checkpoint.path if result.checkpoint is not None else "",
+        history=result,
+    )
+
+
+def record_from_trial(trial: Any) -> TrialRecord:
+    """A trial of a running sweep, as Tune's callbacks see it."""
+    error_file = getattr(trial, "error_file", None) or ""
+    errored = trial.status == "ERROR"
+    error = ""
+    if errored:
+        error = "the trial failed"
+        if error_file and os.path.exists(error_file):
+            error = _error_line(Path(error_file).read_text(errors="replace")) or error
+    checkpoint = getattr(trial, "checkpoint", None)
+    return TrialRecord(
+        trial_id=trial.trial_id,
+        config=trial.config or {},
+        metrics=trial.last_result or {},
+        error=error,
+        error_file=str(error_file) if errored else "",
+        checkpoint=checkpoint.path if checkpoint is not None else "",
+        running=trial.status in ("RUNNING", "PENDING", "PAUSED"),
+    )
+
+
+def records_from_trial_dirs(experiment: Path) -> list[TrialRecord]:
+    """Every trial of a run read back from its own folder (`params.json`, `result.json`,
+    `error.txt`, `checkpoint_*`), which Tune writes as the run goes: the way to rebuild the
+    results of a run whose experiment state is damaged."""
+    records = []
+    for params in sorted(experiment.glob("*/params.json")):
+        folder = params.parent
+        try:
+            config = json.loads(params.read_text())
+        except (OSError, ValueError):
+            continue  # a folder whose parameters are unreadable is not a trial we can report
+        metrics: dict[str, Any] = {}
+        results_file = folder / "result.json"
+        if results_file.exists():
+            for line in results_file.read_text(errors="replace").splitlines():
+                try:
+                    metrics = json.loads(line)
+                except ValueError:
+                    break  # a torn last line: keep the last whole result
+        error_file = folder / "error.txt"
+        checkpoints = sorted(folder.glob("checkpoint_*"))
+        records.append(TrialRecord(
+            trial_id=str(metrics.get("trial_id", folder.name)),
+            config=config,
+            metrics=metrics,
+            error=_error_line(error_file.read_text(errors="replace")) if error_file.exists() else "",
+            error_file=str(error_file) if error_file.exists() else "",
+            checkpoint=str(checkpoints[-1]) if checkpoints else "",
+        ))
+    return records
+
+
+# -- the live file ---------------------------------------------------------------------------------
+
+
+def results_file_callback(experiment: Path, metric: str, mode: str, max_iterations: int | None) -> Any:
+    """A Tune callback that rewrites `experiment/results.csv` and `summary.json` whenever a trial
+    ends, so every finished trial is on disk whatever happens to the driver afterwards."""
+    from ray.tune import Callback
+
+    class ResultsFileCallback(Callback):
+        def _write(self, trials: list) -> None:
+            write_run_files(experiment, [record_from_trial(t) for t in trials], metric, mode, max_iterations)
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self._write(trials)
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self._write(trials)
+
+    return ResultsFileCallback()
+
+
+# -- the finished sweep ----------------------------------------------------------------------------
+
+
 class SweepResult:
-    def __init__(self, result_grid: ResultGrid, metric: str, mode: str, max_iterations: int | None = None):
+    """A finished sweep: `ResultGrid`'s API plus one row per configuration, files and a plot."""
+
+    def __init__(self, result_grid: Any, metric: str, mode: str, max_iterations: int | None = None):
         self.result_grid = result_grid
         self.metric = metric
         self.mode = mode
@@ -30,60 +258,79 @@ class SweepResult:
         self.extras: dict[str, Any] = {}  # engine reports (e.g. muP transfer) attach here
         self.controller: Any = None  # the sweep's `hpo:<name>` actor handle, when one ran
         self.actors: list[Any] = []  # every actor the sweep owns (controller, fusion broker)
+        self.paths: dict[str, Path] = {}  # the files `write` wrote
+        self.records = [record_from_result(result) for result in result_grid]
 
+    # ResultGrid's API
     @property
     def experiment_path(self) -> str:
         return self.result_grid.experiment_path
 
+    def __len__(self) -> int:
+        return len(self.result_grid)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.result_grid)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.result_grid[index]
+
+    @property
+    def errors(self) -> list[BaseException]:
+        return self.result_grid.errors
+
+    @property
+    def num_errors(self) -> int:
+        return self.result_grid.num_errors
+
+    @property
+    def num_terminated(self) -> int:
+        return self.result_grid.num_terminated
+
+    def get_best_result(self, metric: str | None = None, mode: str | None = None) -> Any:
+        """The `ray.tune.Result` of the best finished trial by its last reported metric (errored
+        and unfinished trials never count); RuntimeError when no trial qualifies."""
+        best = best_record(self.records, metric or self.metric, mode or self.mode, self.max_iterations)
+        if best is None:
+            raise RuntimeError(f"no finished trial reported {metric or self.metric!r}")
+        return best.history
+
     @property
     def best_result(self) -> Any:
-        """The `ray.tune.Result` with the best last-reported metric among trials that reported it."""
-        return self.result_grid.get_best_result(self.metric, self.mode, scope="last", filter_nan_and_inf=True)
+        return self.get_best_result()
 
     @property
     def best_config(self) -> dict[str, Any]:
         return dict(self.best_result.config)
 
-    def _status(self, result: Any) -> str:
-        metrics = result.metrics or {}
-        if result.error is not None:
-            return "error"
-        if metrics.get("diverged"):
-            return "diverged"
-        if self.max_iterations is not None and metrics.get("training_iteration", 0) < self.max_iterations:
-            return "early_stopped"
-        return "completed"
+    @property
+    def best_checkpoint(self) -> str:
+        """Path of the best trial's latest checkpoint ('' when it saved none)."""
+        best = self.best_result
+        return best.checkpoint.path if best.checkpoint is not None else ""
+
+    def error_records(self) -> list[TrialRecord]:
+        return [record for record in self.records if record.error]
 
     def get_dataframe(self) -> pd.DataFrame:
-        """One row per configuration: trial id, `config/<key>` columns, metric, iterations, status."""
-        rows = []
-        for result in self.result_grid:
-            metrics = result.metrics or {}
-            value = metrics.get(self.metric)
-            row: dict[str, Any] = {"trial_id": metrics.get("trial_id", Path(result.path).name if result.path else "")}
-            row.update({f"config/{key}": value for key, value in (result.config or {}).items()})
-            row[self.metric] = value if isinstance(value, (int, float)) else math.nan
-            row["iterations"] = int(metrics.get("training_iteration", 0))
-            row["status"] = self._status(result)
-            row["error"] = _error_line(result.error)
-            rows.append(row)
-        frame = pd.DataFrame(rows)
-        if not frame.empty:
-            frame = frame.sort_values(self.metric, ascending=self.mode == "min", na_position="last", kind="stable")
-        return frame.reset_index(drop=True)
+        """One row per configuration (see `record_row`), best first."""
+        rows = [record_row(record, self.metric, self.max_iterations) for record in self.records]
+        return rows_frame(rows, self.metric, self.mode)
 
     def write(self, directory: str | Path | None = None) -> dict[str, Path]:
-        """Write `results.csv` and `curves.png` next to the experiment (or into `directory`)."""
+        """Write `results.csv`, `summary.json` and `curves.png` next to the experiment (or into
+        `directory`)."""
         directory = Path(directory or self.experiment_path)
-        directory.mkdir(parents=True, exist_ok=True)
-        csv_path = directory / "results.csv"
-        self.get_dataframe().to_csv(csv_path, index=False)
-        plot_path = directory / "curves.png"
-        self.plot(plot_path)
-        return {"results": csv_path, "plot": plot_path}
+        write_run_files(directory, self.records, self.metric, self.mode, self.max_iterations)
+        plot_path = directory / PLOT_FILE
+        write_atomically(plot_path, self.plot)
+        self.paths = {"results": directory / RESULTS_FILE, "summary": directory / SUMMARY_FILE, "plot": plot_path}
+        return self.paths
 
     def plot(self, path: str | Path) -> None:
-        """Every trial's metric against training iteration; the best trial highlighted."""
+        """Every trial's metric against training iteration; the best trial highlighted. The axis
+        is logarithmic when positive values span more than two decades, so one diverging trial
+        does not flatten the others."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -94,10 +341,12 @@ class SweepResult:
         except RuntimeError:
             best_path = None
         figure, axes = plt.subplots(figsize=(8, 5))
+        values: list[float] = []
         for result in self.result_grid:
             history = result.metrics_dataframe
             if history is None or self.metric not in history:
                 continue
+            values += [v for v in history[self.metric] if isinstance(v, (int, float)) and math.isfinite(v)]
             if result.path == best_path:
                 continue
             axes.plot(history["training_iteration"], history[self.metric], color="0.7", linewidth=1)
@@ -105,15 +354,22 @@ class SweepResult:
             history = self.best_result.metrics_dataframe
             axes.plot(history["training_iteration"], history[self.metric], color="tab:red", linewidth=2.5, label="best trial")
             axes.legend()
+        if values and min(values) > 0 and max(values) / min(values) > 100:
+            axes.set_yscale("log")
         axes.set_xlabel("training iteration")
         axes.set_ylabel(self.metric)
         axes.set_title(f"{Path(self.experiment_path).name}: {len(self.result_grid)} trials")
         axes.grid(alpha=0.3)
         figure.tight_layout()
-        figure.savefig(path, dpi=100)
+        figure.savefig(path, dpi=100, format="png")
         plt.close(figure)
 
     def summary_table(self, max_rows: int = 40) -> str:
-        frame = self.get_dataframe()
-        shown = frame.drop(columns=["error"]).rename(columns=lambda c: c.removeprefix("config/"))
-        return shown.head(max_rows).to_string(index=False, float_format=lambda v: f"{v:.4g}")
+        return summary_table(self.get_dataframe(), self.metric, max_rows)
+
+
+def summary_table(frame: pd.DataFrame, metric: str, max_rows: int = 40) -> str:
+    """The console table: configuration, the metric, iterations and status of each trial."""
+    columns = [c for c in frame.columns if c.startswith("config/")] + [metric, "iterations", "status"]
+    shown = frame[[c for c in columns if c in frame]].rename(columns=lambda c: c.removeprefix("config/"))
+    return shown.head(max_rows).to_string(index=False, float_format=lambda v: f"{v:.4g}")

@@ -1,0 +1,100 @@
+"""Run files: rows of one shape from every source, atomic replacement, versioned runs, and a
+damaged run state refused with the file named."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from hpo.cli import EXIT_BAD_INPUT, main
+from hpo.results import RESULTS_FILE, SUMMARY_FILE, TrialRecord, best_record, records_from_trial_dirs, write_run_files
+from hpo.run_dirs import RunStateError, fresh_run_name, latest_run, verify_run_state
+
+
+def record(trial_id, loss, iterations=3, **kwargs):
+    return TrialRecord(trial_id, {"lr": float(trial_id[-1])}, {"loss": loss, "training_iteration": iterations, "acc": 0.5}, **kwargs)
+
+
+def test_the_best_is_never_an_errored_diverged_running_or_unfinished_trial():
+    records = [
+        record("t1", 0.1, error="ValueError: boom"),
+        record("t2", math.nan),
+        record("t3", 0.2, running=True),
+        record("t4", 0.9),
+        record("t5", 0.5, iterations=1),  # stopped early by the scheduler: a finished outcome
+    ]
+    assert best_record(records, "loss", "min", max_iterations=3).trial_id == "t5"
+    assert best_record(records[:3], "loss", "min", max_iterations=3) is None
+
+
+def test_run_files_hold_every_metric_status_and_checkpoint_and_leave_no_temporary(tmp_path):
+    records = [record("t1", 0.3, checkpoint="/ck/1"), record("t2", 0.2, error="ValueError: boom", error_file="/e")]
+    write_run_files(tmp_path, records, "loss", "min", 3)
+    rows = pd.read_csv(tmp_path / RESULTS_FILE)
+    assert list(rows["trial_id"]) == ["t2", "t1"]  # sorted by the metric
+    assert list(rows["status"]) == ["error", "completed"]
+    assert {"acc", "checkpoint", "error_file", "config/lr"} <= set(rows.columns)
+    summary = json.loads((tmp_path / SUMMARY_FILE).read_text())
+    assert summary["best"]["trial_id"] == "t1" and summary["errored"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [RESULTS_FILE, SUMMARY_FILE]
+
+
+def test_a_second_run_of_a_name_gets_a_new_folder_and_resume_takes_the_newest(tmp_path):
+    assert fresh_run_name(tmp_path, "sweep") == "sweep"
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / RESULTS_FILE).write_text("kept\n")
+    assert fresh_run_name(tmp_path, "sweep") == "sweep-2"
+    (tmp_path / "sweep-2").mkdir()
+    assert fresh_run_name(tmp_path, "sweep") == "sweep-3"
+    assert latest_run(tmp_path, "sweep") == tmp_path / "sweep-2"
+    assert (tmp_path / "sweep" / RESULTS_FILE).read_text() == "kept\n"
+
+
+def stored_run(tmp_path, trials=2):
+    run = tmp_path / "run"
+    run.mkdir()
+    entries = [[json.dumps({"trial_id": f"t{i}"}), json.dumps({})] for i in range(trials)]
+    (run / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({"trial_data": entries}))
+    (run / "tuner.pkl").write_bytes(b"x")
+    for i in range(trials):
+        folder = run / f"trial_{i}"
+        folder.mkdir()
+        (folder / "params.json").write_text(json.dumps({"lr": i / 10}))
+        lines = [json.dumps({"loss": 1.0 - i / 10 - step / 100, "training_iteration": step, "trial_id": f"t{i}"})
+                 for step in (1, 2)]
+        (folder / "result.json").write_text("\n".join(lines) + "\n")
+        (folder / "checkpoint_000001").mkdir()
+    return run
+
+
+def test_a_torn_experiment_state_is_refused_naming_the_file(tmp_path):
+    run = stored_run(tmp_path)
+    verify_run_state(run)
+    state = next(run.glob("experiment_state-*.json"))
+    state.write_text(state.read_text()[:40])  # a full disk cut the write short
+    with pytest.raises(RunStateError, match=state.name):
+        verify_run_state(run)
+
+
+def test_a_state_listing_fewer_trials_than_the_folders_is_refused(tmp_path):
+    run = stored_run(tmp_path, trials=3)
+    state = next(run.glob("experiment_state-*.json"))
+    data = json.loads(state.read_text())
+    state.write_text(json.dumps({"trial_data": data["trial_data"][:1]}))
+    with pytest.raises(RunStateError, match="lists 1 trials but 3 trial folders"):
+        verify_run_state(run)
+
+
+def test_results_are_rebuilt_from_the_trials_own_folders_even_with_a_torn_last_line(tmp_path, capsys):
+    run = stored_run(tmp_path)
+    with open(run / "trial_1" / "result.json", "a") as handle:
+        handle.write('{"loss": 0.0, "training_it')  # torn by a crash
+    records = records_from_trial_dirs(run)
+    assert [r.metrics["training_iteration"] for r in records] == [2, 2]
+    assert main(["results", str(run), "--rebuild", "--metric", "loss"]) == 0
+    out = capsys.readouterr().out
+    assert "rebuilt" in out and "Best configuration" in out and "checkpoint_000001" in out
+    assert main(["results", str(tmp_path / "nowhere")]) == EXIT_BAD_INPUT
