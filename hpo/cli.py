@@ -10,10 +10,15 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from hpo.errors import SweepConfigError
 
 EXIT_BAD_INPUT = 2
+#: The sweep ran, but no finished trial reported its metric.
+EXIT_NO_RESULT = 1
+#: The sweep ran, and at least one trial errored (its best, if any, is still printed).
+EXIT_TRIALS_ERRORED = 3
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -41,46 +46,113 @@ def _submit_to_allocator(spec) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from hpo.ray_runtime import ensure_ray  # before hpo.sweep imports ray: the local Ray binds to loopback
     from hpo.sweep import build_tuner, describe_plan, load_sweep
 
     loaded = load_sweep(args.file)
     if args.dry_run:
         print(describe_plan(loaded))
         return 0
-    from hpo.ray_runtime import ensure_ray
 
     fusion = loaded.spec.fusion
     if args.allocator and (fusion is None or not fusion.enabled or fusion.placement != "bubbles"):
         print(f"error: {args.file}: hpo run --allocator runs a sweep where the allocator places its groups; "
               "it needs fusion: {placement: bubbles, max_members: N}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.resume and not loaded.experiment_path.exists():
-        print(f"error: nothing to resume at {loaded.experiment_path}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    run_path = None
+    if args.resume:
+        from hpo.run_dirs import RunStateError, latest_run, verify_run_state
+
+        run_path = latest_run(Path(loaded.spec.storage_path).resolve(), loaded.spec.name)
+        if run_path is None:
+            print(f"error: nothing to resume at {loaded.experiment_path}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        try:
+            verify_run_state(run_path)  # before Ray starts: a damaged run is refused, never started over
+        except RunStateError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     ensure_ray(address=args.address, dashboard=args.dashboard)
     tuning_job = _submit_to_allocator(loaded.spec) if args.allocator else None
     try:
         tuner = build_tuner(loaded, show_progress=True)
-        result = tuner.resume(str(loaded.experiment_path)) if args.resume else tuner.fit()
+        result = tuner.resume(str(run_path)) if run_path is not None else tuner.fit()
     finally:
         if tuning_job is not None:
             from scheduler_bridge import jobs_api
 
             jobs_api.cancel(tuning_job)  # the allocator withdraws the sweep's idle GPUs and bubbles
-    paths = result.write()
+    return _report(result)
+
+
+def _report(result) -> int:
+    """Print the table, the best configuration and the files; the exit status says whether every
+    trial ran (0), some trial errored (EXIT_TRIALS_ERRORED), or none reported the metric (1)."""
     print()
     print(result.summary_table())
     print()
+    errored = result.error_records()
     try:
         best = result.best_result
     except RuntimeError:
-        print("no trial reported the metric; see the error column in", paths["results"])
-        return 1
-    print(f"Best configuration ({result.metric} = {best.metrics[result.metric]:.4g}):")
-    print(json.dumps(result.best_config, indent=2, default=str))
+        best = None
+    if best is not None:
+        print(f"Best configuration ({result.metric} = {best.metrics[result.metric]:.4g}):")
+        print(json.dumps(result.best_config, indent=2, default=str))
+        if result.best_checkpoint:
+            print(f"best checkpoint: {result.best_checkpoint}")
     for label, value in result.extras.items():
         print(f"{label}: {value}")
-    print(f"results: {paths['results']}\nplot:    {paths['plot']}")
+    print(f"results: {result.paths['results']}\nplot:    {result.paths['plot']}")
+    if errored:
+        first = errored[0]
+        where = f" (error file: {first.error_file})" if first.error_file else ""
+        print(f"error: {len(errored)} of {len(result)} trials errored; first: {first.error}{where}", file=sys.stderr)
+        return EXIT_TRIALS_ERRORED
+    if best is None:
+        print(f"error: no finished trial reported {result.metric!r}; see the status column in {result.paths['results']}",
+              file=sys.stderr)
+        return EXIT_NO_RESULT
+    return 0
+
+
+def _cmd_results(args: argparse.Namespace) -> int:
+    """Reprint a stored run's table, best configuration and files; `--rebuild` first rewrites
+    results.csv and summary.json from the trials' own folders (for a run whose state is damaged)."""
+    from hpo.results import RESULTS_FILE, SUMMARY_FILE, records_from_trial_dirs, summary_table, write_run_files
+
+    run = Path(args.run_dir)
+    summary_path = run / SUMMARY_FILE
+    if args.rebuild:
+        stored = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        metric = args.metric or stored.get("metric")
+        if not metric:
+            print(f"error: {summary_path} is missing; name the metric with --metric", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        mode = args.mode or stored.get("mode", "min")
+        records = records_from_trial_dirs(run)
+        if not records:
+            print(f"error: {run}: no trial folders (*/params.json) to rebuild from", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        write_run_files(run, records, metric, mode, stored.get("max_iterations"))
+        print(f"rebuilt {run / RESULTS_FILE} from {len(records)} trial folders")
+    if not (run / RESULTS_FILE).exists() or not summary_path.exists():
+        print(f"error: {run}: no {RESULTS_FILE} and {SUMMARY_FILE}; is this a run folder? (try --rebuild)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    import pandas as pd
+
+    summary = json.loads(summary_path.read_text())
+    print(summary_table(pd.read_csv(run / RESULTS_FILE), summary["metric"]))
+    print()
+    best = summary.get("best")
+    if best:
+        print(f"Best configuration ({summary['metric']} = {best['value']:.4g}):")
+        print(json.dumps(best["config"], indent=2, default=str))
+        if best.get("checkpoint"):
+            print(f"best checkpoint: {best['checkpoint']}")
+    print(f"results: {run / RESULTS_FILE}\nsummary: {summary_path}")
+    if summary.get("errored"):
+        print(f"{summary['errored']} of {summary['trials']} trials errored", file=sys.stderr)
     return 0
 
 
@@ -142,6 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check a YAML sweep without running it")
     validate.add_argument("file")
     validate.set_defaults(func=_cmd_validate)
+
+    results = commands.add_parser("results", help="reprint a stored run's table, best configuration and files")
+    results.add_argument("run_dir", help="the run's folder (storage_path/name)")
+    results.add_argument("--rebuild", action="store_true",
+                         help="first rebuild results.csv and summary.json from the trials' own folders")
+    results.add_argument("--metric", default=None, help="with --rebuild when summary.json is missing: the metric")
+    results.add_argument("--mode", choices=["min", "max"], default=None, help="with --rebuild: min or max")
+    results.set_defaults(func=_cmd_results)
 
     check = commands.add_parser("coord-check", help="muP coordinate check of a workload over several widths")
     check.add_argument("trainable", help="built-in example name or package.module:workload")
