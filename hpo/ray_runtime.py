@@ -1,14 +1,48 @@
-"""Starting Ray for a sweep: an embedded local Ray sized to the machine, or an existing cluster."""
+"""Starting Ray for a sweep: an embedded local Ray that only this host can reach, or an existing cluster.
+
+Two things Ray does not do for a local `ray.init()` are done here:
+
+- Loopback only. Ray takes the node's address from the interface that routes outward and binds its
+  gRPC servers (GCS, raylet, object manager, core workers) to every interface, and its agents to that
+  address; a `ray.init(_node_ip_address="127.0.0.1")` is turned back into the outward address. Ray
+  uses the loopback address as the node address, and binds every server to it, only when
+  `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER` is false (its single-machine mode, meant for macOS and
+  Windows, honoured on Linux too). Ray reads that variable once, when `ray` is first imported, so
+  importing this module sets it (unless it is set already) and must come before anything imports
+  `ray`; `ensure_ray` warns where it came too late. Joining a cluster (`address=`) is unaffected.
+- No process left behind. Ray ties the GCS, raylet and head processes to the driver (the kernel kills
+  them when it dies), but not the dashboard agent and runtime-env agent that the raylet starts: after
+  a SIGKILLed driver they wait a minute or more on the dead GCS. A small watchdog process (this
+  file run as a script: `ray_runtime.py --reap DRIVER_PID RAY_PIDS...`) follows the local Ray's
+  process tree while the driver lives and ends whatever of it the driver leaves behind.
+"""
 
 from __future__ import annotations
 
+import argparse
+import ipaddress
+import logging
 import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
 
-import ray
+#: Ray's switch for its loopback-only single-machine mode (see the module docstring).
+LOOPBACK_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+os.environ.setdefault(LOOPBACK_ONLY_ENV, "0")
 
 NAMESPACE = "hpo"
 #: The object store only carries checkpoints and small results; a small one starts fast.
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
+#: How often the watchdog re-reads the local Ray's process tree, which grows as workers start.
+WATCH_INTERVAL_S = 0.5
+#: How long the processes of a dead driver's Ray get to exit on SIGTERM before SIGKILL.
+TERM_GRACE_S = 2.0
+
+logger = logging.getLogger(__name__)
 
 
 def ensure_ray(address: str | None = None, dashboard: bool = False, num_gpus: int | None = None) -> None:
@@ -16,18 +50,135 @@ def ensure_ray(address: str | None = None, dashboard: bool = False, num_gpus: in
 
     A Ray that is already up (a test fixture, a notebook) is used as it is.
     """
+    import ray
+
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
         return
-    ray.init(
-        address="local",  # a new Ray even when `ray start` runs a cluster on this machine
+    start_local_ray(
         num_cpus=os.cpu_count() or 1,
         num_gpus=num_gpus,
-        include_dashboard=dashboard,
+        dashboard=dashboard,
         object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+    )
+
+
+def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool = False,
+                    object_store_memory: int = LOCAL_OBJECT_STORE_BYTES, **init_kwargs: Any) -> None:
+    """Start a new Ray on this machine that listens on loopback only and dies with this process.
+
+    A new Ray even when `ray start` runs a cluster on this machine (`address="local"`). Token
+    authentication stays as Ray sets it (on for a new local Ray); it is never turned off here.
+    `init_kwargs` go to `ray.init` (a test's `runtime_env`, `_system_config`).
+    """
+    import psutil
+    import ray
+
+    node_ip = ray.util.get_node_ip_address()  # before init: the address Ray will bind to
+    if not ipaddress.ip_address(node_ip).is_loopback:
+        logger.warning(
+            "the local Ray will listen on %s and on all interfaces: `ray` was imported before "
+            "hpo.ray_runtime; set %s=0 in the environment, or import hpo.ray_runtime first",
+            node_ip, LOOPBACK_ONLY_ENV)
+    me = psutil.Process()
+    before = {child.pid for child in me.children()}
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        include_dashboard=dashboard,
+        dashboard_host="127.0.0.1",  # Ray's default; stated, as it is the one server Ray lets us place
+        object_store_memory=object_store_memory,
         namespace=NAMESPACE,
         log_to_driver=False,
+        **init_kwargs,
     )
+    ray_roots = [child.pid for child in me.children() if child.pid not in before]
+    _start_watchdog(ray_roots)
+
+
+def _start_watchdog(ray_roots: Sequence[int]) -> None:
+    """Start the process that ends this Ray's processes once this one is gone, however it died.
+
+    It runs this file as a script (stdlib and psutil only: it starts in a blink and needs no
+    import path; `-P` keeps this package's folder off `sys.path`), in its own session so that a
+    terminal's Ctrl-C, meant for the driver, which then shuts Ray down itself, does not reach it.
+    """
+    subprocess.Popen(
+        [sys.executable, "-P", os.path.abspath(__file__), "--reap", str(os.getpid()), *map(str, ray_roots)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _reap_when_driver_exits(driver_pid: int, ray_roots: Sequence[int]) -> None:
+    """Follow the driver's Ray processes and their descendants until the driver exits, then end them.
+
+    Processes are remembered with their start time (psutil checks it before signalling), so a
+    recycled pid is never signalled.
+    """
+    import psutil
+
+    try:
+        driver = psutil.Process(driver_pid)
+    except psutil.NoSuchProcess:
+        driver = None
+    roots = []
+    for pid in ray_roots:
+        try:
+            roots.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    watched: dict[int, psutil.Process] = {}
+    while _alive(driver):
+        for root in roots:
+            try:
+                for process in [root, *root.children(recursive=True)]:
+                    watched.setdefault(process.pid, process)
+            except psutil.NoSuchProcess:
+                pass
+        watched = {pid: process for pid, process in watched.items() if _alive(process)}
+        if not watched:
+            return  # the driver shut its Ray down and lives on: nothing left to watch
+        time.sleep(WATCH_INTERVAL_S)
+    survivors = [process for process in watched.values() if _alive(process)]
+    for process in survivors:
+        _signal(process, signal.SIGTERM)
+    _, still_alive = psutil.wait_procs(survivors, timeout=TERM_GRACE_S)
+    for process in still_alive:
+        _signal(process, signal.SIGKILL)
+
+
+def _alive(process: Any) -> bool:
+    """Running and not a zombie (a dead driver stays a zombie until its parent reaps it)."""
+    import psutil
+
+    try:
+        return process is not None and process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _signal(process: Any, signum: int) -> None:
+    import psutil
+
+    try:
+        process.send_signal(signum)  # psutil checks the start time: never a recycled pid
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
+
+
+def _main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="ray_runtime.py", description=__doc__)
+    parser.add_argument("--reap", type=int, nargs="+", required=True, metavar="PID",
+                        help="the driver's pid, then the pids of the Ray processes it started")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _reap_when_driver_exits(args.reap[0], args.reap[1:])
+
+
+if __name__ == "__main__":
+    _main()

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from hpo.ray_runtime import start_local_ray  # before anything imports ray: loopback only
+
 # Token authentication on, whatever the shell says: a test Ray is as reachable as any other, and
 # subprocess clients given `--address` inherit the mode (an explicit address never auto-enables it);
 # they read the token that the fixture's `ray.init` wrote to ~/.ray/auth_token if none was there.
@@ -40,14 +42,10 @@ def ray_local():
     """One real Ray per test module (fake GPUs schedule like real ones)."""
     import ray
 
-    ray.init(
-        address="local",
+    start_local_ray(
         num_cpus=2,
         num_gpus=4,
-        include_dashboard=False,
         object_store_memory=128 * 1024**2,
-        namespace="hpo",
-        log_to_driver=False,
         # Trainables defined in test modules must import on Ray's workers too.
         runtime_env={"env_vars": {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}},
         _system_config={"metrics_report_interval_ms": 1000},
