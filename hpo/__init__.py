@@ -10,6 +10,8 @@ benchmarks, and the modules that must not import torch (the CLI's help, fused me
 import `hpo` without paying for torch.
 """
 
+import hpo.ray_runtime  # noqa: F401  first: Ray's loopback-only switch must be set before anything imports ray
+
 _LAZY = {
     "Workload": "hpo.workload",
     "Tuner": "hpo.api",

@@ -8,8 +8,8 @@ Two things Ray does not do for a local `ray.init()` are done here:
   uses the loopback address as the node address, and binds every server to it, only when
   `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER` is false (its single-machine mode, meant for macOS and
   Windows, honoured on Linux too). Ray reads that variable once, when `ray` is first imported, so
-  importing this module sets it (unless it is set already) and must come before anything imports
-  `ray`; `ensure_ray` warns where it came too late. Joining a cluster (`address=`) is unaffected.
+  importing this module sets it (unless it is set already) and `hpo/__init__.py` imports it first;
+  `start_local_ray` warns where `ray` came earlier. Joining a cluster (`address=`) is unaffected.
 - No process left behind. Ray ties the GCS, raylet and head processes to the driver (the kernel kills
   them when it dies), but not the dashboard agent and runtime-env agent that the raylet starts: after
   a SIGKILLed driver they wait a minute or more on the dead GCS. A small watchdog process (this
