@@ -7,7 +7,9 @@ seed 0, K iterations each, no early stopping):
 2. `plain_tune`: plain Ray Tune written carefully (function trainable, `reuse_actors=True`, no
    checkpoints);
 3. `hpo_run`: `hpo.run` unfused (checkpoints per the default policy);
-4. `hpo_run_fused`: `hpo.run` with `FusionConfig(max_members=N)`.
+4. `hpo_run_fused`: `hpo.run` with `FusionConfig(max_members=N)`;
+5. `hpo_run_checkpoint_at_end` (with `--rows`): `hpo.run` unfused checkpointing only the last
+   iteration; its difference with `hpo_run` is what persisting checkpoints costs.
 
 Ray starts once (`ray_init_s`) and is excluded from every sweep's seconds. For each Ray row the
 profile splits wall time by what the driver sees (start-up until the first result, the stream of
@@ -46,7 +48,8 @@ def base_config() -> dict[str, Any]:
 
 
 class WorkerMemory:
-    """Peak summed RSS and PSS of Ray's worker processes (`ray::...` titles), sampled in a thread."""
+    """Peak summed RSS and PSS of this driver's Ray worker processes (`ray::...` titles among its
+    descendants: other Ray clusters on a shared box are not counted), sampled in a thread."""
 
     def __init__(self, interval_s: float = 0.25):
         self.interval_s = interval_s
@@ -67,9 +70,9 @@ class WorkerMemory:
     def _sample(self) -> None:
         while not self._stop.is_set():
             rss = pss = count = 0
-            for proc in psutil.process_iter(["cmdline"]):
+            for proc in psutil.Process().children(recursive=True):
                 try:
-                    cmdline = proc.info["cmdline"] or []
+                    cmdline = proc.cmdline()
                     if not cmdline or not cmdline[0].startswith("ray::"):
                         continue
                     info = proc.memory_full_info()
@@ -169,7 +172,9 @@ def plain_tune(lrs: list[float], iterations: int, storage: str) -> dict[str, Any
     }
 
 
-def hpo_sweep(lrs: list[float], iterations: int, storage: str, name: str, fusion: Any) -> dict[str, Any]:
+def hpo_sweep(
+    lrs: list[float], iterations: int, storage: str, name: str, fusion: Any, checkpoint: dict[str, Any] | None = None
+) -> dict[str, Any]:
     import hpo
     from ray import tune
 
@@ -184,14 +189,12 @@ def hpo_sweep(lrs: list[float], iterations: int, storage: str, name: str, fusion
         storage_path=storage,
         name=name,
         fusion=fusion,
+        checkpoint=checkpoint,
         callbacks=[timeline.callback],
     )
     end = time.perf_counter()
     frame = result.get_dataframe()
     profile = timeline.profile(start, end)
-    for column in ("time_train_s", "time_checkpoint_s"):
-        if column in frame:  # what the trials report they spent, summed over trials
-            profile[f"trials_{column}"] = round(float(frame[column].sum()), 2)
     return {
         "seconds": end - start,
         "best_lr": result.best_config["lr"],
@@ -229,6 +232,10 @@ def main() -> None:
             "plain_tune": lambda: plain_tune(lrs, iterations, storage),
             "hpo_run": lambda: hpo_sweep(lrs, iterations, storage, "hpo_run", None),
             "hpo_run_fused": lambda: hpo_sweep(lrs, iterations, storage, "hpo_run_fused", hpo.FusionConfig(max_members=count)),
+            # checkpoint persistence's share, by difference with hpo_run's default policy
+            "hpo_run_checkpoint_at_end": lambda: hpo_sweep(
+                lrs, iterations, storage, "hpo_run_checkpoint_at_end", None, {"every": iterations, "at_end": True}
+            ),
         }
         for label, sweep in runs.items():
             if label not in rows_wanted:
