@@ -4,14 +4,13 @@ Public entry points: `hpo.run` (like `tune.run`), `hpo.Tuner` (like `ray.tune.Tu
 schema `SweepSpec`, the `Workload` interface for model factories, `FusionConfig` and
 `ScalingConfig`.
 
-The names that need Ray load on first use (PEP 562), so the engines' pure-PyTorch modules
-(`hpo.workload`, `hpo.hparams`, `hpo.scaling`) import where Ray is not installed, such as a GPU
-box running the benchmarks.
+Every name loads on first use (PEP 562): the engines' pure-PyTorch modules (`hpo.workload`,
+`hpo.hparams`, `hpo.scaling`) import where Ray is not installed, such as a GPU box running the
+benchmarks, and `hpo --help` or `hpo validate` import neither torch nor Ray.
 """
 
-from hpo.workload import Workload
-
 _LAZY = {
+    "Workload": "hpo.workload",
     "Tuner": "hpo.api",
     "run": "hpo.api",
     "SweepConfigError": "hpo.errors",
