@@ -47,12 +47,17 @@ class YamlSource:
     @classmethod
     def from_text(cls, text: str, name: str = "<string>") -> "YamlSource":
         # A SafeLoader builds no Python objects from tags (no !!python/object).
-        loader = SweepLoader(text)
+        loader = None
         try:
+            loader = SweepLoader(text)  # the reader refuses control characters here, before parsing
             node = loader.get_single_node()
             if node is not None:
                 _check_expansion(node, name)
             data = loader.construct_document(node) if node is not None else None
+        except yaml.reader.ReaderError as exc:
+            line = text[: exc.position].count("\n") + 1
+            message = f"malformed YAML: character U+{exc.character:04X} is not allowed in a YAML file ({exc.reason})"
+            raise SweepConfigError([ConfigIssue("", message, line)], name) from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             line = mark.line + 1 if mark is not None else None
@@ -61,7 +66,8 @@ class YamlSource:
         except RecursionError:
             raise SweepConfigError([ConfigIssue("", "malformed YAML: nested too deeply", None)], name) from None
         finally:
-            loader.dispose()
+            if loader is not None:
+                loader.dispose()
         lines: dict[str, int] = {}
         if node is not None:
             duplicates: list[ConfigIssue] = []
