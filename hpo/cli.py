@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="run a YAML sweep", description="Run a YAML sweep. It is checked first, before Ray starts "
         "(the checks of `hpo validate`)."
     )
-    run.add_argument("file", help="sweep YAML file; it names Python code that runs (see README, 'Sweep files are code')")
+    run.add_argument("file", help="sweep YAML file; it names Python code that runs (see the README: Sweep files are code)")
     run.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same name")
     run.add_argument("--dry-run", action="store_true", help="check the sweep and print the plan without starting Ray")
     run.add_argument("--address", default=None, help="join an existing Ray cluster (default: RAY_ADDRESS or a local Ray)")

@@ -72,7 +72,7 @@ def check_function(loaded: LoadedSweep) -> list[ConfigIssue]:
             issues.append(loaded.issue(block, (
                 f"{block} needs a Workload trainable (model factory, data and loss kept apart), but "
                 f"{loaded.spec.trainable!r} is a function; remove the {block} block or wrap the model in an "
-                "hpo.Workload (README: 'From a Tune function to a Workload')"
+                "hpo.Workload (build_model, train_batches, eval_batches: see hpo/workload.py)"
             )))
     return issues
 
