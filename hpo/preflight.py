@@ -18,6 +18,7 @@ import glob
 import inspect
 import os
 import sys
+import textwrap
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -46,7 +47,7 @@ def preflight(loaded: LoadedSweep, address: str | None = None) -> list[ConfigIss
         issues += _static_signature(loaded)
     elif is_workload(trainable):
         issues += check_metric(loaded, notes)
-        issues += check_workload_keys(loaded)
+        issues += check_workload_keys(loaded, notes)
         if not issues and loaded.spec.scaling is not None:
             issues += check_scaling(loaded, notes)
     else:
@@ -139,24 +140,34 @@ def check_metric(loaded: LoadedSweep, notes: list[ConfigIssue]) -> list[ConfigIs
 # -- a Workload's config keys ----------------------------------------------------------------
 
 
-def check_workload_keys(loaded: LoadedSweep) -> list[ConfigIssue]:
+def check_workload_keys(loaded: LoadedSweep, notes: list[ConfigIssue]) -> list[ConfigIssue]:
     """Every search-space key is one the workload or hpo's trainer reads, and the optimizer and
-    schedule names are ones the trainer builds (a Workload trains with hpo's optimizers)."""
+    schedule names are ones the trainer builds (a Workload trains with hpo's optimizers).
+
+    A workload reads its `defaults` and any key its own code names (`config["key"]`,
+    `config.get("key")`); when its source cannot be read, an unknown key is only a warning.
+    """
     from hpo.hparams import OPTIMIZERS, SCHEDULES, OptimHParams
     from hpo.spec import did_you_mean
 
     workload = loaded.trainable
     spec = loaded.spec
-    readable = OptimHParams.keys() | TRAINER_KEYS | set(workload.defaults)
+    in_code = keys_named_by(type(workload))
+    readable = OptimHParams.keys() | TRAINER_KEYS | set(workload.defaults) | (in_code or set())
     if spec.scaling is not None:
         readable |= MUP_KEYS
     issues = []
-    for key, param in spec.parameters.items():
+    for key in spec.parameters:
         if key not in readable:
-            issues.append(loaded.issue(f"parameters.{key}", (
-                f"workload {workload.name!r} never reads {key!r}{did_you_mean(key, readable)}; a key your workload "
-                "reads belongs in its `defaults` (hpo's trainer reads: " + ", ".join(sorted(OptimHParams.keys() | TRAINER_KEYS)) + ")"
-            )))
+            message = (
+                f"workload {workload.name!r} never reads {key!r}{did_you_mean(key, readable)}; it reads "
+                f"{', '.join(sorted(set(workload.defaults) | (in_code or set())))} and hpo's trainer reads "
+                f"{', '.join(sorted(OptimHParams.keys() | TRAINER_KEYS))}"
+            )
+            if in_code is None:
+                notes.append(loaded.issue(f"parameters.{key}", f"warning: {message} (its source could not be read)"))
+            else:
+                issues.append(loaded.issue(f"parameters.{key}", message))
     for key, allowed in (("optimizer", OPTIMIZERS), ("lr_schedule", SCHEDULES)):
         param = spec.parameters.get(key)
         if param is None:
@@ -169,6 +180,35 @@ def check_workload_keys(loaded: LoadedSweep) -> list[ConfigIssue]:
                     f"{', '.join(allowed)}"
                 )))
     return issues
+
+
+def keys_named_by(cls: type) -> set[str] | None:
+    """String keys the code of `cls` and its user-written bases subscripts or `.get`s, found by
+    parsing their source (nothing runs); None when some source is not available."""
+    from hpo.workload import Workload
+
+    keys: set[str] = set()
+    for klass in cls.__mro__:
+        if klass in (object, Workload) or klass.__module__ in ("abc", "builtins"):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            return None
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+                key = node.slice.value
+            elif (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("get", "pop", "setdefault") and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                key = node.args[0].value
+            else:
+                continue
+            if isinstance(key, str):
+                keys.add(key)
+    return keys
 
 
 def check_scaling(loaded: LoadedSweep, notes: list[ConfigIssue]) -> list[ConfigIssue]:

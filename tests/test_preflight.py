@@ -180,3 +180,24 @@ def test_dry_run_reports_grid_size_and_inclusive_bounds_as_written(user_dir, cap
     out = capsys.readouterr().out
     assert "x: integer from 1 to 3 inclusive" in out
     assert "trials: 10" in out
+
+
+def test_a_key_the_workloads_own_code_reads_is_accepted_without_a_default(tmp_path, capsys):
+    shutil.copy(Path(__file__).resolve().parent / "bad_sweeps" / "bad_workloads.py", tmp_path)
+    (tmp_path / "logged_tiny.py").write_text(textwrap.dedent('''
+        from bad_workloads import Tiny
+
+        class Logged(Tiny):
+            def build_model(self, config):
+                print("building for", config["log_path"], config.get("tag"))
+                return super().build_model(config)
+
+        workload = Logged()
+    '''))
+    text = WORKLOAD_SWEEP.replace("bad_workloads:tiny", "logged_tiny:workload").replace("scaling: {target_width: 64, ratio: 4}\n", "")
+    text += "  log_path: {value: /tmp/x}\n  tag: {values: [a, b]}\n"
+    code = main(["validate", str(sweep(tmp_path, text))])
+    assert code == 0, capsys.readouterr().err
+    code = main(["validate", str(sweep(tmp_path, text + "  wd: {value: 0.1}\n"))])
+    err = capsys.readouterr().err
+    assert code == 2 and "parameters.wd: workload 'tiny' never reads 'wd'" in err, err
