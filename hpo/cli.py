@@ -96,19 +96,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_coord_check(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from hpo.scaling import coord_check
+    from hpo.sweep_file import describe_exception
     from hpo.trainables import TrainableNotFound, resolve_trainable
     from hpo.workload import Workload
 
-    try:
-        workload = resolve_trainable(args.trainable)
+    try:  # a module in the current folder is importable, as it is for `python -m`
+        workload = resolve_trainable(args.trainable, search_dir=Path.cwd(), for_ray=False)
     except TrainableNotFound as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # the module's own code failed (a SyntaxError included): one line
+        print(f"error: importing {args.trainable!r} failed: {describe_exception(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if not isinstance(workload, Workload):
         print(f"error: {args.trainable!r} is a function; the coordinate check needs a Workload", file=sys.stderr)
         return EXIT_BAD_INPUT
-    config = dict(item.split("=", 1) for item in args.set)
+    config = dict(args.set)
     report = coord_check(
         workload,
         widths=args.widths,
@@ -120,6 +126,13 @@ def _cmd_coord_check(args: argparse.Namespace) -> int:
     print(report.summary())
     print(f"plot: {report.plot_path}")
     return 0 if report.ok else 1
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
 
 
 def _literal(text: str) -> object:
@@ -229,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser("coord-check", help="muP coordinate check of a workload over several widths")
     check.add_argument("trainable", help="built-in example name or package.module:workload")
     check.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128, 256], help="model widths to compare (default: 32 64 128 256)")
-    check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fixed config values")
+    check.add_argument("--set", action="append", default=[], type=_key_value, metavar="KEY=VALUE", help="fixed config values")
     check.add_argument("--tolerance", type=float, default=None, help="largest allowed slope of log activation size")
     check.add_argument("--parametrization", choices=["mup", "sp"], default="mup", help="muP (default) or standard parametrisation, to compare")
     check.add_argument("--plot", default="coord_check.png", help="where to write the plot (default: coord_check.png)")

@@ -201,3 +201,14 @@ def test_a_key_the_workloads_own_code_reads_is_accepted_without_a_default(tmp_pa
     code = main(["validate", str(sweep(tmp_path, text + "  wd: {value: 0.1}\n"))])
     err = capsys.readouterr().err
     assert code == 2 and "parameters.wd: workload 'tiny' never reads 'wd'" in err, err
+
+
+def test_coord_check_finds_a_module_in_the_current_folder(tmp_path, monkeypatch, capsys):
+    (tmp_path / "cwd_functions.py").write_text("def train(config):\n    return config\n")
+    (tmp_path / "cwd_broken.py").write_text("def train(config:\n    return config\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["coord-check", "cwd_functions:train"]) == 2
+    assert "'cwd_functions:train' is a function; the coordinate check needs a Workload" in capsys.readouterr().err
+    assert main(["coord-check", "cwd_broken:train"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"SyntaxError: '(' was never closed ({tmp_path / 'cwd_broken.py'}:1)" in err, err
