@@ -19,6 +19,11 @@ from hpo.errors import ConfigIssue, SweepConfigError
 #: Values (scalars, lists and mappings) a sweep file may expand to once aliases are followed.
 #: Real sweeps have a few hundred; the bound only stops alias bombs.
 MAX_EXPANDED_NODES = 10_000
+#: Nesting of `[...]` / `{...}`. PyYAML's scanner takes time quadratic in this depth (a file of
+#: 20,000 `[` scans for minutes), so deeper files are refused before PyYAML sees them.
+MAX_FLOW_DEPTH = 64
+#: Sweep files are a few kilobytes; a bound on the size bounds every other walk of the file.
+MAX_FILE_BYTES = 1024 * 1024
 
 
 class SweepLoader(yaml.SafeLoader):
@@ -47,6 +52,10 @@ class YamlSource:
     @classmethod
     def from_text(cls, text: str, name: str = "<string>") -> "YamlSource":
         # A SafeLoader builds no Python objects from tags (no !!python/object).
+        too_deep = _line_past_flow_depth(text, MAX_FLOW_DEPTH)
+        if too_deep is not None:
+            message = f"malformed YAML: [ ] and {{ }} nest more than {MAX_FLOW_DEPTH} levels deep"
+            raise SweepConfigError([ConfigIssue("", message, too_deep)], name)
         loader = None
         try:
             loader = SweepLoader(text)  # the reader refuses control characters here, before parsing
@@ -81,6 +90,9 @@ class YamlSource:
         path = Path(path)
         if not path.is_file():
             raise SweepConfigError([ConfigIssue("", f"no such sweep file: {path}")], str(path))
+        if path.stat().st_size > MAX_FILE_BYTES:
+            message = f"a sweep file is at most {MAX_FILE_BYTES // 1024} KiB; this one is {path.stat().st_size // 1024} KiB"
+            raise SweepConfigError([ConfigIssue("", message)], str(path))
         raw = path.read_bytes()
         try:
             text = raw.decode("utf-8-sig")
@@ -98,6 +110,44 @@ class YamlSource:
                 return self.lines[path]
             path = path.rpartition(".")[0]
         return self.lines.get("")
+
+
+def _line_past_flow_depth(text: str, limit: int) -> int | None:
+    """The line where flow collections first nest deeper than `limit`, or None.
+
+    Brackets inside quoted strings and comments do not count; a bracket inside a plain scalar
+    (`a[0]`) may, which only matters to a file that already nests near the limit.
+    """
+    depth, line, quote, comment = 0, 1, "", False
+    previous = "\n"
+    escaped = False
+    for char in text:
+        if char == "\n":  # ends a comment; a quoted scalar may go on over lines
+            line, comment = line + 1, False
+        elif comment:
+            pass
+        elif quote == '"':
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                quote = ""
+        elif quote == "'":
+            if char == "'":
+                quote = ""
+        elif char in "\"'" and previous in " \t\n[{,:-?":
+            quote = char
+        elif char == "#" and previous in " \t\n":
+            comment = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return line
+        elif char in "]}":
+            depth = max(0, depth - 1)
+        previous = char
+    return None
 
 
 def _check_expansion(root: yaml.Node, name: str) -> None:
