@@ -57,6 +57,8 @@ def load_sweep(path: str | Path, execute: bool = True, for_ray: bool = True) -> 
     except SyntaxError as exc:
         where = f"{exc.filename}:{exc.lineno}" if exc.lineno else str(exc.filename)
         raise loaded.fail("trainable", f"the trainable's module does not parse: {exc.msg} ({where})") from None
+    except Exception as exc:  # a parent package's __init__ failed while find_spec imported it
+        raise loaded.fail("trainable", f"finding {spec.trainable!r} failed: {describe_exception(exc)}") from None
     if execute:
         try:
             loaded.trainable = resolve_trainable(spec.trainable, search_dir=search_dir, for_ray=for_ray)
