@@ -147,7 +147,8 @@ def _literal(text: str) -> object:
 
 #: Subcommands whose parsers live with their engines. `hpo` registers each by name only and builds
 #: the engine's own parser when the command runs, so `hpo --help` imports no engine (the simulator
-#: alone pulls in pandas and scikit-learn). name -> (module, register function, one-line help, description)
+#: alone pulls in pandas and scikit-learn). name -> (module, register function, one-line help,
+#: description shown by `hpo NAME --help`, or None to keep the engine's own)
 ENGINE_COMMANDS = {
     "sim": (
         "scheduler_bridge.cli",
@@ -262,7 +263,8 @@ def _engine_args(name: str, argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="hpo")
     commands = parser.add_subparsers(dest="command", required=True)
     getattr(importlib.import_module(module), register)(commands)
-    commands.choices[name].description = description  # the module's docstring is written for developers
+    if description is not None:  # the module's docstring is written for developers
+        commands.choices[name].description = description
     return parser.parse_args([name, *argv])
 
 
