@@ -240,8 +240,13 @@ def check_scaling(loaded: LoadedSweep, notes: list[ConfigIssue]) -> list[ConfigI
 def check_resources(loaded: LoadedSweep, address: str | None = None) -> list[ConfigIssue]:
     """A trial asking for more than any node has would wait for it forever (Tune only warns)."""
     address = address or os.environ.get("RAY_ADDRESS")
-    capacity, where = (cluster_capacity(address), f"any node of the cluster at {address}") if address else (
-        machine_capacity(), "this machine")
+    if address:
+        try:
+            capacity, where = cluster_capacity(address), f"any node of the cluster at {address}"
+        except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
+            return [ConfigIssue("", f"cannot reach the Ray cluster at {address} to check resources: {describe_exception(exc)}")]
+    else:
+        capacity, where = machine_capacity(), "this machine"
     spec = loaded.spec
     asks = {"resources.cpu": ("cpu", spec.resources.cpu), "resources.gpu": ("gpu", spec.resources.gpu)}
     if spec.scaling is not None and spec.scaling.eager_transfer is not None:
