@@ -6,8 +6,8 @@ schema `SweepSpec`, the `Workload` interface for model factories, `FusionConfig`
 
 Every name loads on first use (PEP 562): the engines' pure-PyTorch modules (`hpo.workload`,
 `hpo.hparams`, `hpo.scaling`) import where Ray is not installed, such as a GPU box running the
-benchmarks, and the modules that must not import torch (the CLI's help, fused member trials)
-import `hpo` without paying for torch.
+benchmarks, and the modules that must not import torch (`hpo --help`, `hpo validate`, fused member
+trials) import `hpo` without paying for torch or Ray.
 """
 
 import hpo.ray_runtime  # noqa: F401  first: Ray's loopback-only switch must be set before anything imports ray

@@ -22,12 +22,20 @@ EXIT_TRIALS_ERRORED = 3
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from hpo.sweep import describe_plan, load_sweep
+    from hpo.preflight import preflight
+    from hpo.sweep_file import describe_plan, load_sweep
 
-    loaded = load_sweep(args.file)
-    print(f"{args.file}: OK")
+    loaded = load_sweep(args.file, execute=not args.no_exec, for_ray=False)
+    _print_warnings(preflight(loaded, address=args.address), loaded.source.name)
+    checks = "static checks only: the trainable's code was not run" if args.no_exec else "all checks"
+    print(f"{args.file}: OK ({checks})")
     print(describe_plan(loaded))
     return 0
+
+
+def _print_warnings(notes: list, source: str) -> None:
+    for note in notes:
+        print(note.format(source), file=sys.stderr)
 
 
 def _submit_to_allocator(spec) -> int:
@@ -46,13 +54,16 @@ def _submit_to_allocator(spec) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from hpo.ray_runtime import ensure_ray  # before hpo.sweep imports ray: the local Ray binds to loopback
-    from hpo.sweep import build_tuner, describe_plan, load_sweep
+    from hpo.preflight import preflight
+    from hpo.sweep_file import describe_plan, load_sweep
 
-    loaded = load_sweep(args.file)
+    loaded = load_sweep(args.file, for_ray=not args.dry_run)
+    _print_warnings(preflight(loaded, address=args.address), loaded.source.name)  # before Ray starts
     if args.dry_run:
         print(describe_plan(loaded))
         return 0
+    from hpo.ray_runtime import ensure_ray  # before hpo.sweep imports ray: the local Ray binds to loopback
+    from hpo.sweep import build_tuner
 
     fusion = loaded.spec.fusion
     if args.allocator and (fusion is None or not fusion.enabled or fusion.placement != "bubbles"):
@@ -157,19 +168,25 @@ def _cmd_results(args: argparse.Namespace) -> int:
 
 
 def _cmd_coord_check(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from hpo.scaling import coord_check
+    from hpo.sweep_file import describe_exception
     from hpo.trainables import TrainableNotFound, resolve_trainable
     from hpo.workload import Workload
 
-    try:
-        workload = resolve_trainable(args.trainable)
+    try:  # a module in the current folder is importable, as it is for `python -m`
+        workload = resolve_trainable(args.trainable, search_dir=Path.cwd(), for_ray=False)
     except TrainableNotFound as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # the module's own code failed (a SyntaxError included): one line
+        print(f"error: importing {args.trainable!r} failed: {describe_exception(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if not isinstance(workload, Workload):
         print(f"error: {args.trainable!r} is a function; the coordinate check needs a Workload", file=sys.stderr)
         return EXIT_BAD_INPUT
-    config = dict(item.split("=", 1) for item in args.set)
+    config = dict(args.set)
     report = coord_check(
         workload,
         widths=args.widths,
@@ -183,6 +200,13 @@ def _cmd_coord_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
 def _literal(text: str) -> object:
     """`--set key=value` values: numbers as numbers, everything else as text."""
     for convert in (int, float):
@@ -193,14 +217,75 @@ def _literal(text: str) -> object:
     return text
 
 
+#: Subcommands whose parsers live with their engines. `hpo` registers each by name only and builds
+#: the engine's own parser when the command runs, so `hpo --help` imports no engine (the simulator
+#: alone pulls in pandas and scikit-learn). name -> (module, register function, one-line help,
+#: description shown by `hpo NAME --help`, or None to keep the engine's own)
+ENGINE_COMMANDS = {
+    "sim": (
+        "scheduler_bridge.cli",
+        "add_sim_parser",
+        "replay a cluster trace under scheduling policies",
+        """Replay a cluster trace (Philly, Helios or Pollux CSV) under one or more scheduling policies.
+
+Several policies (a comma list, or --compare) run on the same trace and print a table; --json then
+holds a list of summaries. Bad input (missing file, malformed row, unknown policy) prints one line
+naming it and exits with 2.
+
+example:
+  hpo sim --trace philly.csv --format philly --policy fifo,qssf,sjf --gpus 500 --json out.json --plot out.png
+""",
+    ),
+    "job": (
+        "scheduler_bridge.job_cli",
+        "add_job_parser",
+        "submit and manage jobs on the live allocator",
+        """The cluster's live allocator from the shell: start it, submit, list and cancel jobs, stop it.
+
+Every command joins an existing Ray cluster (--address, else RAY_ADDRESS, else auto). Bad input
+prints one line naming it and exits with 2.
+
+examples:
+  hpo job start --journal /var/lib/hpo/journal.jsonl --storage /shared/hpo --policy qssf
+  hpo job submit mypkg.train:main --gpus 4 --set lr=0.1
+  hpo job list
+""",
+    ),
+}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hydro-hpo")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class _VersionAction(argparse.Action):
+    """`--version` that reads the installed version only when asked (importlib.metadata is slow)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"hpo (hydro-hpo) {_version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpo", description="Hyperparameter tuning on Ray Tune (hydro-hpo).")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action=_VersionAction, help="print the installed version and exit")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = commands.add_parser("run", help="run a YAML sweep")
-    run.add_argument("file", help="sweep YAML file")
+    run = commands.add_parser(
+        "run", help="run a YAML sweep", description="Run a YAML sweep. It is checked first, before Ray starts "
+        "(the checks of `hpo validate`)."
+    )
+    run.add_argument("file", help="sweep YAML file; it names Python code that runs (see the README: Sweep files are code)")
     run.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same name")
-    run.add_argument("--dry-run", action="store_true", help="print the resolved plan without starting Ray")
+    run.add_argument("--dry-run", action="store_true", help="check the sweep and print the plan without starting Ray")
     run.add_argument("--address", default=None, help="join an existing Ray cluster (default: RAY_ADDRESS or a local Ray)")
     run.add_argument("--dashboard", action="store_true", help="start the Ray dashboard with the local Ray")
     run.add_argument(
@@ -211,8 +296,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=_cmd_run)
 
-    validate = commands.add_parser("validate", help="check a YAML sweep without running it")
-    validate.add_argument("file")
+    validate = commands.add_parser(
+        "validate", help="check a YAML sweep without running it",
+        description="Check a sweep file and everything it names, without starting Ray: the schema, the "
+        "trainable (its module, signature, metric and config keys), muP scaling (the model built at two "
+        "widths) and the resources a trial asks for. Importing the trainable runs its module's code; "
+        "--no-exec checks without running any.",
+    )
+    validate.add_argument("file", help="sweep YAML file")
+    validate.add_argument(
+        "--no-exec", action="store_true",
+        help="static checks only: find and parse the trainable's module without importing it, so no code "
+        "from the sweep runs (skips the metric, config-key and scaling checks)",
+    )
+    validate.add_argument("--address", default=None, help="check resources against this Ray cluster (default: RAY_ADDRESS or this machine)")
     validate.set_defaults(func=_cmd_validate)
 
     results = commands.add_parser("results", help="reprint a stored run's table, best configuration and files")
@@ -225,19 +322,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("coord-check", help="muP coordinate check of a workload over several widths")
     check.add_argument("trainable", help="built-in example name or package.module:workload")
-    check.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128, 256])
-    check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fixed config values")
+    check.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128, 256], help="model widths to compare (default: 32 64 128 256)")
+    check.add_argument("--set", action="append", default=[], type=_key_value, metavar="KEY=VALUE", help="fixed config values")
     check.add_argument("--tolerance", type=float, default=None, help="largest allowed slope of log activation size")
-    check.add_argument("--parametrization", choices=["mup", "sp"], default="mup")
-    check.add_argument("--plot", default="coord_check.png")
+    check.add_argument("--parametrization", choices=["mup", "sp"], default="mup", help="muP (default) or standard parametrisation, to compare")
+    check.add_argument("--plot", default="coord_check.png", help="where to write the plot (default: coord_check.png)")
     check.set_defaults(func=_cmd_coord_check)
 
-    from scheduler_bridge.cli import add_sim_parser
-    from scheduler_bridge.job_cli import add_job_parser
-
-    add_sim_parser(commands)
-    add_job_parser(commands)
+    for name, (_, _, summary, _) in ENGINE_COMMANDS.items():
+        # add_help=False: `hpo sim --help` reaches the engine's own parser with its arguments
+        commands.add_parser(name, help=summary, add_help=False).set_defaults(engine=name)
     return parser
+
+
+def _engine_args(name: str, argv: list[str]) -> argparse.Namespace:
+    """Parse `hpo NAME ARGV...` with the engine's own parser, imported now."""
+    import importlib
+
+    module, register, _, description = ENGINE_COMMANDS[name]
+    parser = argparse.ArgumentParser(prog="hpo")
+    commands = parser.add_subparsers(dest="command", required=True)
+    getattr(importlib.import_module(module), register)(commands)
+    if description is not None:  # the module's docstring is written for developers
+        commands.choices[name].description = description
+    return parser.parse_args([name, *argv])
 
 
 def _quiet_tune() -> None:
@@ -252,7 +360,12 @@ def _quiet_tune() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if getattr(args, "engine", None):
+        args = _engine_args(args.engine, rest)
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     _quiet_tune()
     try:
         return args.func(args)

@@ -12,6 +12,8 @@ Example::
 from __future__ import annotations
 
 import difflib
+import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +42,9 @@ DEFAULT_MAX_ITERATIONS = 10
 #: Checkpoint every iteration unless told otherwise: persisting runs off the training thread, so
 #: its cost is small next to an iteration (benchmarks/sweep_overhead.py measures it).
 DEFAULT_CHECKPOINT_EVERY = 1
+#: A sweep name becomes one folder under `storage_path`: a single path component that cannot
+#: climb out of it (`..`, `/`), hide (`.x`) or read as an option (`-x`).
+SAFE_NAME = re.compile(r"\w[\w.-]{0,99}")
 
 
 class _Strict(BaseModel):
@@ -89,8 +94,15 @@ class ParameterSpec(_Strict):
     @classmethod
     def _known_distribution(cls, kind: str | None) -> str | None:
         if kind is not None and kind not in DISTRIBUTIONS:
-            raise ValueError(f"unknown distribution {kind!r}{_suggest(kind, DISTRIBUTIONS)}; expected one of {', '.join(DISTRIBUTIONS)}")
+            raise ValueError(f"unknown distribution {kind!r}{did_you_mean(kind, DISTRIBUTIONS)}; expected one of {', '.join(DISTRIBUTIONS)}")
         return kind
+
+    @field_validator("min", "max", "q", "mu", "sigma")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"must be a finite number, got {value}")
+        return value
 
     @model_validator(mode="after")
     def _check_bounds(self) -> "ParameterSpec":
@@ -199,6 +211,24 @@ class SweepSpec(_Strict):
     fusion: FusionConfig | None = None
     checkpoint: CheckpointPolicy = CheckpointPolicy()
 
+    @field_validator("name")
+    @classmethod
+    def _one_path_component(cls, name: str) -> str:
+        if not SAFE_NAME.fullmatch(name) or name.endswith("."):
+            raise ValueError(
+                f"{name!r} is not a safe folder name: the run is stored in storage_path/<name>, so use "
+                "letters, digits, '_', '-' and '.', starting with a letter or digit (at most 100 characters); "
+                "without a 'name' key the file name is used"
+            )
+        return name
+
+    @field_validator("parameters")
+    @classmethod
+    def _some_parameters(cls, parameters: dict[str, ParameterSpec]) -> dict[str, ParameterSpec]:
+        if not parameters:
+            raise ValueError("no parameters to tune; give at least one, e.g. lr: {min: 0.0001, max: 0.1}")
+        return parameters
+
     @model_validator(mode="after")
     def _check_method(self) -> "SweepSpec":
         if self.method == "grid":
@@ -273,7 +303,7 @@ def _issues(exc: ValidationError, source: YamlSource) -> list[ConfigIssue]:
             loc.append(keyed.key)
             message = str(keyed)
         if error["type"] == "extra_forbidden":
-            message = f"unknown key {loc[-1]!r}{_suggest(loc[-1], _allowed_keys(loc[:-1]))}"
+            message = f"unknown key {loc[-1]!r}{did_you_mean(loc[-1], _allowed_keys(loc[:-1]))}"
         elif error["type"] == "missing":
             message = f"required key {loc[-1]!r} is missing"
         path = ".".join(loc)
@@ -289,7 +319,7 @@ def _allowed_keys(parent: list[str]) -> list[str]:
     return list(model.model_fields)
 
 
-def _suggest(word: str, choices: Any) -> str:
+def did_you_mean(word: str, choices: Any) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

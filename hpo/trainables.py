@@ -1,17 +1,24 @@
-"""Finding the trainable a sweep names: `package.module:attribute` or a built-in example name."""
+"""Finding the trainable a sweep names: `package.module:attribute` or a built-in example name.
+
+Two steps, so that checking a sweep file need not run its code: `locate_trainable` finds the
+module's file and parses it without executing anything; `resolve_trainable` imports it.
+Nothing here imports torch or Ray unless the trainable does: `hpo validate` stays fast.
+"""
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ray import cloudpickle
-
-from hpo.workload import Workload
+if TYPE_CHECKING:
+    from hpo.workload import Workload
 
 BUILTIN = {
     "mlp_digits": "examples.mlp_digits:workload",
@@ -23,28 +30,87 @@ class TrainableNotFound(LookupError):
     pass
 
 
-def resolve_trainable(reference: str, search_dir: str | Path | None = None) -> Workload | Callable[..., Any]:
-    """Import what `reference` names. `search_dir` (the sweep file's folder) is importable too."""
+@dataclass(frozen=True)
+class TrainableSource:
+    """Where a trainable's code lives, found without running it."""
+
+    module: str
+    attribute: str
+    #: The module's source file; None for a module without Python source (a C extension, a namespace).
+    path: Path | None
+    #: The parsed module, for static checks of the trainable's definition.
+    tree: ast.Module | None
+
+
+def split_reference(reference: str) -> tuple[str, str]:
+    """`(module, attribute)` of a trainable reference, built-in names expanded."""
     target = BUILTIN.get(reference, reference)
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
         raise TrainableNotFound(
             f"{reference!r} is neither a built-in example ({', '.join(BUILTIN)}) nor 'package.module:function'"
         )
-    if search_dir is not None and str(search_dir) not in sys.path:
-        sys.path.append(str(search_dir))
+    return module_name, attribute
+
+
+def locate_trainable(reference: str, search_dir: str | Path | None = None) -> TrainableSource:
+    """Find and parse the trainable's module without executing it.
+
+    Raises `TrainableNotFound` for a module that does not exist and `SyntaxError` (with the
+    module's file and line) for one that does not parse. A dotted module's parent packages are
+    imported by `find_spec`, as Python's import system requires.
+    """
+    module_name, attribute = split_reference(reference)
+    _make_importable(search_dir)
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError) as exc:
+        raise TrainableNotFound(f"cannot import module {module_name!r}: {exc}") from None
+    if spec is None:
+        where = f" (looked in {search_dir} and the Python path)" if search_dir is not None else ""
+        raise TrainableNotFound(f"cannot import module {module_name!r}: no such module{where}")
+    origin = Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
+    tree = None
+    if origin is not None and origin.is_file():
+        tree = ast.parse(origin.read_bytes(), filename=str(origin))
+    return TrainableSource(module_name, attribute, origin, tree)
+
+
+def resolve_trainable(
+    reference: str, search_dir: str | Path | None = None, for_ray: bool = True
+) -> "Workload | Callable[..., Any]":
+    """Import what `reference` names. `search_dir` (the sweep file's folder) is importable too.
+
+    With `for_ray`, a module found in `search_dir` is registered to travel by value to Ray's
+    workers, which cannot import it; a check that runs no trial passes False and imports no Ray.
+    """
+    module_name, attribute = split_reference(reference)
+    _make_importable(search_dir)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise TrainableNotFound(f"cannot import module {module_name!r}: {exc}") from None
-    _ship_by_value_if_local(module, search_dir)
+    if for_ray:
+        _ship_by_value_if_local(module, search_dir)
     try:
         trainable = getattr(module, attribute)
     except AttributeError:
         raise TrainableNotFound(f"module {module_name!r} has no attribute {attribute!r}") from None
-    if not (isinstance(trainable, Workload) or callable(trainable)):
+    if not (is_workload(trainable) or callable(trainable)):
         raise TrainableNotFound(f"{reference!r} is neither a Workload nor a callable trainable")
     return trainable
+
+
+def is_workload(trainable: object) -> bool:
+    """`isinstance(trainable, Workload)` without importing torch for a function trainable:
+    nothing can be a Workload unless `hpo.workload` has been imported."""
+    module = sys.modules.get("hpo.workload")
+    return module is not None and isinstance(trainable, module.Workload)
+
+
+def _make_importable(search_dir: str | Path | None) -> None:
+    if search_dir is not None and str(search_dir) not in sys.path:
+        sys.path.append(str(search_dir))
 
 
 def _ship_by_value_if_local(module: ModuleType, search_dir: str | Path | None) -> None:
@@ -53,16 +119,18 @@ def _ship_by_value_if_local(module: ModuleType, search_dir: str | Path | None) -
     if search_dir is None or origin is None:
         return
     if Path(origin).resolve().is_relative_to(Path(search_dir).resolve()):
+        from ray import cloudpickle
+
         cloudpickle.register_pickle_by_value(module)
 
 
-def reported_metrics(trainable: Workload | Callable[..., Any]) -> frozenset[str] | None:
+def reported_metrics(trainable: "Workload | Callable[..., Any]") -> frozenset[str] | None:
     """The metrics a trainable is known to report, or None when it does not say.
 
     Workloads report what `hpo.training.TrialTrainer` reports; a function trainable may declare
     `reported_metrics = (...)` to get the same up-front check.
     """
-    if isinstance(trainable, Workload):
+    if is_workload(trainable):
         names = {f"val_{key}" for key in trainable.eval_metric_names}
         return frozenset(names | {"train_loss", "step", "training_iteration"})
     declared = getattr(trainable, "reported_metrics", None)

@@ -98,7 +98,7 @@ def test_dry_run_prints_the_plan_without_starting_ray(tmp_path, capsys):
     code = main(["run", "--dry-run", str(write(tmp_path, VALID))])
     out = capsys.readouterr().out
     assert code == 0
-    assert "BasicVariantGenerator" in out and "lr: Float(0.001, 0.1)" in out
+    assert "BasicVariantGenerator" in out and "lr: log-uniform from 0.001 to 0.1" in out
     assert not ray.is_initialized()
 
 

@@ -8,24 +8,31 @@
 - `EagerTransferPolicy` and `EagerTransferCallback` (a `ray.tune.Callback`): train the target
   while the proxy sweep is still running.
 
-Only `EagerTransferCallback` needs Ray and only `ScalingConfig` needs pydantic; both load on first
-use (PEP 562), so the muP engine and its benchmark run where neither is installed.
+Every name loads on first use (PEP 562): `EagerTransferCallback` needs Ray, `ScalingConfig` only
+pydantic, the rest torch and mup; so the muP engine runs where Ray is not installed, and the sweep
+schema (`ScalingConfig`) loads without torch.
 """
 
-from hpo.scaling._coord_check import CoordCheckReport, coord_check
-from hpo.scaling._eager import Decision, EagerTransferPolicy
-from hpo.scaling._mup import MuPWorkload, ScalingError, mup_factors, proxy_workload, target_workload
-from hpo.scaling._transfer import (
-    NON_TRANSFERABLE,
-    TRANSFERABLE,
-    TargetRun,
-    TransferResult,
-    complete_transfer,
-    train_target,
-    transfer_config,
-)
-
-_LAZY = {"ScalingConfig": "hpo.scaling._config", "EagerTransferCallback": "hpo.scaling._callback"}
+_LAZY = {
+    "CoordCheckReport": "hpo.scaling._coord_check",
+    "coord_check": "hpo.scaling._coord_check",
+    "Decision": "hpo.scaling._eager",
+    "EagerTransferPolicy": "hpo.scaling._eager",
+    "MuPWorkload": "hpo.scaling._mup",
+    "ScalingError": "hpo.scaling._mup",
+    "mup_factors": "hpo.scaling._mup",
+    "proxy_workload": "hpo.scaling._mup",
+    "target_workload": "hpo.scaling._mup",
+    "NON_TRANSFERABLE": "hpo.scaling._transfer",
+    "TRANSFERABLE": "hpo.scaling._transfer",
+    "TargetRun": "hpo.scaling._transfer",
+    "TransferResult": "hpo.scaling._transfer",
+    "complete_transfer": "hpo.scaling._transfer",
+    "train_target": "hpo.scaling._transfer",
+    "transfer_config": "hpo.scaling._transfer",
+    "ScalingConfig": "hpo.scaling._config",
+    "EagerTransferCallback": "hpo.scaling._callback",
+}
 
 
 def __getattr__(name: str):

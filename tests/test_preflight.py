@@ -1,0 +1,214 @@
+"""`hpo validate` and `hpo run` check a sweep against its trainable and this machine before Ray
+starts: what passes runs, what cannot be checked is a warning, and `--no-exec` runs no user code."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hpo.cli import main
+from hpo.preflight import machine_capacity
+
+USER_CODE = '''\
+"""A user's trainables, written outside the project."""
+import os
+from pathlib import Path
+
+Path(os.environ["PREFLIGHT_MARKER"]).touch()  # proves whether the module's code ran
+
+
+def train(config):
+    return {"score": config["x"]}
+
+
+train.reported_metrics = ("score",)
+
+
+def silent(config):
+    return {"score": config["x"]}
+
+
+def no_config():
+    return None
+'''
+
+FUNCTION_SWEEP = """\
+trainable: preflight_user_code:{function}
+metric: {{name: score, goal: maximize}}
+parameters:
+  x: {{min: 0.0, max: 1.0}}
+"""
+
+WORKLOAD_SWEEP = """\
+name: tiny_scaled
+trainable: bad_workloads:tiny
+metric: {name: val_loss, goal: minimize}
+parameters:
+  lr: {distribution: log_uniform_values, min: 0.001, max: 0.1}
+  weight_decay: {value: 0.0}
+  optimizer: {values: [adam, sgd]}
+scaling: {target_width: 64, ratio: 4}
+"""
+
+
+@pytest.fixture()
+def user_dir(tmp_path: Path, monkeypatch) -> Path:
+    (tmp_path / "preflight_user_code.py").write_text(USER_CODE)
+    monkeypatch.setenv("PREFLIGHT_MARKER", str(tmp_path / "module-ran"))
+    sys.modules.pop("preflight_user_code", None)
+    yield tmp_path
+    sys.modules.pop("preflight_user_code", None)
+
+
+def sweep(folder: Path, text: str, name: str = "sweep.yaml") -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_a_correct_function_trainable_passes_without_warnings(user_dir, capsys):
+    code = main(["validate", str(sweep(user_dir, FUNCTION_SWEEP.format(function="train")))])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.err == ""
+
+
+def test_a_function_that_does_not_declare_its_metrics_gets_one_warning_line(user_dir, capsys):
+    path = sweep(user_dir, FUNCTION_SWEEP.format(function="silent"))
+    code = main(["validate", str(path)])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert err.count("\n") == 1, err
+    assert f"{path}:2: metric.name: warning: cannot check that" in err
+    assert "silent.reported_metrics = ('score',)" in err
+
+
+def test_validate_runs_the_trainables_module_but_no_exec_does_not(user_dir, capsys):
+    path = sweep(user_dir, FUNCTION_SWEEP.format(function="train"))
+    assert main(["validate", "--no-exec", str(path)]) == 0
+    assert not (user_dir / "module-ran").exists()
+    assert "static checks only" in capsys.readouterr().out
+    assert main(["validate", str(path)]) == 0
+    assert (user_dir / "module-ran").exists()
+
+
+def test_no_exec_still_finds_a_function_without_a_config_argument(user_dir, capsys):
+    path = sweep(user_dir, FUNCTION_SWEEP.format(function="no_config"))
+    assert main(["validate", "--no-exec", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "trainable: no_config() must take the trial's config as its one argument" in err
+    assert "preflight_user_code.py:" in err
+    assert not (user_dir / "module-ran").exists()
+
+
+def test_no_exec_imports_neither_torch_nor_ray(user_dir):
+    path = sweep(user_dir, FUNCTION_SWEEP.format(function="train"))
+    probe = (
+        "import sys; from hpo.cli import main; code = main(['validate', '--no-exec', sys.argv[1]]); "
+        "print(code, sorted(m for m in ('torch', 'ray', 'sklearn', 'pandas') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip().splitlines()[-1] == "0 []", proc.stdout + proc.stderr
+
+
+def test_a_workload_with_scaling_is_built_at_two_widths_and_passes(tmp_path, capsys):
+    shutil.copy(Path(__file__).resolve().parent / "bad_sweeps" / "bad_workloads.py", tmp_path)
+    code = main(["validate", str(sweep(tmp_path, WORKLOAD_SWEEP))])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "scaling: proxy width 16 -> target width 64" in captured.out
+
+
+def test_a_trial_may_ask_for_every_core_of_the_machine(user_dir, capsys):
+    cores = int(machine_capacity()["cpu"])
+    path = sweep(user_dir, FUNCTION_SWEEP.format(function="train") + f"resources: {{cpu: {cores}}}\n")
+    assert main(["validate", str(path)]) == 0, capsys.readouterr().err
+
+
+def test_gpus_hidden_by_cuda_visible_devices_are_not_counted(user_dir, capsys, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    path = sweep(user_dir, FUNCTION_SWEEP.format(function="train") + "resources: {gpu: 1}\n")
+    assert main(["validate", str(path)]) == 2
+    assert "resources.gpu: a trial asks for 1 GPU but this machine has 0" in capsys.readouterr().err
+
+
+def test_run_refuses_before_ray_starts(tmp_path):
+    corpus = Path(__file__).resolve().parent / "bad_sweeps"
+    env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpo.cli", "run", str(corpus / "optimizer-rmsprop.yaml")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env, start_new_session=True,
+    )
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # it started Ray: take every process it made with it
+        proc.communicate()
+        pytest.fail("hpo run did not refuse the sweep before starting it")
+    assert proc.returncode == 2, err
+    assert "expected one of sgd, adam, adamw" in err
+    assert "Traceback" not in err and "Ray" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_dry_run_reports_grid_size_and_inclusive_bounds_as_written(user_dir, capsys):
+    text = """\
+    trainable: preflight_user_code:train
+    method: grid
+    metric: {name: score, goal: maximize}
+    parameters:
+      x: {values: [1, 2]}
+      y: {values: [a, b, c]}
+    """
+    assert main(["run", "--dry-run", str(sweep(user_dir, text))]) == 0
+    out = capsys.readouterr().out
+    assert "trials: 6 (grid of 2 x 3 = 6 combinations, run once)" in out
+    random = """\
+    trainable: preflight_user_code:train
+    metric: {name: score, goal: maximize}
+    parameters:
+      x: {min: 1, max: 3}
+    """
+    assert main(["run", "--dry-run", str(sweep(user_dir, random, "random.yaml"))]) == 0
+    out = capsys.readouterr().out
+    assert "x: integer from 1 to 3 inclusive" in out
+    assert "trials: 10" in out
+
+
+def test_a_key_the_workloads_own_code_reads_is_accepted_without_a_default(tmp_path, capsys):
+    shutil.copy(Path(__file__).resolve().parent / "bad_sweeps" / "bad_workloads.py", tmp_path)
+    (tmp_path / "logged_tiny.py").write_text(textwrap.dedent('''
+        from bad_workloads import Tiny
+
+        class Logged(Tiny):
+            def build_model(self, config):
+                print("building for", config["log_path"], config.get("tag"))
+                return super().build_model(config)
+
+        workload = Logged()
+    '''))
+    text = WORKLOAD_SWEEP.replace("bad_workloads:tiny", "logged_tiny:workload").replace("scaling: {target_width: 64, ratio: 4}\n", "")
+    text += "  log_path: {value: /tmp/x}\n  tag: {values: [a, b]}\n"
+    code = main(["validate", str(sweep(tmp_path, text))])
+    assert code == 0, capsys.readouterr().err
+    code = main(["validate", str(sweep(tmp_path, text + "  wd: {value: 0.1}\n"))])
+    err = capsys.readouterr().err
+    assert code == 2 and "parameters.wd: workload 'tiny' never reads 'wd'" in err, err
+
+
+def test_coord_check_finds_a_module_in_the_current_folder(tmp_path, monkeypatch, capsys):
+    (tmp_path / "cwd_functions.py").write_text("def train(config):\n    return config\n")
+    (tmp_path / "cwd_broken.py").write_text("def train(config:\n    return config\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["coord-check", "cwd_functions:train"]) == 2
+    assert "'cwd_functions:train' is a function; the coordinate check needs a Workload" in capsys.readouterr().err
+    assert main(["coord-check", "cwd_broken:train"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"SyntaxError: '(' was never closed ({tmp_path / 'cwd_broken.py'}:1)" in err, err
