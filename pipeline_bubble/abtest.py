@@ -170,7 +170,7 @@ def run_rank(rank: int, world_size: int, spec: JobSpec) -> dict[str, Any]:
     from pipeline_bubble.instrumented_engine import instrument
 
     if spec.device.startswith("cuda"):
-        from pipeline_bubble.launch import stage_cuda_on_host
+        from pipeline_bubble.deepspeed_adapter import stage_cuda_on_host
 
         stage_cuda_on_host()
         # DeepSpeed binds a CUDA device to the default group, after which torch builds every
