@@ -14,8 +14,8 @@ from ray import cloudpickle
 from hpo.workload import Workload
 
 BUILTIN = {
-    "mlp_digits": "examples.mlp_digits:workload",
-    "char_gpt": "examples.char_gpt:workload",
+    "mlp_digits": "hpo.examples.mlp_digits:workload",
+    "char_gpt": "hpo.examples.char_gpt:workload",
 }
 
 

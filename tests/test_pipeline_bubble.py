@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from examples.mlp_digits import workload as digits
+from hpo.examples.mlp_digits import workload as digits
 
 from pipeline_bubble import deepspeed_adapter
-from pipeline_bubble.abtest import JobSpec, run_rank, synthetic_guest
+from benchmarks.bubble_ab import ABSpec, run_rank, synthetic_guest
 from pipeline_bubble.executor import BubbleExecutor
 from pipeline_bubble.api import _stage_guest
 from pipeline_bubble.guests import GuestGroup
@@ -33,7 +33,7 @@ SWEEP = [{"lr": lr, "width": 32, "seed": i} for i, lr in enumerate((1e-3, 2e-3, 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     checkpoints = tmp_path_factory.mktemp("guest_checkpoints")
-    spec = JobSpec(
+    spec = ABSpec(
         stages=2,
         micro_batches=4,
         micro_batch_size=64,
@@ -408,7 +408,7 @@ def test_requested_eviction_checkpoints_before_the_next_step(tmp_path):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_two_stages_on_one_gpu_harvest_and_stay_bit_identical(tmp_path):
-    spec = JobSpec(stages=2, micro_batches=4, width=2048, micro_batch_size=128, batches=6, device="cuda")
+    spec = ABSpec(stages=2, micro_batches=4, width=2048, micro_batch_size=128, batches=6, device="cuda")
     results = launch(run_rank, 2, spec, timeout_s=300, log_dir=tmp_path, same_device=True)
     assert all(r["losses"]["baseline"] == r["losses"]["harvested"] and r["rng_equal"] for r in results)
     assert all(StageTimeline.from_dict(r["timelines"]["baseline"]).device.startswith("cuda") for r in results)
