@@ -26,7 +26,7 @@ from hpo.training import TrialTrainer
 from benchmarks.bubble_ab import ABSpec
 from pipeline_bubble.launch import free_port
 
-pytestmark = pytest.mark.usefixtures("ray_local")
+pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.slow]  # a DeepSpeed job on a real Ray
 
 LRS = [3e-3, 1e-2, 3e-2, 1e-1]
 ITERATIONS = 2
