@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from pipeline_bubble.clocks import clock_for
 from pipeline_bubble.deepspeed_adapter import LOSS_BROADCAST, HookedPipelineEngine, PipelineEngine, adopt
 from pipeline_bubble.executor import BubbleExecutor
@@ -46,8 +47,8 @@ from pipeline_bubble.timeline import COMPUTE, WAIT, BatchRecord, Interval, Stage
 #: arrived, so a quantum on either side delays the other; giving every exchange one owner (the
 #: side that waits for data) keeps two guests from stretching the same exchange from both ends.
 #: With signals every wait is fillable: the side that arrives first fills it, the other finds
-#: it ready.
-#: The loss broadcast (`LOSS_BROADCAST`) is filled on its source, the last stage, which waits there for the others.
+#: it ready. The loss broadcast (`LOSS_BROADCAST`) is filled on its source, the last stage,
+#: which waits there for the others.
 HARVESTABLE = ("RecvActivation", "RecvGrad")
 
 
