@@ -1,4 +1,5 @@
-"""Imports go one way: no module imports a higher layer, and no modules import each other in a cycle.
+"""Imports go one way: no module imports a higher layer, and no modules import each other in a cycle;
+every third-party package imported is declared in pyproject.toml and locked in constraints.txt.
 
 `LAYERS` is the one definition of the layering (issue 12): the base that every engine shares,
 the engines, and the Tune/CLI layer on top. A module may import its own layer and the layers
@@ -13,7 +14,11 @@ a small walk takes the module prefixes below as they are.
 from __future__ import annotations
 
 import ast
+import re
+import sys
+import tomllib
 from dataclasses import dataclass
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
@@ -235,3 +240,66 @@ def test_every_project_module_is_in_a_layer():
 def test_the_project_imports_go_one_way_without_cycles():
     problems = import_report(REPO)
     assert not problems, f"{len(problems)} import problems:\n" + "\n".join(problems)
+
+
+# ---- third-party imports are declared and locked -------------------------------------------------
+#: Where code that the tests, benchmarks or users run lives.
+SOURCE_DIRS = (*PACKAGES, "examples", "benchmarks", "tests", "tools")
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def declared_requirements() -> list:
+    """Every requirement in pyproject.toml, core and extras, less the extras' references to the project."""
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    lines = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    return [r for r in map(Requirement, lines) if _normalized(r.name) != _normalized(project["name"])]
+
+
+def third_party_imports(root: Path, directories: tuple[str, ...] = SOURCE_DIRS) -> dict[str, str]:
+    """Top-level names imported from outside the standard library and the checkout, with where (first seen)."""
+    local = {path.stem for directory in directories for path in (root / directory).glob("*.py")}
+    local |= {*directories}
+    found: dict[str, str] = {}
+    for directory in directories:
+        for path in sorted((root / directory).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for top in (name.partition(".")[0] for name in names):
+                    if top not in sys.stdlib_module_names and top not in local:
+                        found.setdefault(top, f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_every_imported_third_party_package_is_declared_in_pyproject():
+    declared = {_normalized(r.name) for r in declared_requirements()}
+    distributions = packages_distributions()
+    undeclared = [
+        f"{name} ({where})"
+        for name, where in sorted(third_party_imports(REPO).items())
+        if not declared & {_normalized(d) for d in distributions.get(name, [name])}
+    ]
+    assert not undeclared, f"imported but not declared in pyproject.toml: {', '.join(undeclared)}"
+
+
+def test_the_lock_pins_every_declared_package_at_a_version_it_accepts():
+    locked = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            locked[_normalized(name)] = version
+    stale = [
+        f"{r.name}{r.specifier} (locked: {locked.get(_normalized(r.name), 'missing')})"
+        for r in declared_requirements()
+        if locked.get(_normalized(r.name)) is None or not r.specifier.contains(locked[_normalized(r.name)])
+    ]
+    assert not stale, f"constraints.txt is stale, run `make lock`: {', '.join(stale)}"
