@@ -1,26 +1,40 @@
-# The two commands a newcomer runs: `make run` and `make test`.
+# The two commands a newcomer runs: `make run` and `make test` (`make test-fast` while editing).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup run test bench-quick clean
+.PHONY: setup lock run test test-fast test-slow bench-quick clean
 
 setup: $(STAMP)
 
-# One reproducible install: constraints.txt pins torch to the CPU build so mup's
-# torchvision requirement cannot drag in a multi-GB CUDA torch; DS_BUILD_OPS=0
-# builds DeepSpeed without CUDA (its small CPU ops are JIT-built on first use).
+# One reproducible install of every extra: constraints.txt is the lock (the whole resolved set,
+# torch pinned to the CPU build so mup's torchvision requirement cannot drag in a multi-GB CUDA
+# torch); DS_BUILD_OPS=0 builds DeepSpeed without CUDA (its small CPU ops are JIT-built on first use).
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	DS_BUILD_OPS=0 $(VENV)/bin/python -m pip install -q -c constraints.txt -e '.[test]'
+	DS_BUILD_OPS=0 $(VENV)/bin/python -m pip install -q -c constraints.txt -e '.[all,test]'
 	touch $(STAMP)
+
+# Re-resolve the lock after changing dependencies in pyproject.toml or the hand pins in constraints.in.
+# Any Python 3.11 with pip >= 22.2 resolves it; no venv needed.
+lock:
+	$(PYTHON) tools/lock_constraints.py
 
 run: setup
 	$(VENV)/bin/hpo run configs/quickstart.yaml
 
+# Everything, as CI runs it: the fast tier and the slow multi-process / multi-node tier.
 test: setup
 	$(VENV)/bin/python -m pytest -q
+
+# The fast tier (under 3 minutes on 2 cores): no test marked slow.
+test-fast: setup
+	$(VENV)/bin/python -m pytest -q -m "not slow"
+
+# The slow tier alone: real DeepSpeed pipelines, Ray clusters, Tune sweeps.
+test-slow: setup
+	$(VENV)/bin/python -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) runs

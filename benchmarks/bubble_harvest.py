@@ -2,7 +2,7 @@
 
 For each (stages p, micro-batches m) a real p-process DeepSpeed pipeline job (gloo) trains the
 reference MLP twice in the same processes, batch by batch in turn: without a guest and with a
-guest in its bubbles (see `pipeline_bubble.abtest`). Reported per point:
+guest in its bubbles (see `benchmarks/bubble_ab.py`). Reported per point:
 
 - theory_fraction (p-1)/(m+p-1) and measured_fraction (mean over stages of wait time / batch time),
   next to theory_fraction_measured_stages: the same theory for the stages' measured compute times
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a 
 
 import torch  # noqa: E402
 
-from pipeline_bubble.abtest import JobSpec, run_rank, summarize_ab, synthetic_guest  # noqa: E402
+from benchmarks.bubble_ab import ABSpec, digits_guest, fused_digits_guest, run_rank, summarize_ab, synthetic_guest  # noqa: E402
 from pipeline_bubble.launch import launch  # noqa: E402
 from pipeline_bubble.plots import plot_gantt  # noqa: E402
 from pipeline_bubble.timeline import StageTimeline, save_timelines  # noqa: E402
@@ -51,19 +51,15 @@ def _guest_factory(name: str, gpu: bool):
         # On a GPU a 64-wide MLP is all launch overhead; give the guest real work per step.
         return partial(synthetic_guest, width=1024, batch=1024) if gpu else synthetic_guest
     if name == "digits":
-        from pipeline_bubble.abtest import digits_guest
-
         return digits_guest
     if name == "fused":
-        from pipeline_bubble.fused_guest import fused_digits_guest
-
         return fused_digits_guest
     raise ValueError(f"--guest must be one of synthetic, digits, fused; got {name!r}")
 
 
 def _default_guest() -> str:
     try:
-        import examples.mlp_digits  # noqa: F401
+        import hpo.examples.mlp_digits  # noqa: F401
         import fusion  # noqa: F401
         import sklearn  # noqa: F401  (the digits data set)
 
@@ -84,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batch-size", type=int)
     parser.add_argument("--layers-per-stage", type=int)
     parser.add_argument("--points", help="comma-separated p:m list, e.g. 2:4,4:8")
-    parser.add_argument("--safety", type=float, default=JobSpec.safety, help="share of a predicted (open-loop) window used")
+    parser.add_argument("--safety", type=float, default=ABSpec.safety, help="share of a predicted (open-loop) window used")
     parser.add_argument(
-        "--window-quantile", type=float, default=JobSpec.window_quantile, help="quantile of recent signalled windows planned"
+        "--window-quantile", type=float, default=ABSpec.window_quantile, help="quantile of recent signalled windows planned"
     )
     args = parser.parse_args(argv)
 
@@ -97,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         points = (GPU_POINTS if gpu else CPU_POINTS)[size]
     guest = args.guest or _default_guest()
-    base = JobSpec(
+    base = ABSpec(
         device="cuda" if gpu else "cpu",
         width=args.width or (8192 if gpu else 1024),
         micro_batch_size=args.micro_batch_size or (256 if gpu else 128),

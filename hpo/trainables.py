@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from hpo.workload import Workload
 
 BUILTIN = {
-    "mlp_digits": "examples.mlp_digits:workload",
-    "char_gpt": "examples.char_gpt:workload",
+    "mlp_digits": "hpo.examples.mlp_digits:workload",
+    "char_gpt": "hpo.examples.char_gpt:workload",
 }
 
 

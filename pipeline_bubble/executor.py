@@ -118,6 +118,9 @@ class BubbleExecutor:
         window_history: exact windows (closed loop) a slot's plan is taken from.
         window_quantile: the quantile of those windows a slot's plan is.
         guest_source: asked between batches for a new guest while the stage has none.
+        clock: seconds on the clock the neighbours' arrival stamps use (`time.monotonic`, see
+            `peer_signals`); every window and step time is measured on it, so a spec can drive
+            the executor with a fake clock instead of sleeping.
     """
 
     def __init__(
@@ -135,6 +138,7 @@ class BubbleExecutor:
         window_history: int = 8,
         window_quantile: float = WINDOW_QUANTILE,
         guest_source: Callable[[], GuestWork | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         if not 0 < safety <= 1:
             raise ValueError(f"safety must be in (0, 1], got {safety}")
@@ -159,9 +163,10 @@ class BubbleExecutor:
         self.window_history = window_history
         self.window_quantile = window_quantile
         self.guest_source = guest_source
+        self._clock = clock
         self._waits: dict[int, deque[float]] = {}
         self._windows: dict[int, deque[float]] = {}  # exact, from the neighbours' arrival stamps
-        self._entered = 0.0  # time.monotonic() when the stage reached the current blocking call
+        self._entered = 0.0  # `clock()` when the stage reached the current blocking call
         self._scale: dict[int, float] = {}
         self._batches = 0
         self._observing = True
@@ -283,16 +288,16 @@ class BubbleExecutor:
 
         `arrival`: the neighbours' signal for this exchange (closed loop), None to predict its window.
         """
-        self._entered = time.monotonic()
+        self._entered = self._clock()
         if self.guest is None or self.step_time_s is None or (arrival is None and self._observing):
             return 0.0
         window = self.predicted_window(slot, closed_loop=arrival is not None)
         if window is None:
             return 0.0
         budget = window if arrival is not None else window * self.safety * self._scale.get(slot, 1.0)
-        start = time.perf_counter()
+        start = self._clock()
         steps = 0
-        while (time.perf_counter() - start) + self.step_time_s <= budget:
+        while (self._clock() - start) + self.step_time_s <= budget:
             if self._evict_requested:
                 self.evict()
                 break
@@ -315,7 +320,7 @@ class BubbleExecutor:
             self.stats.steps += 1
             self.stats.samples += int(getattr(self.guest, "samples_per_step", 0))
             steps += 1
-        return time.perf_counter() - start if steps else 0.0
+        return self._clock() - start if steps else 0.0
 
     def observe(
         self,
@@ -383,14 +388,14 @@ class BubbleExecutor:
     def _timed_step(self) -> float:
         """One guest step under a private RNG (and stream on CUDA); returns its duration."""
         assert self.guest is not None
-        begin = time.perf_counter()
+        begin = self._clock()
         # The engine may be inside no_grad (the loss broadcast is): the guest trains regardless.
         with torch.random.fork_rng(devices=_devices_for_rng(self._device)), torch.enable_grad():
             with self._on_guest_stream():
                 loss = self.guest.step()
             if self._stream is not None:
                 self._stream.synchronize()
-        elapsed = time.perf_counter() - begin
+        elapsed = self._clock() - begin
         self._recent.append(elapsed)
         self.step_time_s = self._predict_step()
         self.stats.losses.append(loss)

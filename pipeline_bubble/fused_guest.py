@@ -107,10 +107,3 @@ def fused_group_guest(
         trainer = FusedTrainer(workload, configs, member_ids=member_ids, device=device)
     return FusedGroupGuest(trainer, seed=seed)
 
-
-def fused_digits_guest(stage: int, device: torch.device) -> FusedGroupGuest:
-    """Four learning rates of `examples.mlp_digits` as one fused group (benchmark and tests)."""
-    from examples.mlp_digits import workload
-
-    configs = [{"lr": lr, "width": 32, "seed": stage} for lr in (1e-3, 2e-3, 3e-3, 5e-3)]
-    return fused_group_guest(workload, configs, device=device, seed=stage)

@@ -11,7 +11,7 @@ first), builds its own tensors, and never reads or writes the main job's paramet
 
 Example::
 
-    guest = workload_guest(examples.mlp_digits.workload, {"lr": 3e-3, "width": 64})
+    guest = workload_guest(hpo.examples.mlp_digits.workload, {"lr": 3e-3, "width": 64})
     loss = guest.step()            # one optimizer step
     state = guest.state_dict()     # resumable
 """

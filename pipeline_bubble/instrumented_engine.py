@@ -1,16 +1,13 @@
 """An instrumented DeepSpeed `PipelineEngine` that records each stage's compute and wait intervals.
 
-How it is injected. `deepspeed.initialize` builds a `PipelineEngine` whenever the model is a
-`PipelineModule` and offers no hook to pick the class. `instrument(engine)` therefore re-classes
-the engine it returned to `InstrumentedPipelineEngine`, a subclass that adds no constructor state
-of its own (only the recorder and executor attached here), so nothing DeepSpeed initialised is
-copied, skipped or rebuilt. The subclass changes three things, all through DeepSpeed's own
-extension points:
+How it is injected. `instrument(engine)` re-classes the engine `deepspeed.initialize` returned
+to `InstrumentedPipelineEngine` (`deepspeed_adapter.adopt`: no constructor state of its own, only
+the recorder and executor attached here). The subclass changes two things:
 
-- `_INSTRUCTION_MAP`: every schedule instruction's handler wrapped by a timer. The base class's
-  `_exec_schedule` dispatches through this map, so the schedule itself runs unmodified;
-- `train_batch`: opens and closes one batch record around DeepSpeed's own `train_batch`;
-- `_aggregate_total_loss`: timed as the "LossBroadcast" wait (the last stage waits there).
+- `run_instruction`: every schedule instruction and the loss broadcast (the last stage waits
+  there) is timed; `deepspeed_adapter.HookedPipelineEngine` routes them here, so the private
+  DeepSpeed names stay in that one module;
+- `train_batch`: opens and closes one batch record around DeepSpeed's own `train_batch`.
 
 Every blocking instruction also goes through the engine's `PeerSignals`: the stage announces
 that it has arrived there and learns when the other side of the exchange arrives (same host).
@@ -38,25 +35,21 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from deepspeed.runtime.pipe import schedule
-from deepspeed.runtime.pipe.engine import PipelineEngine
 
 from pipeline_bubble.clocks import clock_for
+from pipeline_bubble.deepspeed_adapter import LOSS_BROADCAST, HookedPipelineEngine, PipelineEngine, adopt
 from pipeline_bubble.executor import BubbleExecutor
 from pipeline_bubble.peer_signals import PeerSignals
 from pipeline_bubble.timeline import COMPUTE, WAIT, BatchRecord, Interval, StageTimeline
 
-#: Instructions that block on a neighbour stage (gloo send/recv are rendezvous: both sides wait).
-BLOCKING_INSTRUCTIONS = (schedule.SendActivation, schedule.RecvActivation, schedule.SendGrad, schedule.RecvGrad)
 #: Waits a guest may fill when the other side sends no arrival signal (another host): the
 #: receiving side of each exchange only. A gloo exchange completes when both sides have
 #: arrived, so a quantum on either side delays the other; giving every exchange one owner (the
 #: side that waits for data) keeps two guests from stretching the same exchange from both ends.
 #: With signals every wait is fillable: the side that arrives first fills it, the other finds
-#: it ready.
+#: it ready. The loss broadcast (`LOSS_BROADCAST`) is filled on its source, the last stage,
+#: which waits there for the others.
 HARVESTABLE = ("RecvActivation", "RecvGrad")
-#: The loss broadcast is filled on its source, the last stage, which waits there for the others.
-LOSS_BROADCAST = "LossBroadcast"
 
 
 def is_harvestable(name: str, stage: int, stages: int) -> bool:
@@ -103,21 +96,8 @@ class StageRecorder:
         self.active = False
 
 
-def _recorded(handler: Callable, name: str, category: str) -> Callable:
-    def run(self: InstrumentedPipelineEngine, **kwargs):
-        return self._run_recorded(lambda: handler(self, **kwargs), name, category)
-
-    run.__name__ = handler.__name__
-    return run
-
-
-class InstrumentedPipelineEngine(PipelineEngine):
+class InstrumentedPipelineEngine(HookedPipelineEngine):
     """`PipelineEngine` that times every instruction and lends its waits to a `BubbleExecutor`."""
-
-    _INSTRUCTION_MAP = {
-        cmd: _recorded(handler, cmd.__name__, WAIT if cmd in BLOCKING_INSTRUCTIONS else COMPUTE)
-        for cmd, handler in PipelineEngine._INSTRUCTION_MAP.items()
-    }
 
     bubble_recorder: StageRecorder
     bubble_executor: BubbleExecutor | None
@@ -140,10 +120,8 @@ class InstrumentedPipelineEngine(PipelineEngine):
             if self.bubble_executor is not None:
                 self.bubble_executor.end_batch()
 
-    def _aggregate_total_loss(self):
-        return self._run_recorded(super()._aggregate_total_loss, LOSS_BROADCAST, WAIT)
-
-    def _run_recorded(self, run: Callable[[], Any], name: str, category: str) -> Any:
+    def run_instruction(self, run: Callable[[], Any], name: str, blocking: bool) -> Any:
+        category = WAIT if blocking else COMPUTE
         recorder = self.bubble_recorder
         if not recorder.active:  # eval_batch and anything else outside train_batch
             return run()
@@ -168,14 +146,7 @@ def instrument(engine: PipelineEngine, executor: BubbleExecutor | None = None) -
     Call on every rank (connecting the stages' `PeerSignals` is a collective), before the first
     `train_batch`. Returns the same object, now an `InstrumentedPipelineEngine`.
     """
-    if not isinstance(engine, PipelineEngine):
-        raise TypeError(f"instrument() needs a deepspeed PipelineEngine, got {type(engine).__name__}")
-    if not isinstance(engine, InstrumentedPipelineEngine):
-        if type(engine) is not PipelineEngine:
-            raise TypeError(
-                f"instrument() re-classes a plain PipelineEngine; {type(engine).__name__} is already a subclass"
-            )
-        engine.__class__ = InstrumentedPipelineEngine
+    engine = adopt(engine, InstrumentedPipelineEngine)
     engine.bubble_recorder = StageRecorder(
         engine.stage_id, engine.num_stages, engine.micro_batches, clock_for(engine.device)
     )

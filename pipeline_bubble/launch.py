@@ -7,14 +7,13 @@ module-level function `worker(rank, world_size, payload) -> result`; results com
 order. A failing rank fails the launch with the tail of its log.
 
 On a single GPU, `same_device=True` gives every rank `LOCAL_RANK=0`: all stages share cuda:0.
-NCCL refuses two ranks on one device and gloo has no CUDA send/recv, so then `stage_cuda_on_host()`
-lets DeepSpeed's gloo path copy CUDA tensors through host memory (the same staging DeepSpeed
-already does for Apple MPS tensors).
+NCCL refuses two ranks on one device and gloo has no CUDA send/recv, so then the worker calls
+`deepspeed_adapter.stage_cuda_on_host()`, which lets DeepSpeed's gloo path copy CUDA tensors
+through host memory.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import socket
 import sys
@@ -33,19 +32,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def stage_cuda_on_host() -> None:
-    """Make DeepSpeed's gloo communication stage CUDA tensors through host memory (one-GPU pipelines)."""
-    # `import deepspeed.comm.torch as m` would bind deepspeed.comm's `torch` attribute: PyTorch itself.
-    ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
-
-    if not hasattr(ds_torch_comm, "_needs_cpu_staging"):
-        raise RuntimeError(
-            "this DeepSpeed has no CPU staging for gloo (deepspeed.comm.torch._needs_cpu_staging); "
-            "a one-GPU pipeline needs DeepSpeed >= 0.19 or one GPU per stage with NCCL"
-        )
-    ds_torch_comm._needs_cpu_staging = lambda t: isinstance(t, torch.Tensor) and t.device.type in ("mps", "cuda")
 
 
 def _entry(worker, rank, world_size, port, payload, result_dir, log_dir, threads, same_device):

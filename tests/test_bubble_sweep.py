@@ -21,12 +21,12 @@ import ray
 from ray import tune
 
 import hpo
-from examples.mlp_digits import workload as digits
+from hpo.examples.mlp_digits import workload as digits
 from hpo.training import TrialTrainer
-from pipeline_bubble.abtest import JobSpec
+from benchmarks.bubble_ab import ABSpec
 from pipeline_bubble.launch import free_port
 
-pytestmark = pytest.mark.usefixtures("ray_local")
+pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.slow]  # a DeepSpeed job on a real Ray
 
 LRS = [3e-3, 1e-2, 3e-2, 1e-1]
 ITERATIONS = 2
@@ -48,11 +48,11 @@ class PipelineRank:
 
         torch.set_num_threads(1)
 
-    def start(self, spec: JobSpec) -> int:
+    def start(self, spec: ABSpec) -> int:
         """Initialise DeepSpeed and lend this stage's bubbles to any sweep."""
         import deepspeed
 
-        from pipeline_bubble.abtest import build_engine, main_job_batches
+        from benchmarks.bubble_ab import build_engine, main_job_batches
         from pipeline_bubble.lending import lend_bubbles
 
         deepspeed.init_distributed(dist_backend="gloo")
@@ -95,7 +95,7 @@ def pipeline_job():
     """The main job's two ranks, training in the background until the module's tests are done."""
     port = free_port()
     ranks = [PipelineRank.remote(r, 2, port) for r in range(2)]
-    ray.get([rank.start.remote(JobSpec(stages=2, micro_batches=4, width=1024)) for rank in ranks])
+    ray.get([rank.start.remote(ABSpec(stages=2, micro_batches=4, width=1024)) for rank in ranks])
     done = threading.Event()
 
     def drive_main_job() -> None:

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from examples.mlp_digits import workload as mlp_digits
-from fusion import MEMBER_CHECKPOINT_FILE, FusedTrainer
-from hpo.training import CHECKPOINT_FILE, TrialTrainer
+from fusion import FusedTrainer
+from hpo.training import TrialTrainer
 
 
 BASE = {"width": 32, "steps_per_iteration": 10}
@@ -108,5 +108,10 @@ def test_group_checkpoint_restores_the_group_after_members_left(tmp_path):
     assert restored.train_iteration() == trainer.train_iteration()
 
 
-def test_member_checkpoint_file_is_the_one_trial_trainer_restores():
-    assert MEMBER_CHECKPOINT_FILE == CHECKPOINT_FILE
+def test_a_member_checkpoint_directory_is_one_a_trial_trainer_restores(tmp_path):
+    fused = FusedTrainer(mlp_digits, CONFIGS)
+    fused.train_iteration()
+    fused.save_member(1, str(tmp_path))
+    alone = TrialTrainer(mlp_digits, CONFIGS[1])
+    alone.restore(str(tmp_path))  # reads the directory as Tune hands it to an unfused trial
+    assert_same_state(alone.state_dict(), fused.member_state_dict(1), "member 1 restored unfused")

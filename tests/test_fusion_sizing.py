@@ -68,9 +68,17 @@ def test_cpu_budget_defaults_to_available_ram():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_group_of_the_chosen_size_trains_without_running_out_of_memory():
+def test_cuda_group_of_the_chosen_size_trains_within_the_budget_it_was_sized_for():
     from fusion import FusedTrainer
 
     decision = choose_num_members(mlp_digits, config(256), device="cuda", max_members=1024)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
     trainer = FusedTrainer(mlp_digits, [{**config(256), "seed": i} for i in range(decision.num_members)], device="cuda")
-    trainer.train_iteration()
+    rows = trainer.train_iteration()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    budget = decision.available_bytes * decision.safety_margin
+    assert len(rows) == decision.num_members and not any(row["diverged"] for row in rows)
+    assert peak <= budget, f"{decision}: the group peaked at {peak / MiB:.1f} MiB, over its {budget / MiB:.1f} MiB budget"

@@ -9,14 +9,14 @@ the guests are evicted part-way.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from examples.mlp_digits import workload as digits
+from hpo.examples.mlp_digits import workload as digits
 
-from pipeline_bubble.abtest import JobSpec, run_rank, synthetic_guest
+from pipeline_bubble import deepspeed_adapter
+from benchmarks.bubble_ab import ABSpec, run_rank, synthetic_guest
 from pipeline_bubble.executor import BubbleExecutor
 from pipeline_bubble.api import _stage_guest
 from pipeline_bubble.guests import GuestGroup
@@ -33,7 +33,7 @@ SWEEP = [{"lr": lr, "width": 32, "seed": i} for i, lr in enumerate((1e-3, 2e-3, 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     checkpoints = tmp_path_factory.mktemp("guest_checkpoints")
-    spec = JobSpec(
+    spec = ABSpec(
         stages=2,
         micro_batches=4,
         micro_batch_size=64,
@@ -126,16 +126,31 @@ def test_evicted_guest_stops_and_resumes_from_its_checkpoint(job):
         assert resumed.step() < result["guest_losses"][0]
 
 
-# ---- executor specs, no processes ----------------------------------------------------------------
-class _SleepGuest:
+# ---- executor specs, no processes, on a fake clock ------------------------------------------------
+class _Clock:
+    """Time that moves only when a guest step runs or a spec lets it pass: no sleeps, exact windows."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _TimedGuest:
+    """A guest whose every step takes exactly `seconds` on `clock`."""
+
     samples_per_step = 1
     memory_bytes = 1000
 
-    def __init__(self, seconds: float):
-        self.seconds, self.steps = seconds, 0
+    def __init__(self, clock: _Clock, seconds: float):
+        self.clock, self.seconds, self.steps = clock, seconds, 0
 
     def step(self) -> float:
-        time.sleep(self.seconds)
+        self.clock.advance(self.seconds)
         self.steps += 1
         return 1.0
 
@@ -146,12 +161,21 @@ class _SleepGuest:
         self.steps = state["steps"]
 
 
+def _executor(step_s: float, **options) -> tuple[BubbleExecutor, _Clock]:
+    """A started executor whose guest steps take `step_s`, on a fresh fake clock."""
+    clock = _Clock()
+    host = options.pop("host", None)
+    executor = BubbleExecutor(_TimedGuest(clock, step_s), profile_steps=2, clock=clock, **options)
+    executor.start("cpu", host=host)
+    return executor, clock
+
+
 class _Recorder:
-    def __init__(self):
-        self.spans = []
+    def __init__(self, clock: _Clock):
+        self.clock, self.spans = clock, []
 
     def mark(self):
-        return time.perf_counter()
+        return self.clock()
 
     def record(self, name, category, start, end, slot):
         self.spans.append((start, end))
@@ -166,22 +190,21 @@ def _observed(executor: BubbleExecutor, slot: int, wait_s: float) -> None:
     executor.observe(slot, 0.0, wait_s)
 
 
-def test_executor_never_starts_a_step_that_does_not_fit_the_window():
-    executor = BubbleExecutor(_SleepGuest(0.01), profile_steps=2, history=1)
-    executor.start()
+def test_executor_runs_only_the_whole_steps_that_fit_the_safety_share_of_the_window():
+    executor, clock = _executor(0.01, history=1)
     _observed(executor, slot=3, wait_s=0.035)
-    recorder = _Recorder()
+    recorder = _Recorder(clock)
     assert executor.harvest(3, recorder) == 0.0, "an observation batch must run no guest"
     executor.begin_batch()
     used = executor.harvest(3, recorder)
-    assert 1 <= len(recorder.spans) <= 3
-    assert used <= 0.035, f"quantum of {used * 1e3:.1f} ms overran a 35 ms window"
+    # 0.9 x 35 ms = 31.5 ms of budget: three 10 ms steps fit, a fourth would end at 40 ms
+    assert len(recorder.spans) == 3
+    assert used == pytest.approx(0.03)
     assert executor.harvest(7, recorder) == 0.0, "a slot never observed has no predicted window"
 
 
 def test_executor_shrinks_a_slots_quantum_after_an_overrun():
-    executor = BubbleExecutor(_SleepGuest(0.002), profile_steps=2, history=1)
-    executor.start()
+    executor, _ = _executor(0.002, history=1)
     _observed(executor, slot=0, wait_s=0.05)
     executor.begin_batch()
     executor.observe(0, harvested_s=0.045, blocked_s=0.0)  # the peer was already waiting
@@ -190,8 +213,7 @@ def test_executor_shrinks_a_slots_quantum_after_an_overrun():
 
 
 def test_window_prediction_ignores_harvested_batches():
-    executor = BubbleExecutor(_SleepGuest(0.001), profile_steps=2, observe_every=4, history=1)
-    executor.start()
+    executor, _ = _executor(0.001, observe_every=4, history=1)
     _observed(executor, slot=0, wait_s=0.02)
     executor.begin_batch()  # a harvested batch: its (longer) wait must not grow the window
     executor.observe(0, harvested_s=0.018, blocked_s=0.01)
@@ -199,48 +221,47 @@ def test_window_prediction_ignores_harvested_batches():
 
 
 class _Arrival:
-    """A neighbour that reaches the exchange `after_s` seconds from now."""
+    """A neighbour that reaches the exchange `after_s` seconds from now on `clock`."""
 
-    def __init__(self, after_s: float):
-        self.at = time.monotonic() + after_s
+    def __init__(self, clock: _Clock, after_s: float):
+        self.clock, self.at = clock, clock() + after_s
 
     def arrived(self) -> bool:
-        return time.monotonic() >= self.at
+        return self.clock() >= self.at
 
     def arrival_time(self) -> float | None:
         return self.at if self.arrived() else None
 
 
-def _signalled(executor: BubbleExecutor, slot: int, window_s: float) -> None:
+def _signalled(executor: BubbleExecutor, clock: _Clock, slot: int, window_s: float) -> float:
     """One batch in which the neighbour of `slot` arrived `window_s` after the stage got there."""
     executor.begin_batch()
-    arrival = _Arrival(window_s)
-    used = executor.harvest(slot, _Recorder(), arrival)
-    time.sleep(max(0.0, window_s - used))
+    arrival = _Arrival(clock, window_s)
+    used = executor.harvest(slot, _Recorder(clock), arrival)
+    clock.advance(max(0.0, arrival.at - clock()))
     executor.observe(slot, used, 0.0, arrival=arrival)
+    return used
 
 
 def test_a_signalled_window_is_learnt_exactly_even_while_harvesting():
-    executor = BubbleExecutor(_SleepGuest(0.002), profile_steps=2)
-    executor.start()
+    executor, clock = _executor(0.002)
     executor.begin_batch()  # warm-up
-    _signalled(executor, slot=4, window_s=0.03)
-    assert executor.predicted_window(4, closed_loop=True) == pytest.approx(0.03, abs=0.003)
-    _signalled(executor, slot=4, window_s=0.03)  # harvested this time
+    assert _signalled(executor, clock, slot=4, window_s=0.03) == 0.0, "no window known yet"
+    assert executor.predicted_window(4, closed_loop=True) == pytest.approx(0.03)
+    assert _signalled(executor, clock, slot=4, window_s=0.03) > 0.0  # harvested this time
     assert executor.stats.steps > 0
-    assert executor.predicted_window(4, closed_loop=True) == pytest.approx(0.03, abs=0.003)
+    assert executor.predicted_window(4, closed_loop=True) == pytest.approx(0.03)
     assert executor.signalled_slots == [4]
 
 
-def test_a_signalled_slot_stops_its_guest_once_the_neighbour_arrives():
+def test_a_signalled_slot_stops_its_guest_at_the_first_step_boundary_after_the_neighbour_arrives():
     step_s = 0.01
-    executor = BubbleExecutor(_SleepGuest(step_s), profile_steps=2)
-    executor.start()
+    executor, clock = _executor(step_s)
     executor.begin_batch()  # warm-up
-    _signalled(executor, slot=0, window_s=0.2)
+    _signalled(executor, clock, slot=0, window_s=0.2)
     executor.begin_batch()
-    used = executor.harvest(0, _Recorder(), _Arrival(0.05))  # planned 200 ms, the neighbour came at 50
-    assert 0.05 <= used <= 0.05 + step_s + 0.01, f"ran {used * 1e3:.1f} ms past a 50 ms window"
+    used = executor.harvest(0, _Recorder(clock), _Arrival(clock, 0.045))  # planned 200 ms, the neighbour came at 45
+    assert used == pytest.approx(0.05), "steps at 0, 10, .., 40 ms; the one at 50 ms must not start"
 
 
 def test_a_cpu_guest_waits_while_every_core_runs_the_job():
@@ -251,19 +272,18 @@ def test_a_cpu_guest_waits_while_every_core_runs_the_job():
             return self.free
 
     host = Host()
-    executor = BubbleExecutor(_SleepGuest(0.001), profile_steps=2)
-    executor.start("cpu", host=host)
+    executor, clock = _executor(0.001, host=host)
     executor.begin_batch()  # warm-up
-    _signalled(executor, slot=0, window_s=0.02)
+    _signalled(executor, clock, slot=0, window_s=0.02)
     executor.begin_batch()
-    assert executor.harvest(0, _Recorder(), _Arrival(0.02)) == 0.0, "a step took a core from the job"
+    assert executor.harvest(0, _Recorder(clock), _Arrival(clock, 0.02)) == 0.0, "a step took a core from the job"
+    assert executor.stats.no_core == 1
     host.free = True
-    assert executor.harvest(0, _Recorder(), _Arrival(0.02)) > 0.0
+    assert executor.harvest(0, _Recorder(clock), _Arrival(clock, 0.02)) > 0.0
 
 
 def test_guest_over_the_memory_cap_is_refused():
-    executor = BubbleExecutor(_SleepGuest(0.0), memory_cap_bytes=10)
-    executor.start()
+    executor, _ = _executor(0.001, memory_cap_bytes=10)
     assert executor.guest is None and "memory_cap_bytes" in executor.refused
 
 
@@ -284,6 +304,49 @@ def test_guest_group_checkpoint_round_trip():
     fresh = GuestGroup([synthetic_guest(0, torch.device("cpu")), synthetic_guest(1, torch.device("cpu"))])
     fresh.load_state_dict(state)
     assert fresh.step() == group.step()
+
+
+def test_an_unsupported_deepspeed_fails_naming_each_missing_hook():
+    import importlib
+    from types import SimpleNamespace
+
+    class EngineWithoutLossHook:  # a DeepSpeed that renamed `_aggregate_total_loss`
+        _INSTRUCTION_MAP: dict = {}
+
+        def train_batch(self): ...
+
+    def stand_in(module: str):
+        if module == "deepspeed.runtime.pipe.engine":
+            return SimpleNamespace(PipelineEngine=EngineWithoutLossHook)
+        if module == "deepspeed.comm.torch":
+            return SimpleNamespace()
+        return importlib.import_module(module)
+
+    missing = [hook.name for hook in deepspeed_adapter.missing_hooks(import_module=stand_in)]
+    assert missing == [
+        "deepspeed.runtime.pipe.engine.PipelineEngine._aggregate_total_loss",
+        "deepspeed.comm.torch._needs_cpu_staging",
+    ]
+    with pytest.raises(deepspeed_adapter.UnsupportedDeepSpeed) as error:
+        deepspeed_adapter.verify_hooks(import_module=stand_in)
+    message = str(error.value)
+    assert "PipelineEngine._aggregate_total_loss" in message and "_needs_cpu_staging" in message
+    assert deepspeed_adapter.SUPPORTED in message
+
+
+def test_the_installed_deepspeed_is_in_the_pinned_range_and_has_every_hook():
+    import tomllib
+
+    import deepspeed
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    pins = [Requirement(r) for r in pyproject["project"]["optional-dependencies"]["bubbles"]]
+    (pin,) = [r for r in pins if r.name == "deepspeed"]
+    assert str(pin.specifier) == str(Requirement(f"deepspeed{deepspeed_adapter.SUPPORTED}").specifier)
+    assert Version(deepspeed.__version__) in pin.specifier
+    assert deepspeed_adapter.missing_hooks() == []
 
 
 def test_theoretical_bubble_fraction():
@@ -316,28 +379,28 @@ def test_sweep_configs_become_one_fused_guest_per_stage_with_per_trial_rows():
 
 
 def test_a_failing_guest_is_dropped_and_the_stage_carries_on():
-    class Failing(_SleepGuest):
+    class Failing(_TimedGuest):
         def step(self):
             if self.steps >= 3:
                 raise RuntimeError("guest blew up")
             return super().step()
 
-    executor = BubbleExecutor(Failing(0.0), profile_steps=2, history=1)
+    clock = _Clock()
+    executor = BubbleExecutor(Failing(clock, 0.001), profile_steps=2, history=1, clock=clock)
     executor.start()
     _observed(executor, slot=0, wait_s=0.05)
     executor.begin_batch()
-    executor.harvest(0, _Recorder())  # must not raise
+    executor.harvest(0, _Recorder(clock))  # must not raise
     assert executor.guest is None and "guest blew up" in executor.failed
 
 
 def test_requested_eviction_checkpoints_before_the_next_step(tmp_path):
-    guest = _SleepGuest(0.0)
-    executor = BubbleExecutor(guest, profile_steps=2, history=1, checkpoint_path=tmp_path / "g.pt")
-    executor.start()
+    executor, clock = _executor(0.001, history=1, checkpoint_path=tmp_path / "g.pt")
+    guest = executor.guest
     _observed(executor, slot=0, wait_s=0.05)
     executor.begin_batch()
     executor.request_evict()
-    assert executor.harvest(0, _Recorder()) == 0.0
+    assert executor.harvest(0, _Recorder(clock)) == 0.0
     assert executor.guest is None and guest.steps == 2
     assert torch.load(tmp_path / "g.pt", weights_only=False)["guest"] == {"steps": 2}
 
@@ -345,7 +408,7 @@ def test_requested_eviction_checkpoints_before_the_next_step(tmp_path):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_two_stages_on_one_gpu_harvest_and_stay_bit_identical(tmp_path):
-    spec = JobSpec(stages=2, micro_batches=4, width=2048, micro_batch_size=128, batches=6, device="cuda")
+    spec = ABSpec(stages=2, micro_batches=4, width=2048, micro_batch_size=128, batches=6, device="cuda")
     results = launch(run_rank, 2, spec, timeout_s=300, log_dir=tmp_path, same_device=True)
     assert all(r["losses"]["baseline"] == r["losses"]["harvested"] and r["rng_equal"] for r in results)
     assert all(StageTimeline.from_dict(r["timelines"]["baseline"]).device.startswith("cuda") for r in results)

@@ -1,6 +1,7 @@
 """A reference pipeline job trained twice in the same processes: without and with bubble harvesting.
 
-Used by the acceptance test and the benchmark. Each rank builds two DeepSpeed pipeline engines
+The harness of `benchmarks/bubble_harvest.py` and of the acceptance tests (tests/test_pipeline_bubble.py,
+tests/test_bubble_sweep.py); no part of the library. Each rank builds two DeepSpeed pipeline engines
 from the same seed (an MLP with dropout, so any leak into the global RNG would show), both
 instrumented, the second with a `BubbleExecutor`. The engines train batch by batch in turn, in
 ABBA order, so a busy host slows both alike and neither always runs first; each engine keeps its
@@ -9,7 +10,7 @@ is bit-identical when both engines' losses, final parameters and RNG states matc
 
 Example (what the benchmark does for one point)::
 
-    results = launch(run_rank, 2, JobSpec(stages=2, micro_batches=4))
+    results = launch(run_rank, 2, ABSpec(stages=2, micro_batches=4))
     report = summarize_ab(results)
 """
 
@@ -36,7 +37,7 @@ GuestFactory = Callable[[int, torch.device], GuestWork]
 
 
 @dataclass
-class JobSpec:
+class ABSpec:
     """The main job and the harvest settings of one A/B run."""
 
     stages: int = 2
@@ -53,7 +54,7 @@ class JobSpec:
     #: Instead of a factory, go through the sweep's API: these configs of `sweep_workload`
     #: ("module:attribute") via `run_guests_in_bubbles`, one fused group per stage.
     sweep_configs: list[dict[str, Any]] | None = None
-    sweep_workload: str = "examples.mlp_digits:workload"
+    sweep_workload: str = "hpo.examples.mlp_digits:workload"
     checkpoint_dir: str | None = None
     memory_cap_bytes: int | None = None
     #: Stop harvesting (evict the guest) after this many batches; None: never.
@@ -64,7 +65,7 @@ class JobSpec:
 
 
 # ---- the main job -----------------------------------------------------------------------------
-def _pipeline_module(spec: JobSpec):
+def _pipeline_module(spec: ABSpec):
     from deepspeed.pipe import PipelineModule
 
     layers: list[nn.Module] = []
@@ -76,7 +77,7 @@ def _pipeline_module(spec: JobSpec):
     )
 
 
-def build_engine(spec: JobSpec):
+def build_engine(spec: ABSpec):
     """`deepspeed.initialize` of the reference `PipelineModule`, seeded by `spec.seed`."""
     import deepspeed
 
@@ -92,7 +93,7 @@ def build_engine(spec: JobSpec):
     return engine
 
 
-def main_job_batches(spec: JobSpec, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def main_job_batches(spec: ABSpec, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(spec.seed + 1)
     while True:
         x = torch.randn(spec.micro_batch_size, spec.width, generator=generator)
@@ -133,10 +134,19 @@ def synthetic_guest(stage: int, device: torch.device, *, width: int = 64, batch:
 
 
 def digits_guest(stage: int, device: torch.device):
-    """One `examples.mlp_digits` config as an unfused guest (needs scikit-learn for the data)."""
-    from examples.mlp_digits import workload
+    """One `hpo.examples.mlp_digits` config as an unfused guest (needs scikit-learn for the data)."""
+    from hpo.examples.mlp_digits import workload
 
     return workload_guest(workload, {"lr": 3e-3, "width": 64, "seed": stage, "data_seed": stage}, device=device)
+
+
+def fused_digits_guest(stage: int, device: torch.device):
+    """Four learning rates of `hpo.examples.mlp_digits` as one fused group."""
+    from hpo.examples.mlp_digits import workload
+    from pipeline_bubble.fused_guest import fused_group_guest
+
+    configs = [{"lr": lr, "width": 32, "seed": stage} for lr in (1e-3, 2e-3, 3e-3, 5e-3)]
+    return fused_group_guest(workload, configs, device=device, seed=stage)
 
 
 # ---- one rank of the A/B run ------------------------------------------------------------------
@@ -161,7 +171,7 @@ class _RngSwap:
         self.state = self._get()
 
 
-def run_rank(rank: int, world_size: int, spec: JobSpec) -> dict[str, Any]:
+def run_rank(rank: int, world_size: int, spec: ABSpec) -> dict[str, Any]:
     """One rank: train the baseline and the harvested engine in turn; return timelines and checks."""
     import deepspeed
 
@@ -170,7 +180,7 @@ def run_rank(rank: int, world_size: int, spec: JobSpec) -> dict[str, Any]:
     from pipeline_bubble.instrumented_engine import instrument
 
     if spec.device.startswith("cuda"):
-        from pipeline_bubble.launch import stage_cuda_on_host
+        from pipeline_bubble.deepspeed_adapter import stage_cuda_on_host
 
         stage_cuda_on_host()
         # DeepSpeed binds a CUDA device to the default group, after which torch builds every
