@@ -13,7 +13,7 @@ import hpo
 from examples.mlp_digits import workload as digits
 from hpo.sweep import build_tuner, load_sweep
 
-pytestmark = pytest.mark.usefixtures("ray_local")
+pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.slow]
 
 LRS = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
 #: The best of LRS after one iteration (seed 0, width 16, the digits MLP).

@@ -10,7 +10,7 @@ import pytest
 from hpo.cli import main
 from hpo.sweep import build_tuner, load_sweep
 
-pytestmark = pytest.mark.usefixtures("ray_local")
+pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.slow]
 
 SWEEP = """
 name: {name}

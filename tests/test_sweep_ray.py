@@ -12,7 +12,7 @@ from ray import tune
 import hpo
 from examples.mlp_digits import workload as digits
 
-pytestmark = pytest.mark.usefixtures("ray_local")
+pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.slow]
 
 
 def test_run_returns_best_config_and_one_row_per_configuration(tmp_path):

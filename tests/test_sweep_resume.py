@@ -11,7 +11,10 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from ray import tune
+
+pytestmark = pytest.mark.slow
 
 WORKLOAD = '''
 import time
