@@ -154,13 +154,13 @@ class FusedLinear(nn.Module):
 
 
 class FusedConv(nn.Module):
-    """B Conv1d/Conv2d layers as one grouped convolution: `[B, N, C, *spatial] -> [B, N, C', *spatial']`."""
+    """B Conv1d/Conv2d/Conv3d layers as one grouped convolution: `[B, N, C, *spatial] -> [B, N, C', *spatial']`."""
 
     def __init__(self, template: nn.Conv1d | nn.Conv2d, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.weight = nn.Parameter(weight)  # (B, C_out, C_in / groups, *kernel)
         self.bias = _param(bias)  # (B, C_out)
-        self.conv = F.conv1d if isinstance(template, nn.Conv1d) else F.conv2d
+        self.conv = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}[type(template)]
         self.stride, self.padding, self.dilation = template.stride, template.padding, template.dilation
         self.groups = template.groups
         self.padding_mode = template.padding_mode
@@ -247,6 +247,65 @@ class FusedBatchNorm(nn.Module):
         return out.reshape(samples, members, *x.shape[2:]).transpose(0, 1)
 
 
+class FusedGroupNorm(nn.Module):
+    """B GroupNorms as one: members' channels side by side, B * num_groups groups (exact per-member statistics)."""
+
+    def __init__(self, template: nn.GroupNorm, weight: torch.Tensor | None, bias: torch.Tensor | None):
+        super().__init__()
+        self.num_groups, self.eps = template.num_groups, template.eps
+        self.weight = _param(weight)  # (B, C)
+        self.bias = _param(bias)
+
+    @classmethod
+    def from_members(cls, modules: Sequence[nn.GroupNorm]) -> "FusedGroupNorm":
+        return cls(modules[0], _stack([m.weight for m in modules]), _stack([m.bias for m in modules]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        members, samples = x.shape[:2]
+        folded = x.transpose(0, 1).reshape(samples, -1, *x.shape[3:])  # (N, B*C, *spatial)
+        out = F.group_norm(
+            folded,
+            self.num_groups * members,
+            None if self.weight is None else self.weight.reshape(-1),
+            None if self.bias is None else self.bias.reshape(-1),
+            self.eps,
+        )
+        return out.reshape(samples, members, *x.shape[2:]).transpose(0, 1)
+
+
+class FusedInstanceNorm(nn.Module):
+    """B InstanceNorms as one over `(N, B*C, ...)`: statistics are per (sample, channel) anyway."""
+
+    def __init__(self, template: nn.modules.instancenorm._InstanceNorm, members: Sequence[nn.modules.instancenorm._InstanceNorm]):
+        super().__init__()
+        self.eps, self.momentum = template.eps, template.momentum
+        self.track_running_stats = template.track_running_stats
+        self.weight = _param(_stack([m.weight for m in members]))  # (B, C)
+        self.bias = _param(_stack([m.bias for m in members]))
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            self.register_buffer(name, _stack([getattr(m, name) for m in members]))
+
+    @classmethod
+    def from_members(cls, modules: Sequence[nn.modules.instancenorm._InstanceNorm]) -> "FusedInstanceNorm":
+        return cls(modules[0], modules)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        members, samples = x.shape[:2]
+        folded = x.transpose(0, 1).reshape(samples, -1, *x.shape[3:])
+        use_input_stats = self.training or not self.track_running_stats
+        out = F.instance_norm(
+            folded,
+            None if self.running_mean is None else self.running_mean.view(-1),
+            None if self.running_var is None else self.running_var.view(-1),
+            None if self.weight is None else self.weight.reshape(-1),
+            None if self.bias is None else self.bias.reshape(-1),
+            use_input_stats,
+            self.momentum if self.momentum is not None else 0.0,
+            self.eps,
+        )
+        return out.reshape(samples, members, *x.shape[2:]).transpose(0, 1)
+
+
 class FusedEmbedding(nn.Module):
     """B embedding tables as one `[B*V, D]` table indexed at `member * V + index`."""
 
@@ -289,10 +348,16 @@ LEAF_FUSERS: dict[type, Callable[[Sequence[nn.Module]], nn.Module]] = {
     ScaledLinear: FusedLinear.from_members,
     nn.Conv1d: FusedConv.from_members,
     nn.Conv2d: FusedConv.from_members,
+    nn.Conv3d: FusedConv.from_members,
     nn.LayerNorm: FusedLayerNorm.from_members,
     nn.BatchNorm1d: FusedBatchNorm.from_members,
     nn.BatchNorm2d: FusedBatchNorm.from_members,
+    nn.BatchNorm3d: FusedBatchNorm.from_members,
     nn.Embedding: FusedEmbedding.from_members,
+    nn.GroupNorm: FusedGroupNorm.from_members,
+    nn.InstanceNorm1d: FusedInstanceNorm.from_members,
+    nn.InstanceNorm2d: FusedInstanceNorm.from_members,
+    nn.InstanceNorm3d: FusedInstanceNorm.from_members,
 }
 
 #: Per-layer reasons a supported layer type is still not fusible in a given configuration.
