@@ -136,21 +136,40 @@ class FusedLinear(nn.Module):
         return cls(_stack([m.weight for m in modules]), _stack([m.bias for m in modules]), _stack(scales) if scales else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        members, out_features, in_features = self.weight.shape
-        lead = x.shape[1:-1]
-        flat = x.reshape(members, -1, in_features)  # (B, M, in)
-        if self.input_scale is not None:
-            flat = flat * self.input_scale.view(members, 1, 1)
-        weight, bias = self.weight, self.bias
-        if torch.is_autocast_enabled(x.device.type):
-            dtype = torch.get_autocast_dtype(x.device.type)
-            flat, weight = flat.to(dtype), weight.to(dtype)
-            bias = None if bias is None else bias.to(dtype)
-        if flat.device.type == "cpu":
-            out = _BatchedLinear.apply(flat, weight, bias)
-        else:  # on GPUs, native autograd (less Python per layer); bit-equality with CPU is moot there
-            out = _batched_gemm(flat, weight.transpose(1, 2), bias)
-        return out.reshape(members, *lead, out_features)
+        return member_linear(x, self.weight, self.bias, self.input_scale)
+
+
+def member_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    input_scale: torch.Tensor | None = None,
+    bias_in_gemm: bool = True,
+) -> torch.Tensor:
+    """`F.linear(x[i], weight[i], bias[i])` for every member i: `[B, ..., in] -> [B, ..., out]`.
+
+    `bias_in_gemm=False` adds the bias after the GEMM, as `F.linear` itself does for an input
+    that is not contiguous, so callers that mirror PyTorch code can match its rounding.
+    """
+    members, out_features, in_features = weight.shape
+    lead = x.shape[1:-1]
+    flat = x.reshape(members, -1, in_features)  # (B, M, in)
+    if input_scale is not None:
+        flat = flat * input_scale.view(members, 1, 1)
+    late_bias = None if bias_in_gemm else bias
+    bias = bias if bias_in_gemm else None
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)
+        flat, weight = flat.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+        late_bias = None if late_bias is None else late_bias.to(dtype)
+    if flat.device.type == "cpu":
+        out = _BatchedLinear.apply(flat, weight, bias)
+    else:  # on GPUs, native autograd (less Python per layer); bit-equality with CPU is moot there
+        out = _batched_gemm(flat, weight.transpose(1, 2), bias)
+    if late_bias is not None:
+        out = out + late_bias.unsqueeze(1)
+    return out.reshape(members, *lead, out_features)
 
 
 class FusedConv(nn.Module):
@@ -364,4 +383,4 @@ LEAF_FUSERS: dict[type, Callable[[Sequence[nn.Module]], nn.Module]] = {
 LEAF_CHECKS: dict[type, Callable[[nn.Module], str | None]] = {nn.Embedding: _embedding_check}
 
 #: Layers that hold weights but have no fused version on either path.
-UNSUPPORTED: tuple[type, ...] = (nn.RNNBase, nn.EmbeddingBag, nn.MultiheadAttention)
+UNSUPPORTED: tuple[type, ...] = (nn.RNNBase, nn.EmbeddingBag)

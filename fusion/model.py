@@ -41,7 +41,8 @@ from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
 from fusion.folded import FOLDED_FUSERS
-from fusion.independence import check_member_independence
+from fusion.independence import _tensors, check_member_independence
+from fusion.stacked_attention import ATTENTION_FUSERS, NotStackedHere
 from fusion.layers import LEAF_CHECKS, LEAF_FUSERS, UNSUPPORTED, FusionError, ScaledLinear
 from hpo.workload import Workload
 
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 STRATEGIES = ("auto", "stacked", "vmap")
 
 #: Every layer type the stacked path replaces by a fused version, by exact type.
-FUSERS: dict[type, Callable[[Sequence[nn.Module]], nn.Module]] = {**LEAF_FUSERS, **FOLDED_FUSERS}
+FUSERS: dict[type, Callable[[Sequence[nn.Module]], nn.Module]] = {**LEAF_FUSERS, **FOLDED_FUSERS, **ATTENTION_FUSERS}
 
 
 def build_member(workload: Workload, config: Mapping[str, Any]) -> nn.Module:
@@ -343,7 +344,10 @@ def _stack_tree(modules: Sequence[nn.Module], path: str, memo: dict[int, nn.Modu
         return memo[id(first)]
     fuser = _fuser(first)
     if fuser is not None:
-        fused = fuser(modules)
+        try:
+            fused = fuser(modules)
+        except NotStackedHere as reason:
+            raise _NotStackable(f"layer '{path or '<root>'}' ({type(first).__name__}) has no stacked version with {reason}") from reason
     else:
         if any(v is not None for v in first._parameters.values()) or any(v is not None for v in first._buffers.values()):
             raise _NotStackable(f"layer '{path or '<root>'}' ({type(first).__name__}) holds its own tensors")
@@ -480,6 +484,14 @@ def _naming_failures(model: FusedModel) -> Iterator[None]:
             handle.remove()
 
 
+def _agrees(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    if got.shape != expected.shape:
+        return False
+    if not expected.is_floating_point():
+        return bool(torch.equal(got, expected))
+    return bool(torch.allclose(got, expected, rtol=1e-4, atol=1e-5, equal_nan=True))
+
+
 @torch.no_grad()
 def _probe(model: FusedModel, models: Sequence[nn.Module], example_input: torch.Tensor) -> None:
     """Run the fused model on a probe batch (eval mode) and check it against every member."""
@@ -490,9 +502,10 @@ def _probe(model: FusedModel, models: Sequence[nn.Module], example_input: torch.
     try:
         with _naming_failures(model):
             out = model(example_input)
+        outputs = _tensors(out)
         for i, member in enumerate(models):
-            expected = member(example_input)
-            if out.shape[1:] != expected.shape or not torch.allclose(out[i], expected, rtol=1e-4, atol=1e-5):
+            expected = _tensors(member(example_input))
+            if len(outputs) != len(expected) or not all(_agrees(o[i], e) for o, e in zip(outputs, expected)):
                 raise _NotStackable(f"member {i}'s fused output differs from its own model's")
     finally:
         model.train(was_training)
