@@ -217,6 +217,13 @@ class FusedLayerNorm(nn.Module):
         return cls(modules[0], _stack([m.weight for m in modules]), _stack([m.bias for m in modules]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" and self.weight is not None and self.bias is not None:
+            # One kernel call per member, each with its own affine: PyTorch's CPU kernel applies
+            # the affine inside the normalisation (and reduces its gradients there), so only
+            # this rounds exactly as each member's own LayerNorm, forward and backward.
+            return torch.stack(
+                [F.layer_norm(x[i], self.normalized_shape, self.weight[i], self.bias[i], self.eps) for i in range(x.shape[0])]
+            )
         out = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
         trailing = len(self.normalized_shape)
         if self.weight is not None:
@@ -383,4 +390,4 @@ LEAF_FUSERS: dict[type, Callable[[Sequence[nn.Module]], nn.Module]] = {
 LEAF_CHECKS: dict[type, Callable[[nn.Module], str | None]] = {nn.Embedding: _embedding_check}
 
 #: Layers that hold weights but have no fused version on either path.
-UNSUPPORTED: tuple[type, ...] = (nn.RNNBase, nn.EmbeddingBag)
+UNSUPPORTED: tuple[type, ...] = (nn.EmbeddingBag,)

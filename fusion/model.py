@@ -43,6 +43,7 @@ from torch.overrides import TorchFunctionMode
 from fusion.folded import FOLDED_FUSERS
 from fusion.independence import _tensors, check_member_independence
 from fusion.stacked_attention import ATTENTION_FUSERS, NotStackedHere
+from fusion.stacked_rnn import RNN_FUSERS
 from fusion.layers import LEAF_CHECKS, LEAF_FUSERS, UNSUPPORTED, FusionError, ScaledLinear
 from hpo.workload import Workload
 
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 STRATEGIES = ("auto", "stacked", "vmap")
 
 #: Every layer type the stacked path replaces by a fused version, by exact type.
-FUSERS: dict[type, Callable[[Sequence[nn.Module]], nn.Module]] = {**LEAF_FUSERS, **FOLDED_FUSERS, **ATTENTION_FUSERS}
+FUSERS: dict[type, Callable[[Sequence[nn.Module]], nn.Module]] = {**LEAF_FUSERS, **FOLDED_FUSERS, **ATTENTION_FUSERS, **RNN_FUSERS}
 
 
 def build_member(workload: Workload, config: Mapping[str, Any]) -> nn.Module:
@@ -545,6 +546,7 @@ def fuse_models(models: Sequence[nn.Module], example_input: torch.Tensor, strate
     _check_members(models)
     _check_sharing(models)
     internal = _replace_mup_readouts(models)
+    stacked_failure = None
     if strategy in ("auto", "stacked"):
         try:
             fused = _build("stacked", models, internal, example_input)
@@ -554,6 +556,12 @@ def fuse_models(models: Sequence[nn.Module], example_input: torch.Tensor, strate
             if strategy == "stacked":
                 raise FusionError(f"the model cannot be fused by module swapping: {reason}") from reason
             log.info("module swapping does not fit this model (%s); fusing with torch.func.vmap", reason)
-    fused = _build("vmap", models, internal, example_input)
+            stacked_failure = reason
+    try:
+        fused = _build("vmap", models, internal, example_input)
+    except FusionError as reason:
+        if stacked_failure is None:
+            raise
+        raise FusionError(f"{reason}; module swapping was tried first and failed: {stacked_failure}") from reason
     fused.route_attention = fused._attention.calls > 0
     return fused
