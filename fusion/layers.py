@@ -71,9 +71,11 @@ def _member_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
     if a.device.type == "cpu" and a.shape[0] > 1:
         key = (a.dtype, _layout(a), _layout(b), bias is None, torch.get_num_threads())
         if key not in _BATCHED_GEMM_EXACT:
-            probe_a = torch.randn(a.shape[0], a.shape[2], a.shape[1], dtype=a.dtype).transpose(1, 2) if a.stride(-1) != 1 else torch.randn(a.shape, dtype=a.dtype)
-            probe_b = torch.randn(b.shape[0], b.shape[2], b.shape[1], dtype=b.dtype).transpose(1, 2) if b.stride(-1) != 1 else torch.randn(b.shape, dtype=b.dtype)
-            probe_c = None if bias is None else torch.randn(bias.shape, dtype=bias.dtype)
+            # a private generator: probing must not move the global RNG (dropout masks, user code)
+            gen = torch.Generator().manual_seed(0)
+            probe_a = torch.randn(a.shape[0], a.shape[2], a.shape[1], dtype=a.dtype, generator=gen).transpose(1, 2) if a.stride(-1) != 1 else torch.randn(a.shape, dtype=a.dtype, generator=gen)
+            probe_b = torch.randn(b.shape[0], b.shape[2], b.shape[1], dtype=b.dtype, generator=gen).transpose(1, 2) if b.stride(-1) != 1 else torch.randn(b.shape, dtype=b.dtype, generator=gen)
+            probe_c = None if bias is None else torch.randn(bias.shape, dtype=bias.dtype, generator=gen)
             batched = _batched_gemm(probe_a, probe_b, probe_c)
             looped = _looped_gemm(probe_a, probe_b, probe_c)
             _BATCHED_GEMM_EXACT[key] = torch.equal(batched, looped)
@@ -136,7 +138,8 @@ class FusedLinear(nn.Module):
         return cls(_stack([m.weight for m in modules]), _stack([m.bias for m in modules]), _stack(scales) if scales else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return member_linear(x, self.weight, self.bias, self.input_scale)
+        # F.linear adds the bias inside the GEMM for a 2-D or contiguous input, after it otherwise
+        return member_linear(x, self.weight, self.bias, self.input_scale, bias_in_gemm=x.dim() == 3 or x[0].is_contiguous())
 
 
 def member_linear(
@@ -197,9 +200,28 @@ class FusedConv(nn.Module):
             folded = F.pad(folded, self._reversed_padding, mode=self.padding_mode)
             padding = 0
         weight = self.weight.reshape(-1, *self.weight.shape[2:])  # (B*C_out, C_in/groups, *kernel)
+        exact_bias_grad = self.bias is not None and x.device.type == "cpu"
         bias = None if self.bias is None else self.bias.reshape(-1)
+        if exact_bias_grad:
+            bias = bias.detach()
         out = self.conv(folded, weight, bias, self.stride, padding, self.dilation, self.groups * members)
-        return out.reshape(samples, members, -1, *out.shape[2:]).transpose(0, 1)  # (B, N, C_out, *spatial')
+        out = out.reshape(samples, members, -1, *out.shape[2:]).transpose(0, 1)  # (B, N, C_out, *spatial')
+        return _ConvBiasGrad.apply(out, self.bias) if exact_bias_grad else out
+
+
+class _ConvBiasGrad(torch.autograd.Function):
+    """Identity on a fused convolution's output that gives each member's bias the gradient its
+    own convolution computes: `grad.sum((0, 2, 3, ...))` of that member's slice, in the layout it
+    arrives in (a grouped convolution reduces over the folded layout and rounds differently)."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        dims = (0, *range(2, grad.dim() - 1))
+        return grad, torch.stack([member.sum(dims) for member in grad])
 
 
 class FusedLayerNorm(nn.Module):

@@ -513,10 +513,10 @@ def _probe(model: FusedModel, models: Sequence[nn.Module], example_input: torch.
 
 
 def _accept(fused: FusedModel, models: Sequence[nn.Module], example_input: torch.Tensor) -> FusedModel:
-    """Probe `fused` against its members, then check its members cannot see each other."""
-    _probe(fused, models, example_input)
+    """Check that no member can see another, then probe `fused` against its members."""
     with _naming_failures(fused):
         check_member_independence(fused, example_input)
+    _probe(fused, models, example_input)
     return fused
 
 
