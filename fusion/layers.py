@@ -39,9 +39,23 @@ class ScaledLinear(nn.Linear):
 
 
 def _stack(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    """`[B, *shape]` with every member's slice starting on a 64-byte boundary, as a freshly
+    allocated unfused tensor does: MKL's kernels may round differently on unaligned operands."""
     if tensors[0] is None:
         return None
-    return torch.stack([t.detach() for t in tensors])
+    first = tensors[0]
+    align = max(64 // first.element_size(), 1)
+    size = first.numel()
+    rows = torch.zeros(len(tensors), -(-size // align) * align, dtype=first.dtype, device=first.device)
+    stacked = rows[:, :size].view(len(tensors), *first.shape)
+    for member, tensor in zip(stacked, tensors):
+        member.copy_(tensor.detach())
+    return stacked
+
+
+def _stack_contiguous(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    """`[B, *shape]` in one contiguous block: buffers that kernels update in place through a flat view."""
+    return None if tensors[0] is None else torch.stack([t.detach() for t in tensors])
 
 
 def _param(tensor: torch.Tensor | None) -> nn.Parameter | None:
@@ -265,7 +279,7 @@ class FusedBatchNorm(nn.Module):
         self.weight = _param(_stack([m.weight for m in members]))  # (B, C)
         self.bias = _param(_stack([m.bias for m in members]))
         for name in ("running_mean", "running_var", "num_batches_tracked"):
-            self.register_buffer(name, _stack([getattr(m, name) for m in members]))
+            self.register_buffer(name, _stack_contiguous([getattr(m, name) for m in members]))
 
     @classmethod
     def from_members(cls, modules: Sequence[nn.modules.batchnorm._BatchNorm]) -> "FusedBatchNorm":
@@ -331,7 +345,7 @@ class FusedInstanceNorm(nn.Module):
         self.weight = _param(_stack([m.weight for m in members]))  # (B, C)
         self.bias = _param(_stack([m.bias for m in members]))
         for name in ("running_mean", "running_var", "num_batches_tracked"):
-            self.register_buffer(name, _stack([getattr(m, name) for m in members]))
+            self.register_buffer(name, _stack_contiguous([getattr(m, name) for m in members]))
 
     @classmethod
     def from_members(cls, modules: Sequence[nn.modules.instancenorm._InstanceNorm]) -> "FusedInstanceNorm":

@@ -391,11 +391,11 @@ def _sharing(model: nn.Module) -> list[tuple[str, ...]]:
     """Groups of names under which one submodule, parameter or buffer is registered more than once."""
     groups: dict[int, list[str]] = {}
     for path, module in model.named_modules(remove_duplicate=False):
-        groups.setdefault(id(module), []).append(f"module '{path or '<root>'}'")
+        groups.setdefault(id(module), []).append(f"module {path or '<root>'}")
         for kind in ("_parameters", "_buffers"):
             for name, tensor in getattr(module, kind).items():
                 if tensor is not None:
-                    groups.setdefault(id(tensor), []).append(f"'{path}.{name}'".replace("'.", "'"))
+                    groups.setdefault(id(tensor), []).append(f"{path}.{name}".lstrip("."))
     return sorted(tuple(dict.fromkeys(names)) for names in groups.values() if len(dict.fromkeys(names)) > 1)
 
 
@@ -406,7 +406,10 @@ def _check_sharing(models: Sequence[nn.Module]) -> None:
         other = _sharing(model)
         if other != first:
             diff = sorted(set(first) ^ set(other))
-            raise FusionError(f"member {i} shares submodules or tied parameters differently from member 0: {list(diff[0])}")
+            raise FusionError(
+                f"member {i} shares submodules or tied parameters differently from member 0: {' = '.join(diff[0])} "
+                f"is one object in {'member 0' if diff[0] in first else f'member {i}'} only"
+            )
 
 
 def _vmapped(models: Sequence[nn.Module], internal: set[str]) -> VmapModel:

@@ -99,9 +99,11 @@ def test_zoo_model_trains_as_alone_in_float32(name):
     fused, fused_losses = train_fused(entry, torch.float32, steps=50)
     for i, config in enumerate(configs()):
         alone, alone_losses = train_alone(entry, config, torch.float32, steps=50)
+        # float32 rounding differs between batched and single kernels (and oneDNN's LSTM), and
+        # 50 Adam steps amplify it; float64 above is the strict check, this one the usual 5e-4
         error = relative_error(fused.member_state_dict(i), alone.state_dict())
-        assert error <= 1e-4, f"member {i}: rel err {error:.2e} after 50 float32 steps"
-        torch.testing.assert_close(fused_losses[:, i], alone_losses, rtol=1e-4, atol=1e-5)
+        assert error <= 5e-4, f"member {i}: rel err {error:.2e} after 50 float32 steps"
+        torch.testing.assert_close(fused_losses[:, i], alone_losses, rtol=5e-4, atol=1e-5)
 
 
 def test_model_that_mixes_the_batch_in_training_only_is_refused_on_the_stacked_path_by_module():
