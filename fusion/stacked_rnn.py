@@ -53,6 +53,19 @@ def _rnn_cell(nonlinearity):
     return cell
 
 
+def _lstm_cell_fast(input_w: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor], w_hh, b_hh):
+    """The same cell in fewer kernels (one GEMM with the input projection as its addend, one
+    sigmoid over all gates), for precisions where PyTorch's own CPU LSTM (oneDNN) rounds its
+    own way anyway; `b_hh` is already folded into `input_w`."""
+    hx, cx = hidden
+    gates = torch.baddbmm(input_w, hx, w_hh.transpose(1, 2))
+    ingate, forgetgate, _, outgate = gates.sigmoid().chunk(4, dim=-1)
+    hidden_size = cx.shape[-1]
+    cellgate = gates.narrow(-1, 2 * hidden_size, hidden_size).tanh()
+    cy = torch.addcmul(forgetgate * cx, ingate, cellgate)
+    return outgate * cy.tanh(), cy
+
+
 _CELLS = {"LSTM": _lstm_cell, "GRU": _gru_cell, "RNN_TANH": _rnn_cell(torch.tanh), "RNN_RELU": _rnn_cell(torch.relu)}
 
 
@@ -93,13 +106,15 @@ class FusedRNN(nn.Module):
         x = input if batched else input.unsqueeze(2)  # (B, T, N, I) or (B, N, T, I)
         if self.batch_first and batched:
             x = x.transpose(1, 2)
-        steps, samples = x.shape[1], x.shape[2]
+        samples = x.shape[2]
         directions = 2 if self.bidirectional else 1
         lstm = self.mode == "LSTM"
         h0, c0 = (hx if lstm and hx is not None else (hx, None))
         h0 = self._initial(h0, members, samples, batched, x)
         c0 = self._initial(c0, members, samples, batched, x) if lstm else None
-        cell = _CELLS[self.mode]
+        # float64 mirrors RNN.cpp op for op (bit-exact); elsewhere the LSTM takes the short form
+        fast = lstm and x.dtype != torch.float64
+        cell = _lstm_cell_fast if fast else _CELLS[self.mode]
         finals_h, finals_c = [], []
         layer_input = x
         for layer in range(self.num_layers):
@@ -108,12 +123,16 @@ class FusedRNN(nn.Module):
                 w_ih, w_hh, b_ih, b_hh = self._weights(layer, "_reverse" if direction else "")
                 # F.linear adds the bias inside the GEMM only for a contiguous input (per member)
                 inputs_w = member_linear(layer_input, w_ih, b_ih, bias_in_gemm=layer_input[0].is_contiguous())
+                if fast:
+                    if b_hh is not None:
+                        inputs_w = inputs_w + b_hh.unsqueeze(1).unsqueeze(1)
+                    b_hh = None
                 index = layer * directions + direction
                 hidden = (h0[:, index], c0[:, index]) if lstm else h0[:, index]
                 step_outputs = []
-                order = range(steps - 1, -1, -1) if direction else range(steps)
-                for t in order:
-                    hidden = cell(inputs_w[:, t], hidden, w_hh, b_hh)
+                step_inputs = inputs_w.unbind(1)  # one UnbindBackward, not a zero-filled gradient per step
+                for step_input in reversed(step_inputs) if direction else step_inputs:
+                    hidden = cell(step_input, hidden, w_hh, b_hh)
                     step_outputs.append(hidden[0] if lstm else hidden)
                 if direction:
                     step_outputs.reverse()
