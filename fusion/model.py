@@ -42,7 +42,7 @@ from torch.overrides import TorchFunctionMode
 
 from fusion.folded import FOLDED_FUSERS
 from fusion.independence import _tensors, check_member_independence
-from fusion.stacked_attention import ATTENTION_FUSERS, NotStackedHere
+from fusion.stacked_attention import ATTENTION_FUSERS, FoldedAttentionCalls, NotStackedHere
 from fusion.stacked_rnn import RNN_FUSERS
 from fusion.layers import LEAF_CHECKS, LEAF_FUSERS, UNSUPPORTED, FusionError, ScaledLinear
 from hpo.workload import Workload
@@ -117,12 +117,22 @@ class StackedModel(FusedModel):
 
     strategy = "stacked"
 
+    def __init__(self, module: nn.Module, internal: set[str]):
+        super().__init__(module, internal)
+        #: Fold >4-D scaled_dot_product_attention calls onto the fused kernel (off when the
+        #: checks saw the model make no such call: the routing costs a little per op).
+        self.route_attention = True
+        self._attention = FoldedAttentionCalls()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.module(x.unsqueeze(0).expand(self.num_members, *x.shape))
+        return self.forward_members(x.unsqueeze(0).expand(self.num_members, *x.shape))
 
     def forward_members(self, xs: torch.Tensor) -> torch.Tensor:
         """Each member on its own input: `xs` is `[B, N, ...]` (the independence check uses this)."""
-        return self.module(xs)
+        if not self.route_attention:
+            return self.module(xs)
+        with self._attention:
+            return self.module(xs)
 
 
 class VmapModel(FusedModel):
@@ -553,6 +563,7 @@ def fuse_models(models: Sequence[nn.Module], example_input: torch.Tensor, strate
     if strategy in ("auto", "stacked"):
         try:
             fused = _build("stacked", models, internal, example_input)
+            fused.route_attention = fused._attention.calls > 0
             log.debug("fused %d members by module swapping", len(models))
             return fused
         except (_NotStackable, FusionError) as reason:

@@ -403,3 +403,32 @@ def test_runtime_errors_become_the_same_fusion_error_every_time():
         messages.add(str(refused.value))
     assert len(messages) == 1, messages
     assert "layer '<root>' (Broken)" in messages.pop()
+
+
+class HeadsAttention(nn.Module):
+    """Attention written with negative dimensions only, calling scaled_dot_product_attention itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):  # (..., L, 8)
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, 4)).movedim(-3, 0).transpose(-2, -3)  # (..., heads, L, 4)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(out.transpose(-2, -3).flatten(-2))
+
+
+def test_scaled_dot_product_attention_stays_on_its_fused_kernel_on_the_stacked_path():
+    torch.manual_seed(0)
+    members = [HeadsAttention().double() for _ in range(3)]
+    references = copy.deepcopy(members)
+    x = torch.randn(4, 6, 8, dtype=torch.float64)
+    fused = fuse_models(members, x)
+    assert fused.strategy == "stacked" and fused.route_attention
+    assert_fused_equals_members(fused, references, x, exact=True)
+    with torch.profiler.profile() as profile:
+        fused(x).sum().backward()
+    kernels = {event.key for event in profile.key_averages()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels
+    assert "aten::_scaled_dot_product_attention_math" not in kernels
