@@ -29,14 +29,14 @@ from fusion.layers import FusionError
 _SEED = 20240611
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def output_tensors(value: Any) -> list[torch.Tensor]:
     """The tensors in a (nested) module output or argument list, in a fixed order."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
-        return [t for item in value for t in _tensors(item)]
+        return [t for item in value for t in output_tensors(item)]
     if isinstance(value, dict):
-        return [t for key in sorted(value, key=str) for t in _tensors(value[key])]
+        return [t for key in sorted(value, key=str) for t in output_tensors(value[key])]
     return []
 
 
@@ -103,7 +103,7 @@ class _CallRecorder:
             self.handles.append(module.register_forward_hook(self._leave(path), with_kwargs=True))
 
     def _slices(self, value: Any) -> list[torch.Tensor]:
-        return [_others(t.detach(), self.member).clone() for t in _tensors(value)]
+        return [_others(t.detach(), self.member).clone() for t in output_tensors(value)]
 
     def _enter(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         self._inputs.append(self._slices((args, kwargs)))
@@ -122,7 +122,7 @@ class _CallRecorder:
 def _run(model, inputs: torch.Tensor, member: int) -> tuple[list[torch.Tensor], dict[str, torch.Tensor | None]]:
     """Other members' outputs and gradients of a fixed random projection of all outputs."""
     torch.manual_seed(_SEED)
-    outputs = _tensors(model.forward_members(inputs))
+    outputs = output_tensors(model.forward_members(inputs))
     params = [(name, p) for name, p in model.module.named_parameters() if p.requires_grad]
     generator = torch.Generator().manual_seed(_SEED)
     loss = sum(

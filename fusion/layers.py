@@ -22,6 +22,10 @@ class FusionError(ValueError):
     """A model or group of configs that cannot be fused; the message names the layer or key."""
 
 
+class NotStackedHere(Exception):
+    """This configuration of a layer has no stacked version; the caller falls back to vmap."""
+
+
 class ScaledLinear(nn.Linear):
     """`F.linear(x * input_scale, W, b)`: a Linear with a (per-member) input multiplier.
 

@@ -24,11 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
-from fusion.layers import FusedLinear, _param, _stack, member_linear
-
-
-class NotStackedHere(Exception):
-    """This configuration of a layer has no stacked version; the caller falls back to vmap."""
+from fusion.layers import FusedLinear, NotStackedHere, _param, _stack, member_linear
 
 
 class FusedMultiheadAttention(nn.Module):

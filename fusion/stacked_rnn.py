@@ -22,8 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import PackedSequence
 
-from fusion.layers import FusionError, _stack, member_linear
-from fusion.stacked_attention import NotStackedHere
+from fusion.layers import FusionError, NotStackedHere, _stack, member_linear
 
 
 def _lstm_cell(input_w: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor], w_hh, b_hh):
