@@ -70,7 +70,7 @@ def _perturbed_input(x: torch.Tensor, member: int) -> torch.Tensor:
 
 
 @contextmanager
-def _restored(model: nn.Module) -> Iterator[None]:
+def preserved_state(model: nn.Module) -> Iterator[None]:
     """Leave parameters, buffers, RNG state and train/eval mode as they were."""
     saved = {name: tensor.detach().clone() for name, tensor in model.state_dict(keep_vars=True).items()}
     modes = [(module, module.training) for module in model.modules()]
@@ -155,7 +155,7 @@ def _mixing_module(model, inputs: torch.Tensor, perturbed: torch.Tensor, member:
     for x, perturb in ((inputs, False), (perturbed, True)):
         recorder = _CallRecorder(root, member)
         try:
-            with _restored(root):
+            with preserved_state(root):
                 if perturb:
                     _perturb_member(root, member)
                 torch.manual_seed(_SEED)
@@ -184,17 +184,17 @@ def check_member_independence(model, example_input: torch.Tensor, member: int = 
         return
     inputs = example_input.unsqueeze(0).expand(members, *example_input.shape).clone()
     perturbed = _perturbed_input(inputs, member)
-    with _restored(model.module):
+    with preserved_state(model.module):
         for training in (True, False):
             model.train(training)
             mode = "train" if training else "eval"
-            with _restored(model.module):
+            with preserved_state(model.module):
                 base_out, base_grads = _run(model, inputs, member)
-            with _restored(model.module):
+            with preserved_state(model.module):
                 _perturb_member(model.module, member)
                 new_out, new_grads = _run(model, perturbed, member)
             if not all(_same(a, b) for a, b in zip(base_out, new_out)):
-                with _restored(model.module):
+                with preserved_state(model.module):
                     model.train(training)
                     where = _mixing_module(model, inputs, perturbed, member)
                 raise FusionError(

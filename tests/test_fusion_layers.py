@@ -432,3 +432,22 @@ def test_scaled_dot_product_attention_stays_on_its_fused_kernel_on_the_stacked_p
     kernels = {event.key for event in profile.key_averages()}
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels
     assert "aten::_scaled_dot_product_attention_math" not in kernels
+
+
+class TrainOnlySoftmax(nn.Module):
+    """Reads dimension 1 in training only: on the stacked path that is the sample dimension."""
+
+    def forward(self, x):
+        return x.softmax(dim=1) if self.training else x
+
+
+def test_a_layer_wrong_only_in_training_is_caught_and_fused_by_vmap_instead():
+    torch.manual_seed(0)
+    members = [nn.Sequential(nn.Linear(4, 6), TrainOnlySoftmax(), nn.Linear(6, 2)).double() for _ in range(3)]
+    references = copy.deepcopy(members)
+    x = torch.randn(5, 4, dtype=torch.float64)
+    with pytest.raises(FusionError, match="differs from its own model's in train mode"):
+        fuse_models(copy.deepcopy(members), x, strategy="stacked")
+    fused = fuse_models(members, x)
+    assert fused.strategy == "vmap"
+    assert_fused_equals_members(fused, references, x, exact=False)
