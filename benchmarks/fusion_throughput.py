@@ -19,6 +19,11 @@ tensors of the workloads' shapes, so the benchmark needs neither scikit-learn no
 
     python benchmarks/fusion_throughput.py --quick --json fusion_cpu.json
     python benchmarks/fusion_throughput.py --device cuda --json fusion_cuda.json
+    python benchmarks/fusion_throughput.py --zoo all --json benchmarks/results/fusion_throughput_zoo_cpu.json
+
+`--zoo` times the models of tests/fusion_zoo.py (a small ResNet, a Transformer classifier with
+padding masks, a 2-layer LSTM LM, an MLP-Mixer, a tied nanoGPT block, a shared block): each row
+has `model`, `path` (stacked or vmap, the path `fuse_models` chose) and fused/serial at B=16.
 """
 
 from __future__ import annotations
@@ -280,6 +285,83 @@ def matmul_peak(device: torch.device, dtype: str) -> float:
     return 2 * n**3 * rate
 
 
+# -- the fusion zoo (tests/fusion_zoo.py): models written as users write them -------------------
+
+ZOO_SAMPLES = 32
+
+
+def zoo_configs(members: int) -> list[dict[str, Any]]:
+    return [{"seed": i, "optimizer": "adam", "lr": 1e-3 * (0.5 + i / max(members, 1))} for i in range(members)]
+
+
+def zoo_serial_steps(name: str, members: int, cap: int) -> tuple[list[Callable[[], None]], int]:
+    from tests.fusion_zoo import ZOO, loss
+
+    entry = ZOO[name]
+    x, y = next(entry.batches(ZOO_SAMPLES))
+    steps = []
+    for config in zoo_configs(members)[:cap]:
+        torch.manual_seed(config["seed"])
+        net = entry.build().train()
+        optimizer = build_torch_optimizer(net.named_parameters(), OptimHParams.from_config(config))
+
+        def step(net=net, optimizer=optimizer) -> None:
+            value = loss(net(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            value.backward()
+            optimizer.step()
+
+        steps.append(step)
+    return steps, len(steps) * ZOO_SAMPLES
+
+
+def zoo_fused_steps(name: str, members: int) -> tuple[list[Callable[[], None]], int, str]:
+    from fusion import FusedOptimizer, fuse_models
+    from tests.fusion_zoo import ZOO
+
+    entry = ZOO[name]
+    x, y = next(entry.batches(ZOO_SAMPLES))
+    nets = []
+    for config in zoo_configs(members):
+        torch.manual_seed(config["seed"])
+        nets.append(entry.build())
+    fused = fuse_models(nets, x).train()
+    optimizer = FusedOptimizer(dict(fused.module.named_parameters()), [OptimHParams.from_config(c) for c in zoo_configs(members)])
+    targets = y.reshape(1, -1).expand(members, -1).reshape(-1)
+
+    def step() -> None:
+        out = fused(x)
+        # each member's mean cross-entropy, all members in one call (as FusedTrainer does)
+        per_element = F.cross_entropy(out.reshape(-1, out.shape[-1]), targets, reduction="none")
+        losses = per_element.view(members, -1).mean(dim=1)
+        optimizer.zero_grad()
+        losses.sum().backward()
+        optimizer.step()
+
+    return [step], members * ZOO_SAMPLES, fused.strategy
+
+
+def run_zoo(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """fused / serial per zoo model on CPU (members in `--members`, default 16)."""
+    from tests.fusion_zoo import ZOO
+
+    torch.set_num_threads(args.threads)
+    members = tuple(int(b) for b in (args.members or "16").split(","))
+    steps, warmup = (args.steps or 5), 2
+    rows = []
+    names = [n for n, entry in ZOO.items() if entry.path != "refused"] if args.zoo == "all" else args.zoo.split(",")
+    for name in names:
+        for b in members:
+            fused, samples, path = zoo_fused_steps(name, b)
+            methods = {"serial": zoo_serial_steps(name, b, args.serial_cap), "fused": (fused, samples)}
+            row: dict[str, Any] = {"model": name, "path": path, "device": "cpu", "dtype": "fp32", "B": b, "batch": ZOO_SAMPLES}
+            row.update(measure(methods, steps, warmup, torch.device("cpu")))
+            row["ratio"] = row["fused"] / row["serial"]
+            rows.append(row)
+            print(f"{name:>22} {path:>8} B={b:<4} serial {row['serial']:>10,.0f}/s  fused {row['fused']:>10,.0f}/s  ratio {row['ratio']:.2f}", flush=True)
+    return rows
+
+
 # -- driver --------------------------------------------------------------------------------------
 
 
@@ -391,7 +473,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--serial-cap", type=int, default=8, help="members timed for the serial rate")
     parser.add_argument("--concurrent-cap", type=int, help="most Ray actors for the concurrent rate (default 16; --quick 4)")
     parser.add_argument("--no-concurrent", action="store_true")
+    parser.add_argument(
+        "--zoo", help="time the fusion zoo instead (tests/fusion_zoo.py): 'all' or comma-separated names; CPU, fp32"
+    )
     args = parser.parse_args(argv)
+    if args.zoo:
+        global REPEATS
+        REPEATS = args.repeats or 3
+        rows = run_zoo(args)
+        results = {
+            "rows": rows,
+            "machine": {"device": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()},
+            "settings": {"steps": args.steps or 5, "repeats": REPEATS, "serial_cap": args.serial_cap, "samples_per_member": ZOO_SAMPLES, "units": "samples/s (members x batch x steps / s); ratio = fused / serial"},
+        }
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+            print(f"wrote {args.json}")
+        return
     try:
         results = run(args)
     finally:

@@ -7,7 +7,8 @@ kernel do the work of B (HFTA, MLSys'21; Hydro, OSDI'23).
 - `group_configs` / `check_fusible` / `FUSIBLE_KEYS`: which configs may share a group.
 - `choose_num_members`: B from a measured dry run and the device's free memory.
 - `fuse_models` / `FusedModel`: the fused model alone; `FusedOptimizer`: the fused optimizer.
-- `FusionError`: a model or config group that cannot be fused (names the layer or key).
+- `FusionError`: a model or config group that cannot be fused (names the layer or key), including
+  a model whose members could see each other once fused (`fusion.independence`).
 """
 
 from fusion.grouping import FUSIBLE_KEYS, MULTIPLIER_KEYS, check_fusible, group_configs, structural_signature

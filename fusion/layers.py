@@ -22,6 +22,10 @@ class FusionError(ValueError):
     """A model or group of configs that cannot be fused; the message names the layer or key."""
 
 
+class NotStackedHere(Exception):
+    """This configuration of a layer has no stacked version; the caller falls back to vmap."""
+
+
 class ScaledLinear(nn.Linear):
     """`F.linear(x * input_scale, W, b)`: a Linear with a (per-member) input multiplier.
 
@@ -39,9 +43,23 @@ class ScaledLinear(nn.Linear):
 
 
 def _stack(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    """`[B, *shape]` with every member's slice starting on a 64-byte boundary, as a freshly
+    allocated unfused tensor does: MKL's kernels may round differently on unaligned operands."""
     if tensors[0] is None:
         return None
-    return torch.stack([t.detach() for t in tensors])
+    first = tensors[0]
+    align = max(64 // first.element_size(), 1)
+    size = first.numel()
+    rows = torch.zeros(len(tensors), -(-size // align) * align, dtype=first.dtype, device=first.device)
+    stacked = rows[:, :size].view(len(tensors), *first.shape)
+    for member, tensor in zip(stacked, tensors):
+        member.copy_(tensor.detach())
+    return stacked
+
+
+def _stack_contiguous(tensors: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    """`[B, *shape]` in one contiguous block: buffers that kernels update in place through a flat view."""
+    return None if tensors[0] is None else torch.stack([t.detach() for t in tensors])
 
 
 def _param(tensor: torch.Tensor | None) -> nn.Parameter | None:
@@ -71,9 +89,11 @@ def _member_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
     if a.device.type == "cpu" and a.shape[0] > 1:
         key = (a.dtype, _layout(a), _layout(b), bias is None, torch.get_num_threads())
         if key not in _BATCHED_GEMM_EXACT:
-            probe_a = torch.randn(a.shape[0], a.shape[2], a.shape[1], dtype=a.dtype).transpose(1, 2) if a.stride(-1) != 1 else torch.randn(a.shape, dtype=a.dtype)
-            probe_b = torch.randn(b.shape[0], b.shape[2], b.shape[1], dtype=b.dtype).transpose(1, 2) if b.stride(-1) != 1 else torch.randn(b.shape, dtype=b.dtype)
-            probe_c = None if bias is None else torch.randn(bias.shape, dtype=bias.dtype)
+            # a private generator: probing must not move the global RNG (dropout masks, user code)
+            gen = torch.Generator().manual_seed(0)
+            probe_a = torch.randn(a.shape[0], a.shape[2], a.shape[1], dtype=a.dtype, generator=gen).transpose(1, 2) if a.stride(-1) != 1 else torch.randn(a.shape, dtype=a.dtype, generator=gen)
+            probe_b = torch.randn(b.shape[0], b.shape[2], b.shape[1], dtype=b.dtype, generator=gen).transpose(1, 2) if b.stride(-1) != 1 else torch.randn(b.shape, dtype=b.dtype, generator=gen)
+            probe_c = None if bias is None else torch.randn(bias.shape, dtype=bias.dtype, generator=gen)
             batched = _batched_gemm(probe_a, probe_b, probe_c)
             looped = _looped_gemm(probe_a, probe_b, probe_c)
             _BATCHED_GEMM_EXACT[key] = torch.equal(batched, looped)
@@ -136,31 +156,51 @@ class FusedLinear(nn.Module):
         return cls(_stack([m.weight for m in modules]), _stack([m.bias for m in modules]), _stack(scales) if scales else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        members, out_features, in_features = self.weight.shape
-        lead = x.shape[1:-1]
-        flat = x.reshape(members, -1, in_features)  # (B, M, in)
-        if self.input_scale is not None:
-            flat = flat * self.input_scale.view(members, 1, 1)
-        weight, bias = self.weight, self.bias
-        if torch.is_autocast_enabled(x.device.type):
-            dtype = torch.get_autocast_dtype(x.device.type)
-            flat, weight = flat.to(dtype), weight.to(dtype)
-            bias = None if bias is None else bias.to(dtype)
-        if flat.device.type == "cpu":
-            out = _BatchedLinear.apply(flat, weight, bias)
-        else:  # on GPUs, native autograd (less Python per layer); bit-equality with CPU is moot there
-            out = _batched_gemm(flat, weight.transpose(1, 2), bias)
-        return out.reshape(members, *lead, out_features)
+        # F.linear adds the bias inside the GEMM for a 2-D or contiguous input, after it otherwise
+        return member_linear(x, self.weight, self.bias, self.input_scale, bias_in_gemm=x.dim() == 3 or x[0].is_contiguous())
+
+
+def member_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    input_scale: torch.Tensor | None = None,
+    bias_in_gemm: bool = True,
+) -> torch.Tensor:
+    """`F.linear(x[i], weight[i], bias[i])` for every member i: `[B, ..., in] -> [B, ..., out]`.
+
+    `bias_in_gemm=False` adds the bias after the GEMM, as `F.linear` itself does for an input
+    that is not contiguous, so callers that mirror PyTorch code can match its rounding.
+    """
+    members, out_features, in_features = weight.shape
+    lead = x.shape[1:-1]
+    flat = x.reshape(members, -1, in_features)  # (B, M, in)
+    if input_scale is not None:
+        flat = flat * input_scale.view(members, 1, 1)
+    late_bias = None if bias_in_gemm else bias
+    bias = bias if bias_in_gemm else None
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)
+        flat, weight = flat.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+        late_bias = None if late_bias is None else late_bias.to(dtype)
+    if flat.device.type == "cpu":
+        out = _BatchedLinear.apply(flat, weight, bias)
+    else:  # on GPUs, native autograd (less Python per layer); bit-equality with CPU is moot there
+        out = _batched_gemm(flat, weight.transpose(1, 2), bias)
+    if late_bias is not None:
+        out = out + late_bias.unsqueeze(1)
+    return out.reshape(members, *lead, out_features)
 
 
 class FusedConv(nn.Module):
-    """B Conv1d/Conv2d layers as one grouped convolution: `[B, N, C, *spatial] -> [B, N, C', *spatial']`."""
+    """B Conv1d/Conv2d/Conv3d layers as one grouped convolution: `[B, N, C, *spatial] -> [B, N, C', *spatial']`."""
 
     def __init__(self, template: nn.Conv1d | nn.Conv2d, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.weight = nn.Parameter(weight)  # (B, C_out, C_in / groups, *kernel)
         self.bias = _param(bias)  # (B, C_out)
-        self.conv = F.conv1d if isinstance(template, nn.Conv1d) else F.conv2d
+        self.conv = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}[type(template)]
         self.stride, self.padding, self.dilation = template.stride, template.padding, template.dilation
         self.groups = template.groups
         self.padding_mode = template.padding_mode
@@ -178,9 +218,28 @@ class FusedConv(nn.Module):
             folded = F.pad(folded, self._reversed_padding, mode=self.padding_mode)
             padding = 0
         weight = self.weight.reshape(-1, *self.weight.shape[2:])  # (B*C_out, C_in/groups, *kernel)
+        exact_bias_grad = self.bias is not None and x.device.type == "cpu"
         bias = None if self.bias is None else self.bias.reshape(-1)
+        if exact_bias_grad:
+            bias = bias.detach()
         out = self.conv(folded, weight, bias, self.stride, padding, self.dilation, self.groups * members)
-        return out.reshape(samples, members, -1, *out.shape[2:]).transpose(0, 1)  # (B, N, C_out, *spatial')
+        out = out.reshape(samples, members, -1, *out.shape[2:]).transpose(0, 1)  # (B, N, C_out, *spatial')
+        return _ConvBiasGrad.apply(out, self.bias) if exact_bias_grad else out
+
+
+class _ConvBiasGrad(torch.autograd.Function):
+    """Identity on a fused convolution's output that gives each member's bias the gradient its
+    own convolution computes: `grad.sum((0, 2, 3, ...))` of that member's slice, in the layout it
+    arrives in (a grouped convolution reduces over the folded layout and rounds differently)."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        dims = (0, *range(2, grad.dim() - 1))
+        return grad, torch.stack([member.sum(dims) for member in grad])
 
 
 class FusedLayerNorm(nn.Module):
@@ -198,6 +257,15 @@ class FusedLayerNorm(nn.Module):
         return cls(modules[0], _stack([m.weight for m in modules]), _stack([m.bias for m in modules]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" and x.dtype == torch.float64 and self.weight is not None and self.bias is not None:
+            # One kernel call per member, each with its own affine: PyTorch's CPU kernel applies
+            # the affine inside the normalisation (and reduces its gradients there), so only
+            # this rounds exactly as each member's own LayerNorm, forward and backward. Worth
+            # its B calls where rounding is the point (float64, the precision equality is
+            # checked in); in lower precision one call for all members is faster.
+            return torch.stack(
+                [F.layer_norm(x[i], self.normalized_shape, self.weight[i], self.bias[i], self.eps) for i in range(x.shape[0])]
+            )
         out = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
         trailing = len(self.normalized_shape)
         if self.weight is not None:
@@ -217,7 +285,7 @@ class FusedBatchNorm(nn.Module):
         self.weight = _param(_stack([m.weight for m in members]))  # (B, C)
         self.bias = _param(_stack([m.bias for m in members]))
         for name in ("running_mean", "running_var", "num_batches_tracked"):
-            self.register_buffer(name, _stack([getattr(m, name) for m in members]))
+            self.register_buffer(name, _stack_contiguous([getattr(m, name) for m in members]))
 
     @classmethod
     def from_members(cls, modules: Sequence[nn.modules.batchnorm._BatchNorm]) -> "FusedBatchNorm":
@@ -242,6 +310,65 @@ class FusedBatchNorm(nn.Module):
             None if self.bias is None else self.bias.reshape(-1),
             use_batch_stats,
             factor,
+            self.eps,
+        )
+        return out.reshape(samples, members, *x.shape[2:]).transpose(0, 1)
+
+
+class FusedGroupNorm(nn.Module):
+    """B GroupNorms as one: members' channels side by side, B * num_groups groups (exact per-member statistics)."""
+
+    def __init__(self, template: nn.GroupNorm, weight: torch.Tensor | None, bias: torch.Tensor | None):
+        super().__init__()
+        self.num_groups, self.eps = template.num_groups, template.eps
+        self.weight = _param(weight)  # (B, C)
+        self.bias = _param(bias)
+
+    @classmethod
+    def from_members(cls, modules: Sequence[nn.GroupNorm]) -> "FusedGroupNorm":
+        return cls(modules[0], _stack([m.weight for m in modules]), _stack([m.bias for m in modules]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        members, samples = x.shape[:2]
+        folded = x.transpose(0, 1).reshape(samples, -1, *x.shape[3:])  # (N, B*C, *spatial)
+        out = F.group_norm(
+            folded,
+            self.num_groups * members,
+            None if self.weight is None else self.weight.reshape(-1),
+            None if self.bias is None else self.bias.reshape(-1),
+            self.eps,
+        )
+        return out.reshape(samples, members, *x.shape[2:]).transpose(0, 1)
+
+
+class FusedInstanceNorm(nn.Module):
+    """B InstanceNorms as one over `(N, B*C, ...)`: statistics are per (sample, channel) anyway."""
+
+    def __init__(self, template: nn.modules.instancenorm._InstanceNorm, members: Sequence[nn.modules.instancenorm._InstanceNorm]):
+        super().__init__()
+        self.eps, self.momentum = template.eps, template.momentum
+        self.track_running_stats = template.track_running_stats
+        self.weight = _param(_stack([m.weight for m in members]))  # (B, C)
+        self.bias = _param(_stack([m.bias for m in members]))
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            self.register_buffer(name, _stack_contiguous([getattr(m, name) for m in members]))
+
+    @classmethod
+    def from_members(cls, modules: Sequence[nn.modules.instancenorm._InstanceNorm]) -> "FusedInstanceNorm":
+        return cls(modules[0], modules)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        members, samples = x.shape[:2]
+        folded = x.transpose(0, 1).reshape(samples, -1, *x.shape[3:])
+        use_input_stats = self.training or not self.track_running_stats
+        out = F.instance_norm(
+            folded,
+            None if self.running_mean is None else self.running_mean.view(-1),
+            None if self.running_var is None else self.running_var.view(-1),
+            None if self.weight is None else self.weight.reshape(-1),
+            None if self.bias is None else self.bias.reshape(-1),
+            use_input_stats,
+            self.momentum if self.momentum is not None else 0.0,
             self.eps,
         )
         return out.reshape(samples, members, *x.shape[2:]).transpose(0, 1)
@@ -289,14 +416,20 @@ LEAF_FUSERS: dict[type, Callable[[Sequence[nn.Module]], nn.Module]] = {
     ScaledLinear: FusedLinear.from_members,
     nn.Conv1d: FusedConv.from_members,
     nn.Conv2d: FusedConv.from_members,
+    nn.Conv3d: FusedConv.from_members,
     nn.LayerNorm: FusedLayerNorm.from_members,
     nn.BatchNorm1d: FusedBatchNorm.from_members,
     nn.BatchNorm2d: FusedBatchNorm.from_members,
+    nn.BatchNorm3d: FusedBatchNorm.from_members,
     nn.Embedding: FusedEmbedding.from_members,
+    nn.GroupNorm: FusedGroupNorm.from_members,
+    nn.InstanceNorm1d: FusedInstanceNorm.from_members,
+    nn.InstanceNorm2d: FusedInstanceNorm.from_members,
+    nn.InstanceNorm3d: FusedInstanceNorm.from_members,
 }
 
 #: Per-layer reasons a supported layer type is still not fusible in a given configuration.
 LEAF_CHECKS: dict[type, Callable[[nn.Module], str | None]] = {nn.Embedding: _embedding_check}
 
 #: Layers that hold weights but have no fused version on either path.
-UNSUPPORTED: tuple[type, ...] = (nn.RNNBase, nn.EmbeddingBag, nn.MultiheadAttention)
+UNSUPPORTED: tuple[type, ...] = (nn.EmbeddingBag,)

@@ -72,9 +72,12 @@ class FusedOptimizer:
         if len(self.hparams) != self.num_members:
             raise ValueError(f"{len(self.hparams)} hyperparameter sets for {self.num_members} members")
         self.sizes = [p[0].numel() for p in self.params]
+        # Every member's every parameter starts on a 64-byte boundary, as a freshly allocated
+        # unfused parameter does: MKL's GEMM kernels round differently on unaligned operands.
+        align = max(64 // first.element_size(), 1)
         self.offsets = [0]
         for size in self.sizes:
-            self.offsets.append(self.offsets[-1] + size)
+            self.offsets.append(self.offsets[-1] + -(-size // align) * align)
         self.steps = list(steps) if steps is not None else [0] * self.num_members
         self.lr_multipliers = self._multiplier_matrix(lr_multipliers)
         self.weight_decay_multipliers = self._multiplier_matrix(weight_decay_multipliers)
@@ -95,7 +98,7 @@ class FusedOptimizer:
             return None
         rows = []
         for member in multipliers:
-            rows.append(torch.cat([torch.full((size,), float(member.get(name, 1.0))) for name, size in zip(self.names, self.sizes)]))
+            rows.append(torch.cat([torch.full((self._width(i),), float(member.get(name, 1.0))) for i, name in enumerate(self.names)]))
         matrix = torch.stack(rows).double()
         if all(torch.equal(row, matrix[0]) for row in matrix[1:]):
             matrix = matrix[:1]
@@ -138,23 +141,22 @@ class FusedOptimizer:
             param.grad = grad
         self._scratch = [torch.empty_like(self._params_flat) for _ in range(2)]
 
+    def _width(self, i: int) -> int:
+        """Columns of parameter i in the matrix: its size plus the zero padding that aligns the next."""
+        return self.offsets[i + 1] - self.offsets[i]
+
     def flat(self, tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
         """Concatenate per-parameter `[B, ...]` tensors into one `[B, P]` matrix (None: zeros)."""
-        members = self.num_members
-        return torch.cat(
-            [
-                t.reshape(members, -1) if t is not None else torch.zeros(members, size, dtype=p.dtype, device=p.device)
-                for t, p, size in zip(tensors, self.params, self.sizes)
-            ],
-            dim=1,
-        )
+        members, p0 = self.num_members, self.params[0]
+        matrix = torch.zeros(members, self.offsets[-1], dtype=p0.dtype, device=p0.device)
+        for t, start, size in zip(tensors, self.offsets, self.sizes):
+            if t is not None:
+                matrix[:, start : start + size] = t.reshape(members, -1)
+        return matrix
 
     def unflat(self, matrix: torch.Tensor) -> list[torch.Tensor]:
-        """Views of a `[B, P]` matrix shaped like each parameter."""
-        return [
-            matrix[:, start:end].view(p.shape)
-            for start, end, p in zip(self.offsets[:-1], self.offsets[1:], self.params)
-        ]
+        """Views of a `[B, P]` matrix shaped like each parameter (padding columns left out)."""
+        return [matrix[:, start : start + size].view(p.shape) for start, size, p in zip(self.offsets, self.sizes, self.params)]
 
     # -- stepping ------------------------------------------------------------------------------
 

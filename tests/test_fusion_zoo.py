@@ -1,0 +1,127 @@
+"""No zoo model is silently wrong: each is fused on the path it should take and trains exactly as
+its members trained alone, or it is refused with a FusionError naming the module at fault.
+
+Float64 leaves rounding nowhere to hide: the stacked path must match bit for bit, the vmap path
+(whose batching rules reorder some reductions) within 1e-12. Float32 runs check the usual
+tolerance. Every member has its own Adam learning rate, as in a sweep.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from fusion import FusedOptimizer, FusionError, fuse_models
+from hpo.hparams import OptimHParams, build_torch_optimizer
+from tests.fusion_zoo import ZOO, ZooModel, loss
+
+MEMBERS = 3
+SAMPLES = 6
+ACCEPTED = sorted(name for name, entry in ZOO.items() if entry.path != "refused")
+
+
+def configs() -> list[dict]:
+    # eps=1e-6 as in the char GPT test: exactly-zero gradients stay noise, not lr-sized steps
+    return [{"seed": i, "optimizer": "adam", "lr": 2e-3 * (i + 1), "eps": 1e-6} for i in range(MEMBERS)]
+
+
+def build(entry: ZooModel, seed: int, dtype: torch.dtype) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return entry.build().to(dtype)
+
+
+def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.to(dtype) if x.is_floating_point() else x
+
+
+def train_fused(entry: ZooModel, dtype: torch.dtype, steps: int):
+    members = [build(entry, c["seed"], dtype) for c in configs()]
+    example, _ = next(entry.batches(SAMPLES))
+    fused = fuse_models(members, cast(example, dtype))
+    optimizer = FusedOptimizer(dict(fused.module.named_parameters()), [OptimHParams.from_config(c) for c in configs()])
+    fused.train()
+    history = []
+    for _, (x, y) in zip(range(steps), entry.batches(SAMPLES)):
+        out = fused(cast(x, dtype))
+        losses = torch.stack([loss(out[i], y) for i in range(MEMBERS)])
+        optimizer.zero_grad()
+        losses.sum().backward()
+        optimizer.step()
+        history.append(losses.detach())
+    return fused, torch.stack(history)
+
+
+def train_alone(entry: ZooModel, config: dict, dtype: torch.dtype, steps: int):
+    net = build(entry, config["seed"], dtype)
+    optimizer = build_torch_optimizer(net.named_parameters(), OptimHParams.from_config(config))
+    net.train()
+    history = []
+    for _, (x, y) in zip(range(steps), entry.batches(SAMPLES)):
+        value = loss(net(cast(x, dtype)), y)
+        optimizer.zero_grad()
+        value.backward()
+        optimizer.step()
+        history.append(value.detach())
+    return net, torch.stack(history)
+
+
+def relative_error(fused: dict[str, torch.Tensor], alone: dict[str, torch.Tensor]) -> float:
+    names = [k for k, v in alone.items() if v.is_floating_point()]
+    a = torch.cat([fused[k].flatten() for k in names])
+    b = torch.cat([alone[k].flatten() for k in names])
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("name", ACCEPTED)
+def test_zoo_model_fuses_on_its_path_and_trains_as_alone_in_float64(name):
+    entry = ZOO[name]
+    fused, fused_losses = train_fused(entry, torch.float64, steps=50)
+    assert fused.strategy == entry.path
+    for i, config in enumerate(configs()):
+        alone, alone_losses = train_alone(entry, config, torch.float64, steps=50)
+        state = fused.member_state_dict(i)
+        if fused.strategy == "stacked":
+            for key, tensor in alone.state_dict().items():
+                assert torch.equal(state[key], tensor), f"member {i} {key} is not bit-identical after 50 float64 steps"
+            assert torch.equal(fused_losses[:, i], alone_losses)
+        else:
+            error = relative_error(state, alone.state_dict())
+            assert error <= 1e-12, f"member {i}: rel err {error:.2e} after 50 float64 steps on the vmap path"
+            torch.testing.assert_close(fused_losses[:, i], alone_losses, rtol=1e-12, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ACCEPTED)
+def test_zoo_model_trains_as_alone_in_float32(name):
+    entry = ZOO[name]
+    fused, fused_losses = train_fused(entry, torch.float32, steps=50)
+    for i, config in enumerate(configs()):
+        alone, alone_losses = train_alone(entry, config, torch.float32, steps=50)
+        # float32 rounding differs between batched and single kernels (and oneDNN's LSTM), and
+        # 50 Adam steps amplify it; float64 above is the strict check, this one the usual 5e-4
+        error = relative_error(fused.member_state_dict(i), alone.state_dict())
+        assert error <= 5e-4, f"member {i}: rel err {error:.2e} after 50 float32 steps"
+        torch.testing.assert_close(fused_losses[:, i], alone_losses, rtol=5e-4, atol=1e-5)
+
+
+def test_model_that_mixes_the_batch_in_training_only_is_refused_on_the_stacked_path_by_module():
+    entry = ZOO["train_mode_centering"]
+    example, _ = next(entry.batches(SAMPLES))
+    with pytest.raises(FusionError, match=r"layer 'center' \(TrainModeCentering\) mixes members in train mode"):
+        fuse_models([build(entry, i, torch.float64) for i in range(MEMBERS)], example.double(), strategy="stacked")
+
+
+def test_model_with_a_python_batch_statistic_is_refused_by_module_on_every_path():
+    entry = ZOO["batch_statistics"]
+    example, _ = next(entry.batches(SAMPLES))
+    members = [build(entry, i, torch.float64) for i in range(MEMBERS)]
+    with pytest.raises(FusionError) as refused:
+        fuse_models(copy.deepcopy(members), example.double())
+    message = str(refused.value)
+    assert "layer 'scale' (BatchStatScale) cannot run vmap-fused" in message
+    assert "layer 'scale' (BatchStatScale) mixes members" in message
+    with pytest.raises(FusionError) as again:
+        fuse_models(members, example.double())
+    assert str(again.value) == message, "the refusal's message changed between two runs"
