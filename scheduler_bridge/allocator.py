@@ -77,10 +77,10 @@ class Allocator:
         self.cpus_per_bundle, self.runtime_env = cpus_per_bundle, runtime_env
         self.lock = threading.RLock()
         self.journal = Journal(journal_path)
-        self.replayed = 0
-        for ev in self.journal.replay():
-            self.driver.apply(ev)
-            self.replayed += 1
+        records = self.journal.scan().records
+        for problem in self.driver.replay(records):
+            self.journal.note(f"{self.journal.path}: {problem}")
+        self.replayed = len(records)
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self.order: list[str] = []
         self.inventory: dict[str, int] = {}
@@ -156,6 +156,7 @@ class Allocator:
             return {"policy": self.driver.policy.name, "inventory": dict(self.inventory),
                     "nodes": list(self.order), "jobs": states, "restarted": self.restarted,
                     "replayed_events": self.replayed, "journal": str(self.journal.path),
+                    "journal_problems": list(self.journal.problems),
                     "tick_errors": self.tick_errors, "last_error": self.last_error}
 
     def ping(self) -> bool:
@@ -333,6 +334,7 @@ class Allocator:
         self._emit({"ev": "start", "job_id": jid, "attempt": attempt, "where": [list(w) for w in where],
                     "gpus": gpus, "batch_size": batch})
         name = placement.group_name(jid, attempt)
+        placement.release(name, len(where))   # leftovers of an attempt whose journal record was lost
         try:
             pg = placement.create_group(name, where, self.cpus_per_bundle)
             workers = placement.launch_ranks(pg, name, where, job.spec.entrypoint, self._contexts(job),

@@ -37,13 +37,23 @@ from itertools import count
 
 from .cluster import ClusterSpec, FreeGPUs, Placement
 from .jobs import Job
-from .live_state import JobSpec, LiveJob, Where
+from .live_state import TERMINAL, JobSpec, LiveJob, Where
 from .pending import PendingQueue, select_starts
 from .policy_elastic import ElasticJobState, ElasticPolicy
 from .policy_queue import QueuePolicy
 from .policy_tuning import TuningAware
 
 FAULTS = ("fault", "node-lost", "lost")   # requeue reasons that count against max_attempts
+
+# The fields each journal event must carry (beyond "ev" and "job_id") and their types: checked
+# before an event touches the table, so a damaged or foreign record is refused whole.
+_NUM = (int, float)
+EVENT_FIELDS: dict[str, dict[str, type | tuple]] = {
+    "submit": {"spec": dict}, "start": {"attempt": int, "where": list, "gpus": int},
+    "stop": {"reason": str}, "requeue": {"reason": str}, "finish": {"status": str},
+    "progress": {"done": _NUM}, "guest": {"group": (int, str), "where": list},
+    "evict": {"group": (int, str)}, "reclaim": {},
+}
 
 
 class ClusterView:
@@ -159,6 +169,45 @@ class LiveDriver:
         for tj in self.jobs.values():
             if tj.guests:
                 tj.guests = {g: w for g, w in tj.guests.items() if not (w[0] == "bubble" and w[1] == owner)}
+
+    def check_event(self, ev: dict) -> None:
+        """Raise ValueError naming what is wrong if ``ev`` cannot be applied to this table."""
+        kind = ev.get("ev")
+        if kind not in EVENT_FIELDS:
+            raise ValueError(f"unknown journal event {kind!r}")
+        if not isinstance(ev.get("t", 0.0), _NUM) or not isinstance(ev.get("job_id"), int):
+            raise ValueError(f"{kind} event needs a numeric t and an int job_id")
+        for key, typ in EVENT_FIELDS[kind].items():
+            if not isinstance(ev.get(key), typ) or isinstance(ev.get(key), bool):
+                raise ValueError(f"{kind} event of job {ev['job_id']}: field {key!r} missing or not "
+                                 f"{getattr(typ, '__name__', 'a number')}")
+        if kind == "submit":
+            if ev["job_id"] in self.jobs:
+                raise ValueError(f"job {ev['job_id']} submitted twice")
+            try:
+                JobSpec.from_dict(ev["spec"])
+            except TypeError as exc:
+                raise ValueError(f"submit of job {ev['job_id']}: {exc}") from None
+        elif ev["job_id"] not in self.jobs:
+            raise ValueError(f"{kind} event for job {ev['job_id']}, which was never submitted")
+        if kind == "start" and not all(isinstance(w, list) and len(w) == 2 and isinstance(w[0], str)
+                                       and isinstance(w[1], int) for w in ev["where"]):
+            raise ValueError(f"start of job {ev['job_id']}: where must be [[node, gpus], ...]")
+        if kind == "finish" and ev["status"] not in TERMINAL:
+            raise ValueError(f"finish of job {ev['job_id']}: status {ev['status']!r} not one of {TERMINAL}")
+
+    def replay(self, records) -> list[str]:
+        """Apply journal ``records`` ((offset, event) pairs) in order; an event that cannot be
+        applied is skipped, never fatal. Returns one line per skipped event, naming its offset."""
+        skipped = []
+        for offset, ev in records:
+            try:
+                self.check_event(ev)
+            except ValueError as exc:
+                skipped.append(f"record at byte offset {offset} skipped: {exc}")
+                continue
+            self.apply(ev)
+        return skipped
 
     def apply(self, ev: dict) -> None:
         kind, t = ev["ev"], float(ev.get("t", 0.0))

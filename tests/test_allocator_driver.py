@@ -3,7 +3,6 @@ objects as the simulator, preemption, elastic resizes and tuning guests."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -63,19 +62,6 @@ def test_replaying_the_journal_rebuilds_the_same_table_and_policy_state(tmp_path
     assert summaries(again) == summaries(rec.driver)
     assert again.next_id == 4 and again.by_request == {"r-a": a}
     assert again.jobs[c].priority > again.jobs[d].priority, "the rebuilt QSSF history ranks 'short' first"
-
-
-def test_a_torn_last_line_is_dropped_and_later_records_follow_cleanly(tmp_path):
-    path = tmp_path / "j.jsonl"
-    j = Journal(path)
-    j.append({"ev": "submit", "job_id": 0})
-    j.close()
-    with open(path, "a") as f:
-        f.write('{"ev": "start", "job_')   # the allocator died mid-write
-    j = Journal(path)
-    j.append({"ev": "submit", "job_id": 1})
-    assert [r["job_id"] for r in j.replay()] == [0, 1]
-    assert all(json.loads(line) for line in path.read_text().splitlines())
 
 
 @pytest.mark.parametrize("policy", ["fifo", "sjf", "qssf"])
