@@ -30,14 +30,33 @@ def _guarded(cmd):
         except (ValueError, ConnectionError, TimeoutError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
+        except Exception as exc:  # noqa: BLE001  -- Ray's own refusal: one line too
+            from ray.exceptions import AuthenticationError
+            if not isinstance(exc, AuthenticationError):
+                raise
+            print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     run.__name__ = cmd.__name__
     return run
+
+
+def _use_token_auth_if_available() -> None:
+    """Ray turns token authentication on by itself only for ``address="auto"``; with an
+    explicit address (``--address``, ``RAY_ADDRESS``) a client holding the cluster's token
+    (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, Ray's documented
+    sources) would connect without it and be refused. Never turns authentication off."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(path):
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def _connect(address: str | None) -> None:
     import ray
 
     if not ray.is_initialized():
+        _use_token_auth_if_available()
         ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto",
                  namespace="hpo", log_to_driver=False)
 
