@@ -7,6 +7,7 @@ from .pending import PendingQueue, select_starts
 from .policy_elastic import ElasticDecision, ElasticJobState, ElasticPolicy
 from .policy_qssf import QSSF
 from .policy_queue import FIFO, SJF, SRTF, QueuePolicy
+from .policy_tiresias import Tiresias
 from .policy_tuning import TuningAware
 from .predictor import DurationPredictor
 from .profiles import AppProfile, load_profiles
@@ -19,7 +20,7 @@ __all__ = [
     "AppProfile", "ClusterSpec", "DurationPredictor", "ElasticDecision", "ElasticJobState",
     "ElasticPolicy", "ElasticSpec", "FIFO", "FORMATS", "FreeGPUs", "Job", "POLICIES",
     "PendingQueue", "Placement", "QSSF", "QueuePolicy", "SJF", "SRTF", "SimResult", "Trace",
-    "TraceError", "TuningAware", "TuningJob", "add_tuning_work", "default_traces_dir",
+    "TraceError", "Tiresias", "TuningAware", "TuningJob", "add_tuning_work", "default_traces_dir",
     "load_helios", "load_philly", "load_pollux", "load_profiles", "load_trace", "make_policy",
     "make_trace", "random_trace", "select_starts", "simulate",
 ]

@@ -16,11 +16,12 @@ from .metrics import SimResult
 from .policy_elastic import ElasticPolicy
 from .policy_qssf import QSSF
 from .policy_queue import FIFO, SJF, SRTF, QueuePolicy
+from .policy_tiresias import Tiresias
 from .policy_tuning import TuningAware
 from .sim_elastic import run_elastic
 from .sim_rigid import run_rigid
 
-POLICIES = ("fifo", "sjf", "srtf", "qssf", "elastic", "elastic-fixed-batch", "tuning-aware")
+POLICIES = ("fifo", "sjf", "srtf", "qssf", "tiresias", "elastic", "elastic-fixed-batch", "tuning-aware")
 
 
 def make_policy(name: str, *, backfill: bool | None = None, seed: int = 0,
@@ -37,6 +38,8 @@ def make_policy(name: str, *, backfill: bool | None = None, seed: int = 0,
         return SRTF(backfill)
     if name == "qssf":
         return QSSF(backfill, seed=seed)
+    if name == "tiresias":
+        return Tiresias(backfill)
     if name == "elastic":
         return ElasticPolicy()
     if name == "elastic-fixed-batch":

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_bridge import (QSSF, ClusterSpec, Job, TuningJob, make_policy, make_trace,
+from scheduler_bridge import (QSSF, ClusterSpec, Job, Tiresias, TuningJob, make_policy, make_trace,
                               simulate)
 
 CLUSTER = ClusterSpec(16, 8)
@@ -20,6 +20,8 @@ trace_st = st.lists(job_st, min_size=1, max_size=25).map(
 def _policy(name):
     if name == "qssf":
         return QSSF(first_fit=5, refit_min=5)   # exercise the regressor on tiny traces
+    if name == "tiresias":  # a low threshold, so that jobs of these short traces are demoted
+        return Tiresias(thresholds=(300.0,))
     if name == "tuning-aware-srtf":
         return make_policy("tuning-aware", base="srtf")
     return make_policy(name)
@@ -35,7 +37,7 @@ def _max_concurrent_gpus(df):
     return peak
 
 
-@pytest.mark.parametrize("name", ["fifo", "sjf", "srtf", "qssf", "tuning-aware",
+@pytest.mark.parametrize("name", ["fifo", "sjf", "srtf", "qssf", "tiresias", "tuning-aware",
                                   "tuning-aware-srtf"])
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace=trace_st)
@@ -46,7 +48,7 @@ def test_random_traces_keep_the_simulator_invariants(name, trace):
     assert (df.start >= df.submit).all(), "no job may start before it is submitted"
     assert (df.finish >= df.start + df.duration - 1e-9).all(), "a job cannot finish early"
     assert max(res.log.util_busy) <= CLUSTER.num_gpus, "more GPUs allocated than exist"
-    if "srtf" not in name:  # non-preemptive: one interval per job
+    if "srtf" not in name and name != "tiresias":  # non-preemptive: one interval per job
         assert _max_concurrent_gpus(df) <= CLUSTER.num_gpus
     again = simulate(trace, _policy(name), CLUSTER, restart_cost=7.0).jobs_frame()
     assert df.equals(again), "same trace, same seed: same result"
