@@ -40,6 +40,7 @@ from . import placement
 from .journal import Journal
 from .live_driver import FAULTS, LiveDriver
 from .live_state import JobSpec, LiveJob
+from .policy_tiresias import Tiresias
 
 ALLOCATOR_NAME = "hpo:allocator"
 NAMESPACE = "hpo"
@@ -65,11 +66,13 @@ class Allocator:
                  base_policy: str = "fifo", backfill: bool | None = None, seed: int = 0,
                  profiles_dir: str | None = None, tick_s: float = 0.2, stop_grace_s: float = 60.0,
                  start_timeout_s: float = 120.0, cpus_per_bundle: float = 0.0,
-                 runtime_env: dict | None = None):
+                 runtime_env: dict | None = None, tiresias: dict | None = None):
         from .profiles import load_profiles
         from .simulator import make_policy
 
         pol = make_policy(policy, backfill=backfill, seed=seed, base=base_policy)
+        if policy == "tiresias" and tiresias:
+            pol = Tiresias(pol.backfill, **tiresias)
         profiles = load_profiles(profiles_dir) if policy.startswith("elastic") else None
         self.driver = LiveDriver(pol, profiles)
         self.storage = Path(storage_path)

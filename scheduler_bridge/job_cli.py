@@ -19,7 +19,7 @@ import os
 import sys
 
 EXIT_BAD_INPUT = 2
-POLICY_CHOICES = ("fifo", "sjf", "srtf", "qssf", "elastic", "elastic-fixed-batch", "tuning-aware")
+POLICY_CHOICES = ("fifo", "sjf", "srtf", "qssf", "tiresias", "elastic", "elastic-fixed-batch", "tuning-aware")
 
 
 def _guarded(cmd):
@@ -68,6 +68,13 @@ def _value(text: str):
         return text
 
 
+def _floats(flag: str, text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{flag} expects comma-separated numbers, got {text!r}") from None
+
+
 def _config(pairs: list[str]) -> dict:
     out = {}
     for pair in pairs:
@@ -81,11 +88,20 @@ def _config(pairs: list[str]) -> dict:
 @_guarded
 def _cmd_start(args) -> int:
     from . import jobs_api
+    from .policy_tiresias import Tiresias
 
-    _connect(args.address)
     env = {"env_vars": {"PYTHONPATH": args.pythonpath}} if args.pythonpath else None
+    tiresias = {}
+    if args.tiresias_thresholds is not None:
+        tiresias["thresholds"] = _floats("--tiresias-thresholds", args.tiresias_thresholds)
+    if args.tiresias_starvation:
+        tiresias["starvation"] = args.tiresias_starvation
+    if tiresias and args.policy != "tiresias":
+        raise ValueError(f"--tiresias-* options need --policy tiresias, got --policy {args.policy}")
+    Tiresias(**tiresias)   # bad values fail here, before connecting
+    _connect(args.address)
     jobs_api.start_allocator(args.journal, args.storage, args.policy, base_policy=args.base_policy,
-                             backfill=args.backfill, runtime_env=env)
+                             backfill=args.backfill, runtime_env=env, tiresias=tiresias)
     print(json.dumps(jobs_api.status(), indent=2))
     return 0
 
@@ -159,6 +175,12 @@ def add_job_parser(subparsers) -> None:
     st.add_argument("--base-policy", default="fifo", help="ordinary-job policy under tuning-aware")
     st.add_argument("--backfill", default=None, action=argparse.BooleanOptionalAction)
     st.add_argument("--pythonpath", default=None, help="PYTHONPATH for the allocator and its jobs")
+    st.add_argument("--tiresias-thresholds", default=None, metavar="GPU_S[,GPU_S...]",
+                    help="tiresias: attained GPU-seconds that demote a job to the next queue "
+                         "(default one threshold at 16 GPU-hours)")
+    st.add_argument("--tiresias-starvation", type=float, default=0.0,
+                    help="tiresias: promote a job back to the first queue after waiting this many "
+                         "times its run time (0: never)")
     st.set_defaults(func=_cmd_start)
 
     sm = common(sub.add_parser("submit", help="queue a training job; prints its id"))

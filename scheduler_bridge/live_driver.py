@@ -141,21 +141,32 @@ class LiveDriver:
                    duration=s.expected_seconds if duration is None else duration,
                    user=s.user, name=s.name, vc=s.vc, bubble_fraction=s.bubble_fraction)
 
+    def _ran(self, job: LiveJob, now: float) -> float:
+        return job.run_s + (now - job.seg_start if job.state in ("running", "stopping") else 0.0)
+
+    def _ranked(self, job: LiveJob, now: float) -> tuple[Job, float]:
+        """(the policy's Job, remaining seconds) to rank ``job`` by. A policy that ranks by
+        attained service (Tiresias) is told what the job actually ran, never an estimate:
+        duration = run time + hint and remaining = hint, so duration - remaining is the run time."""
+        if self.policy.ranks_running:
+            hint = job.spec.expected_seconds
+            return self._policy_job(job, self._ran(job, now) + hint), hint
+        return self._policy_job(job), self._remaining(job, now)
+
     def _remaining(self, job: LiveJob, now: float) -> float:
         """Seconds of work left. From the job's own checkpointed progress when it
         reported any (the wall clock also counts start-up, waiting for a checkpoint
         and steps redone after a fault); else the hint minus the time it ran."""
         if job.progress is not None:
             return job.spec.expected_seconds * (1.0 - job.progress)
-        ran = job.run_s + (now - job.seg_start if job.state in ("running", "stopping") else 0.0)
-        return max(job.spec.expected_seconds - ran, 0.0)
+        return max(job.spec.expected_seconds - self._ran(job, now), 0.0)
 
     def _enqueue(self, job: LiveJob, t: float) -> None:
         job.state, job.where, job.gpus, job.stop_reason = "queued", (), 0, ""
         if self.elastic:
             job.priority = job.submit_t
         else:
-            job.priority = float(self.policy.priority(self._policy_job(job), self._remaining(job, t), t))
+            job.priority = float(self.policy.priority(*self._ranked(job, t), t))
         job.qseq = next(self._qseq)
 
     def _end_segment(self, job: LiveJob, t: float, ran_s: float | None = None) -> None:
@@ -227,6 +238,8 @@ class LiveDriver:
             job.gpus, job.batch_size, job.seg_start = ev["gpus"], ev.get("batch_size"), t
             if job.first_start is None:
                 job.first_start = t
+            if not self.elastic:
+                self.policy.on_start(self._policy_job(job), t)
             job.runs.append({"attempt": job.attempt, "gpus": job.gpus, "batch_size": job.batch_size,
                              "where": [list(w) for w in job.where]})
         elif kind == "stop":
@@ -247,14 +260,11 @@ class LiveDriver:
             if (ev["status"] == "done" and job.spec.kind == "train" and was_running
                     and not self.elastic and self.policy.observe(self._policy_job(job, job.run_s), t)):
                 queued = [j for j in self.jobs.values() if j.state == "queued"]
-                prios = self.policy.priorities(
-                    [(self._policy_job(j), self._remaining(j, t)) for j in queued], t)
-                for j, p in zip(queued, prios):
-                    j.priority = float(p)
+                self._reprioritise(t)
         elif kind == "progress":
             job.progress = float(ev["done"])
             if job.state == "queued" and not self.elastic:  # reported after it was requeued
-                job.priority = float(self.policy.priority(self._policy_job(job), self._remaining(job, t), t))
+                job.priority = float(self.policy.priority(*self._ranked(job, t), t))
         elif kind == "guest":
             job.guests[str(ev["group"])] = list(ev["where"])
         elif kind == "evict":
@@ -289,7 +299,15 @@ class LiveDriver:
             self._decide_guests(view, out)
         return out
 
+    def _reprioritise(self, t: float) -> None:
+        queued = [j for j in self.jobs.values() if j.state == "queued"]
+        prios = self.policy.priorities([self._ranked(j, t) for j in queued], t)
+        for j, p in zip(queued, prios):
+            j.priority = float(p)
+
     def _decide_queue(self, view: ClusterView, holding: list[LiveJob], out: Decisions, now: float) -> None:
+        if self.policy.ranks_running and self.policy.wake_at() <= now:
+            self._reprioritise(now)   # Tiresias: starved jobs are promoted (not journaled: replay redoes it)
         queue = PendingQueue()
         queued = sorted((j for j in self.active() if j.state == "queued"), key=lambda j: j.qseq)
         for job in queued:
@@ -304,8 +322,8 @@ class LiveDriver:
         _, _, head_id, _ = queue.heads()[0]
         head = self.jobs[head_id]
         running = [j for j in holding if j.state == "running"]
-        cands = [(self._policy_job(j), self._remaining(j, now)) for j in running]
-        victims = self.policy.victims((self._policy_job(head), self._remaining(head, now)), cands, now)
+        cands = [self._ranked(j, now) for j in running]
+        victims = self.policy.victims(self._ranked(head, now), cands, now)
         trial, chosen = view.free.copy(), []
         for v in victims:
             trial.give(view.to_placement(self.jobs[v].where))

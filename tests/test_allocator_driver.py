@@ -211,3 +211,37 @@ def test_policies_refuse_jobs_they_cannot_run():
             JobSpec(entrypoint="m:f", gpus=4, application="bert", min_gpus=2, max_gpus=8))
     with pytest.raises(ValueError, match="need the tuning-aware policy"):
         LiveDriver(make_policy("fifo")).check(JobSpec(entrypoint="m:f", kind="tuning", groups=2, sweep="s"))
+
+
+def tiresias(thresholds=(100.0,)):
+    from scheduler_bridge.policy_tiresias import Tiresias
+
+    return Tiresias(thresholds=thresholds)
+
+
+def test_tiresias_preempts_a_demoted_job_for_a_newcomer_by_attained_service_not_the_hint():
+    rec = Recorder(LiveDriver(tiresias()))
+    big = rec.submit(12, expected_seconds=1.0)      # a hint that would make SRTF keep it
+    rec.start_decided()
+    rec.submit(4, expected_seconds=1e6)
+    assert rec.driver.decide(INV, NODES, rec.t + 5).stops == [], \
+        "60 GPU-s attained: the running job is still in the first queue, ahead of the newcomer"
+    assert rec.driver.decide(INV, NODES, rec.t + 9).stops == [(big, "preempt")], \
+        "past 100 GPU-s it is demoted below the newcomer whatever its hint says"
+
+
+def test_tiresias_ranks_a_preempted_job_by_the_service_it_ran_which_replay_rebuilds(tmp_path):
+    path = tmp_path / "j.log"
+    rec = Recorder(LiveDriver(tiresias()), Journal(path))
+    a = rec.submit(12)
+    rec.start_decided()
+    b = rec.submit(12)
+    rec.emit({"ev": "stop", "job_id": a, "reason": "preempt"}, dt=20.0)
+    rec.emit({"ev": "requeue", "job_id": a, "reason": "preempt", "ran_s": 21.0})
+    assert [s[0] for s in rec.start_decided()] == [b], "A (252 GPU-s, second queue) waits behind B"
+    c = rec.submit(12)
+    assert rec.driver.jobs[c].priority < rec.driver.jobs[a].priority, "a newcomer ranks ahead of demoted A"
+
+    again = LiveDriver(tiresias())
+    again.replay(Journal(path).scan().records)
+    assert {j: again.jobs[j].priority for j in (a, c)} == {j: rec.driver.jobs[j].priority for j in (a, c)}
