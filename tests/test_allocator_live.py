@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow   # a multi-node Ray cluster for the module
+
 ENTRY = "test_allocator_live:count_steps"
 GPUS_PER_NODE = 4
 
@@ -227,6 +229,52 @@ def test_srtf_preempts_a_long_job_which_resumes_from_its_checkpoint(allocator, t
     assert len(starts) == 2 and starts[1]["step"] == last_before, \
         "preemption checkpointed on request (no periodic checkpoint here) and resumed there"
     assert [r["step"] for r in recs if r["ev"] == "step"] == list(range(1, 41))
+
+
+def test_tiresias_preempts_a_demoted_job_for_a_newcomer_and_it_resumes_from_its_checkpoint(
+        allocator, tmp_path):
+    from scheduler_bridge import jobs_api
+
+    # 60 GPU-s: 12 GPUs are demoted after 5 s (start-up included), 1 GPU only after a minute
+    allocator("tiresias", tiresias={"thresholds": (60.0,)})
+    log = tmp_path / "big.log"
+    big = jobs_api.submit(ENTRY, 12, expected_seconds=1.0,   # the hint plays no part in Tiresias
+                          config={"steps": 80, "step_s": 0.1, "every": 100, "log": str(log)})
+    wait_for(lambda: any(r["ev"] == "step" and r["step"] >= 55 for r in read_log(log)),
+             what="big past its demotion")
+    small = jobs_api.submit(ENTRY, 1, expected_seconds=1e6, config={"steps": 5})
+    fs, fb = jobs_api.wait_job(small, 120), jobs_api.wait_job(big, 120)
+    assert fs["state"] == fb["state"] == "done", (fs["error"], fb["error"])
+    assert fb["requeues"] == ["preempt"] and fs["requeues"] == []
+    assert fs["first_start"] < fb["finish_t"], "the newcomer ran before the demoted job finished"
+    recs = read_log(log)
+    starts = [r for r in recs if r["ev"] == "start"]
+    last_before = max(r["step"] for r in recs if r["ev"] == "step" and r["attempt"] == 1)
+    assert len(starts) == 2 and starts[1]["step"] == last_before, "checkpointed on request, resumed there"
+    assert [r["step"] for r in recs if r["ev"] == "step"] == list(range(1, 81))
+
+
+def test_an_allocator_starts_on_a_damaged_journal_keeps_every_valid_job_and_names_the_damage(
+        allocator, tmp_path):
+    from scheduler_bridge import jobs_api
+    from scheduler_bridge.journal import frame
+
+    good = [frame({"ev": "submit", "t": 1.0, "job_id": i, "request_id": f"r{i}",
+                   "spec": {"entrypoint": ENTRY, "gpus": 16, "config": {"steps": 1}}}) for i in range(3)]
+    unknown = frame({"ev": "launch", "job_id": 0})
+    torn = frame({"ev": "finish", "job_id": 2, "status": "done"})[:-9]
+    blob = good[0] + b"\xff\xfegarbage\n" + good[1] + unknown + good[2] + torn
+    (tmp_path / "journal.jsonl").write_bytes(blob)
+    allocator("fifo")
+    st = jobs_api.status()
+    problems = st["journal_problems"]
+    assert [p.split(": ")[1] for p in problems] == [
+        f"corrupt record quarantined at byte offset {len(good[0])} (10 bytes)",
+        f"torn tail dropped at byte offset {len(blob) - len(torn)} ({len(torn)} bytes)",
+        f"record at byte offset {len(good[0]) + 10 + len(good[1])} skipped"], problems
+    assert [(j["job_id"], j["state"]) for j in jobs_api.list_jobs()] == [(0, "queued"), (1, "queued"),
+                                                                       (2, "queued")]
+    assert jobs_api.submit(ENTRY, 1, config={"steps": 1}, request_id="r1") == 1, "requests dedup after it"
 
 
 def test_allocator_killed_restarts_from_its_journal_without_losing_or_duplicating_jobs(
