@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from .cluster import ClusterSpec
-from .simulator import POLICIES, make_policy, simulate
+from .simulator import POLICIES, check_policy_name, make_policy, simulate
 from .synthetic import add_tuning_work
 from .traces import FORMATS, TraceError, load_trace
 
@@ -102,8 +102,10 @@ def run_sim(args) -> int:
         return _fail("give --policy NAME[,NAME...] or --compare")
     names = [p.strip() for p in spec_policies.split(",") if p.strip()]
     for name in names:
-        if name not in POLICIES:
-            return _fail(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+        try:
+            check_policy_name(name)
+        except ValueError as e:
+            return _fail(str(e))
     if args.gpus < 1 or args.gpus_per_node < 1:
         return _fail(f"--gpus and --gpus-per-node must be >= 1 (got {args.gpus}, {args.gpus_per_node})")
     if args.format != "pollux" and any(n.startswith("elastic") for n in names):

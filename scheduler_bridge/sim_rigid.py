@@ -15,9 +15,11 @@ from collections import deque
 from .cluster import ClusterSpec, FreeGPUs
 from .jobs import Trace
 from .pending import PendingQueue, select_starts
+from .policy_ces import CES
 from .policy_queue import QueuePolicy
 from .policy_tuning import TuningAware
 from .result import RunLog
+from .sim_power import PowerLayer
 
 INF = math.inf
 
@@ -152,6 +154,7 @@ def run_rigid(trace: Trace, spec: ClusterSpec, policy: QueuePolicy,
     util_t, util_b = array("d"), array("d")
     busy = 0
     tuning = _Tuning(trace, policy, free) if isinstance(policy, TuningAware) else None
+    power = PowerLayer(policy, free) if isinstance(policy, CES) else None
     ai = 0
     ended: list[int] = []
 
@@ -259,7 +262,7 @@ def run_rigid(trace: Trace, spec: ClusterSpec, policy: QueuePolicy,
             heapq.heappush(run_by_demand[g], e)
         return out
 
-    while ai < n or fin_heap or (tuning and tuning.next_time() < INF):
+    while ai < n or fin_heap or (tuning and tuning.next_time() < INF) or (power and len(queue)):
         while fin_heap and fin_heap[0][2] != version[fin_heap[0][1]]:
             heapq.heappop(fin_heap)
         while changes and (changes[0][1] not in running or changes[0][2] != rver[changes[0][1]]):
@@ -267,9 +270,11 @@ def run_rigid(trace: Trace, spec: ClusterSpec, policy: QueuePolicy,
         wake = policy.wake_at() if ranked else INF
         now = min(jobs[ai].submit if ai < n else INF, fin_heap[0][0] if fin_heap else INF,
                   tuning.next_time() if tuning else INF, changes[0][0] if changes else INF,
-                  wake if len(queue) else INF)
+                  wake if len(queue) else INF, power.next_time() if power else INF)
         if now == INF:
             break
+        if power:
+            power.finish_boots(now)
         reprioritise = False
         ended, started_info, touched = [], [], set()
         while fin_heap and fin_heap[0][0] <= now:
@@ -330,11 +335,17 @@ def run_rigid(trace: Trace, spec: ClusterSpec, policy: QueuePolicy,
             touched.update(node for node, _ in p)
         if tuning:
             tuning.step(now, touched, started_info, ended)
+        if power:
+            power.step(now, queue, busy)
         util_t.append(now)
         util_b.append(busy)
 
     extra = {"preemptions": sum(restarts)}
     if tuning:
         extra.update(tuning.summary(trace))
+    if power:
+        extra.update(power.summary())
     return RunLog(first_start=first_start, finish=finish, restarts=restarts,
-                  util_t=util_t, util_busy=util_b, extra=extra)
+                  util_t=util_t, util_busy=util_b, extra=extra,
+                  power_t=power.t if power else (), power_on=power.on if power else (),
+                  power_model=policy.power if power else None)

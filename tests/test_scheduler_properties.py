@@ -87,3 +87,41 @@ def test_elastic_random_workloads_finish_within_capacity(name, rows):
     assert max(res.log.util_busy) <= spec.num_gpus
     again = simulate(trace, make_policy(name), spec, profiles=apps).jobs_frame()
     assert np.array_equal(df.finish.to_numpy(), again.finish.to_numpy())
+
+
+def _busy_gpu_seconds(res):
+    t = np.asarray(res.log.util_t, dtype=float)
+    b = np.asarray(res.log.util_busy, dtype=float)
+    return float(np.sum(b[:-1] * np.diff(t)))
+
+
+@pytest.mark.parametrize("name", ["fifo", "sjf", "srtf", "qssf", "tiresias", "ces:fifo",
+                                  "ces:tiresias"])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=trace_st)
+def test_every_policy_conserves_work(name, trace):
+    """GPUs are busy for exactly the jobs' GPU time plus the restarts they paid for."""
+    policy = Tiresias(thresholds=(300.0,)) if name == "tiresias" else _policy(name)
+    res = simulate(trace, policy, CLUSTER, restart_cost=7.0)
+    df = res.jobs_frame()
+    work = float((df.gpus * df.duration).sum())
+    restarts = float((df.gpus * df.restarts).sum()) * 7.0
+    busy = _busy_gpu_seconds(res)
+    assert work - 1e-6 <= busy <= work + restarts + 1e-6, (busy, work, restarts)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=trace_st, base=st.sampled_from(["fifo", "tiresias", "sjf"]),
+       boot=st.sampled_from([5.0, 60.0, 400.0]), interval=st.sampled_from([30.0, 200.0]))
+def test_ces_never_keeps_a_runnable_job_waiting_on_a_powered_down_node_past_the_boot_delay(
+        trace, base, boot, interval):
+    from scheduler_bridge.forecast import DemandForecaster
+    from scheduler_bridge.policy_ces import CES
+    from scheduler_bridge.power import PowerModel
+    inner = Tiresias(thresholds=(300.0,)) if base == "tiresias" else make_policy(base)
+    ces = CES(inner, power=PowerModel(boot_delay=boot), spare_nodes=0, margin=0.0,
+              interval=interval, forecaster=DemandForecaster(bin_s=30, lookback=30, horizon=0, days=0))
+    s = simulate(trace, ces, ClusterSpec(32, 8), restart_cost=7.0).summary()
+    assert s["completed"] == len(trace)
+    assert s["runnable_left_unbooted"] == 0, "a runnable job was left waiting on a node that is off"
+    assert s["max_power_wait_s"] <= boot + 1e-9
