@@ -39,12 +39,26 @@ import ray
 from . import placement
 from .journal import Journal
 from .live_driver import FAULTS, LiveDriver
+from .forecast import DemandForecaster
+from .live_power import CapacityPlan
 from .live_state import JobSpec, LiveJob
+from .policy_ces import CES
 from .policy_tiresias import Tiresias
+from .power import PowerModel
 
 ALLOCATOR_NAME = "hpo:allocator"
 NAMESPACE = "hpo"
 log = logging.getLogger(__name__)
+
+
+def _live_ces(pol: CES, options: dict) -> tuple[CES, int | None]:
+    """CES with the operator's knobs: margin, spare_nodes, interval (s), boot_delay (s),
+    forecast (``DemandForecaster`` arguments) and max_nodes (the autoscaler's limit;
+    default: every GPU node the allocator has seen)."""
+    forecast, boot, max_nodes = options.pop("forecast", None), options.pop("boot_delay", None), \
+        options.pop("max_nodes", None)
+    return CES(pol.base, power=PowerModel(boot_delay=boot) if boot is not None else None,
+               forecaster=DemandForecaster(**forecast) if forecast else None, **options), max_nodes
 
 
 @dataclass
@@ -66,13 +80,18 @@ class Allocator:
                  base_policy: str = "fifo", backfill: bool | None = None, seed: int = 0,
                  profiles_dir: str | None = None, tick_s: float = 0.2, stop_grace_s: float = 60.0,
                  start_timeout_s: float = 120.0, cpus_per_bundle: float = 0.0,
-                 runtime_env: dict | None = None, tiresias: dict | None = None):
+                 runtime_env: dict | None = None, tiresias: dict | None = None,
+                 ces: dict | None = None):
         from .profiles import load_profiles
         from .simulator import make_policy
 
         pol = make_policy(policy, backfill=backfill, seed=seed, base=base_policy)
         if policy == "tiresias" and tiresias:
             pol = Tiresias(pol.backfill, **tiresias)
+        self.capacity, self.max_nodes = None, None
+        if isinstance(pol, CES):
+            pol, self.max_nodes = _live_ces(pol, dict(ces or {}))
+            self.capacity = CapacityPlan(pol)
         profiles = load_profiles(profiles_dir) if policy.startswith("elastic") else None
         self.driver = LiveDriver(pol, profiles)
         self.storage = Path(storage_path)
@@ -94,6 +113,7 @@ class Allocator:
         self._closing = False
         self._pushed_quotas: dict[str, dict[int | str, int]] = {}
         self._gpu_hosts: dict[str, object] = {}
+        self._gpus_per_node = 1      # largest GPU node seen: the bundle CES asks for per node
         with self.lock:
             self._refresh_nodes(force=True)
             self._reattach()
@@ -160,6 +180,7 @@ class Allocator:
                     "nodes": list(self.order), "jobs": states, "restarted": self.restarted,
                     "replayed_events": self.replayed, "journal": str(self.journal.path),
                     "journal_problems": list(self.journal.problems),
+                    "capacity_request": self.capacity.requested if self.capacity else None,
                     "tick_errors": self.tick_errors, "last_error": self.last_error}
 
     def ping(self) -> bool:
@@ -275,6 +296,22 @@ class Allocator:
         for tid, g, where in d.guests:
             self._emit({"ev": "guest", "job_id": tid, "group": g, "where": where})
         self._sync_sweep_guests()
+        if self.capacity is not None:
+            self._request_capacity()
+
+    def _request_capacity(self) -> None:
+        """CES: ask Ray's autoscaler for the GPU nodes to keep on (``live_power``)."""
+        from ray.autoscaler.sdk import request_resources
+
+        self._gpus_per_node = max([self._gpus_per_node, *self.inventory.values()])
+        jobs = [j for j in self.driver.jobs.values() if j.active and j.spec.kind == "train"]
+        bundles = self.capacity.update(
+            time.time(), self._gpus_per_node, self.max_nodes or len(self.order),
+            busy_gpus=sum(j.gpus for j in jobs if j.state != "queued"),
+            queued_gpus=[j.spec.gpus for j in jobs if j.state == "queued"])
+        if bundles is not None:
+            request_resources(bundles=bundles)
+            log.info("CES: asked the autoscaler to keep %d GPU node(s)", len(bundles))
 
     def _sync_sweep_guests(self) -> None:
         """Make sweeps' guest placements real: one `IdleGpuHost` per idle GPU placed, and the

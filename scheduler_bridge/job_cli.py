@@ -19,7 +19,9 @@ import os
 import sys
 
 EXIT_BAD_INPUT = 2
-POLICY_CHOICES = ("fifo", "sjf", "srtf", "qssf", "tiresias", "elastic", "elastic-fixed-batch", "tuning-aware")
+QUEUE_POLICIES = ("fifo", "sjf", "srtf", "qssf", "tiresias")
+POLICY_CHOICES = (*QUEUE_POLICIES, "elastic", "elastic-fixed-batch", "tuning-aware",
+                  *(f"ces:{p}" for p in QUEUE_POLICIES))
 
 
 def _guarded(cmd):
@@ -99,9 +101,16 @@ def _cmd_start(args) -> int:
     if tiresias and args.policy != "tiresias":
         raise ValueError(f"--tiresias-* options need --policy tiresias, got --policy {args.policy}")
     Tiresias(**tiresias)   # bad values fail here, before connecting
+    ces = {k: v for k, v in (("spare_nodes", args.ces_spare_nodes), ("margin", args.ces_margin),
+                             ("interval", args.ces_interval), ("boot_delay", args.ces_boot_delay),
+                             ("max_nodes", args.ces_max_nodes)) if v is not None}
+    if ces and not args.policy.startswith("ces:"):
+        raise ValueError(f"--ces-* options need --policy ces:<base>, got --policy {args.policy}")
+    if any(v < 0 for v in ces.values()):
+        raise ValueError(f"--ces-* options must be >= 0, got {ces}")
     _connect(args.address)
     jobs_api.start_allocator(args.journal, args.storage, args.policy, base_policy=args.base_policy,
-                             backfill=args.backfill, runtime_env=env, tiresias=tiresias)
+                             backfill=args.backfill, runtime_env=env, tiresias=tiresias, ces=ces)
     print(json.dumps(jobs_api.status(), indent=2))
     return 0
 
@@ -181,6 +190,13 @@ def add_job_parser(subparsers) -> None:
     st.add_argument("--tiresias-starvation", type=float, default=0.0,
                     help="tiresias: promote a job back to the first queue after waiting this many "
                          "times its run time (0: never)")
+    st.add_argument("--ces-spare-nodes", type=int, default=None, help="ces: idle nodes kept on (default 1)")
+    st.add_argument("--ces-margin", type=float, default=None, help="ces: headroom over the forecast (0.1)")
+    st.add_argument("--ces-interval", type=float, default=None,
+                    help="ces: seconds without change before capacity is given back (300)")
+    st.add_argument("--ces-boot-delay", type=float, default=None, help="ces: node boot time, s (300)")
+    st.add_argument("--ces-max-nodes", type=int, default=None,
+                    help="ces: the autoscaler's GPU node limit (default: nodes seen)")
     st.set_defaults(func=_cmd_start)
 
     sm = common(sub.add_parser("submit", help="queue a training job; prints its id"))

@@ -40,7 +40,7 @@ def start_allocator(journal_path: str, storage_path: str, policy: str = "fifo", 
                     stop_grace_s: float = 60.0, start_timeout_s: float = 120.0,
                     cpus_per_bundle: float = 0.0, runtime_env: dict | None = None,
                     max_restarts: int = -1, node_id: str | None = None, wait_s: float = 60.0,
-                    tiresias: dict | None = None):
+                    tiresias: dict | None = None, ces: dict | None = None):
     """Start the allocator (or return the running one) and wait until it answers.
 
     ``journal_path``: its append-only journal on the local disk of ``node_id``
@@ -49,7 +49,9 @@ def start_allocator(journal_path: str, storage_path: str, policy: str = "fifo", 
     every GPU node must see it (shared filesystem) on a multi-machine cluster.
     ``policy``: fifo, sjf, srtf, qssf, tiresias, elastic, elastic-fixed-batch or tuning-aware
     (over ``base_policy``). ``tiresias``: ``Tiresias`` options (``thresholds`` in GPU-seconds
-    of attained service, ``starvation``); preempted jobs checkpoint through ``ctx.should_stop``. ``runtime_env``: for the allocator and the jobs it starts
+    of attained service, ``starvation``); preempted jobs checkpoint through ``ctx.should_stop``.
+    ``policy="ces:<base>"`` keeps the forecast GPU capacity through Ray's autoscaler
+    (``request_resources``); ``ces``: its knobs (``allocator._live_ces``). ``runtime_env``: for the allocator and the jobs it starts
     (e.g. ``{"env_vars": {"PYTHONPATH": ...}}`` so entry points import).
     """
     try:
@@ -67,7 +69,7 @@ def start_allocator(journal_path: str, storage_path: str, policy: str = "fifo", 
             str(journal_path), str(storage_path), policy, base_policy=base_policy, backfill=backfill,
             seed=seed, profiles_dir=profiles_dir, tick_s=tick_s, stop_grace_s=stop_grace_s,
             start_timeout_s=start_timeout_s, cpus_per_bundle=cpus_per_bundle, runtime_env=runtime_env,
-            tiresias=tiresias)
+            tiresias=tiresias, ces=ces)
     except ValueError:  # someone else started it first
         return get_allocator()
     ray.get(actor.ping.remote(), timeout=wait_s)

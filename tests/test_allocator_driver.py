@@ -245,3 +245,21 @@ def test_tiresias_ranks_a_preempted_job_by_the_service_it_ran_which_replay_rebui
     again = LiveDriver(tiresias())
     again.replay(Journal(path).scan().records)
     assert {j: again.jobs[j].priority for j in (a, c)} == {j: rec.driver.jobs[j].priority for j in (a, c)}
+
+
+def test_ces_capacity_grows_at_once_for_waiting_jobs_and_shrinks_only_after_a_quiet_interval():
+    from scheduler_bridge.forecast import DemandForecaster
+    from scheduler_bridge.live_power import CapacityPlan
+    from scheduler_bridge.policy_ces import CES
+    from scheduler_bridge.policy_queue import FIFO
+
+    plan = CapacityPlan(CES(FIFO(), spare_nodes=0, interval=60.0,
+                            forecaster=DemandForecaster(bin_s=1.0, lookback=5.0, horizon=0.0, days=0)))
+    nodes = lambda b: None if b is None else len(b)
+    assert nodes(plan.update(0.0, 4, 3, busy_gpus=0, queued_gpus=[])) == 0
+    assert nodes(plan.update(1.0, 4, 3, busy_gpus=0, queued_gpus=[12])) == 3, "a waiting job: boot at once"
+    assert plan.update(2.0, 4, 3, busy_gpus=12, queued_gpus=[]) is None, "unchanged: no new request"
+    assert plan.update(30.0, 4, 3, busy_gpus=0, queued_gpus=[]) is None, "demand gone, but not for 60 s"
+    assert nodes(plan.update(62.0, 4, 3, busy_gpus=0, queued_gpus=[])) == 0
+    assert nodes(plan.update(63.0, 4, 3, busy_gpus=0, queued_gpus=[16])) == 4, \
+        "a job larger than the known nodes still gets its capacity asked for"

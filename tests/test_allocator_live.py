@@ -277,6 +277,34 @@ def test_an_allocator_starts_on_a_damaged_journal_keeps_every_valid_job_and_name
     assert jobs_api.submit(ENTRY, 1, config={"steps": 1}, request_id="r1") == 1, "requests dedup after it"
 
 
+def requested_capacity() -> list[dict]:
+    """What ``request_resources`` last asked of the autoscaler, read back where Ray keeps it."""
+    from ray.autoscaler._private.constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
+    from ray.autoscaler.v2.utils import is_autoscaler_v2
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    assert not is_autoscaler_v2(), "this cluster runs autoscaler v2: read get_cluster_resource_state"
+    raw = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
+    return json.loads(raw) if raw else []
+
+
+def test_ces_asks_the_autoscaler_to_scale_down_and_boots_for_a_waiting_job_at_once(allocator):
+    from scheduler_bridge import jobs_api
+
+    boot = 30.0
+    allocator("ces:fifo", ces={"spare_nodes": 1, "interval": 1.0, "boot_delay": boot,
+                               "forecast": {"bin_s": 1.0, "lookback": 2.0, "horizon": 0.0, "days": 0}})
+    wait_for(lambda: requested_capacity() == [{"GPU": 4.0}], what="no demand: keep only the spare node")
+    assert jobs_api.status()["capacity_request"] == [{"GPU": 4.0}]
+    jid = jobs_api.submit(ENTRY, 12, config={"steps": 20, "step_s": 0.1})
+    wait_for(lambda: len(requested_capacity()) == 3, timeout=5, what="three nodes asked for the waiting job")
+    done = jobs_api.wait_job(jid, 120)
+    assert done["state"] == "done", done["error"]
+    assert done["first_start"] - done["submit_t"] <= boot, "the job waited longer than a node takes to boot"
+    wait_for(lambda: requested_capacity() == [{"GPU": 4.0}], timeout=30,
+             what="capacity given back once the demand has left the forecast window")
+
+
 def test_allocator_killed_restarts_from_its_journal_without_losing_or_duplicating_jobs(
         allocator, tmp_path):
     import ray
