@@ -37,6 +37,7 @@ from itertools import count
 
 from .cluster import ClusterSpec, FreeGPUs, Placement
 from .jobs import Job
+from .live_packing import PackingRule, measured_slowdown
 from .live_state import TERMINAL, JobSpec, LiveJob, Where
 from .pending import PendingQueue, select_starts
 from .policy_elastic import ElasticJobState, ElasticPolicy
@@ -50,6 +51,7 @@ FAULTS = ("fault", "node-lost", "lost")   # requeue reasons that count against m
 _NUM = (int, float)
 EVENT_FIELDS: dict[str, dict[str, type | tuple]] = {
     "submit": {"spec": dict}, "start": {"attempt": int, "where": list, "gpus": int},
+    "start-packed": {"attempt": int, "host": int},
     "stop": {"reason": str}, "requeue": {"reason": str}, "finish": {"status": str},
     "progress": {"done": _NUM}, "guest": {"group": (int, str), "where": list},
     "evict": {"group": (int, str)}, "reclaim": {},
@@ -94,15 +96,16 @@ class Decisions:
     stops: list[tuple[int, str]] = field(default_factory=list)
     guests: list[tuple[int, int, list]] = field(default_factory=list)
     evictions: list[tuple[int, int]] = field(default_factory=list)
+    packs: list[tuple[int, int]] = field(default_factory=list)   # (queued job, running host)
 
     def __bool__(self) -> bool:
-        return bool(self.lost or self.starts or self.stops or self.guests or self.evictions)
+        return bool(self.lost or self.starts or self.stops or self.guests or self.evictions or self.packs)
 
 
 class LiveDriver:
     """Job table + policy. ``apply`` events, then ``decide`` against the inventory."""
 
-    def __init__(self, policy, profiles: dict | None = None):
+    def __init__(self, policy, profiles: dict | None = None, packing: PackingRule | None = None):
         if not isinstance(policy, (QueuePolicy, ElasticPolicy)):
             raise TypeError(f"not a scheduling policy: {policy!r}")
         self.policy = policy
@@ -112,6 +115,9 @@ class LiveDriver:
             from .profiles import load_profiles
             profiles = load_profiles()
         self.profiles = profiles or {}
+        if packing is not None and (self.elastic or self.tuning):
+            raise ValueError(f"packing works with queue policies, not {policy.name}")
+        self.packing = packing
         policy.reset(0.0)  # live times are Unix seconds
         self.jobs: dict[int, LiveJob] = {}
         self.by_request: dict[str, int] = {}
@@ -204,6 +210,8 @@ class LiveDriver:
         if kind == "start" and not all(isinstance(w, list) and len(w) == 2 and isinstance(w[0], str)
                                        and isinstance(w[1], int) for w in ev["where"]):
             raise ValueError(f"start of job {ev['job_id']}: where must be [[node, gpus], ...]")
+        if kind == "start-packed" and (ev["host"] not in self.jobs or not self.jobs[ev["host"]].where):
+            raise ValueError(f"packed start of job {ev['job_id']}: host {ev['host']} is not running")
         if kind == "finish" and ev["status"] not in TERMINAL:
             raise ValueError(f"finish of job {ev['job_id']}: status {ev['status']!r} not one of {TERMINAL}")
 
@@ -232,10 +240,16 @@ class LiveDriver:
             self._enqueue(job, t)
             return
         job = self.jobs[ev["job_id"]]
+        if kind == "start-packed":   # into the reserved half of the host's GPU
+            host = self.jobs[ev["host"]]
+            ev = {**ev, "where": [list(w) for w in host.where], "gpus": 1}
+            kind = "start"
         if kind == "start":
             job.state, job.attempt = "running", ev["attempt"]
             job.where = tuple((n, int(k)) for n, k in ev["where"])
             job.gpus, job.batch_size, job.seg_start = ev["gpus"], ev.get("batch_size"), t
+            job.share = [ev["host"], self.jobs[ev["host"]].attempt] if "host" in ev else None
+            job.samples = []
             if job.first_start is None:
                 job.first_start = t
             if not self.elastic:
@@ -247,6 +261,8 @@ class LiveDriver:
         elif kind == "requeue":
             self._end_segment(job, t, ev.get("ran_s"))
             job.requeues.append(ev["reason"])
+            if ev["reason"] == "interference" and job.share:
+                job.avoid.append(job.share[0])
             if ev["reason"] in FAULTS:
                 job.faults += 1
             self._enqueue(job, t)
@@ -263,6 +279,8 @@ class LiveDriver:
                 self._reprioritise(t)
         elif kind == "progress":
             job.progress = float(ev["done"])
+            if job.state == "running":
+                job.samples.append((t, job.progress))
             if job.state == "queued" and not self.elastic:  # reported after it was requeued
                 job.priority = float(self.policy.priority(*self._ranked(job, t), t))
         elif kind == "guest":
@@ -287,7 +305,8 @@ class LiveDriver:
         for job in self.active():
             if job.state in ("running", "stopping"):
                 if view.alive(job.where):
-                    view.free.take(view.to_placement(job.where))
+                    if self.host_of(job) is None:   # a packed job's GPU is its host's
+                        view.free.take(view.to_placement(job.where))
                     holding.append(job)
                 else:
                     out.lost.append(job.job_id)
@@ -298,6 +317,51 @@ class LiveDriver:
         if self.tuning:
             self._decide_guests(view, out)
         return out
+
+    def host_of(self, job: LiveJob) -> LiveJob | None:
+        """The running job whose GPU ``job`` shares, or None (alone, or its host has left)."""
+        if not job.share:
+            return None
+        host = self.jobs.get(job.share[0])
+        if host is None or host.attempt != job.share[1] or host.state not in ("running", "stopping"):
+            return None
+        return host
+
+    def partner_of(self, host: LiveJob) -> LiveJob | None:
+        """The running job packed into ``host``'s GPU, if any."""
+        for j in self.jobs.values():
+            if j.state in ("running", "stopping") and self.host_of(j) is host:
+                return j
+        return None
+
+    def shareable(self, job: LiveJob) -> bool:
+        """Runs in half-GPU bundles so that a partner can join it later (``live_packing``)."""
+        return self.packing is not None and self.packing.shareable(job.spec.workload, job.spec.gpus)
+
+    def _decide_packing(self, holding: list[LiveJob], waiting: list[LiveJob], out: Decisions) -> None:
+        """Lucid: pack waiting jobs beside running ones the table allows; part pairs that run
+        slower than it predicted."""
+        rule = self.packing
+        hosts = {}
+        for h in holding:
+            partner = self.partner_of(h)
+            if partner is not None:
+                slow = measured_slowdown(h.samples, partner.seg_start)
+                if (partner.state == "running" and slow is not None
+                        and rule.too_slow(h.spec.workload, partner.spec.workload, slow)):
+                    out.stops.append((partner.job_id, "interference"))
+            elif h.state == "running" and self.shareable(h) and self.host_of(h) is None and not h.share:
+                hosts[h.job_id] = h
+        for job in waiting:
+            if not self.shareable(job):
+                continue
+            costs = [(c, hid) for hid, h in hosts.items() if hid not in job.avoid
+                     and (c := rule.cost(job.spec.workload, h.spec.workload, job.priority, h.priority))
+                     is not None]
+            if costs:
+                _, hid = min(costs)
+                out.packs.append((job.job_id, hid))
+                del hosts[hid]
 
     def _reprioritise(self, t: float) -> None:
         queued = [j for j in self.jobs.values() if j.state == "queued"]
@@ -315,13 +379,18 @@ class LiveDriver:
         for jid, p in select_starts(queue, view.free, self.policy.backfill):
             job = self.jobs[jid]
             out.starts.append((jid, view.to_where(p), job.spec.gpus, job.spec.batch_size))
+        if self.packing is not None:
+            waiting = sorted((self.jobs[j] for j in queue.job_ids()), key=lambda j: (j.priority, j.qseq))
+            self._decide_packing(holding, waiting, out)
+            if out.packs:
+                return   # packing is Lucid's answer to a full cluster, instead of preempting
         if not (self.policy.preemptive and len(queue)):
             return
         if any(j.state == "stopping" for j in holding):
             return  # earlier victims are still checkpointing
         _, _, head_id, _ = queue.heads()[0]
         head = self.jobs[head_id]
-        running = [j for j in holding if j.state == "running"]
+        running = [j for j in holding if j.state == "running" and self.host_of(j) is None]
         cands = [self._ranked(j, now) for j in running]
         victims = self.policy.victims(self._ranked(head, now), cands, now)
         trial, chosen = view.free.copy(), []

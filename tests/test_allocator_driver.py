@@ -263,3 +263,68 @@ def test_ces_capacity_grows_at_once_for_waiting_jobs_and_shrinks_only_after_a_qu
     assert nodes(plan.update(62.0, 4, 3, busy_gpus=0, queued_gpus=[])) == 0
     assert nodes(plan.update(63.0, 4, 3, busy_gpus=0, queued_gpus=[16])) == 4, \
         "a job larger than the known nodes still gets its capacity asked for"
+
+
+SLOWDOWN = {("mlp", "gpt"): 1.2, ("gpt", "mlp"): 1.1, ("mlp", "mlp"): 1.6, ("gpt", "gpt"): 1.3}
+MEMORY = {"mlp": 500.0, "gpt": 3000.0}
+
+
+def packing_driver(**knobs):
+    from scheduler_bridge.live_packing import PackingRule
+
+    return LiveDriver(make_policy("fifo"), packing=PackingRule(SLOWDOWN, MEMORY, gpu_memory_mb=4096.0, **knobs))
+
+
+def fill(rec, workloads):
+    """Start one one-GPU job per workload (the cluster's 12 GPUs hold 12)."""
+    ids = [rec.submit(1, workload=w) for w in workloads]
+    assert sorted(s[0] for s in rec.start_decided()) == ids
+    return ids
+
+
+def test_a_waiting_job_is_packed_beside_the_host_the_table_predicts_cheapest_and_shares_its_gpu():
+    rec = Recorder(packing_driver())
+    hosts = fill(rec, ["mlp"] * 6 + ["gpt"] * 6)
+    a, b = rec.submit(1, workload="mlp"), rec.submit(1, workload="mlp")
+    d = rec.driver.decide(INV, NODES, rec.t)
+    assert d.starts == [] and d.stops == []
+    assert d.packs == [(a, hosts[6]), (b, hosts[7])], "mlp beside gpt (1.2 + 1.1) beats mlp beside mlp (1.6)"
+    rec.emit({"ev": "start-packed", "job_id": a, "attempt": 1, "host": hosts[6]})
+    assert rec.driver.jobs[a].where == rec.driver.jobs[hosts[6]].where and rec.driver.jobs[a].gpus == 1
+    assert rec.driver.decide(INV, NODES, rec.t).packs == [(b, hosts[7])], "a host takes one partner"
+    rec.emit({"ev": "finish", "job_id": hosts[0], "status": "done"})
+    assert [s[0] for s in rec.driver.decide(INV, NODES, rec.t).starts] == [b], \
+        "the packed pair holds one GPU: the freed GPU goes to the next job alone"
+
+
+def test_the_rule_never_packs_past_memory_the_slowdown_limit_or_an_unmeasured_pair():
+    rec = Recorder(packing_driver(max_slowdown=1.25))
+    fill(rec, ["mlp"] * 12)
+    rec.submit(1, workload="mlp")        # 1.6 beside mlp: over the limit
+    rec.submit(1, workload="bert")       # never measured
+    rec.submit(1)                        # no workload: never packed
+    assert rec.driver.decide(INV, NODES, rec.t).packs == []
+    rec2 = Recorder(packing_driver())
+    fill(rec2, ["gpt"] * 12)
+    rec2.submit(1, workload="gpt")       # 3000 + 3000 MB > 4096 MB
+    assert rec2.driver.decide(INV, NODES, rec2.t).packs == []
+
+
+def test_a_pair_slower_than_predicted_is_parted_and_never_packed_again(tmp_path):
+    rec = Recorder(packing_driver(margin=0.25), Journal(tmp_path / "j.log"))
+    hosts = fill(rec, ["gpt"] * 12)
+    a = rec.submit(1, workload="mlp")
+    host = rec.driver.decide(INV, NODES, rec.t).packs[0][1]
+    for done in (0.10, 0.11):                       # alone: 0.01 per second
+        rec.emit({"ev": "progress", "job_id": host, "done": done})
+    rec.emit({"ev": "start-packed", "job_id": a, "attempt": 1, "host": host})
+    for done in (0.115, 0.12, 0.125):               # beside A: 0.005 per second, 2.0x; predicted 1.1x
+        rec.emit({"ev": "progress", "job_id": host, "done": done})
+    assert rec.driver.decide(INV, NODES, rec.t).stops == [(a, "interference")]
+    rec.emit({"ev": "stop", "job_id": a, "reason": "interference"})
+    rec.emit({"ev": "requeue", "job_id": a, "reason": "interference"})
+    again = LiveDriver(make_policy("fifo"), packing=rec.driver.packing)
+    again.replay(Journal(tmp_path / "j.log").scan().records)
+    assert again.jobs[a].avoid == [host]
+    packs = again.decide(INV, NODES, rec.t).packs
+    assert packs and packs[0][0] == a and packs[0][1] != host and packs[0][1] in hosts
