@@ -40,6 +40,7 @@ from . import placement
 from .journal import Journal
 from .live_driver import FAULTS, LiveDriver
 from .forecast import DemandForecaster
+from .live_packing import SHARE, PackingRule
 from .live_power import CapacityPlan
 from .live_state import JobSpec, LiveJob
 from .policy_ces import CES
@@ -59,6 +60,14 @@ def _live_ces(pol: CES, options: dict) -> tuple[CES, int | None]:
         options.pop("max_nodes", None)
     return CES(pol.base, power=PowerModel(boot_delay=boot) if boot is not None else None,
                forecaster=DemandForecaster(**forecast) if forecast else None, **options), max_nodes
+
+
+def _packing_rule(options: dict) -> PackingRule:
+    """Lucid packing from ``{"table": <interference CSV>, **PackingRule knobs}``."""
+    from .interference import InterferenceTable
+
+    options = dict(options)
+    return PackingRule.from_table(InterferenceTable.load(options.pop("table")), **options)
 
 
 @dataclass
@@ -81,7 +90,7 @@ class Allocator:
                  profiles_dir: str | None = None, tick_s: float = 0.2, stop_grace_s: float = 60.0,
                  start_timeout_s: float = 120.0, cpus_per_bundle: float = 0.0,
                  runtime_env: dict | None = None, tiresias: dict | None = None,
-                 ces: dict | None = None):
+                 ces: dict | None = None, packing: dict | None = None):
         from .profiles import load_profiles
         from .simulator import make_policy
 
@@ -93,7 +102,7 @@ class Allocator:
             pol, self.max_nodes = _live_ces(pol, dict(ces or {}))
             self.capacity = CapacityPlan(pol)
         profiles = load_profiles(profiles_dir) if policy.startswith("elastic") else None
-        self.driver = LiveDriver(pol, profiles)
+        self.driver = LiveDriver(pol, profiles, _packing_rule(packing) if packing else None)
         self.storage = Path(storage_path)
         self.tick_s, self.stop_grace_s, self.start_timeout_s = tick_s, stop_grace_s, start_timeout_s
         self.cpus_per_bundle, self.runtime_env = cpus_per_bundle, runtime_env
@@ -114,6 +123,7 @@ class Allocator:
         self._pushed_quotas: dict[str, dict[int | str, int]] = {}
         self._gpu_hosts: dict[str, object] = {}
         self._gpus_per_node = 1      # largest GPU node seen: the bundle CES asks for per node
+        self._shares: dict[str, str] | None = None   # reserved half-GPU groups: name -> node
         with self.lock:
             self._refresh_nodes(force=True)
             self._reattach()
@@ -181,6 +191,8 @@ class Allocator:
                     "replayed_events": self.replayed, "journal": str(self.journal.path),
                     "journal_problems": list(self.journal.problems),
                     "capacity_request": self.capacity.requested if self.capacity else None,
+                    "packed": {j.job_id: j.share[0] for j in self.driver.jobs.values()
+                               if j.share and self.driver.host_of(j) is not None},
                     "tick_errors": self.tick_errors, "last_error": self.last_error}
 
     def ping(self) -> bool:
@@ -198,6 +210,8 @@ class Allocator:
                 if job.state in ("running", "stopping"):
                     self._release(job)
                     n += 1
+            for name in self._shares or {}:
+                placement.release(name, 0)
             self.journal.close()
             return n
 
@@ -277,6 +291,7 @@ class Allocator:
     def _tick(self) -> None:
         self._refresh_nodes()
         self._collect()
+        self._sync_shares()   # halves freed by ended jobs are reserved again before anything starts
         d = self.driver.decide(self.inventory, self.order, time.time())
         for jid in d.lost:
             job = self.driver.jobs[jid]
@@ -291,6 +306,9 @@ class Allocator:
                 run.stop_deadline = time.time() + self.stop_grace_s
         for jid, where, gpus, batch in d.starts:
             self._start(jid, where, gpus, batch)
+        for jid, host in d.packs:
+            self._start_packed(jid, host)
+        self._sync_shares()
         for tid, g in d.evictions:
             self._emit({"ev": "evict", "job_id": tid, "group": g})
         for tid, g, where in d.guests:
@@ -375,10 +393,11 @@ class Allocator:
                     "gpus": gpus, "batch_size": batch})
         name = placement.group_name(jid, attempt)
         placement.release(name, len(where))   # leftovers of an attempt whose journal record was lost
+        share = SHARE if self.driver.shareable(job) else 1.0
         try:
-            pg = placement.create_group(name, where, self.cpus_per_bundle)
+            pg = placement.create_group(name, where, self.cpus_per_bundle, share)
             workers = placement.launch_ranks(pg, name, where, job.spec.entrypoint, self._contexts(job),
-                                             self.runtime_env)
+                                             self.runtime_env, share)
         except Exception as exc:  # noqa: BLE001  -- Ray refused: back to the queue
             placement.release(name, len(where))
             self._requeue(job, "fault", repr(exc))
@@ -386,6 +405,54 @@ class Allocator:
         for w in workers:
             w.start.remote()
         self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready())
+
+    def _start_packed(self, jid: int, host_id: int) -> None:
+        """Lucid: run ``jid`` in the reserved half of the host's GPU (its share group)."""
+        job, host = self.driver.jobs[jid], self.driver.jobs[host_id]
+        attempt = job.attempt + 1
+        self._emit({"ev": "start-packed", "job_id": jid, "attempt": attempt, "host": host_id})
+        name = placement.group_name(jid, attempt)
+        placement.release(name, 1)
+        pg = placement.find_group(placement.share_name(host_id, host.attempt))
+        try:
+            if pg is None:
+                raise RuntimeError(f"host {host_id}'s reserved half GPU is gone")
+            workers = placement.launch_ranks(pg, name, job.where, job.spec.entrypoint, self._contexts(job),
+                                             self.runtime_env, SHARE)
+        except Exception as exc:  # noqa: BLE001  -- back to the queue
+            placement.release(name, 1)
+            self._requeue(job, "fault", repr(exc))
+            return
+        for w in workers:
+            w.start.remote()
+        self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready())
+
+    def _sync_shares(self) -> None:
+        """Keep one reserved half-GPU group for every shareable job running alone (its partner
+        may come), and the host's group for every packed job living in it; remove the rest."""
+        if self.driver.packing is None:
+            return
+        want: dict[str, str] = {}
+        for job in self.driver.jobs.values():
+            if job.state not in ("running", "stopping") or not self.driver.shareable(job):
+                continue
+            node = job.where[0][0]
+            if job.share:
+                want[placement.share_name(*job.share)] = node       # where it runs
+            if self.driver.host_of(job) is None:
+                want[placement.share_name(job.job_id, job.attempt)] = node
+        if self._shares is None:   # (re)started: find what a previous allocator left
+            from ray.util.placement_group import placement_group_table
+
+            self._shares = {row["name"]: "" for row in placement_group_table().values()
+                            if row["name"].startswith("hpo-share-") and row["state"] != "REMOVED"}
+        for name in set(self._shares) - set(want):
+            placement.release(name, 0)
+            del self._shares[name]
+        for name, node in want.items():
+            if name not in self._shares:
+                placement.create_group(name, ((node, 1),), share=SHARE)
+                self._shares[name] = node
 
     def _collect(self) -> None:
         now = time.time()

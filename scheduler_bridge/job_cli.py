@@ -108,9 +108,17 @@ def _cmd_start(args) -> int:
         raise ValueError(f"--ces-* options need --policy ces:<base>, got --policy {args.policy}")
     if any(v < 0 for v in ces.values()):
         raise ValueError(f"--ces-* options must be >= 0, got {ces}")
+    packing = None
+    if args.pack_table:
+        from .allocator import _packing_rule
+        packing = {k: v for k, v in (("table", args.pack_table), ("max_slowdown", args.pack_max_slowdown),
+                                     ("gpu_memory_mb", args.pack_gpu_memory_mb),
+                                     ("margin", args.pack_margin)) if v is not None}
+        _packing_rule(packing)   # a bad table or knob fails here, naming the row and column
     _connect(args.address)
     jobs_api.start_allocator(args.journal, args.storage, args.policy, base_policy=args.base_policy,
-                             backfill=args.backfill, runtime_env=env, tiresias=tiresias, ces=ces)
+                             backfill=args.backfill, runtime_env=env, tiresias=tiresias, ces=ces,
+                             packing=packing)
     print(json.dumps(jobs_api.status(), indent=2))
     return 0
 
@@ -122,7 +130,8 @@ def _cmd_submit(args) -> int:
     fields = dict(name=args.name, user=args.user, vc=args.vc, config=_config(args.set),
                   batch_size=args.batch_size, min_batch=args.min_batch, max_batch=args.max_batch,
                   application=args.application, min_gpus=args.min_gpus, max_gpus=args.max_gpus,
-                  expected_seconds=args.expected_seconds, bubble_fraction=args.bubble_fraction)
+                  expected_seconds=args.expected_seconds, bubble_fraction=args.bubble_fraction,
+                  workload=args.workload)
     from .live_state import JobSpec
     JobSpec(entrypoint=args.entrypoint, gpus=args.gpus, **fields)   # bad input fails before connecting
     _connect(args.address)
@@ -197,6 +206,13 @@ def add_job_parser(subparsers) -> None:
     st.add_argument("--ces-boot-delay", type=float, default=None, help="ces: node boot time, s (300)")
     st.add_argument("--ces-max-nodes", type=int, default=None,
                     help="ces: the autoscaler's GPU node limit (default: nodes seen)")
+    st.add_argument("--pack-table", default=None, metavar="CSV",
+                    help="Lucid packing: interference table (hpo profile colocate) for one-GPU jobs "
+                         "submitted with --workload")
+    st.add_argument("--pack-max-slowdown", type=float, default=None, help="packing: largest predicted slowdown (1.5)")
+    st.add_argument("--pack-gpu-memory-mb", type=float, default=None, help="packing: one GPU's memory (16384)")
+    st.add_argument("--pack-margin", type=float, default=None,
+                    help="packing: part a pair measured slower than predicted by this fraction (0.25)")
     st.set_defaults(func=_cmd_start)
 
     sm = common(sub.add_parser("submit", help="queue a training job; prints its id"))
@@ -216,6 +232,7 @@ def add_job_parser(subparsers) -> None:
     sm.add_argument("--expected-seconds", type=float, default=3600.0, help="run-time hint (SJF/SRTF)")
     sm.add_argument("--bubble-fraction", type=float, default=0.0,
                     help="pipeline job: fraction of time its GPUs idle in bubbles")
+    sm.add_argument("--workload", default="", help="its name in the interference table (packing)")
     sm.set_defaults(func=_cmd_submit)
 
     ls = common(sub.add_parser("list", help="all jobs and their state"))

@@ -33,7 +33,10 @@ def count_steps(ctx):
             with open(cfg["log"], "a") as f:
                 f.write(json.dumps({"attempt": ctx.attempt, **rec}) + "\n")
 
-    log(ev="start", step=state["step"], gpus=ctx.gpus, batch=ctx.batch_size, world=ctx.world_size)
+    import ray
+
+    log(ev="start", step=state["step"], gpus=ctx.gpus, batch=ctx.batch_size, world=ctx.world_size,
+        gpu_ids=[str(g) for g in ray.get_gpu_ids()])
     while state["step"] < cfg["steps"] and not ctx.should_stop():
         time.sleep(cfg.get("step_s", 0.05))
         state["step"] += 1
@@ -303,6 +306,51 @@ def test_ces_asks_the_autoscaler_to_scale_down_and_boots_for_a_waiting_job_at_on
     assert done["first_start"] - done["submit_t"] <= boot, "the job waited longer than a node takes to boot"
     wait_for(lambda: requested_capacity() == [{"GPU": 4.0}], timeout=30,
              what="capacity given back once the demand has left the forecast window")
+
+
+def pg_by_name(name):
+    from ray.util.placement_group import placement_group_table
+
+    return next((r for r in placement_group_table().values() if r["name"] == name and r["state"] == "CREATED"),
+                None)
+
+
+def test_lucid_packs_a_waiting_job_into_the_half_gpu_its_host_reserved_and_they_share_that_gpu(
+        allocator, tmp_path):
+    import ray
+    from scheduler_bridge import jobs_api
+
+    table = tmp_path / "interference.csv"
+    table.write_text("# measured for this test\nworkload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
+                     "mlp-small,mlp-small,100,80,1.25,200\n")
+    allocator("fifo", packing={"table": str(table), "gpu_memory_mb": 1000.0})
+    blockers = [jobs_api.submit(ENTRY, g, config={"steps": 10_000}) for g in (4, 4, 3)]
+    logs = {k: tmp_path / f"{k}.log" for k in ("host", "guest")}
+    host = jobs_api.submit(ENTRY, 1, workload="mlp-small", config={"steps": 10_000, "log": str(logs["host"])})
+    wait_for(lambda: all(running(j) for j in (*blockers, host)), what="the cluster full")
+    guest = jobs_api.submit(ENTRY, 1, workload="mlp-small", config={"steps": 10_000, "log": str(logs["guest"])})
+    wait_for(lambda: running(guest), what="the waiting job packed")
+
+    assert jobs_api.status()["packed"] == {guest: host}
+    node = job(host)["where"][0][0]
+    assert job(guest)["where"] == [[node, 1]], "the pair is accounted as one GPU of the host's node"
+    own, half = pg_by_name(f"hpo-job-{host}-a1"), pg_by_name(f"hpo-share-{host}-a1")
+    for row in (own, half):
+        assert row["bundles"] == {0: {"GPU": 0.5}} and row["bundles_to_node_id"] == {0: node}, row
+    assert pg_by_name(f"hpo-job-{guest}-a1") is None, "the guest lives in the host's reserved half"
+    assert ray.available_resources().get("GPU", 0.0) == 0.0, "4 + 4 + 3 + 1/2 + 1/2: the pair fills one GPU"
+    ids = {k: wait_for(lambda: next((r["gpu_ids"] for r in read_log(p) if r["ev"] == "start"), None),
+                       what=f"{k} started") for k, p in logs.items()}
+    assert ids["host"] == ids["guest"] and len(ids["host"]) == 1, f"both run on one GPU: {ids}"
+
+    jobs_api.cancel(host)   # the guest stays; the half its host leaves is reserved for it
+    wait_for(lambda: pg_by_name(f"hpo-share-{guest}-a1"), what="a reserved half for the guest")
+    assert running(guest) and jobs_api.status()["packed"] == {}
+    wait_for(lambda: ray.available_resources().get("GPU", 0.0) == 0.0, what="the host's half taken again")
+    for j in (*blockers, guest):
+        jobs_api.cancel(j)
+    wait_for(lambda: not any(pg_by_name(f"hpo-share-{j}-a1") for j in (host, guest)),
+             what="reserved halves removed with their jobs")
 
 
 def test_allocator_killed_restarts_from_its_journal_without_losing_or_duplicating_jobs(
