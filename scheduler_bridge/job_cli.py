@@ -27,6 +27,7 @@ POLICY_CHOICES = (*QUEUE_POLICIES, "elastic", "elastic-fixed-batch", "tuning-awa
 def _guarded(cmd):
     """Bad input or no cluster / allocator: one line on stderr, exit 2 (also under ``hpo``)."""
     def run(args) -> int:
+        _use_token_auth_if_available()
         try:
             return cmd(args)
         except (ValueError, ConnectionError, TimeoutError) as exc:
@@ -46,7 +47,8 @@ def _use_token_auth_if_available() -> None:
     """Ray turns token authentication on by itself only for ``address="auto"``; with an
     explicit address (``--address``, ``RAY_ADDRESS``) a client holding the cluster's token
     (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, Ray's documented
-    sources) would connect without it and be refused. Never turns authentication off."""
+    sources) would connect without it and be refused. Never turns authentication off.
+    Ray reads the mode when it is imported, so this runs before anything imports ray."""
     if os.environ.get("RAY_AUTH_MODE"):
         return
     path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
@@ -58,7 +60,6 @@ def _connect(address: str | None) -> None:
     import ray
 
     if not ray.is_initialized():
-        _use_token_auth_if_available()
         ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto",
                  namespace="hpo", log_to_driver=False)
 

@@ -476,6 +476,23 @@ def test_job_cli_starts_the_allocator_submits_lists_and_cancels(cluster, tmp_pat
         jobs_api.get_allocator()
 
 
+def test_job_cli_with_an_explicit_address_uses_the_clusters_token_without_ray_auth_mode(
+        cluster, allocator):
+    import os
+    import subprocess
+    import sys
+
+    c, _ = cluster
+    allocator("fifo")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}   # the README's client
+    repo = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = f"{repo}:{repo / 'tests'}"
+    out = subprocess.run([sys.executable, "-m", "scheduler_bridge.job_cli", "job", "list", "--json",
+                          "--address", c.address], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout) == []
+
+
 def test_node_removed_jobs_go_back_to_the_queue_and_resume_from_checkpoint(
         cluster, allocator, tmp_path):
     from scheduler_bridge import jobs_api
