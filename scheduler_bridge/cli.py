@@ -19,12 +19,13 @@ import sys
 from pathlib import Path
 
 from .cluster import ClusterSpec
+from .power import PowerModel
 from .simulator import POLICIES, check_policy_name, make_policy, simulate
 from .synthetic import add_tuning_work
 from .traces import FORMATS, TraceError, load_trace
 
-TABLE_KEYS = ("policy", "completed", "avg_jct", "p50_jct", "p99_jct", "avg_queue",
-              "makespan", "utilization", "wall_s")
+TABLE_KEYS = ("policy", "completed", "avg_jct", "p50_jct", "p99_jct", "avg_queue", "p999_queue",
+              "makespan", "utilization", "on_utilization", "energy_kwh", "wall_s")
 COMPARE_DEFAULT = {"philly": "fifo,sjf,srtf,qssf", "helios": "fifo,sjf,srtf,qssf",
                    "pollux": "fifo,elastic-fixed-batch,elastic"}
 
@@ -63,6 +64,13 @@ def add_sim_parser(subparsers) -> None:
     p.add_argument("--pipeline-fraction", type=float, default=0.2,
                    help="fraction of multi-GPU jobs treated as pipeline jobs with bubbles")
     p.add_argument("--bubble-fraction", type=float, default=0.3)
+    d = PowerModel()
+    p.add_argument("--boot-delay", type=float, default=d.boot_delay,
+                   help="ces: seconds a powered-down node takes to boot and rejoin")
+    p.add_argument("--idle-watts", type=float, default=d.idle_watts, help="watts of an idle powered node")
+    p.add_argument("--busy-gpu-watts", type=float, default=d.busy_gpu_watts,
+                   help="extra watts per busy GPU")
+    p.add_argument("--off-watts", type=float, default=d.off_watts, help="watts of a powered-down node")
     p.set_defaults(func=run_sim)
 
 
