@@ -153,9 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=_cmd_coord_check)
 
     from scheduler_bridge.cli import add_sim_parser
+    from scheduler_bridge.colocate import add_profile_parser
     from scheduler_bridge.job_cli import add_job_parser
 
     add_sim_parser(commands)
+    add_profile_parser(commands)
     add_job_parser(commands)
     return parser
 

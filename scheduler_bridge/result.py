@@ -19,3 +19,4 @@ class RunLog:
     power_t: object = ()
     power_on: object = ()
     power_model: object = None
+    packing: object = ()

@@ -15,30 +15,35 @@ from .jobs import Trace
 from .metrics import SimResult
 from .policy_ces import CES
 from .policy_elastic import ElasticPolicy
+from .policy_lucid import Lucid
 from .policy_qssf import QSSF
 from .policy_queue import FIFO, SJF, SRTF, QueuePolicy
 from .policy_tiresias import Tiresias
 from .policy_tuning import TuningAware
+from .power import PowerModel
 from .sim_elastic import run_elastic
+from .sim_lucid import run_lucid
 from .sim_rigid import run_rigid
 
-POLICIES = ("fifo", "sjf", "srtf", "qssf", "tiresias", "elastic", "elastic-fixed-batch", "tuning-aware",
-            "ces:<base>")
+POLICIES = ("fifo", "sjf", "srtf", "qssf", "tiresias", "lucid", "elastic", "elastic-fixed-batch",
+            "tuning-aware", "ces:<base>")
 QUEUE_BASES = ("fifo", "sjf", "srtf", "qssf", "tiresias")
 
 
 def make_policy(name: str, *, backfill: bool | None = None, seed: int = 0,
-                base: str = "fifo", checkpoint_interval: float = 60.0):
+                base: str = "fifo", checkpoint_interval: float = 60.0,
+                power: PowerModel | None = None, interference=None):
     """A fresh policy by name. ``backfill`` (queue policies; None means on): a job
     may start when better-ranked ones do not fit the free GPUs.
     ``base``: the ordinary-job policy under ``tuning-aware``. ``ces:<name>``:
-    CES energy saving over the queue policy ``<name>``."""
+    CES energy saving over the queue policy ``<name>``, nodes priced by ``power``.
+    ``interference``: the ``InterferenceTable`` of ``lucid`` (default: the shipped one)."""
     backfill = True if backfill is None else backfill
     if name.startswith("ces:"):
         inner = name[4:]
         if inner not in QUEUE_BASES:
             raise ValueError(f"ces base policy must be one of {', '.join(QUEUE_BASES)}; got {inner!r}")
-        return CES(make_policy(inner, backfill=backfill, seed=seed))
+        return CES(make_policy(inner, backfill=backfill, seed=seed), power=power)
     if name == "fifo":
         return FIFO(backfill)
     if name == "sjf":
@@ -49,6 +54,8 @@ def make_policy(name: str, *, backfill: bool | None = None, seed: int = 0,
         return QSSF(backfill, seed=seed)
     if name == "tiresias":
         return Tiresias(backfill)
+    if name == "lucid":
+        return Lucid(interference, backfill, seed=seed)
     if name == "elastic":
         return ElasticPolicy()
     if name == "elastic-fixed-batch":
@@ -79,6 +86,8 @@ def simulate(trace: Trace, policy, cluster: ClusterSpec, *, restart_cost: float 
             from .profiles import load_profiles
             profiles = load_profiles()
         log = run_elastic(trace, cluster, policy, profiles, restart_cost)
+    elif isinstance(policy, Lucid):
+        log = run_lucid(trace, cluster, policy)
     elif isinstance(policy, QueuePolicy):
         log = run_rigid(trace, cluster, policy, restart_cost)
     else:
