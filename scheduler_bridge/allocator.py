@@ -40,10 +40,12 @@ from . import placement
 from .journal import Journal
 from .live_driver import FAULTS, LiveDriver
 from .forecast import DemandForecaster
-from .live_packing import SHARE, PackingRule
+from .interference import InterferenceTable
+from .live_packing import SHARE
 from .live_power import CapacityPlan
 from .live_state import JobSpec, LiveJob
 from .policy_ces import CES
+from .policy_lucid import Lucid
 from .policy_tiresias import Tiresias
 from .power import PowerModel
 
@@ -62,12 +64,12 @@ def _live_ces(pol: CES, options: dict) -> tuple[CES, int | None]:
                forecaster=DemandForecaster(**forecast) if forecast else None, **options), max_nodes
 
 
-def _packing_rule(options: dict) -> PackingRule:
-    """Lucid packing from ``{"table": <interference CSV>, **PackingRule knobs}``."""
-    from .interference import InterferenceTable
-
-    options = dict(options)
-    return PackingRule.from_table(InterferenceTable.load(options.pop("table")), **options)
+def _live_lucid(options: dict, backfill: bool, seed: int) -> tuple[Lucid, float]:
+    """Lucid with the operator's knobs: table (an interference CSV from ``hpo profile colocate``;
+    default: the shipped one), margin (``live_packing``) and ``Lucid``'s own (max_slowdown,
+    min_gain, priority_ratio, gpu_memory_mb). Returns the policy and the margin."""
+    table, margin = options.pop("table", None), options.pop("margin", 0.25)
+    return Lucid(InterferenceTable.load(table) if table else None, backfill, seed=seed, **options), margin
 
 
 @dataclass
@@ -90,11 +92,15 @@ class Allocator:
                  profiles_dir: str | None = None, tick_s: float = 0.2, stop_grace_s: float = 60.0,
                  start_timeout_s: float = 120.0, cpus_per_bundle: float = 0.0,
                  runtime_env: dict | None = None, tiresias: dict | None = None,
-                 ces: dict | None = None, packing: dict | None = None):
+                 ces: dict | None = None, lucid: dict | None = None):
         from .profiles import load_profiles
         from .simulator import make_policy
 
-        pol = make_policy(policy, backfill=backfill, seed=seed, base=base_policy)
+        margin = 0.25
+        if policy == "lucid":
+            pol, margin = _live_lucid(dict(lucid or {}), True if backfill is None else backfill, seed)
+        else:
+            pol = make_policy(policy, backfill=backfill, seed=seed, base=base_policy)
         if policy == "tiresias" and tiresias:
             pol = Tiresias(pol.backfill, **tiresias)
         self.capacity, self.max_nodes = None, None
@@ -102,7 +108,7 @@ class Allocator:
             pol, self.max_nodes = _live_ces(pol, dict(ces or {}))
             self.capacity = CapacityPlan(pol)
         profiles = load_profiles(profiles_dir) if policy.startswith("elastic") else None
-        self.driver = LiveDriver(pol, profiles, _packing_rule(packing) if packing else None)
+        self.driver = LiveDriver(pol, profiles, packing_margin=margin)
         self.storage = Path(storage_path)
         self.tick_s, self.stop_grace_s, self.start_timeout_s = tick_s, stop_grace_s, start_timeout_s
         self.cpus_per_bundle, self.runtime_env = cpus_per_bundle, runtime_env

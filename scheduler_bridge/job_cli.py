@@ -20,7 +20,7 @@ import sys
 
 EXIT_BAD_INPUT = 2
 QUEUE_POLICIES = ("fifo", "sjf", "srtf", "qssf", "tiresias")
-POLICY_CHOICES = (*QUEUE_POLICIES, "elastic", "elastic-fixed-batch", "tuning-aware",
+POLICY_CHOICES = (*QUEUE_POLICIES, "lucid", "elastic", "elastic-fixed-batch", "tuning-aware",
                   *(f"ces:{p}" for p in QUEUE_POLICIES))
 
 
@@ -109,17 +109,18 @@ def _cmd_start(args) -> int:
         raise ValueError(f"--ces-* options need --policy ces:<base>, got --policy {args.policy}")
     if any(v < 0 for v in ces.values()):
         raise ValueError(f"--ces-* options must be >= 0, got {ces}")
-    packing = None
-    if args.pack_table:
-        from .allocator import _packing_rule
-        packing = {k: v for k, v in (("table", args.pack_table), ("max_slowdown", args.pack_max_slowdown),
-                                     ("gpu_memory_mb", args.pack_gpu_memory_mb),
-                                     ("margin", args.pack_margin)) if v is not None}
-        _packing_rule(packing)   # a bad table or knob fails here, naming the row and column
+    lucid = {k: v for k, v in (("table", args.interference), ("max_slowdown", args.pack_max_slowdown),
+                               ("gpu_memory_mb", args.pack_gpu_memory_mb), ("margin", args.pack_margin))
+             if v is not None}
+    if lucid and args.policy != "lucid":
+        raise ValueError(f"--interference and --pack-* options need --policy lucid, got --policy {args.policy}")
+    if args.policy == "lucid":
+        from .allocator import _live_lucid
+        _live_lucid(dict(lucid), True, 0)   # a bad table or knob fails here, naming the row and column
     _connect(args.address)
     jobs_api.start_allocator(args.journal, args.storage, args.policy, base_policy=args.base_policy,
                              backfill=args.backfill, runtime_env=env, tiresias=tiresias, ces=ces,
-                             packing=packing)
+                             lucid=lucid)
     print(json.dumps(jobs_api.status(), indent=2))
     return 0
 
@@ -207,13 +208,13 @@ def add_job_parser(subparsers) -> None:
     st.add_argument("--ces-boot-delay", type=float, default=None, help="ces: node boot time, s (300)")
     st.add_argument("--ces-max-nodes", type=int, default=None,
                     help="ces: the autoscaler's GPU node limit (default: nodes seen)")
-    st.add_argument("--pack-table", default=None, metavar="CSV",
-                    help="Lucid packing: interference table (hpo profile colocate) for one-GPU jobs "
-                         "submitted with --workload")
-    st.add_argument("--pack-max-slowdown", type=float, default=None, help="packing: largest predicted slowdown (1.5)")
-    st.add_argument("--pack-gpu-memory-mb", type=float, default=None, help="packing: one GPU's memory (16384)")
+    st.add_argument("--interference", default=None, metavar="CSV",
+                    help="lucid: interference table from 'hpo profile colocate' (default: the shipped one); "
+                         "one-GPU jobs submitted with --workload are packed by it")
+    st.add_argument("--pack-max-slowdown", type=float, default=None, help="lucid: largest predicted slowdown (2.0)")
+    st.add_argument("--pack-gpu-memory-mb", type=float, default=None, help="lucid: one GPU's memory, MB (32768)")
     st.add_argument("--pack-margin", type=float, default=None,
-                    help="packing: part a pair measured slower than predicted by this fraction (0.25)")
+                    help="lucid: part a pair measured slower than predicted by this fraction (0.25)")
     st.set_defaults(func=_cmd_start)
 
     sm = common(sub.add_parser("submit", help="queue a training job; prints its id"))

@@ -37,10 +37,11 @@ from itertools import count
 
 from .cluster import ClusterSpec, FreeGPUs, Placement
 from .jobs import Job
-from .live_packing import PackingRule, measured_slowdown
+from .live_packing import LivePacking, measured_slowdown
 from .live_state import TERMINAL, JobSpec, LiveJob, Where
 from .pending import PendingQueue, select_starts
 from .policy_elastic import ElasticJobState, ElasticPolicy
+from .policy_lucid import Lucid
 from .policy_queue import QueuePolicy
 from .policy_tuning import TuningAware
 
@@ -105,7 +106,7 @@ class Decisions:
 class LiveDriver:
     """Job table + policy. ``apply`` events, then ``decide`` against the inventory."""
 
-    def __init__(self, policy, profiles: dict | None = None, packing: PackingRule | None = None):
+    def __init__(self, policy, profiles: dict | None = None, packing_margin: float = 0.25):
         if not isinstance(policy, (QueuePolicy, ElasticPolicy)):
             raise TypeError(f"not a scheduling policy: {policy!r}")
         self.policy = policy
@@ -115,9 +116,7 @@ class LiveDriver:
             from .profiles import load_profiles
             profiles = load_profiles()
         self.profiles = profiles or {}
-        if packing is not None and (self.elastic or self.tuning):
-            raise ValueError(f"packing works with queue policies, not {policy.name}")
-        self.packing = packing
+        self.packing = LivePacking(policy, packing_margin) if isinstance(policy, Lucid) else None
         policy.reset(0.0)  # live times are Unix seconds
         self.jobs: dict[int, LiveJob] = {}
         self.by_request: dict[str, int] = {}
@@ -339,8 +338,8 @@ class LiveDriver:
         return self.packing is not None and self.packing.shareable(job.spec.workload, job.spec.gpus)
 
     def _decide_packing(self, holding: list[LiveJob], waiting: list[LiveJob], out: Decisions) -> None:
-        """Lucid: pack waiting jobs beside running ones the table allows; part pairs that run
-        slower than it predicted."""
+        """Lucid: pack waiting jobs beside running ones its rule allows; part pairs that run
+        slower than its table predicted."""
         rule = self.packing
         hosts = {}
         for h in holding:
@@ -356,7 +355,7 @@ class LiveDriver:
             if not self.shareable(job):
                 continue
             costs = [(c, hid) for hid, h in hosts.items() if hid not in job.avoid
-                     and (c := rule.cost(job.spec.workload, h.spec.workload, job.priority, h.priority))
+                     and (c := rule.cost(job.spec.workload, job.priority, h.spec.workload, h.priority))
                      is not None]
             if costs:
                 _, hid = min(costs)

@@ -1,82 +1,58 @@
-"""Lucid-style packing in the live allocator: who may share a running job's GPU, and when to part them.
+"""Lucid's packing in the live allocator: which running job hosts a waiting one, and when to part them.
 
-A queued job that cannot start alone may share the GPU of a running job (its
-*host*) when both are one-GPU jobs whose workloads the interference table has
-measured together, each is predicted to slow down by at most ``max_slowdown``
-beside the other, their memory fits one GPU, and their priorities are within
-``priority_gap`` of each other. The host keeps running untouched (Lucid is
-non-intrusive); the packed job runs in the other half of the host's GPU (see
-``allocator``: a shareable job holds its GPU as two ``{"GPU": 0.5}`` bundles,
-its own and a reserved one that a packed job moves into).
+Which pairs may share a GPU is the ``policy_lucid.Lucid`` object's rule
+(``pack_check``: both measured in its interference table, slowdowns under its
+limit, memory fits, priorities close), the same the simulator applies. What
+only a live cluster adds is here:
 
-The table's prediction is checked against the host's own progress reports:
-its rate of progress alone (before the packed job started) against its rate
-beside it. If the measured slowdown exceeds the prediction by more than
-``margin``, the packed job is stopped (checkpointed), requeued, and never
-packed with that host again.
+- a waiting one-GPU job that names its ``workload`` goes beside the allowed
+  running host with the smallest predicted slowdown of the pair; the host keeps
+  running untouched (Lucid is non-intrusive), and the packed job runs in the
+  other half of the host's GPU (``allocator``: a shareable job holds its GPU as
+  two ``{"GPU": SHARE}`` bundles, its own and a reserved one a partner moves into);
+- the table's prediction is checked against the host's own progress reports:
+  its rate of progress alone (before the partner started) against its rate
+  beside it. Measured more than ``margin`` above the prediction, the partner is
+  stopped (checkpointed), requeued, and never packed with that host again.
 
->>> rule = PackingRule(slowdown={("a", "b"): 1.2, ("b", "a"): 1.1}, memory_mb={"a": 900.0, "b": 500.0},
-...                    gpu_memory_mb=1000.0)
->>> rule.predicted("a", "b"), rule.fits("a", "b")
-((1.2, 1.1), False)
+Only one-GPU jobs are packed live: a Ray actor holds one bundle, and a
+multi-GPU rank cannot hold half of each of several GPUs.
+
+>>> from scheduler_bridge.interference import InterferenceTable
+>>> from scheduler_bridge.policy_lucid import Lucid
+>>> p = LivePacking(Lucid(InterferenceTable({("a", "b"): 1.2, ("b", "a"): 1.1}, {"a": 900.0, "b": 500.0})))
+>>> p.cost("a", 10.0, "b", 12.0)
+2.3
+>>> p.too_slow("b", "a", measured=1.2), p.too_slow("b", "a", measured=1.5)
+(False, True)
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
-SHARE = 0.5   # the fraction of a GPU each of a packed pair holds
+from .policy_lucid import Lucid
+
+SHARE = 0.5   # the fraction of a GPU each job of a packed pair holds
 
 
-@dataclass
-class PackingRule:
-    """Pairwise slowdowns ``slowdown[(a, b)]`` (``a`` beside ``b``) and each workload's memory."""
-
-    slowdown: dict[tuple[str, str], float]
-    memory_mb: dict[str, float]
-    max_slowdown: float = 1.5
-    gpu_memory_mb: float = 16384.0
-    priority_gap: float = math.inf
-    margin: float = 0.25
-    machine: str = field(default="", repr=False)
-
-    def __post_init__(self) -> None:
-        if not (self.max_slowdown >= 1.0 and self.gpu_memory_mb > 0 and self.priority_gap >= 0
-                and self.margin >= 0):
-            raise ValueError(f"packing: max_slowdown >= 1, gpu_memory_mb > 0, priority_gap >= 0 and "
-                             f"margin >= 0; got {self.max_slowdown}, {self.gpu_memory_mb}, "
-                             f"{self.priority_gap}, {self.margin}")
-
-    @classmethod
-    def from_table(cls, table, **knobs) -> "PackingRule":
-        """From an ``interference.InterferenceTable`` (``hpo profile colocate``'s CSV)."""
-        return cls(dict(table.slowdown), dict(table.memory_mb), machine=table.machine, **knobs)
+class LivePacking:
+    def __init__(self, lucid: Lucid, margin: float = 0.25):
+        if not margin >= 0:
+            raise ValueError(f"packing margin must be >= 0, got {margin}")
+        self.lucid, self.margin = lucid, margin
 
     def shareable(self, workload: str, gpus: int) -> bool:
-        return gpus == 1 and workload in self.memory_mb
+        return gpus == 1 and workload in self.lucid.table.memory_mb
 
-    def predicted(self, a: str, b: str) -> tuple[float, float] | None:
-        """(slowdown of ``a`` beside ``b``, of ``b`` beside ``a``), or None if never measured."""
-        sa, sb = self.slowdown.get((a, b)), self.slowdown.get((b, a))
-        return None if sa is None or sb is None else (sa, sb)
-
-    def fits(self, a: str, b: str) -> bool:
-        return self.memory_mb[a] + self.memory_mb[b] <= self.gpu_memory_mb
-
-    def cost(self, job: str, host: str, job_priority: float, host_priority: float) -> float | None:
-        """How much packing ``job`` beside ``host`` slows the pair (sum of slowdowns), or None if
-        the rule forbids it."""
-        pair = self.predicted(job, host)
-        if (pair is None or max(pair) > self.max_slowdown or not self.fits(job, host)
-                or abs(job_priority - host_priority) > self.priority_gap):
-            return None
-        return pair[0] + pair[1]
+    def cost(self, job: str, job_priority: float, host: str, host_priority: float) -> float | None:
+        """The pair's summed predicted slowdown, or None where Lucid's rule forbids packing."""
+        ok, _ = self.lucid.pack_check(job, job_priority, host, host_priority, gpus=(1, 1))
+        return round(sum(self.lucid.slowdowns(job, host)), 9) if ok else None
 
     def too_slow(self, host: str, partner: str, measured: float) -> bool:
         """The host's measured slowdown beside ``partner`` exceeds the prediction by the margin."""
-        pair = self.predicted(host, partner)
-        return pair is not None and measured > pair[0] * (1.0 + self.margin)
+        return measured > self.lucid.slowdowns(host, partner)[0] * (1.0 + self.margin)
 
 
 def measured_slowdown(samples: list[tuple[float, float]], since: float) -> float | None:

@@ -323,7 +323,7 @@ def test_lucid_packs_a_waiting_job_into_the_half_gpu_its_host_reserved_and_they_
     table = tmp_path / "interference.csv"
     table.write_text("# measured for this test\nworkload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
                      "mlp-small,mlp-small,100,80,1.25,200\n")
-    allocator("fifo", packing={"table": str(table), "gpu_memory_mb": 1000.0})
+    allocator("lucid", lucid={"table": str(table), "gpu_memory_mb": 1000.0})
     blockers = [jobs_api.submit(ENTRY, g, config={"steps": 10_000}) for g in (4, 4, 3)]
     logs = {k: tmp_path / f"{k}.log" for k in ("host", "guest")}
     host = jobs_api.submit(ENTRY, 1, workload="mlp-small", config={"steps": 10_000, "log": str(logs["host"])})
