@@ -41,7 +41,7 @@ from .journal import Journal
 from .live_driver import FAULTS, LiveDriver
 from .forecast import DemandForecaster
 from .interference import InterferenceTable
-from .live_packing import SHARE
+from .live_packing import SHARE, LivePacking
 from .live_power import CapacityPlan
 from .live_state import JobSpec, LiveJob
 from .policy_ces import CES
@@ -64,12 +64,13 @@ def _live_ces(pol: CES, options: dict) -> tuple[CES, int | None]:
                forecaster=DemandForecaster(**forecast) if forecast else None, **options), max_nodes
 
 
-def _live_lucid(options: dict, backfill: bool, seed: int) -> tuple[Lucid, float]:
+def _live_lucid(options: dict, backfill: bool, seed: int) -> LivePacking:
     """Lucid with the operator's knobs: table (an interference CSV from ``hpo profile colocate``;
     default: the shipped one), margin (``live_packing``) and ``Lucid``'s own (max_slowdown,
-    min_gain, priority_ratio, gpu_memory_mb). Returns the policy and the margin."""
+    min_gain, priority_ratio, gpu_memory_mb)."""
     table, margin = options.pop("table", None), options.pop("margin", 0.25)
-    return Lucid(InterferenceTable.load(table) if table else None, backfill, seed=seed, **options), margin
+    lucid = Lucid(InterferenceTable.load(table) if table else None, backfill, seed=seed, **options)
+    return LivePacking(lucid, margin)
 
 
 @dataclass
@@ -96,9 +97,10 @@ class Allocator:
         from .profiles import load_profiles
         from .simulator import make_policy
 
-        margin = 0.25
+        packing = None
         if policy == "lucid":
-            pol, margin = _live_lucid(dict(lucid or {}), True if backfill is None else backfill, seed)
+            packing = _live_lucid(dict(lucid or {}), True if backfill is None else backfill, seed)
+            pol = packing.lucid
         else:
             pol = make_policy(policy, backfill=backfill, seed=seed, base=base_policy)
         if policy == "tiresias" and tiresias:
@@ -108,7 +110,7 @@ class Allocator:
             pol, self.max_nodes = _live_ces(pol, dict(ces or {}))
             self.capacity = CapacityPlan(pol)
         profiles = load_profiles(profiles_dir) if policy.startswith("elastic") else None
-        self.driver = LiveDriver(pol, profiles, packing_margin=margin)
+        self.driver = LiveDriver(pol, profiles, packing)
         self.storage = Path(storage_path)
         self.tick_s, self.stop_grace_s, self.start_timeout_s = tick_s, stop_grace_s, start_timeout_s
         self.cpus_per_bundle, self.runtime_env = cpus_per_bundle, runtime_env

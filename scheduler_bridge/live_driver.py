@@ -106,7 +106,7 @@ class Decisions:
 class LiveDriver:
     """Job table + policy. ``apply`` events, then ``decide`` against the inventory."""
 
-    def __init__(self, policy, profiles: dict | None = None, packing_margin: float = 0.25):
+    def __init__(self, policy, profiles: dict | None = None, packing: LivePacking | None = None):
         if not isinstance(policy, (QueuePolicy, ElasticPolicy)):
             raise TypeError(f"not a scheduling policy: {policy!r}")
         self.policy = policy
@@ -116,7 +116,9 @@ class LiveDriver:
             from .profiles import load_profiles
             profiles = load_profiles()
         self.profiles = profiles or {}
-        self.packing = LivePacking(policy, packing_margin) if isinstance(policy, Lucid) else None
+        if isinstance(policy, Lucid) and packing is None:
+            packing = LivePacking(policy)
+        self.packing = packing
         policy.reset(0.0)  # live times are Unix seconds
         self.jobs: dict[int, LiveJob] = {}
         self.by_request: dict[str, int] = {}

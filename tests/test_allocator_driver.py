@@ -271,10 +271,11 @@ MEMORY = {"mlp": 500.0, "gpt": 3000.0}
 
 def packing_driver(margin=0.25, **knobs):
     from scheduler_bridge.interference import InterferenceTable
+    from scheduler_bridge.live_packing import LivePacking
     from scheduler_bridge.policy_lucid import Lucid
 
     lucid = Lucid(InterferenceTable(SLOWDOWN, MEMORY), gpu_memory_mb=4096.0, min_gain=0.0, **knobs)
-    return LiveDriver(lucid, packing_margin=margin)
+    return LiveDriver(lucid, packing=LivePacking(lucid, margin))
 
 
 def fill(rec, workloads):
@@ -325,7 +326,7 @@ def test_a_pair_slower_than_predicted_is_parted_and_never_packed_again(tmp_path)
     assert rec.driver.decide(INV, NODES, rec.t).stops == [(a, "interference")]
     rec.emit({"ev": "stop", "job_id": a, "reason": "interference"})
     rec.emit({"ev": "requeue", "job_id": a, "reason": "interference"})
-    again = LiveDriver(rec.driver.policy, packing_margin=0.25)
+    again = LiveDriver(rec.driver.policy, packing=rec.driver.packing)
     again.replay(Journal(tmp_path / "j.log").scan().records)
     assert again.jobs[a].avoid == [host]
     packs = again.decide(INV, NODES, rec.t).packs
