@@ -125,3 +125,41 @@ def test_ces_never_keeps_a_runnable_job_waiting_on_a_powered_down_node_past_the_
     assert s["completed"] == len(trace)
     assert s["runnable_left_unbooted"] == 0, "a runnable job was left waiting on a node that is off"
     assert s["max_power_wait_s"] <= boot + 1e-9
+
+
+table_st = st.tuples(st.floats(1.0, 2.5), st.floats(1.0, 2.5), st.floats(1.0, 2.5),
+                     st.floats(100, 20000), st.floats(100, 20000))
+
+
+def _lucid_policy(params, gpu_memory_mb):
+    from scheduler_bridge.interference import InterferenceTable
+    from scheduler_bridge.policy_lucid import Lucid
+    s_aa, s_ab, s_bb, m_a, m_b = params
+    table = InterferenceTable({("a", "a"): s_aa, ("a", "b"): s_ab, ("b", "a"): s_ab, ("b", "b"): s_bb},
+                              {"a": m_a, "b": m_b})
+    return Lucid(table, profile_nodes=1, profile_s=60.0, gpu_memory_mb=gpu_memory_mb,
+                 priority_ratio=50.0, first_fit=5, refit_min=5)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=trace_st, params=table_st, gpu_memory=st.sampled_from([5000.0, 16000.0, 40000.0]))
+def test_lucid_packing_never_exceeds_memory_or_two_jobs_per_gpu_and_conserves_work(
+        trace, params, gpu_memory):
+    policy = _lucid_policy(params, gpu_memory)
+    res = simulate(trace, policy, ClusterSpec(24, 8))
+    df = res.jobs_frame()
+    assert df.finish.notna().all(), "every job must finish"
+    fin = df.finish.to_numpy()
+    partner_of = {}
+    for t, q, r, g, mem in res.log.packing:
+        assert mem <= gpu_memory, f"packed {mem} MB onto a {gpu_memory} MB GPU"
+        sharing = {q, r} | {q2 for t2, q2, r2, *_ in res.log.packing if r2 == r and t2 < t and fin[q2] > t}
+        if r in partner_of and fin[partner_of[r]] > t:
+            sharing.add(partner_of[r])
+        assert len(sharing) <= 2, f"{sorted(sharing)} share GPUs at t={t}"
+        partner_of[q] = r
+    worst = max(params[:3])
+    run = df.finish - df.start
+    assert (run >= df.duration - 1e-6).all(), "a job finished before doing its work"
+    assert (run <= df.duration * worst + 1e-6).all(), "a job ran slower than its worst measured pairing"
+    assert res.summary()["preemptions"] == 0
