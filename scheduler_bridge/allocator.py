@@ -81,6 +81,7 @@ class _Run:
     workers: list
     waits: list
     ready: object = None              # the group's ready() ref, until it resolves
+    starting: list | None = None      # the ranks' start() refs, until all resolve
     started: float = field(default_factory=time.time)
     stop_deadline: float | None = None
 
@@ -267,9 +268,8 @@ class Allocator:
                 placement.release(name, len(job.where), workers)
                 self._requeue(job, "lost")
                 continue
-            for w in workers:
-                w.start.remote()
-            run = _Run(name, workers, [w.wait.remote() for w in workers])
+            run = _Run(name, workers, [w.wait.remote() for w in workers],
+                       starting=[w.start.remote() for w in workers])
             if job.state == "stopping":
                 for w in workers:
                     w.stop.remote()
@@ -410,9 +410,8 @@ class Allocator:
             placement.release(name, len(where))
             self._requeue(job, "fault", repr(exc))
             return
-        for w in workers:
-            w.start.remote()
-        self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready())
+        self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready(),
+                              starting=[w.start.remote() for w in workers])
 
     def _start_packed(self, jid: int, host_id: int) -> None:
         """Lucid: run ``jid`` in the reserved half of the host's GPU (its share group)."""
@@ -431,9 +430,8 @@ class Allocator:
             placement.release(name, 1)
             self._requeue(job, "fault", repr(exc))
             return
-        for w in workers:
-            w.start.remote()
-        self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready())
+        self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready(),
+                              starting=[w.start.remote() for w in workers])
 
     def _sync_shares(self) -> None:
         """Keep one reserved half-GPU group for every shareable job running alone (its partner
@@ -474,6 +472,11 @@ class Allocator:
                     self._end(jid, run)
                     self._requeue(job, "fault", "placement group not ready in time")
                     continue
+            if run.starting is not None:
+                started, _ = ray.wait(run.starting, num_returns=len(run.starting), timeout=0)
+                if len(started) == len(run.starting):
+                    run.starting = None   # its service counts from here, not from the placement
+                    self._emit({"ev": "ready", "job_id": jid, "attempt": job.attempt})
             done, _ = ray.wait(run.waits, num_returns=len(run.waits), timeout=0)
             outcomes, died = [], ""
             for ref in done:

@@ -52,7 +52,7 @@ FAULTS = ("fault", "node-lost", "lost")   # requeue reasons that count against m
 _NUM = (int, float)
 EVENT_FIELDS: dict[str, dict[str, type | tuple]] = {
     "submit": {"spec": dict}, "start": {"attempt": int, "where": list, "gpus": int},
-    "start-packed": {"attempt": int, "host": int},
+    "start-packed": {"attempt": int, "host": int}, "ready": {"attempt": int},
     "stop": {"reason": str}, "requeue": {"reason": str}, "finish": {"status": str},
     "progress": {"done": _NUM}, "guest": {"group": (int, str), "where": list},
     "evict": {"group": (int, str)}, "reclaim": {},
@@ -257,6 +257,9 @@ class LiveDriver:
                 self.policy.on_start(self._policy_job(job), t)
             job.runs.append({"attempt": job.attempt, "gpus": job.gpus, "batch_size": job.batch_size,
                              "where": [list(w) for w in job.where]})
+        elif kind == "ready":   # every rank is up: run time counts from now, not from the start
+            if ev["attempt"] == job.attempt and job.state == "running" and job.ready_attempt != job.attempt:
+                job.seg_start, job.ready_attempt = t, job.attempt
         elif kind == "stop":
             job.state, job.stop_reason = "stopping", ev["reason"]
         elif kind == "requeue":

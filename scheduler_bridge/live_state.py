@@ -122,6 +122,7 @@ class LiveJob:
     request_id: str = ""
     state: str = "queued"
     attempt: int = 0                 # starts so far; names this run's group and actors
+    ready_attempt: int = 0           # the last attempt whose ranks all came up
     where: Where = ()                # placement of the current run
     gpus: int = 0
     batch_size: int | None = None

@@ -331,3 +331,16 @@ def test_a_pair_slower_than_predicted_is_parted_and_never_packed_again(tmp_path)
     assert again.jobs[a].avoid == [host]
     packs = again.decide(INV, NODES, rec.t).packs
     assert packs and packs[0][0] == a and packs[0][1] != host and packs[0][1] in hosts
+
+
+def test_run_time_and_tiresias_service_count_from_when_every_rank_is_up_not_from_placement():
+    rec = Recorder(LiveDriver(tiresias()))
+    a = rec.submit(12)
+    rec.start_decided()
+    rec.emit({"ev": "ready", "job_id": a, "attempt": 1}, dt=30.0)      # 30 s of actor start-up
+    ready_t = rec.t
+    rec.submit(4)
+    assert rec.driver.decide(INV, NODES, rec.t + 7).stops == [], "7 s x 12 GPUs = 84 GPU-s: not yet demoted"
+    rec.emit({"ev": "ready", "job_id": a, "attempt": 1}, dt=5.0)       # a restarted allocator's repeat
+    rec.emit({"ev": "requeue", "job_id": a, "reason": "fault"}, dt=5.0)
+    assert rec.driver.jobs[a].run_s == rec.t - ready_t, "ran from its first ready, not from the start event"
