@@ -15,7 +15,10 @@ thread ticks every ``tick_s``:
    idle GPU given to it, and the bubble pool's quotas send its fused groups to
    exactly those hosts and to the pipeline jobs' stages it was granted (groups
    leave when an ordinary job needs the GPU or the owner reclaims its memory);
-3. every change is appended to the journal before it is acted on.
+3. every change is appended to the journal (``journal``: a checksummed write-ahead
+   log) before it is acted on;
+4. Lucid: shareable jobs' reserved half GPUs are kept in step (``_sync_shares``);
+   CES: the capacity to keep is asked of Ray's autoscaler (``live_power``).
 
 A restarted allocator (Ray restarts it, ``max_restarts``) replays the journal
 through the same driver, finds the running jobs' detached actors by name and

@@ -13,7 +13,14 @@ the current GPU inventory into ``Decisions`` with the simulator's machinery:
   a running job whose decided placement differs is stopped (checkpoint) and
   restarted where the policy put it, with the policy's GPU count and batch size;
 - tuning-aware: ``TuningAware.evictions`` / ``fill`` place tuning groups as
-  guests on idle GPUs and in pipeline jobs' bubbles.
+  guests on idle GPUs and in pipeline jobs' bubbles;
+- Tiresias ranks by the service a job has actually run (``_ranked``), counted
+  from when its ranks are up (``ready`` events);
+- Lucid packs waiting one-GPU jobs beside running ones (``live_packing``); a
+  packed job's GPU is its host's, so the pair counts once.
+
+Events that cannot be applied (a damaged or foreign journal record) are refused
+whole by ``check_event``; ``replay`` skips them and says which, by offset.
 
 A job that reports its progress with its checkpoints (``progress`` events: the
 fraction of its work done) is planned with it, as the simulator plans with its
