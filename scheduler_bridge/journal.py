@@ -16,7 +16,8 @@ is built like a database's log rather than a plain JSON-lines file:
   record whose newline never reached the disk is kept (the newline is added).
 
 Nothing raises on a damaged file: ``Journal`` opens, reports the damage in
-``problems`` and keeps appending.
+``problems`` and keeps appending. A journal of the earlier unframed format (one
+JSON object per line) is converted on open; the original stays beside it.
 
 >>> import tempfile, os
 >>> j = Journal(os.path.join(tempfile.mkdtemp(), "j.log"))
@@ -148,6 +149,8 @@ class Journal:
 
     def _recover(self) -> None:
         data = self._read()
+        if data.startswith(b"{") and not scan(data).records:   # no valid frame: the old format
+            data = self._convert_legacy(data)
         found = scan(data)
         for d in found.damage:
             self._quarantine(data, d)
@@ -155,6 +158,34 @@ class Journal:
             os.ftruncate(self._fd, found.end)
         if found.end and data[found.end - 1:found.end] != b"\n":
             self._write(b"\n")   # the last valid record's newline never reached the disk
+
+    def _convert_legacy(self, data: bytes) -> bytes:
+        """A journal of the earlier, unframed format (one JSON object per line): frame its
+        records into a new file that replaces it (the original is kept beside it), so an
+        upgrade loses no job. Lines that do not parse are left in the kept original."""
+        framed, skipped = [], 0
+        for line in data.splitlines():
+            try:
+                record = json.loads(line)
+            except (UnicodeDecodeError, ValueError):
+                record = None
+            if isinstance(record, dict) and isinstance(record.get("ev"), str):
+                framed.append(frame(record))
+            elif line.strip():
+                skipped += 1
+        kept = self.path.with_name(self.path.name + ".unframed")
+        tmp = self.path.with_name(f".{self.path.name}.convert")
+        for dest, content in ((kept, data), (tmp, b"".join(framed))):
+            with os.fdopen(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE), "wb") as f:
+                f.write(content)
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        os.close(self._fd)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+        self.note(f"{self.path}: converted {len(framed)} records of the unframed format "
+                  f"({skipped} unreadable lines skipped); the original is kept at {kept}")
+        return self._read()
 
     def _quarantine(self, data: bytes, d: Damage) -> None:
         """Keep the damaged bytes for the operator (never delete what may be someone's job)."""

@@ -170,3 +170,16 @@ def test_bad_utf8_with_a_valid_frame_is_quarantined_not_fatal(tmp_path):
     found = scan(path.read_bytes())
     assert [r for _, r in found.records] == RECORDS
     assert "not JSON" in found.damage[0].reason and found.damage[0].offset == SPANS[1][0]
+
+
+def test_a_journal_of_the_unframed_format_is_converted_keeping_every_record_and_the_original(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    legacy = b"".join(json.dumps(r).encode() + b"\n" for r in RECORDS[:10]) + b'{"ev": "sta'
+    write(path, legacy)
+    j = Journal(path)
+    assert list(j.replay()) == RECORDS[:10]
+    assert "converted 10 records of the unframed format (1 unreadable lines skipped)" in j.problems[0]
+    assert (tmp_path / "journal.jsonl.unframed").read_bytes() == legacy
+    j.append(RECORDS[10])
+    assert list(Journal(path).replay()) == RECORDS[:11]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
