@@ -6,8 +6,11 @@ Wire into the main CLI with ``add_sim_parser(subparsers)``; standalone:
         --policy fifo,qssf,sjf --gpus 500 --json out.json --plot out.png
 
 Several policies (comma list, or ``--compare``) run on the same trace and print
-a table; ``--json`` then holds a list of summaries. Bad input (missing file,
-malformed row, unknown policy) prints one line naming it and exits with 2.
+a table; ``--json`` then holds a list of summaries. Policies include
+``tiresias``, ``lucid`` and ``ces:<base>`` (energy saving over a queue policy).
+Bad input (missing file, malformed or out-of-range row, non-UTF-8 bytes, a flag
+out of range, an output folder that does not exist, a bad interference table)
+prints one line naming it and exits with 2, before anything is simulated.
 """
 
 from __future__ import annotations
@@ -74,7 +77,8 @@ def add_sim_parser(subparsers) -> None:
                    help="extra watts per busy GPU")
     p.add_argument("--off-watts", type=float, default=d.off_watts, help="watts of a powered-down node")
     p.add_argument("--interference", default=None,
-                   help="lucid: interference table CSV from 'hpo profile colocate' (default: the shipped one)")
+                   help="lucid: interference table CSV from 'hpo profile colocate' "
+                        "(default: the shipped one)")
     p.set_defaults(func=run_sim)
 
 
