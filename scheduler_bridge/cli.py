@@ -31,8 +31,8 @@ from .traces import FORMATS, TraceError, load_trace
 
 TABLE_KEYS = ("policy", "completed", "avg_jct", "p50_jct", "p99_jct", "avg_queue", "p999_queue",
               "makespan", "utilization", "on_utilization", "energy_kwh", "wall_s")
-COMPARE_DEFAULT = {"philly": "fifo,sjf,srtf,qssf", "helios": "fifo,sjf,srtf,qssf",
-                   "pollux": "fifo,elastic-fixed-batch,elastic"}
+COMPARE_DEFAULT = {"philly": "fifo,sjf,srtf,qssf,tiresias", "helios": "fifo,sjf,srtf,qssf,tiresias",
+                   "pollux": "fifo,tiresias,elastic-fixed-batch,elastic"}
 
 
 def add_sim_parser(subparsers) -> None:

@@ -98,14 +98,13 @@ def _run(names: list[str], device: str, cores: list[int], threads: int, warmup: 
     try:
         out = [results.get(timeout=WORKER_TIMEOUT + warmup + seconds) for _ in procs]
     except queue.Empty:
+        for p in procs:
+            p.terminate()
+            p.join()
         raise ProfileError(f"{'+'.join(names)}: no result within {WORKER_TIMEOUT:.0f} s "
                            "(is the host overloaded?)") from None
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.terminate()
-                p.join()
+    for p in procs:
+        p.join()
     bad = [p.exitcode for p in procs if p.exitcode]
     if bad:
         raise ProfileError(f"{'+'.join(names)}: profiling worker exited with {bad[0]}")
