@@ -6,8 +6,11 @@ Wire into the main CLI with ``add_sim_parser(subparsers)``; standalone:
         --policy fifo,qssf,sjf --gpus 500 --json out.json --plot out.png
 
 Several policies (comma list, or ``--compare``) run on the same trace and print
-a table; ``--json`` then holds a list of summaries. Bad input (missing file,
-malformed row, unknown policy) prints one line naming it and exits with 2.
+a table; ``--json`` then holds a list of summaries. Policies include
+``tiresias``, ``lucid`` and ``ces:<base>`` (energy saving over a queue policy).
+Bad input (missing file, malformed or out-of-range row, non-UTF-8 bytes, a flag
+out of range, an output folder that does not exist, a bad interference table)
+prints one line naming it and exits with 2, before anything is simulated.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from .traces import FORMATS, TraceError, load_trace
 
 TABLE_KEYS = ("policy", "completed", "avg_jct", "p50_jct", "p99_jct", "avg_queue", "p999_queue",
               "makespan", "utilization", "on_utilization", "energy_kwh", "wall_s")
-COMPARE_DEFAULT = {"philly": "fifo,sjf,srtf,qssf", "helios": "fifo,sjf,srtf,qssf",
-                   "pollux": "fifo,elastic-fixed-batch,elastic"}
+COMPARE_DEFAULT = {"philly": "fifo,sjf,srtf,qssf,tiresias", "helios": "fifo,sjf,srtf,qssf,tiresias",
+                   "pollux": "fifo,tiresias,elastic-fixed-batch,elastic"}
 
 
 def add_sim_parser(subparsers) -> None:
@@ -74,7 +77,8 @@ def add_sim_parser(subparsers) -> None:
                    help="extra watts per busy GPU")
     p.add_argument("--off-watts", type=float, default=d.off_watts, help="watts of a powered-down node")
     p.add_argument("--interference", default=None,
-                   help="lucid: interference table CSV from 'hpo profile colocate' (default: the shipped one)")
+                   help="lucid: interference table CSV from 'hpo profile colocate' "
+                        "(default: the shipped one)")
     p.set_defaults(func=run_sim)
 
 

@@ -25,6 +25,7 @@ import math
 import multiprocessing as mp
 import os
 import platform
+import queue
 import resource
 import sys
 import time
@@ -32,12 +33,13 @@ from pathlib import Path
 
 from .interference import write_table
 
+WORKER_TIMEOUT = 600.0  # seconds a worker may take to start up and report
 # name -> (module with a ``workload``, config overrides)
 WORKLOADS = {
     "mlp-small": ("examples.mlp_digits", {"width": 64, "depth": 2, "batch_size": 64}),
-    "mlp-large": ("examples.mlp_digits", {"width": 1024, "depth": 4, "batch_size": 256}),
+    "mlp-large": ("examples.mlp_digits", {"width": 512, "depth": 3, "batch_size": 128}),
     "gpt-small": ("examples.char_gpt", {"width": 64, "n_layer": 2, "batch_size": 32}),
-    "gpt-large": ("examples.char_gpt", {"width": 192, "n_layer": 4, "block_size": 64, "batch_size": 32}),
+    "gpt-large": ("examples.char_gpt", {"width": 128, "n_layer": 3, "block_size": 64, "batch_size": 32}),
 }
 
 
@@ -93,12 +95,24 @@ def _run(names: list[str], device: str, cores: list[int], threads: int, warmup: 
              for n in names]
     for p in procs:
         p.start()
-    out = [results.get(timeout=120 + warmup + seconds) for _ in procs]
+    try:
+        out = [results.get(timeout=WORKER_TIMEOUT + warmup + seconds) for _ in procs]
+    except queue.Empty:
+        for p in procs:
+            p.terminate()
+            p.join()
+        raise ProfileError(f"{'+'.join(names)}: no result within {WORKER_TIMEOUT:.0f} s "
+                           "(is the host overloaded?)") from None
     for p in procs:
         p.join()
-        if p.exitcode:
-            raise RuntimeError(f"profiling worker exited with {p.exitcode}")
+    bad = [p.exitcode for p in procs if p.exitcode]
+    if bad:
+        raise ProfileError(f"{'+'.join(names)}: profiling worker exited with {bad[0]}")
     return out
+
+
+class ProfileError(RuntimeError):
+    """A measurement that could not be taken; reported as one line."""
 
 
 def machine_lines(device: str, cores: list[int], threads: int, seconds: float) -> list[str]:
@@ -107,8 +121,9 @@ def machine_lines(device: str, cores: list[int], threads: int, seconds: float) -
              "hpo profile colocate; each pair alone then together, back to back",
              f"host: {platform.machine()} {_cpu_name()}, {os.cpu_count()} CPUs, "
              f"Python {platform.python_version()}, torch {torch.__version__}",
-             f"device: {device}" + (f" ({torch.cuda.get_device_name(0)})" if device == "cuda" else
-                                    f", both processes pinned to cores {cores}, {threads} torch thread(s) each"),
+             f"device: {device}" + (
+                 f" ({torch.cuda.get_device_name(0)})" if device == "cuda" else
+                 f", both processes pinned to cores {cores}, {threads} torch thread(s) each"),
              f"{seconds:g} s of training per measurement; the host is shared with other jobs, "
              "so treat differences below ~10% as noise"]
     return lines
@@ -199,7 +214,11 @@ def run_colocate(args) -> int:
         return _fail(f"--threads = {args.threads} must be in [1, 256]")
     lines = machine_lines(device, cores, args.threads, args.seconds)
     print("\n".join(lines))
-    rows = measure(names, device, cores, args.seconds, args.warmup, args.threads)
+    try:
+        rows = measure(names, device, cores, args.seconds, args.warmup, args.threads)
+    except ProfileError as e:
+        print(f"hpo profile colocate: error: {e}", file=sys.stderr)
+        return 1
     write_table(out, rows, lines)
     print(f"wrote {len(rows)} rows to {out}")
     return 0

@@ -27,6 +27,7 @@ import math
 from .forecast import DemandForecaster
 from .jobs import Job
 from .policy_queue import QueuePolicy
+from .policy_tuning import TuningAware
 from .power import PowerModel
 
 
@@ -34,7 +35,6 @@ class CES(QueuePolicy):
     def __init__(self, base: QueuePolicy, power: PowerModel | None = None,
                  forecaster: DemandForecaster | None = None, margin: float = 0.1,
                  spare_nodes: int = 1, interval: float = 300.0):
-        from .policy_tuning import TuningAware
         if isinstance(base, (CES, TuningAware)):
             raise ValueError(f"CES wraps a plain queue policy, not {base.name}")
         if margin < 0 or spare_nodes < 0 or not interval > 0:

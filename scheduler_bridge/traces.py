@@ -159,7 +159,8 @@ def load_pollux(path, profiles_dir=None) -> Trace:
         bsz = _num(path, line, row, "batch_size", integer=True, minimum=1)
         prof = apps[app]
         spec = ElasticSpec(app, bsz, 1, prof.max_gpus)
-        jobs.append(Job(job_id=line, submit=_num(path, line, row, "time", minimum=0, maximum=MAX_TIMESTAMP), gpus=gpus,
+        submit = _num(path, line, row, "time", minimum=0, maximum=MAX_TIMESTAMP)
+        jobs.append(Job(job_id=line, submit=submit, gpus=gpus,
                         duration=prof.isolated_runtime(gpus, bsz), name=row["name"],
                         vc=app, elastic=spec))
     return make_trace(jobs, source=str(path))

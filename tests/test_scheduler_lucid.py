@@ -101,3 +101,38 @@ def test_a_bad_interference_table_names_the_row_and_column(tmp_path, body, needl
     with pytest.raises(TraceError) as e:
         InterferenceTable.load(p)
     assert needle in str(e.value)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--workloads", "resnet"], "unknown ['resnet']"),
+    (["--seconds", "0"], "--seconds = 0.0 must be in (0, 3600]"),
+    (["--seconds", "nan"], "--seconds = nan must be in (0, 3600]"),
+    (["--threads", "0"], "--threads = 0 must be in [1, 256]"),
+])
+def test_profile_colocate_refuses_bad_arguments_before_measuring(tmp_path, capsys, argv, needle):
+    from hpo.cli import build_parser
+    args = build_parser().parse_args(["profile", "colocate", "--out", str(tmp_path / "t.csv")] + argv)
+    assert args.func(args) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_profile_colocate_refuses_an_output_folder_that_does_not_exist(tmp_path, capsys):
+    from hpo.cli import build_parser
+    args = build_parser().parse_args(["profile", "colocate", "--out", str(tmp_path / "no" / "t.csv")])
+    assert args.func(args) == 2 and "does its folder exist" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_colocation_measures_a_pair_alone_and_together_into_a_loadable_table(tmp_path):
+    import os
+
+    from scheduler_bridge.colocate import machine_lines, measure
+    from scheduler_bridge.interference import write_table
+    cores = sorted(os.sched_getaffinity(0))
+    rows = measure(["mlp-small"], "cpu", cores, seconds=0.3, warmup=0.2, log=lambda *_: None)
+    assert [(r["workload"], r["partner"]) for r in rows] == [("mlp-small", "mlp-small")]
+    assert rows[0]["alone_steps_s"] > 0 and rows[0]["together_steps_s"] > 0
+    write_table(tmp_path / "t.csv", rows, machine_lines("cpu", cores, 1, 0.3))
+    table = InterferenceTable.load(tmp_path / "t.csv")
+    assert table.pair("mlp-small", "mlp-small")[0] == pytest.approx(rows[0]["slowdown"], rel=1e-3)
+    assert "device: cpu" in table.machine
