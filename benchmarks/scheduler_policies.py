@@ -61,7 +61,11 @@ from scheduler_bridge import (ClusterSpec, QueuePolicy, Trace, add_tuning_work, 
 PUBLISHED = {"helios_philly_avg_jct": {"fifo": 86072, "qssf": 37324, "sjf": 34272},
              "pollux_load1_avg_jct": {"pollux": 2751, "tiresias": 4038, "optimus+oracle": 5682}}
 KEYS = ("avg_jct", "p50_jct", "p99_jct", "avg_queue", "p999_queue", "makespan", "utilization",
-        "avg_rho", "completed", "wall_s")
+        "avg_rho", "completed", "wall_s", "preemptions", "on_utilization", "energy_kwh",
+        "powered_node_hours", "powered_down_node_hours", "boots", "power_downs", "max_power_wait_s",
+        "runnable_left_unbooted", "packed_starts", "debug_jobs_finished_in_profiling", "jobs_profiled",
+        "profiling_gpu_hours")
+POLLUX_POLICIES = ("fifo", "tiresias", "elastic-fixed-batch", "elastic")
 
 
 class KeyMeanOracle(QueuePolicy):
@@ -141,6 +145,38 @@ def philly(quick: bool) -> dict:
     return out
 
 
+def philly_issue13(jobs: int | None) -> dict:
+    """Tiresias, Lucid and CES on Philly (500 GPUs, 8 per node), side by side in one run."""
+    trace = load_philly(default_traces_dir() / "pollux" / "traces" / "philly.csv")
+    if jobs:
+        trace = Trace(trace.jobs[:jobs], trace.source, (), trace.t0)
+    cluster = ClusterSpec(500, 8)
+    out = {"jobs": len(trace), "gpus": 500, "gpus_per_node": 8, "policies": {}}
+    for name in ("tiresias", "lucid", "qssf", "ces:qssf"):
+        policy = make_policy(name)
+        s = simulate(trace, policy, cluster).summary()
+        out["policies"][name] = _row(s)
+        if name == "lucid":
+            out["lucid_settings"] = repr(policy)
+            out["interference_table"] = policy.table.machine
+        print(f"  philly {name:10s} avg_jct {s['avg_jct']:>11,.0f} s  avg_queue {s['avg_queue']:>9,.0f} s  "
+              f"p99.9 queue {s['p999_queue']:>11,.0f} s  on-util {s['on_utilization']:.3f}  "
+              f"wall {s['wall_s']:.1f} s", flush=True)
+    p = out["policies"]
+    t = {"jct_tiresias_over_lucid": p["tiresias"]["avg_jct"] / p["lucid"]["avg_jct"],
+         "lucid_preemptions": p["lucid"]["preemptions"],
+         "lucid_p999_queue_s": p["lucid"]["p999_queue"],
+         "ces_on_util_over_base": p["ces:qssf"]["on_utilization"] / p["qssf"]["on_utilization"],
+         "ces_avg_queue_over_base": p["ces:qssf"]["avg_queue"] / p["qssf"]["avg_queue"],
+         "ces_powered_down_node_hours": p["ces:qssf"]["powered_down_node_hours"],
+         "ces_kwh_saved": p["qssf"]["energy_kwh"] - p["ces:qssf"]["energy_kwh"]}
+    t["lucid_1.3x_vs_tiresias"] = t["jct_tiresias_over_lucid"] >= 1.3 and t["lucid_preemptions"] == 0
+    t["ces_13pct_on_util_at_5pct_queue"] = (t["ces_on_util_over_base"] >= 1.13
+                                            and t["ces_avg_queue_over_base"] <= 1.05)
+    out["targets"] = t
+    return out
+
+
 def pollux(quick: bool, folder: str = "workloads") -> dict:
     root = default_traces_dir() / "pollux"
     apps = load_profiles(root / "traces")
@@ -150,7 +186,7 @@ def pollux(quick: bool, folder: str = "workloads") -> dict:
     for w in ids:
         trace = load_pollux(root / folder / f"workload-{w}.csv", root / "traces")
         per[w] = {}
-        for name in ("fifo", "elastic-fixed-batch", "elastic"):
+        for name in POLLUX_POLICIES:
             s = simulate(trace, make_policy(name), cluster, profiles=apps, deadline=8 * 3600).summary()
             per[w][name] = _row(s) | {"completed_by_deadline": s["completed_by_deadline"]}
         print(f"  pollux {folder}/workload-{w}: " + ", ".join(
@@ -158,13 +194,18 @@ def pollux(quick: bool, folder: str = "workloads") -> dict:
             for n, v in per[w].items()), flush=True)
     mean = {n: {k: statistics.mean(per[w][n][k] for w in ids)
                 for k in ("avg_jct", "completed_by_deadline", "utilization", "wall_s")}
-            for n in ("fifo", "elastic-fixed-batch", "elastic")}
-    el, fx = mean["elastic"], mean["elastic-fixed-batch"]
+            for n in POLLUX_POLICIES}
+    el, fx, ti = mean["elastic"], mean["elastic-fixed-batch"], mean["tiresias"]
     targets = {
         "jct_fixed_over_elastic": fx["avg_jct"] / el["avg_jct"],
         "completed_elastic_over_fixed": el["completed_by_deadline"] / fx["completed_by_deadline"],
         "elastic_over_published_pollux": el["avg_jct"] / PUBLISHED["pollux_load1_avg_jct"]["pollux"],
     }
+    targets["tiresias_over_published_tiresias"] = ti["avg_jct"] / PUBLISHED["pollux_load1_avg_jct"]["tiresias"]
+    targets["tiresias_within_15pct_of_published"] = abs(targets["tiresias_over_published_tiresias"] - 1) <= 0.15
+    targets["jct_tiresias_over_elastic"] = ti["avg_jct"] / el["avg_jct"]
+    targets["published_tiresias_over_pollux"] = (PUBLISHED["pollux_load1_avg_jct"]["tiresias"]
+                                                 / PUBLISHED["pollux_load1_avg_jct"]["pollux"])
     targets["jct_2x"] = targets["jct_fixed_over_elastic"] >= 2
     targets["completed_2x"] = targets["completed_elastic_over_fixed"] >= 2
     return {"folder": folder, "workloads": ids, "gpus": 64, "gpus_per_node": 4, "mean": mean,
@@ -175,7 +216,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--issue13", action="store_true",
+                    help="only the issue-13 runs: Tiresias / elastic on Pollux 1.0x, and Tiresias, "
+                         "Lucid, QSSF, CES on Philly")
+    ap.add_argument("--philly-jobs", type=int, default=None, help="replay only the first N Philly jobs")
     args = ap.parse_args(argv)
+    if args.issue13:
+        return main_issue13(args)
     t = time.time()
     res = {"machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
            "quick": args.quick, "published": PUBLISHED}
@@ -207,6 +254,33 @@ def main(argv=None) -> int:
         for n, v in res["pollux_load_1.5"]["mean"].items():
             print(f"{n:22s}{v['avg_jct']:>10,.0f}{v['completed_by_deadline']:>10.1f}{v['utilization']:>7.3f}")
         print("targets:", json.dumps(res["pollux_load_1.5"]["targets"], default=str))
+    print(f"\ntotal wall {res['total_wall_s']:.0f} s on {res['machine']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2, default=str))
+    return 0
+
+
+def main_issue13(args) -> int:
+    t = time.time()
+    res = {"machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
+           "published": PUBLISHED}
+    print("Pollux workloads 1.0x, 16 x 4 GPUs")
+    res["pollux"] = pollux(args.quick)
+    print("Philly, 500 GPUs (8/node)")
+    res["philly"] = philly_issue13(args.philly_jobs)
+    res["total_wall_s"] = time.time() - t
+    print("\nPollux load 1.0x, mean over workloads (published: Pollux 2,751 s, Tiresias 4,038 s)")
+    for n, v in res["pollux"]["mean"].items():
+        print(f"{n:22s}{v['avg_jct']:>10,.0f}{v['completed_by_deadline']:>10.1f}{v['utilization']:>7.3f}")
+    print("targets:", json.dumps(res["pollux"]["targets"], default=str))
+    print(f"\nPhilly, {res['philly']['jobs']} jobs, 500 GPUs")
+    print(f"{'policy':12s}{'avg_jct':>11s}{'avg_queue':>11s}{'p999_queue':>12s}{'util':>7s}{'on_util':>8s}"
+          f"{'kWh':>11s}{'node_h':>9s}{'preempt':>9s}{'wall_s':>8s}")
+    for n, v in res["philly"]["policies"].items():
+        print(f"{n:12s}{v['avg_jct']:>11,.0f}{v['avg_queue']:>11,.0f}{v['p999_queue']:>12,.0f}"
+              f"{v['utilization']:>7.3f}{v['on_utilization']:>8.3f}{v['energy_kwh']:>11,.0f}"
+              f"{v['powered_node_hours']:>9,.0f}{v.get('preemptions', 0):>9,}{v['wall_s']:>8.1f}")
+    print("targets:", json.dumps(res["philly"]["targets"], default=str))
     print(f"\ntotal wall {res['total_wall_s']:.0f} s on {res['machine']}")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2, default=str))

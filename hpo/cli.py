@@ -251,6 +251,7 @@ examples:
   hpo job list
 """,
     ),
+    "profile": ("scheduler_bridge.colocate", "add_profile_parser", "measure workloads on the local device", None),
 }
 
 

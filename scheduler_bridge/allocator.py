@@ -15,7 +15,10 @@ thread ticks every ``tick_s``:
    idle GPU given to it, and the bubble pool's quotas send its fused groups to
    exactly those hosts and to the pipeline jobs' stages it was granted (groups
    leave when an ordinary job needs the GPU or the owner reclaims its memory);
-3. every change is appended to the journal before it is acted on.
+3. every change is appended to the journal (``journal``: a checksummed write-ahead
+   log) before it is acted on;
+4. Lucid: shareable jobs' reserved half GPUs are kept in step (``_sync_shares``);
+   CES: the capacity to keep is asked of Ray's autoscaler (``live_power``).
 
 A restarted allocator (Ray restarts it, ``max_restarts``) replays the journal
 through the same driver, finds the running jobs' detached actors by name and
@@ -39,11 +42,38 @@ import ray
 from . import placement
 from .journal import Journal
 from .live_driver import FAULTS, LiveDriver
+from .forecast import DemandForecaster
+from .interference import InterferenceTable
+from .live_packing import SHARE, LivePacking
+from .live_power import CapacityPlan
 from .live_state import JobSpec, LiveJob
+from .policy_ces import CES
+from .policy_lucid import Lucid
+from .policy_tiresias import Tiresias
+from .power import PowerModel
 
 ALLOCATOR_NAME = "hpo:allocator"
 NAMESPACE = "hpo"
 log = logging.getLogger(__name__)
+
+
+def _live_ces(pol: CES, options: dict) -> tuple[CES, int | None]:
+    """CES with the operator's knobs: margin, spare_nodes, interval (s), boot_delay (s),
+    forecast (``DemandForecaster`` arguments) and max_nodes (the autoscaler's limit;
+    default: every GPU node the allocator has seen)."""
+    forecast, boot, max_nodes = options.pop("forecast", None), options.pop("boot_delay", None), \
+        options.pop("max_nodes", None)
+    return CES(pol.base, power=PowerModel(boot_delay=boot) if boot is not None else None,
+               forecaster=DemandForecaster(**forecast) if forecast else None, **options), max_nodes
+
+
+def _live_lucid(options: dict, backfill: bool, seed: int) -> LivePacking:
+    """Lucid with the operator's knobs: table (an interference CSV from ``hpo profile colocate``;
+    default: the shipped one), margin (``live_packing``) and ``Lucid``'s own (max_slowdown,
+    min_gain, priority_ratio, gpu_memory_mb)."""
+    table, margin = options.pop("table", None), options.pop("margin", 0.25)
+    lucid = Lucid(InterferenceTable.load(table) if table else None, backfill, seed=seed, **options)
+    return LivePacking(lucid, margin)
 
 
 @dataclass
@@ -54,6 +84,7 @@ class _Run:
     workers: list
     waits: list
     ready: object = None              # the group's ready() ref, until it resolves
+    starting: list | None = None      # the ranks' start() refs, until all resolve
     started: float = field(default_factory=time.time)
     stop_deadline: float | None = None
 
@@ -65,22 +96,34 @@ class Allocator:
                  base_policy: str = "fifo", backfill: bool | None = None, seed: int = 0,
                  profiles_dir: str | None = None, tick_s: float = 0.2, stop_grace_s: float = 60.0,
                  start_timeout_s: float = 120.0, cpus_per_bundle: float = 0.0,
-                 runtime_env: dict | None = None):
+                 runtime_env: dict | None = None, tiresias: dict | None = None,
+                 ces: dict | None = None, lucid: dict | None = None):
         from .profiles import load_profiles
         from .simulator import make_policy
 
-        pol = make_policy(policy, backfill=backfill, seed=seed, base=base_policy)
+        packing = None
+        if policy == "lucid":
+            packing = _live_lucid(dict(lucid or {}), True if backfill is None else backfill, seed)
+            pol = packing.lucid
+        else:
+            pol = make_policy(policy, backfill=backfill, seed=seed, base=base_policy)
+        if policy == "tiresias" and tiresias:
+            pol = Tiresias(pol.backfill, **tiresias)
+        self.capacity, self.max_nodes = None, None
+        if isinstance(pol, CES):
+            pol, self.max_nodes = _live_ces(pol, dict(ces or {}))
+            self.capacity = CapacityPlan(pol)
         profiles = load_profiles(profiles_dir) if policy.startswith("elastic") else None
-        self.driver = LiveDriver(pol, profiles)
+        self.driver = LiveDriver(pol, profiles, packing)
         self.storage = Path(storage_path)
         self.tick_s, self.stop_grace_s, self.start_timeout_s = tick_s, stop_grace_s, start_timeout_s
         self.cpus_per_bundle, self.runtime_env = cpus_per_bundle, runtime_env
         self.lock = threading.RLock()
         self.journal = Journal(journal_path)
-        self.replayed = 0
-        for ev in self.journal.replay():
-            self.driver.apply(ev)
-            self.replayed += 1
+        records = self.journal.scan().records
+        for problem in self.driver.replay(records):
+            self.journal.note(f"{self.journal.path}: {problem}")
+        self.replayed = len(records)
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self.order: list[str] = []
         self.inventory: dict[str, int] = {}
@@ -91,6 +134,8 @@ class Allocator:
         self._closing = False
         self._pushed_quotas: dict[str, dict[int | str, int]] = {}
         self._gpu_hosts: dict[str, object] = {}
+        self._gpus_per_node = 1      # largest GPU node seen: the bundle CES asks for per node
+        self._shares: dict[str, str] | None = None   # reserved half-GPU groups: name -> node
         with self.lock:
             self._refresh_nodes(force=True)
             self._reattach()
@@ -156,6 +201,10 @@ class Allocator:
             return {"policy": self.driver.policy.name, "inventory": dict(self.inventory),
                     "nodes": list(self.order), "jobs": states, "restarted": self.restarted,
                     "replayed_events": self.replayed, "journal": str(self.journal.path),
+                    "journal_problems": list(self.journal.problems),
+                    "capacity_request": self.capacity.requested if self.capacity else None,
+                    "packed": {j.job_id: j.share[0] for j in self.driver.jobs.values()
+                               if j.share and self.driver.host_of(j) is not None},
                     "tick_errors": self.tick_errors, "last_error": self.last_error}
 
     def ping(self) -> bool:
@@ -173,6 +222,8 @@ class Allocator:
                 if job.state in ("running", "stopping"):
                     self._release(job)
                     n += 1
+            for name in self._shares or {}:
+                placement.release(name, 0)
             self.journal.close()
             return n
 
@@ -220,9 +271,8 @@ class Allocator:
                 placement.release(name, len(job.where), workers)
                 self._requeue(job, "lost")
                 continue
-            for w in workers:
-                w.start.remote()
-            run = _Run(name, workers, [w.wait.remote() for w in workers])
+            run = _Run(name, workers, [w.wait.remote() for w in workers],
+                       starting=[w.start.remote() for w in workers])
             if job.state == "stopping":
                 for w in workers:
                     w.stop.remote()
@@ -252,6 +302,7 @@ class Allocator:
     def _tick(self) -> None:
         self._refresh_nodes()
         self._collect()
+        self._sync_shares()   # halves freed by ended jobs are reserved again before anything starts
         d = self.driver.decide(self.inventory, self.order, time.time())
         for jid in d.lost:
             job = self.driver.jobs[jid]
@@ -266,11 +317,30 @@ class Allocator:
                 run.stop_deadline = time.time() + self.stop_grace_s
         for jid, where, gpus, batch in d.starts:
             self._start(jid, where, gpus, batch)
+        for jid, host in d.packs:
+            self._start_packed(jid, host)
+        self._sync_shares()
         for tid, g in d.evictions:
             self._emit({"ev": "evict", "job_id": tid, "group": g})
         for tid, g, where in d.guests:
             self._emit({"ev": "guest", "job_id": tid, "group": g, "where": where})
         self._sync_sweep_guests()
+        if self.capacity is not None:
+            self._request_capacity()
+
+    def _request_capacity(self) -> None:
+        """CES: ask Ray's autoscaler for the GPU nodes to keep on (``live_power``)."""
+        from ray.autoscaler.sdk import request_resources
+
+        self._gpus_per_node = max([self._gpus_per_node, *self.inventory.values()])
+        jobs = [j for j in self.driver.jobs.values() if j.active and j.spec.kind == "train"]
+        bundles = self.capacity.update(
+            time.time(), self._gpus_per_node, self.max_nodes or len(self.order),
+            busy_gpus=sum(j.gpus for j in jobs if j.state != "queued"),
+            queued_gpus=[j.spec.gpus for j in jobs if j.state == "queued"])
+        if bundles is not None:
+            request_resources(bundles=bundles)
+            log.info("CES: asked the autoscaler to keep %d GPU node(s)", len(bundles))
 
     def _sync_sweep_guests(self) -> None:
         """Make sweeps' guest placements real: one `IdleGpuHost` per idle GPU placed, and the
@@ -333,17 +403,65 @@ class Allocator:
         self._emit({"ev": "start", "job_id": jid, "attempt": attempt, "where": [list(w) for w in where],
                     "gpus": gpus, "batch_size": batch})
         name = placement.group_name(jid, attempt)
+        placement.release(name, len(where))   # leftovers of an attempt whose journal record was lost
+        share = SHARE if self.driver.shareable(job) else 1.0
         try:
-            pg = placement.create_group(name, where, self.cpus_per_bundle)
+            pg = placement.create_group(name, where, self.cpus_per_bundle, share)
             workers = placement.launch_ranks(pg, name, where, job.spec.entrypoint, self._contexts(job),
-                                             self.runtime_env)
+                                             self.runtime_env, share)
         except Exception as exc:  # noqa: BLE001  -- Ray refused: back to the queue
             placement.release(name, len(where))
             self._requeue(job, "fault", repr(exc))
             return
-        for w in workers:
-            w.start.remote()
-        self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready())
+        self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready(),
+                              starting=[w.start.remote() for w in workers])
+
+    def _start_packed(self, jid: int, host_id: int) -> None:
+        """Lucid: run ``jid`` in the reserved half of the host's GPU (its share group)."""
+        job, host = self.driver.jobs[jid], self.driver.jobs[host_id]
+        attempt = job.attempt + 1
+        self._emit({"ev": "start-packed", "job_id": jid, "attempt": attempt, "host": host_id})
+        name = placement.group_name(jid, attempt)
+        placement.release(name, 1)
+        pg = placement.find_group(placement.share_name(host_id, host.attempt))
+        try:
+            if pg is None:
+                raise RuntimeError(f"host {host_id}'s reserved half GPU is gone")
+            workers = placement.launch_ranks(pg, name, job.where, job.spec.entrypoint, self._contexts(job),
+                                             self.runtime_env, SHARE)
+        except Exception as exc:  # noqa: BLE001  -- back to the queue
+            placement.release(name, 1)
+            self._requeue(job, "fault", repr(exc))
+            return
+        self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready(),
+                              starting=[w.start.remote() for w in workers])
+
+    def _sync_shares(self) -> None:
+        """Keep one reserved half-GPU group for every shareable job running alone (its partner
+        may come), and the host's group for every packed job living in it; remove the rest."""
+        if self.driver.packing is None:
+            return
+        want: dict[str, str] = {}
+        for job in self.driver.jobs.values():
+            if job.state not in ("running", "stopping") or not self.driver.shareable(job):
+                continue
+            node = job.where[0][0]
+            if job.share:
+                want[placement.share_name(*job.share)] = node       # where it runs
+            if self.driver.host_of(job) is None:
+                want[placement.share_name(job.job_id, job.attempt)] = node
+        if self._shares is None:   # (re)started: find what a previous allocator left
+            from ray.util.placement_group import placement_group_table
+
+            self._shares = {row["name"]: "" for row in placement_group_table().values()
+                            if row["name"].startswith("hpo-share-") and row["state"] != "REMOVED"}
+        for name in set(self._shares) - set(want):
+            placement.release(name, 0)
+            del self._shares[name]
+        for name, node in want.items():
+            if name not in self._shares:
+                placement.create_group(name, ((node, 1),), share=SHARE)
+                self._shares[name] = node
 
     def _collect(self) -> None:
         now = time.time()
@@ -357,6 +475,11 @@ class Allocator:
                     self._end(jid, run)
                     self._requeue(job, "fault", "placement group not ready in time")
                     continue
+            if run.starting is not None:
+                started, _ = ray.wait(run.starting, num_returns=len(run.starting), timeout=0)
+                if len(started) == len(run.starting):
+                    run.starting = None   # its service counts from here, not from the placement
+                    self._emit({"ev": "ready", "job_id": jid, "attempt": job.attempt})
             done, _ = ray.wait(run.waits, num_returns=len(run.waits), timeout=0)
             outcomes, died = [], ""
             for ref in done:

@@ -6,8 +6,11 @@ Wire into the main CLI with ``add_sim_parser(subparsers)``; standalone:
         --policy fifo,qssf,sjf --gpus 500 --json out.json --plot out.png
 
 Several policies (comma list, or ``--compare``) run on the same trace and print
-a table; ``--json`` then holds a list of summaries. Bad input (missing file,
-malformed row, unknown policy) prints one line naming it and exits with 2.
+a table; ``--json`` then holds a list of summaries. Policies include
+``tiresias``, ``lucid`` and ``ces:<base>`` (energy saving over a queue policy).
+Bad input (missing file, malformed or out-of-range row, non-UTF-8 bytes, a flag
+out of range, an output folder that does not exist, a bad interference table)
+prints one line naming it and exits with 2, before anything is simulated.
 """
 
 from __future__ import annotations
@@ -15,18 +18,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
 from .cluster import ClusterSpec
-from .simulator import POLICIES, make_policy, simulate
+from .interference import InterferenceTable
+from .power import PowerModel
+from .simulator import POLICIES, check_policy_name, make_policy, simulate
 from .synthetic import add_tuning_work
 from .traces import FORMATS, TraceError, load_trace
 
-TABLE_KEYS = ("policy", "completed", "avg_jct", "p50_jct", "p99_jct", "avg_queue",
-              "makespan", "utilization", "wall_s")
-COMPARE_DEFAULT = {"philly": "fifo,sjf,srtf,qssf", "helios": "fifo,sjf,srtf,qssf",
-                   "pollux": "fifo,elastic-fixed-batch,elastic"}
+TABLE_KEYS = ("policy", "completed", "avg_jct", "p50_jct", "p99_jct", "avg_queue", "p999_queue",
+              "makespan", "utilization", "on_utilization", "energy_kwh", "wall_s")
+COMPARE_DEFAULT = {"philly": "fifo,sjf,srtf,qssf,tiresias", "helios": "fifo,sjf,srtf,qssf,tiresias",
+                   "pollux": "fifo,tiresias,elastic-fixed-batch,elastic"}
 
 
 def add_sim_parser(subparsers) -> None:
@@ -63,6 +69,16 @@ def add_sim_parser(subparsers) -> None:
     p.add_argument("--pipeline-fraction", type=float, default=0.2,
                    help="fraction of multi-GPU jobs treated as pipeline jobs with bubbles")
     p.add_argument("--bubble-fraction", type=float, default=0.3)
+    d = PowerModel()
+    p.add_argument("--boot-delay", type=float, default=d.boot_delay,
+                   help="ces: seconds a powered-down node takes to boot and rejoin")
+    p.add_argument("--idle-watts", type=float, default=d.idle_watts, help="watts of an idle powered node")
+    p.add_argument("--busy-gpu-watts", type=float, default=d.busy_gpu_watts,
+                   help="extra watts per busy GPU")
+    p.add_argument("--off-watts", type=float, default=d.off_watts, help="watts of a powered-down node")
+    p.add_argument("--interference", default=None,
+                   help="lucid: interference table CSV from 'hpo profile colocate' "
+                        "(default: the shipped one)")
     p.set_defaults(func=run_sim)
 
 
@@ -95,6 +111,48 @@ def _per_policy_path(path: str, policy: str, several: bool) -> str:
     return str(p.with_name(f"{p.stem}-{policy}{p.suffix}"))
 
 
+# flag -> (lowest, highest) allowed; None: unbounded on that side. Checked before anything runs.
+RANGES = {"limit": (1, None), "restart_cost": (0.0, 1e7), "deadline": (0.0, 1e11),
+          "seed": (0, 2**32 - 1), "tuning_jobs": (0, 10**6), "tuning_groups": (1, 10**4),
+          "tuning_group_work": (1e-3, 1e9), "pipeline_fraction": (0.0, 1.0),
+          "bubble_fraction": (0.0, 0.99), "boot_delay": (0.0, 86400.0), "idle_watts": (0.0, 1e6),
+          "busy_gpu_watts": (0.0, 1e5), "off_watts": (0.0, 1e6), "gpus": (1, 10**7),
+          "gpus_per_node": (1, 1024)}
+
+
+def check_ranges(args) -> str | None:
+    """The first flag whose value is out of range or not finite, as a message."""
+    for key, (lo, hi) in RANGES.items():
+        v = getattr(args, key, None)
+        if v is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"{flag} = {v!r} must be a finite number"
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            return f"{flag} = {v!r} must be in [{lo}, {hi if hi is not None else 'inf'}]"
+    return None
+
+
+def check_outputs(args, names: list[str]) -> str | None:
+    """Refuse output paths that cannot be written, before a long simulation runs."""
+    paths = [("--json", args.json), ("--plot", args.plot)]
+    if args.csv:
+        paths += [("--csv", _per_policy_path(args.csv, n, len(names) > 1)) for n in names]
+    for flag, path in paths:
+        if not path:
+            continue
+        p = Path(path)
+        folder = p.parent if str(p.parent) else Path(".")
+        if p.is_dir():
+            return f"{flag} {path}: is a folder, not a file"
+        if not folder.is_dir():
+            return f"{flag} {path}: folder {folder} does not exist"
+        if not os.access(folder, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+            return f"{flag} {path}: not writable"
+    return None
+
+
 def run_sim(args) -> int:
     """Handler of ``hpo sim``; returns the exit code."""
     spec_policies = args.policy or (COMPARE_DEFAULT[args.format] if args.compare else None)
@@ -102,13 +160,20 @@ def run_sim(args) -> int:
         return _fail("give --policy NAME[,NAME...] or --compare")
     names = [p.strip() for p in spec_policies.split(",") if p.strip()]
     for name in names:
-        if name not in POLICIES:
-            return _fail(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+        try:
+            check_policy_name(name)
+        except ValueError as e:
+            return _fail(str(e))
     if args.gpus < 1 or args.gpus_per_node < 1:
         return _fail(f"--gpus and --gpus-per-node must be >= 1 (got {args.gpus}, {args.gpus_per_node})")
     if args.format != "pollux" and any(n.startswith("elastic") for n in names):
         return _fail("elastic policies need jobs with measured profiles: use --format pollux")
+    bad = check_ranges(args) or check_outputs(args, names)
+    if bad:
+        return _fail(bad)
     try:
+        power = PowerModel(args.idle_watts, args.busy_gpu_watts, args.off_watts, args.boot_delay)
+        interference = InterferenceTable.load(args.interference) if args.interference else None
         trace = load_trace(args.trace, args.format, args.profiles)
         if args.limit:
             from .jobs import Trace
@@ -128,7 +193,8 @@ def run_sim(args) -> int:
         cluster = ClusterSpec(args.gpus, args.gpus_per_node, consolidate=not args.spread)
         results = []
         for name in names:
-            policy = make_policy(name, backfill=args.backfill, seed=args.seed, base=args.base_policy)
+            policy = make_policy(name, backfill=args.backfill, seed=args.seed, base=args.base_policy,
+                                 power=power, interference=interference)
             results.append(simulate(trace, policy, cluster, restart_cost=args.restart_cost,
                                     profiles=profiles, deadline=deadline))
     except (TraceError, ValueError, OSError) as e:

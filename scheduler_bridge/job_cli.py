@@ -19,19 +19,41 @@ import os
 import sys
 
 EXIT_BAD_INPUT = 2
-POLICY_CHOICES = ("fifo", "sjf", "srtf", "qssf", "elastic", "elastic-fixed-batch", "tuning-aware")
+QUEUE_POLICIES = ("fifo", "sjf", "srtf", "qssf", "tiresias")
+POLICY_CHOICES = (*QUEUE_POLICIES, "lucid", "elastic", "elastic-fixed-batch", "tuning-aware",
+                  *(f"ces:{p}" for p in QUEUE_POLICIES))
 
 
 def _guarded(cmd):
     """Bad input or no cluster / allocator: one line on stderr, exit 2 (also under ``hpo``)."""
     def run(args) -> int:
+        _use_token_auth_if_available()
         try:
             return cmd(args)
         except (ValueError, ConnectionError, TimeoutError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
+        except Exception as exc:  # noqa: BLE001  -- Ray's own refusal: one line too
+            from ray.exceptions import AuthenticationError
+            if not isinstance(exc, AuthenticationError):
+                raise
+            print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     run.__name__ = cmd.__name__
     return run
+
+
+def _use_token_auth_if_available() -> None:
+    """Ray turns token authentication on by itself only for ``address="auto"``; with an
+    explicit address (``--address``, ``RAY_ADDRESS``) a client holding the cluster's token
+    (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, Ray's documented
+    sources) would connect without it and be refused. Never turns authentication off.
+    Ray reads the mode when it is imported, so this runs before anything imports ray."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(path):
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def _connect(address: str | None) -> None:
@@ -49,6 +71,13 @@ def _value(text: str):
         return text
 
 
+def _floats(flag: str, text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{flag} expects comma-separated numbers, got {text!r}") from None
+
+
 def _config(pairs: list[str]) -> dict:
     out = {}
     for pair in pairs:
@@ -62,11 +91,36 @@ def _config(pairs: list[str]) -> dict:
 @_guarded
 def _cmd_start(args) -> int:
     from . import jobs_api
+    from .policy_tiresias import Tiresias
 
-    _connect(args.address)
     env = {"env_vars": {"PYTHONPATH": args.pythonpath}} if args.pythonpath else None
+    tiresias = {}
+    if args.tiresias_thresholds is not None:
+        tiresias["thresholds"] = _floats("--tiresias-thresholds", args.tiresias_thresholds)
+    if args.tiresias_starvation:
+        tiresias["starvation"] = args.tiresias_starvation
+    if tiresias and args.policy != "tiresias":
+        raise ValueError(f"--tiresias-* options need --policy tiresias, got --policy {args.policy}")
+    Tiresias(**tiresias)   # bad values fail here, before connecting
+    ces = {k: v for k, v in (("spare_nodes", args.ces_spare_nodes), ("margin", args.ces_margin),
+                             ("interval", args.ces_interval), ("boot_delay", args.ces_boot_delay),
+                             ("max_nodes", args.ces_max_nodes)) if v is not None}
+    if ces and not args.policy.startswith("ces:"):
+        raise ValueError(f"--ces-* options need --policy ces:<base>, got --policy {args.policy}")
+    if any(v < 0 for v in ces.values()):
+        raise ValueError(f"--ces-* options must be >= 0, got {ces}")
+    lucid = {k: v for k, v in (("table", args.interference), ("max_slowdown", args.pack_max_slowdown),
+                               ("gpu_memory_mb", args.pack_gpu_memory_mb), ("margin", args.pack_margin))
+             if v is not None}
+    if lucid and args.policy != "lucid":
+        raise ValueError(f"--interference and --pack-* options need --policy lucid, got --policy {args.policy}")
+    if args.policy == "lucid":
+        from .allocator import _live_lucid
+        _live_lucid(dict(lucid), True, 0)   # a bad table or knob fails here, naming the row and column
+    _connect(args.address)
     jobs_api.start_allocator(args.journal, args.storage, args.policy, base_policy=args.base_policy,
-                             backfill=args.backfill, runtime_env=env)
+                             backfill=args.backfill, runtime_env=env, tiresias=tiresias, ces=ces,
+                             lucid=lucid)
     print(json.dumps(jobs_api.status(), indent=2))
     return 0
 
@@ -78,7 +132,8 @@ def _cmd_submit(args) -> int:
     fields = dict(name=args.name, user=args.user, vc=args.vc, config=_config(args.set),
                   batch_size=args.batch_size, min_batch=args.min_batch, max_batch=args.max_batch,
                   application=args.application, min_gpus=args.min_gpus, max_gpus=args.max_gpus,
-                  expected_seconds=args.expected_seconds, bubble_fraction=args.bubble_fraction)
+                  expected_seconds=args.expected_seconds, bubble_fraction=args.bubble_fraction,
+                  workload=args.workload)
     from .live_state import JobSpec
     JobSpec(entrypoint=args.entrypoint, gpus=args.gpus, **fields)   # bad input fails before connecting
     _connect(args.address)
@@ -140,6 +195,26 @@ def add_job_parser(subparsers) -> None:
     st.add_argument("--base-policy", default="fifo", help="ordinary-job policy under tuning-aware")
     st.add_argument("--backfill", default=None, action=argparse.BooleanOptionalAction)
     st.add_argument("--pythonpath", default=None, help="PYTHONPATH for the allocator and its jobs")
+    st.add_argument("--tiresias-thresholds", default=None, metavar="GPU_S[,GPU_S...]",
+                    help="tiresias: attained GPU-seconds that demote a job to the next queue "
+                         "(default one threshold at 16 GPU-hours)")
+    st.add_argument("--tiresias-starvation", type=float, default=0.0,
+                    help="tiresias: promote a job back to the first queue after waiting this many "
+                         "times its run time (0: never)")
+    st.add_argument("--ces-spare-nodes", type=int, default=None, help="ces: idle nodes kept on (default 1)")
+    st.add_argument("--ces-margin", type=float, default=None, help="ces: headroom over the forecast (0.1)")
+    st.add_argument("--ces-interval", type=float, default=None,
+                    help="ces: seconds without change before capacity is given back (300)")
+    st.add_argument("--ces-boot-delay", type=float, default=None, help="ces: node boot time, s (300)")
+    st.add_argument("--ces-max-nodes", type=int, default=None,
+                    help="ces: the autoscaler's GPU node limit (default: nodes seen)")
+    st.add_argument("--interference", default=None, metavar="CSV",
+                    help="lucid: interference table from 'hpo profile colocate' (default: the shipped one); "
+                         "one-GPU jobs submitted with --workload are packed by it")
+    st.add_argument("--pack-max-slowdown", type=float, default=None, help="lucid: largest predicted slowdown (2.0)")
+    st.add_argument("--pack-gpu-memory-mb", type=float, default=None, help="lucid: one GPU's memory, MB (32768)")
+    st.add_argument("--pack-margin", type=float, default=None,
+                    help="lucid: part a pair measured slower than predicted by this fraction (0.25)")
     st.set_defaults(func=_cmd_start)
 
     sm = common(sub.add_parser("submit", help="queue a training job; prints its id"))
@@ -159,6 +234,7 @@ def add_job_parser(subparsers) -> None:
     sm.add_argument("--expected-seconds", type=float, default=3600.0, help="run-time hint (SJF/SRTF)")
     sm.add_argument("--bubble-fraction", type=float, default=0.0,
                     help="pipeline job: fraction of time its GPUs idle in bubbles")
+    sm.add_argument("--workload", default="", help="its name in the interference table (packing)")
     sm.set_defaults(func=_cmd_submit)
 
     ls = common(sub.add_parser("list", help="all jobs and their state"))

@@ -39,15 +39,22 @@ def start_allocator(journal_path: str, storage_path: str, policy: str = "fifo", 
                     profiles_dir: str | None = None, tick_s: float = 0.2,
                     stop_grace_s: float = 60.0, start_timeout_s: float = 120.0,
                     cpus_per_bundle: float = 0.0, runtime_env: dict | None = None,
-                    max_restarts: int = -1, node_id: str | None = None, wait_s: float = 60.0):
+                    max_restarts: int = -1, node_id: str | None = None, wait_s: float = 60.0,
+                    tiresias: dict | None = None, ces: dict | None = None,
+                    lucid: dict | None = None):
     """Start the allocator (or return the running one) and wait until it answers.
 
     ``journal_path``: its append-only journal on the local disk of ``node_id``
     (default: this process's node), where the actor is pinned so that a restart
     finds the file again. ``storage_path``: where jobs checkpoint (``<storage>/jobs/<id>``);
     every GPU node must see it (shared filesystem) on a multi-machine cluster.
-    ``policy``: fifo, sjf, srtf, qssf, elastic, elastic-fixed-batch or tuning-aware
-    (over ``base_policy``). ``runtime_env``: for the allocator and the jobs it starts
+    ``policy``: fifo, sjf, srtf, qssf, tiresias, lucid, elastic, elastic-fixed-batch or tuning-aware
+    (over ``base_policy``). ``tiresias``: ``Tiresias`` options (``thresholds`` in GPU-seconds
+    of attained service, ``starvation``); preempted jobs checkpoint through ``ctx.should_stop``.
+    ``policy="ces:<base>"`` keeps the forecast GPU capacity through Ray's autoscaler
+    (``request_resources``); ``ces``: its knobs (``allocator._live_ces``). ``policy="lucid"``
+    packs waiting one-GPU jobs that name a ``workload`` beside running ones (``live_packing``);
+    ``lucid``: its knobs (``allocator._live_lucid``: table, margin, Lucid's own). ``runtime_env``: for the allocator and the jobs it starts
     (e.g. ``{"env_vars": {"PYTHONPATH": ...}}`` so entry points import).
     """
     try:
@@ -64,7 +71,8 @@ def start_allocator(journal_path: str, storage_path: str, policy: str = "fifo", 
         actor = ray.remote(Allocator).options(**opts).remote(
             str(journal_path), str(storage_path), policy, base_policy=base_policy, backfill=backfill,
             seed=seed, profiles_dir=profiles_dir, tick_s=tick_s, stop_grace_s=stop_grace_s,
-            start_timeout_s=start_timeout_s, cpus_per_bundle=cpus_per_bundle, runtime_env=runtime_env)
+            start_timeout_s=start_timeout_s, cpus_per_bundle=cpus_per_bundle, runtime_env=runtime_env,
+            tiresias=tiresias, ces=ces, lucid=lucid)
     except ValueError:  # someone else started it first
         return get_allocator()
     ray.get(actor.ping.remote(), timeout=wait_s)
@@ -90,7 +98,7 @@ def stop_allocator(release_jobs: bool = True) -> None:
 def submit(entrypoint: str, gpus: int = 1, *, request_id: str | None = None, **fields) -> int:
     """Queue a training job; returns its id. ``fields``: the rest of ``JobSpec``
     (name, user, vc, config, batch_size, min_batch, max_batch, application,
-    min_gpus, max_gpus, expected_seconds, bubble_fraction, max_attempts).
+    min_gpus, max_gpus, expected_seconds, bubble_fraction, max_attempts, workload).
     Validated here first; a retried call with the same ``request_id`` never
     queues the job twice."""
     spec = JobSpec(entrypoint=entrypoint, gpus=gpus, **fields)

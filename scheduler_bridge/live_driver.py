@@ -13,7 +13,14 @@ the current GPU inventory into ``Decisions`` with the simulator's machinery:
   a running job whose decided placement differs is stopped (checkpoint) and
   restarted where the policy put it, with the policy's GPU count and batch size;
 - tuning-aware: ``TuningAware.evictions`` / ``fill`` place tuning groups as
-  guests on idle GPUs and in pipeline jobs' bubbles.
+  guests on idle GPUs and in pipeline jobs' bubbles;
+- Tiresias ranks by the service a job has actually run (``_ranked``), counted
+  from when its ranks are up (``ready`` events);
+- Lucid packs waiting one-GPU jobs beside running ones (``live_packing``); a
+  packed job's GPU is its host's, so the pair counts once.
+
+Events that cannot be applied (a damaged or foreign journal record) are refused
+whole by ``check_event``; ``replay`` skips them and says which, by offset.
 
 A job that reports its progress with its checkpoints (``progress`` events: the
 fraction of its work done) is planned with it, as the simulator plans with its
@@ -37,13 +44,26 @@ from itertools import count
 
 from .cluster import ClusterSpec, FreeGPUs, Placement
 from .jobs import Job
-from .live_state import JobSpec, LiveJob, Where
+from .live_packing import LivePacking, measured_slowdown
+from .live_state import TERMINAL, JobSpec, LiveJob, Where
 from .pending import PendingQueue, select_starts
 from .policy_elastic import ElasticJobState, ElasticPolicy
+from .policy_lucid import Lucid
 from .policy_queue import QueuePolicy
 from .policy_tuning import TuningAware
 
 FAULTS = ("fault", "node-lost", "lost")   # requeue reasons that count against max_attempts
+
+# The fields each journal event must carry (beyond "ev" and "job_id") and their types: checked
+# before an event touches the table, so a damaged or foreign record is refused whole.
+_NUM = (int, float)
+EVENT_FIELDS: dict[str, dict[str, type | tuple]] = {
+    "submit": {"spec": dict}, "start": {"attempt": int, "where": list, "gpus": int},
+    "start-packed": {"attempt": int, "host": int}, "ready": {"attempt": int},
+    "stop": {"reason": str}, "requeue": {"reason": str}, "finish": {"status": str},
+    "progress": {"done": _NUM}, "guest": {"group": (int, str), "where": list},
+    "evict": {"group": (int, str)}, "reclaim": {},
+}
 
 
 class ClusterView:
@@ -84,15 +104,16 @@ class Decisions:
     stops: list[tuple[int, str]] = field(default_factory=list)
     guests: list[tuple[int, int, list]] = field(default_factory=list)
     evictions: list[tuple[int, int]] = field(default_factory=list)
+    packs: list[tuple[int, int]] = field(default_factory=list)   # (queued job, running host)
 
     def __bool__(self) -> bool:
-        return bool(self.lost or self.starts or self.stops or self.guests or self.evictions)
+        return bool(self.lost or self.starts or self.stops or self.guests or self.evictions or self.packs)
 
 
 class LiveDriver:
     """Job table + policy. ``apply`` events, then ``decide`` against the inventory."""
 
-    def __init__(self, policy, profiles: dict | None = None):
+    def __init__(self, policy, profiles: dict | None = None, packing: LivePacking | None = None):
         if not isinstance(policy, (QueuePolicy, ElasticPolicy)):
             raise TypeError(f"not a scheduling policy: {policy!r}")
         self.policy = policy
@@ -102,6 +123,9 @@ class LiveDriver:
             from .profiles import load_profiles
             profiles = load_profiles()
         self.profiles = profiles or {}
+        if isinstance(policy, Lucid) and packing is None:
+            packing = LivePacking(policy)
+        self.packing = packing
         policy.reset(0.0)  # live times are Unix seconds
         self.jobs: dict[int, LiveJob] = {}
         self.by_request: dict[str, int] = {}
@@ -131,21 +155,32 @@ class LiveDriver:
                    duration=s.expected_seconds if duration is None else duration,
                    user=s.user, name=s.name, vc=s.vc, bubble_fraction=s.bubble_fraction)
 
+    def _ran(self, job: LiveJob, now: float) -> float:
+        return job.run_s + (now - job.seg_start if job.state in ("running", "stopping") else 0.0)
+
+    def _ranked(self, job: LiveJob, now: float) -> tuple[Job, float]:
+        """(the policy's Job, remaining seconds) to rank ``job`` by. A policy that ranks by
+        attained service (Tiresias) is told what the job actually ran, never an estimate:
+        duration = run time + hint and remaining = hint, so duration - remaining is the run time."""
+        if self.policy.ranks_running:
+            hint = job.spec.expected_seconds
+            return self._policy_job(job, self._ran(job, now) + hint), hint
+        return self._policy_job(job), self._remaining(job, now)
+
     def _remaining(self, job: LiveJob, now: float) -> float:
         """Seconds of work left. From the job's own checkpointed progress when it
         reported any (the wall clock also counts start-up, waiting for a checkpoint
         and steps redone after a fault); else the hint minus the time it ran."""
         if job.progress is not None:
             return job.spec.expected_seconds * (1.0 - job.progress)
-        ran = job.run_s + (now - job.seg_start if job.state in ("running", "stopping") else 0.0)
-        return max(job.spec.expected_seconds - ran, 0.0)
+        return max(job.spec.expected_seconds - self._ran(job, now), 0.0)
 
     def _enqueue(self, job: LiveJob, t: float) -> None:
         job.state, job.where, job.gpus, job.stop_reason = "queued", (), 0, ""
         if self.elastic:
             job.priority = job.submit_t
         else:
-            job.priority = float(self.policy.priority(self._policy_job(job), self._remaining(job, t), t))
+            job.priority = float(self.policy.priority(*self._ranked(job, t), t))
         job.qseq = next(self._qseq)
 
     def _end_segment(self, job: LiveJob, t: float, ran_s: float | None = None) -> None:
@@ -160,6 +195,47 @@ class LiveDriver:
             if tj.guests:
                 tj.guests = {g: w for g, w in tj.guests.items() if not (w[0] == "bubble" and w[1] == owner)}
 
+    def check_event(self, ev: dict) -> None:
+        """Raise ValueError naming what is wrong if ``ev`` cannot be applied to this table."""
+        kind = ev.get("ev")
+        if kind not in EVENT_FIELDS:
+            raise ValueError(f"unknown journal event {kind!r}")
+        if not isinstance(ev.get("t", 0.0), _NUM) or not isinstance(ev.get("job_id"), int):
+            raise ValueError(f"{kind} event needs a numeric t and an int job_id")
+        for key, typ in EVENT_FIELDS[kind].items():
+            if not isinstance(ev.get(key), typ) or isinstance(ev.get(key), bool):
+                raise ValueError(f"{kind} event of job {ev['job_id']}: field {key!r} missing or not "
+                                 f"{getattr(typ, '__name__', 'a number')}")
+        if kind == "submit":
+            if ev["job_id"] in self.jobs:
+                raise ValueError(f"job {ev['job_id']} submitted twice")
+            try:
+                JobSpec.from_dict(ev["spec"])
+            except TypeError as exc:
+                raise ValueError(f"submit of job {ev['job_id']}: {exc}") from None
+        elif ev["job_id"] not in self.jobs:
+            raise ValueError(f"{kind} event for job {ev['job_id']}, which was never submitted")
+        if kind == "start" and not all(isinstance(w, list) and len(w) == 2 and isinstance(w[0], str)
+                                       and isinstance(w[1], int) for w in ev["where"]):
+            raise ValueError(f"start of job {ev['job_id']}: where must be [[node, gpus], ...]")
+        if kind == "start-packed" and (ev["host"] not in self.jobs or not self.jobs[ev["host"]].where):
+            raise ValueError(f"packed start of job {ev['job_id']}: host {ev['host']} is not running")
+        if kind == "finish" and ev["status"] not in TERMINAL:
+            raise ValueError(f"finish of job {ev['job_id']}: status {ev['status']!r} not one of {TERMINAL}")
+
+    def replay(self, records) -> list[str]:
+        """Apply journal ``records`` ((offset, event) pairs) in order; an event that cannot be
+        applied is skipped, never fatal. Returns one line per skipped event, naming its offset."""
+        skipped = []
+        for offset, ev in records:
+            try:
+                self.check_event(ev)
+            except ValueError as exc:
+                skipped.append(f"record at byte offset {offset} skipped: {exc}")
+                continue
+            self.apply(ev)
+        return skipped
+
     def apply(self, ev: dict) -> None:
         kind, t = ev["ev"], float(ev.get("t", 0.0))
         if kind == "submit":
@@ -172,19 +248,32 @@ class LiveDriver:
             self._enqueue(job, t)
             return
         job = self.jobs[ev["job_id"]]
+        if kind == "start-packed":   # into the reserved half of the host's GPU
+            host = self.jobs[ev["host"]]
+            ev = {**ev, "where": [list(w) for w in host.where], "gpus": 1}
+            kind = "start"
         if kind == "start":
             job.state, job.attempt = "running", ev["attempt"]
             job.where = tuple((n, int(k)) for n, k in ev["where"])
             job.gpus, job.batch_size, job.seg_start = ev["gpus"], ev.get("batch_size"), t
+            job.share = [ev["host"], self.jobs[ev["host"]].attempt] if "host" in ev else None
+            job.samples = []
             if job.first_start is None:
                 job.first_start = t
+            if not self.elastic:
+                self.policy.on_start(self._policy_job(job), t)
             job.runs.append({"attempt": job.attempt, "gpus": job.gpus, "batch_size": job.batch_size,
                              "where": [list(w) for w in job.where]})
+        elif kind == "ready":   # every rank is up: run time counts from now, not from the start
+            if ev["attempt"] == job.attempt and job.state == "running" and job.ready_attempt != job.attempt:
+                job.seg_start, job.ready_attempt = t, job.attempt
         elif kind == "stop":
             job.state, job.stop_reason = "stopping", ev["reason"]
         elif kind == "requeue":
             self._end_segment(job, t, ev.get("ran_s"))
             job.requeues.append(ev["reason"])
+            if ev["reason"] == "interference" and job.share:
+                job.avoid.append(job.share[0])
             if ev["reason"] in FAULTS:
                 job.faults += 1
             self._enqueue(job, t)
@@ -198,14 +287,13 @@ class LiveDriver:
             if (ev["status"] == "done" and job.spec.kind == "train" and was_running
                     and not self.elastic and self.policy.observe(self._policy_job(job, job.run_s), t)):
                 queued = [j for j in self.jobs.values() if j.state == "queued"]
-                prios = self.policy.priorities(
-                    [(self._policy_job(j), self._remaining(j, t)) for j in queued], t)
-                for j, p in zip(queued, prios):
-                    j.priority = float(p)
+                self._reprioritise(t)
         elif kind == "progress":
             job.progress = float(ev["done"])
+            if job.state == "running":
+                job.samples.append((t, job.progress))
             if job.state == "queued" and not self.elastic:  # reported after it was requeued
-                job.priority = float(self.policy.priority(self._policy_job(job), self._remaining(job, t), t))
+                job.priority = float(self.policy.priority(*self._ranked(job, t), t))
         elif kind == "guest":
             job.guests[str(ev["group"])] = list(ev["where"])
         elif kind == "evict":
@@ -228,7 +316,8 @@ class LiveDriver:
         for job in self.active():
             if job.state in ("running", "stopping"):
                 if view.alive(job.where):
-                    view.free.take(view.to_placement(job.where))
+                    if self.host_of(job) is None:   # a packed job's GPU is its host's
+                        view.free.take(view.to_placement(job.where))
                     holding.append(job)
                 else:
                     out.lost.append(job.job_id)
@@ -240,7 +329,60 @@ class LiveDriver:
             self._decide_guests(view, out)
         return out
 
+    def host_of(self, job: LiveJob) -> LiveJob | None:
+        """The running job whose GPU ``job`` shares, or None (alone, or its host has left)."""
+        if not job.share:
+            return None
+        host = self.jobs.get(job.share[0])
+        if host is None or host.attempt != job.share[1] or host.state not in ("running", "stopping"):
+            return None
+        return host
+
+    def partner_of(self, host: LiveJob) -> LiveJob | None:
+        """The running job packed into ``host``'s GPU, if any."""
+        for j in self.jobs.values():
+            if j.state in ("running", "stopping") and self.host_of(j) is host:
+                return j
+        return None
+
+    def shareable(self, job: LiveJob) -> bool:
+        """Runs in half-GPU bundles so that a partner can join it later (``live_packing``)."""
+        return self.packing is not None and self.packing.shareable(job.spec.workload, job.spec.gpus)
+
+    def _decide_packing(self, holding: list[LiveJob], waiting: list[LiveJob], out: Decisions) -> None:
+        """Lucid: pack waiting jobs beside running ones its rule allows; part pairs that run
+        slower than its table predicted."""
+        rule = self.packing
+        hosts = {}
+        for h in holding:
+            partner = self.partner_of(h)
+            if partner is not None:
+                slow = measured_slowdown(h.samples, partner.seg_start)
+                if (partner.state == "running" and slow is not None
+                        and rule.too_slow(h.spec.workload, partner.spec.workload, slow)):
+                    out.stops.append((partner.job_id, "interference"))
+            elif h.state == "running" and self.shareable(h) and self.host_of(h) is None and not h.share:
+                hosts[h.job_id] = h
+        for job in waiting:
+            if not self.shareable(job):
+                continue
+            costs = [(c, hid) for hid, h in hosts.items() if hid not in job.avoid
+                     and (c := rule.cost(job.spec.workload, job.priority, h.spec.workload, h.priority))
+                     is not None]
+            if costs:
+                _, hid = min(costs)
+                out.packs.append((job.job_id, hid))
+                del hosts[hid]
+
+    def _reprioritise(self, t: float) -> None:
+        queued = [j for j in self.jobs.values() if j.state == "queued"]
+        prios = self.policy.priorities([self._ranked(j, t) for j in queued], t)
+        for j, p in zip(queued, prios):
+            j.priority = float(p)
+
     def _decide_queue(self, view: ClusterView, holding: list[LiveJob], out: Decisions, now: float) -> None:
+        if self.policy.ranks_running and self.policy.wake_at() <= now:
+            self._reprioritise(now)   # Tiresias: starved jobs are promoted (not journaled: replay redoes it)
         queue = PendingQueue()
         queued = sorted((j for j in self.active() if j.state == "queued"), key=lambda j: j.qseq)
         for job in queued:
@@ -248,15 +390,20 @@ class LiveDriver:
         for jid, p in select_starts(queue, view.free, self.policy.backfill):
             job = self.jobs[jid]
             out.starts.append((jid, view.to_where(p), job.spec.gpus, job.spec.batch_size))
+        if self.packing is not None:
+            waiting = sorted((self.jobs[j] for j in queue.job_ids()), key=lambda j: (j.priority, j.qseq))
+            self._decide_packing(holding, waiting, out)
+            if out.packs:
+                return   # packing is Lucid's answer to a full cluster, instead of preempting
         if not (self.policy.preemptive and len(queue)):
             return
         if any(j.state == "stopping" for j in holding):
             return  # earlier victims are still checkpointing
         _, _, head_id, _ = queue.heads()[0]
         head = self.jobs[head_id]
-        running = [j for j in holding if j.state == "running"]
-        cands = [(self._policy_job(j), self._remaining(j, now)) for j in running]
-        victims = self.policy.victims((self._policy_job(head), self._remaining(head, now)), cands, now)
+        running = [j for j in holding if j.state == "running" and self.host_of(j) is None]
+        cands = [self._ranked(j, now) for j in running]
+        victims = self.policy.victims(self._ranked(head, now), cands, now)
         trial, chosen = view.free.copy(), []
         for v in victims:
             trial.give(view.to_placement(self.jobs[v].where))

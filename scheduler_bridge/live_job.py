@@ -8,6 +8,12 @@ preempting the job): it is then restarted, maybe with another GPU count and
 batch size, and must resume from its checkpoint. A function that finds its
 checkpoint already complete should just return.
 
+Checkpoints live on shared storage that other hosts write, so they are never
+unpickled: a state of plain data (dicts, lists, numbers, strings) is stored as
+JSON (tuples come back as lists, dict keys as strings); one holding tensors
+(a model's ``state_dict``) is stored with ``torch.save`` and read back with
+``torch.load(weights_only=True)``, which only rebuilds tensors and plain data.
+
     def train(ctx):
         state = ctx.load_checkpoint() or {"step": 0}
         while state["step"] < 1000 and not ctx.should_stop():
@@ -24,14 +30,15 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import pickle
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CHECKPOINT_FILE = "checkpoint.pkl"
+CHECKPOINT_FILE = "checkpoint.state"   # JSON, or a torch zip archive (tensors)
+_ZIP_MAGIC = b"PK\x03\x04"               # what torch.save writes; JSON never starts so
+_LEGACY_PICKLE = "checkpoint.pkl"
 
 
 def resolve_entrypoint(entrypoint: str):
@@ -71,6 +78,8 @@ class JobContext:
     def save_checkpoint(self, state, progress: float | None = None) -> None:
         """Atomically replace the job's checkpoint with ``state`` (rank 0 only; others no-op).
 
+        ``state``: plain data, or plain data holding torch tensors (see the module
+        docstring); anything else is a TypeError here, not an unreadable checkpoint later.
         ``progress``: the fraction (0..1) of the job's work that ``state`` holds. The
         allocator then plans with it (SRTF's remaining time, the elastic policy's
         epoch) instead of the submitted estimate."""
@@ -79,11 +88,12 @@ class JobContext:
                              f"got {progress!r}")
         if not self.is_chief:
             return
+        data = _encode_state(state)
         d = Path(self.checkpoint_dir)
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".{CHECKPOINT_FILE}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(state, f)
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, d / CHECKPOINT_FILE)
@@ -92,11 +102,14 @@ class JobContext:
 
     def load_checkpoint(self):
         """The last saved state, or None before the first checkpoint."""
-        p = Path(self.checkpoint_dir) / CHECKPOINT_FILE
+        d = Path(self.checkpoint_dir)
+        p = d / CHECKPOINT_FILE
         if not p.exists():
+            if (d / _LEGACY_PICKLE).exists():
+                raise ValueError(f"{d / _LEGACY_PICKLE}: pickled checkpoints are not loaded (another host "
+                                 "could have written code into it); resubmit the job or convert the state")
             return None
-        with open(p, "rb") as f:
-            return pickle.load(f)
+        return _decode_state(p.read_bytes(), p)
 
     def _report_progress(self, done: float) -> None:
         """Tell the allocator without waiting for it (the call is retried across an
@@ -117,6 +130,39 @@ class JobContext:
 
         from .allocator import ALLOCATOR_NAME, NAMESPACE
         ray.get(ray.get_actor(ALLOCATOR_NAME, namespace=NAMESPACE).reclaim_bubbles.remote(self.job_id))
+
+
+def _encode_state(state) -> bytes:
+    try:
+        return json.dumps(state, allow_nan=True).encode("utf-8")
+    except TypeError:
+        pass
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    try:
+        torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as exc:  # noqa: BLE001  -- refused now rather than at resume
+        raise TypeError(f"checkpoint state must be plain data or tensors (JSON or torch weights_only); "
+                        f"{type(state).__name__} holds something else: {exc}") from None
+    return data
+
+
+def _decode_state(data: bytes, path: Path):
+    if data.startswith(_ZIP_MAGIC):
+        import io
+
+        import torch
+
+        return torch.load(io.BytesIO(data), weights_only=True)
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{path}: damaged checkpoint, neither JSON nor a torch archive ({exc})") from None
 
 
 def _jsonable(value):

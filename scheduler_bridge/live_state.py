@@ -40,7 +40,8 @@ class JobSpec:
     with ``groups`` > 0 and ``sweep``: the running sweep of that name (``hpo run
     --allocator``), whose fused groups wait in the bubble pool and run where the
     allocator places them as guests: on idle GPUs (an ``IdleGpuHost`` each) and in
-    pipeline jobs' bubbles.
+    pipeline jobs' bubbles. ``workload``: its name in the interference table, which
+    makes a one-GPU job eligible for packing (``live_packing``).
     """
 
     entrypoint: str
@@ -61,6 +62,7 @@ class JobSpec:
     groups: int = 0
     sweep: str = ""
     max_attempts: int = 5
+    workload: str = ""
 
     def __post_init__(self) -> None:
         if not _ENTRY.match(self.entrypoint):
@@ -120,6 +122,7 @@ class LiveJob:
     request_id: str = ""
     state: str = "queued"
     attempt: int = 0                 # starts so far; names this run's group and actors
+    ready_attempt: int = 0           # the last attempt whose ranks all came up
     where: Where = ()                # placement of the current run
     gpus: int = 0
     batch_size: int | None = None
@@ -138,6 +141,9 @@ class LiveJob:
     requeues: list = field(default_factory=list)  # reasons, in order
     guests: dict = field(default_factory=dict)    # tuning: group -> ["gpu", node] | ["bubble", job]
     reclaimed: bool = False          # pipeline owner asked its bubbles back
+    share: list | None = None        # packed: [host job, host attempt] whose GPU it shares
+    avoid: list = field(default_factory=list)    # hosts it was unpacked from (too slow beside them)
+    samples: list = field(default_factory=list)  # [(t, progress)] of the current attempt
 
     @property
     def active(self) -> bool:
@@ -152,5 +158,5 @@ class LiveJob:
             "submit_t": self.submit_t, "first_start": self.first_start, "finish_t": self.finish_t,
             "run_s": self.run_s, "requeues": list(self.requeues), "runs": list(self.runs),
             "result": self.result, "error": self.error, "guests": dict(self.guests),
-            "entrypoint": self.spec.entrypoint,
+            "entrypoint": self.spec.entrypoint, "share": self.share, "avoid": list(self.avoid),
         }

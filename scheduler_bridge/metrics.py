@@ -1,6 +1,9 @@
 """Metrics of a run: JCT, queueing delay, makespan, utilisation, deadline hits,
 finish-time fairness; per-job table and summary dict.
 
+Energy (``power.energy_summary``): powered node-hours, kWh and the
+utilisation of powered-on GPUs; without CES every node is on throughout.
+
 Finish-time fairness is Themis' rho = JCT / (run time alone on the job's
 requested GPUs); rho = 1 means the shared cluster cost the job nothing.
 """
@@ -14,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .jobs import Trace
+from .power import energy_summary
 from .result import RunLog
 
 
@@ -74,6 +78,10 @@ class SimResult:
         if self.deadline is not None:
             out["deadline"] = self.deadline
             out["completed_by_deadline"] = int((done.finish <= self.deadline).sum())
+        gpn = self.params.get("gpus_per_node") or self.num_gpus
+        out.update(energy_summary(t, self.log.util_busy, self.log.power_t, self.log.power_on,
+                                  num_nodes=math.ceil(self.num_gpus / gpn), gpus=self.num_gpus,
+                                  end=makespan, model=self.log.power_model))
         out.update(self.log.extra)
         out.update(self.params)
         return out

@@ -30,6 +30,18 @@ class PendingQueue:
     def __len__(self) -> int:
         return len(self._demand)
 
+    def copy(self) -> "PendingQueue":
+        """An independent queue with the same jobs and order (for what-if starts)."""
+        other = PendingQueue()
+        other._buckets = {g: list(b) for g, b in self._buckets.items()}
+        other._demand = dict(self._demand)
+        other._seq = self._seq  # shared counter: orders stay comparable
+        return other
+
+    def demand(self) -> int:
+        """GPUs all queued jobs ask for together."""
+        return sum(self._demand.values())
+
     def __contains__(self, job_id: int) -> bool:
         return job_id in self._demand
 

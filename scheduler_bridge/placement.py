@@ -7,7 +7,9 @@ so Ray puts it on exactly the node the policy chose (Ray only checks that it
 fits; the allocator created the group because its own accounting said so).
 Groups and actors are detached and named after the job and attempt
 (``hpo-job-<id>-a<attempt>``, ranks ``...-r<i>``), so a restarted allocator
-finds them again by name.
+finds them again by name. A job that may be packed (``live_packing``) holds its
+GPU as two half bundles: its own group and ``hpo-share-<id>-a<attempt>``, which
+a packed partner's rank moves into (Ray gives both halves the same GPU).
 
 >>> group_shape((("n1", 2),))
 ([{'GPU': 2.0}], 'STRICT_PACK', [{'ray.io/node-id': 'n1'}])
@@ -37,11 +39,17 @@ def rank_name(group: str, rank: int) -> str:
     return f"{group}-r{rank}"
 
 
-def group_shape(where: Where, cpus_per_bundle: float = 0.0):
-    """(bundles, strategy, bundle_label_selector) for a placement on real nodes."""
+def share_name(job_id: int, attempt: int) -> str:
+    """The reserved other half of a shareable job's GPU, which a packed partner moves into."""
+    return f"hpo-share-{job_id}-a{attempt}"
+
+
+def group_shape(where: Where, cpus_per_bundle: float = 0.0, share: float = 1.0):
+    """(bundles, strategy, bundle_label_selector) for a placement on real nodes; ``share``:
+    the fraction of each GPU the job holds (0.5 for a job that may be packed with another)."""
     bundles = []
     for _, k in where:
-        b = {"GPU": float(k)}
+        b = {"GPU": float(k) * share}
         if cpus_per_bundle:
             b["CPU"] = float(cpus_per_bundle)
         bundles.append(b)
@@ -49,20 +57,28 @@ def group_shape(where: Where, cpus_per_bundle: float = 0.0):
     return bundles, strategy, [{NODE_LABEL: node} for node, _ in where]
 
 
-def create_group(name: str, where: Where, cpus_per_bundle: float = 0.0):
-    bundles, strategy, selectors = group_shape(where, cpus_per_bundle)
+def create_group(name: str, where: Where, cpus_per_bundle: float = 0.0, share: float = 1.0):
+    bundles, strategy, selectors = group_shape(where, cpus_per_bundle, share)
     return placement_group(bundles, strategy=strategy, name=name, lifetime="detached",
                            bundle_label_selector=selectors)
 
 
+def find_group(name: str):
+    """The live placement group called ``name``, or None."""
+    try:
+        return get_placement_group(name)
+    except ValueError:
+        return None
+
+
 def launch_ranks(pg, name: str, where: Where, entrypoint: str, contexts: list[dict],
-                 runtime_env: dict | None = None) -> list:
+                 runtime_env: dict | None = None, share: float = 1.0) -> list:
     """One detached ``JobRunner`` per bundle, rank i in bundle i; returns their handles."""
     runner = ray.remote(JobRunner)
     handles = []
     for rank, ((_, k), ctx) in enumerate(zip(where, contexts)):
         opts = dict(name=rank_name(name, rank), namespace=NAMESPACE, lifetime="detached",
-                    num_cpus=0, num_gpus=k, max_restarts=0, max_concurrency=4,
+                    num_cpus=0, num_gpus=k * share, max_restarts=0, max_concurrency=4,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         pg, placement_group_bundle_index=rank))
         if runtime_env:

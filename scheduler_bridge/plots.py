@@ -1,4 +1,5 @@
-"""Plots of simulation results: JCT CDF per policy and GPU utilisation over time."""
+"""Plots of simulation results: JCT CDF per policy, GPU utilisation over time and,
+when any policy powers nodes down (CES), powered-on nodes over time."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ def plot_results(results, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    powered = [r for r in results if len(r.log.power_t)]
+    fig, axes = plt.subplots(1, 3 if powered else 2, figsize=(18 if powered else 12, 4.5))
+    ax1, ax2 = axes[0], axes[1]
     for r in results:
         jct = np.sort(r.jobs_frame().jct.dropna().to_numpy())
         if len(jct):
@@ -25,6 +28,16 @@ def plot_results(results, path) -> None:
     ax1.set_xscale("log")
     ax1.set(xlabel="job completion time (s)", ylabel="fraction of jobs", title="JCT CDF")
     ax2.set(xlabel="time (h)", ylabel="GPUs busy (fraction)", title="utilisation", ylim=(0, 1.05))
+    if powered:
+        ax3 = axes[2]
+        for r in powered:
+            t = np.asarray(r.log.power_t, dtype=float)
+            on = np.asarray(r.log.power_on, dtype=float)
+            grid = np.linspace(0, t[-1], 2000)
+            idx = np.clip(np.searchsorted(t, grid, side="right") - 1, 0, len(on) - 1)
+            ax3.plot(grid / 3600, on[idx], label=r.policy, lw=0.8)
+        ax3.set(xlabel="time (h)", ylabel="nodes powered on", title="powered-on nodes")
+        ax3.legend()
     ax1.legend()
     ax2.legend()
     fig.tight_layout()

@@ -7,9 +7,15 @@ simulator and the live allocator) call the same methods:
 
 - ``reset(t0)`` once before a run (``t0``: absolute time of time 0);
 - ``priority(job, remaining, now)`` when a job (re-)enters the queue;
+- ``on_start(job, now)`` when a job starts (or restarts) running;
 - ``observe(job, now)`` when a job finishes; returning True asks the driver to
   recompute every queued job's priority with ``priorities`` (QSSF after a refit);
 - ``victims(head, candidates, now)`` for preemptive policies.
+
+A policy with ``ranks_running`` (Tiresias) also ranks running jobs
+(``running_priority``), says when a running job's rank next changes
+(``next_change``) and when queued jobs must be re-ranked (``wake_at``); the
+driver then preempts a running job whenever a queued one outranks it.
 
 >>> FIFO().priority(Job(0, submit=5.0, gpus=1, duration=9.0), remaining=9.0, now=5.0)
 5.0
@@ -25,6 +31,7 @@ class QueuePolicy:
 
     name = "fifo"
     preemptive = False
+    ranks_running = False
 
     def __init__(self, backfill: bool = False):
         self.backfill = backfill
@@ -37,6 +44,9 @@ class QueuePolicy:
 
     def priorities(self, jobs: list[tuple[Job, float]], now: float) -> list[float]:
         return [self.priority(j, r, now) for j, r in jobs]
+
+    def on_start(self, job: Job, now: float) -> None:
+        """Only policies that track waiting time (Tiresias' promotion) need this."""
 
     def observe(self, job: Job, now: float) -> bool:
         return False

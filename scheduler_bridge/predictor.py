@@ -27,6 +27,10 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 from threadpoolctl import threadpool_limits
 
 
+FEATURES = ("vc", "log2_gpus", "submit_hour", "key_mean_log_s", "key_log_count",
+            "vc_mean_log_s", "vc_log_count")
+
+
 class DurationPredictor:
     def __init__(self, seed: int = 0, first_fit: int = 200, refit_growth: float = 0.5,
                  refit_min: int = 1000, max_train: int = 10000, history_weight: float = 0.7,
@@ -127,3 +131,26 @@ class DurationPredictor:
         with threadpool_limits(1):
             pred = model.predict(rows).reshape(len(keys), 24)
         self._cache = dict(zip(keys, pred))
+        self._median = np.median(X, axis=0)
+
+    def explain(self, user: str, vc: str, gpus: int, hour: int) -> dict:
+        """Why a job gets its predicted duration: the history term, the model term,
+        the feature values and, per feature, how much the model's log-duration drops
+        when that feature is replaced by its training median (a local attribution)."""
+        key = (user, vc, gpus)
+        out = {"predicted_s": self.predict(user, vc, gpus, hour),
+               "history_log_s": self._key_ema.get(key), "history_weight": self.history_weight}
+        if self.model is None:
+            out["source"] = "history only (model not fitted yet)"
+            return out
+        x = self._features(user, vc, gpus, [hour])
+        probes = np.repeat(x, len(FEATURES) + 1, axis=0)
+        for i in range(len(FEATURES)):
+            probes[i + 1, i] = self._median[i]
+        with threadpool_limits(1):
+            pred = self.model.predict(probes)
+        out["source"] = "history and model" if out["history_log_s"] is not None else "model"
+        out["model_log_s"] = float(pred[0])
+        out["features"] = dict(zip(FEATURES, map(float, x[0])))
+        out["contributions_log_s"] = {f: float(pred[0] - pred[i + 1]) for i, f in enumerate(FEATURES)}
+        return out

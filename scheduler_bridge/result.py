@@ -16,3 +16,7 @@ class RunLog:
     util_t: object
     util_busy: object
     extra: dict = field(default_factory=dict)
+    power_t: object = ()
+    power_on: object = ()
+    power_model: object = None
+    packing: object = ()

@@ -15,9 +15,11 @@ from collections import deque
 from .cluster import ClusterSpec, FreeGPUs
 from .jobs import Trace
 from .pending import PendingQueue, select_starts
+from .policy_ces import CES
 from .policy_queue import QueuePolicy
 from .policy_tuning import TuningAware
 from .result import RunLog
+from .sim_power import PowerLayer
 
 INF = math.inf
 
@@ -152,8 +154,28 @@ def run_rigid(trace: Trace, spec: ClusterSpec, policy: QueuePolicy,
     util_t, util_b = array("d"), array("d")
     busy = 0
     tuning = _Tuning(trace, policy, free) if isinstance(policy, TuningAware) else None
+    power = PowerLayer(policy, free) if isinstance(policy, CES) else None
     ai = 0
     ended: list[int] = []
+
+    ranked = policy.ranks_running
+    worst: list = []                          # ranked policies: (-priority, jid, rank version)
+    changes: list = []                        # ranked policies: (time, jid, rank version)
+    rver = [0] * n
+
+    def left(jid, now):
+        """Work left of a running job at ``now`` (none is done during a restart)."""
+        return min(remaining[jid], running[jid][1] - now)
+
+    def rank(jid, now):
+        rver[jid] += 1
+        job, rem = jobs[jid], left(jid, now)
+        heapq.heappush(worst, (-policy.running_priority(job, rem, now), jid, rver[jid]))
+        t = policy.next_change(job, rem, now)
+        if t < INF:
+            # service grows only once the restart is over
+            t += max(0.0, running[jid][1] - remaining[jid] - now)
+            heapq.heappush(changes, (t, jid, rver[jid]))
 
     def start(jid, placement, now):
         nonlocal busy
@@ -166,6 +188,43 @@ def run_rigid(trace: Trace, spec: ClusterSpec, policy: QueuePolicy,
         heapq.heappush(fin_heap, (end, jid, version[jid]))
         heapq.heappush(run_by_demand.setdefault(jobs[jid].gpus, []), (-end, jid, version[jid]))
         busy += jobs[jid].gpus
+        policy.on_start(jobs[jid], now)
+        if ranked:
+            rank(jid, now)
+
+    def clean_worst():
+        while worst and (worst[0][1] not in running or worst[0][2] != rver[worst[0][1]]):
+            heapq.heappop(worst)
+
+    def preempt_ranked(now):
+        """Preempt running jobs outranked by queued ones, best queued job first."""
+        for prio, _seq, hid, g in queue.heads():
+            clean_worst()
+            if not worst or -worst[0][0] <= prio:
+                break  # no running job ranks below this one, nor below any later head
+            trial, popped, cands, p = free.copy(), [], [], None
+            while worst and -worst[0][0] > prio:
+                e = heapq.heappop(worst)
+                if e[1] not in running or e[2] != rver[e[1]]:
+                    continue
+                popped.append(e)
+                cands.append(e[1])
+                trial.give(running[e[1]][0])
+                p = trial.place(g)
+                if p is not None:
+                    break
+            for e in popped:
+                heapq.heappush(worst, e)
+            if p is None:
+                continue
+            chosen = policy.victims((jobs[hid], remaining[hid]),
+                                    [(jobs[c], left(c, now)) for c in cands], now)
+            if sorted(chosen) != sorted(cands):
+                raise RuntimeError(f"{policy.name}: victims {chosen} differ from the ranking {cands}")
+            for v in chosen:
+                preempt(v, now)
+            free.take(p)
+            yield queue.pop(g), p  # the head, or a victim of its size that outranks it
 
     def preempt(jid, now):
         nonlocal busy
@@ -203,13 +262,19 @@ def run_rigid(trace: Trace, spec: ClusterSpec, policy: QueuePolicy,
             heapq.heappush(run_by_demand[g], e)
         return out
 
-    while ai < n or fin_heap or (tuning and tuning.next_time() < INF):
+    while ai < n or fin_heap or (tuning and tuning.next_time() < INF) or (power and len(queue)):
         while fin_heap and fin_heap[0][2] != version[fin_heap[0][1]]:
             heapq.heappop(fin_heap)
+        while changes and (changes[0][1] not in running or changes[0][2] != rver[changes[0][1]]):
+            heapq.heappop(changes)
+        wake = policy.wake_at() if ranked else INF
         now = min(jobs[ai].submit if ai < n else INF, fin_heap[0][0] if fin_heap else INF,
-                  tuning.next_time() if tuning else INF)
+                  tuning.next_time() if tuning else INF, changes[0][0] if changes else INF,
+                  wake if len(queue) else INF, power.next_time() if power else INF)
         if now == INF:
             break
+        if power:
+            power.finish_boots(now)
         reprioritise = False
         ended, started_info, touched = [], [], set()
         while fin_heap and fin_heap[0][0] <= now:
@@ -229,12 +294,23 @@ def run_rigid(trace: Trace, spec: ClusterSpec, policy: QueuePolicy,
             queue.push(j.job_id, j.gpus, policy.priority(j, j.duration, now))
             arrived.append(j.job_id)
             ai += 1
+        while changes and changes[0][0] <= now:
+            _, jid, rv = heapq.heappop(changes)
+            if jid in running and rv == rver[jid]:
+                rank(jid, now)
+        reprioritise |= wake <= now
         if reprioritise and len(queue):
             ids = queue.job_ids()
             prios = policy.priorities([(jobs[i], remaining[i]) for i in ids], now)
             queue.reprioritise(dict(zip(ids, prios)))
         starts = select_starts(queue, free, policy.backfill)
-        if policy.preemptive:
+        if ranked:
+            for jid, p in preempt_ranked(now):
+                start(jid, p, now)
+                started_info.append((jid, jobs[jid].gpus, jobs[jid].bubble_fraction))
+                touched.update(node for node, _ in p)
+            starts += select_starts(queue, free, policy.backfill)
+        elif policy.preemptive:
             for jid in arrived:
                 if jid not in queue:
                     continue
@@ -259,11 +335,17 @@ def run_rigid(trace: Trace, spec: ClusterSpec, policy: QueuePolicy,
             touched.update(node for node, _ in p)
         if tuning:
             tuning.step(now, touched, started_info, ended)
+        if power:
+            power.step(now, queue, busy)
         util_t.append(now)
         util_b.append(busy)
 
     extra = {"preemptions": sum(restarts)}
     if tuning:
         extra.update(tuning.summary(trace))
+    if power:
+        extra.update(power.summary())
     return RunLog(first_start=first_start, finish=finish, restarts=restarts,
-                  util_t=util_t, util_busy=util_b, extra=extra)
+                  util_t=util_t, util_busy=util_b, extra=extra,
+                  power_t=power.t if power else (), power_on=power.on if power else (),
+                  power_model=policy.power if power else None)

@@ -11,6 +11,7 @@ raises ``TraceError`` naming the file, line and column of the first bad row.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from datetime import datetime, timezone
@@ -19,6 +20,8 @@ from pathlib import Path
 from .jobs import ElasticSpec, Job, Trace, make_trace
 
 FORMATS = ("philly", "pollux", "helios")
+MAX_SECONDS = 1e9      # a job duration of ~31 years or more is a broken row, not a job
+MAX_TIMESTAMP = 1e11   # seconds; year ~5100
 
 
 class TraceError(ValueError):
@@ -33,22 +36,38 @@ def default_traces_dir() -> Path:
     return Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
 
-def _rows(path: Path, required: tuple[str, ...]):
-    """Yield (line_number, row dict) checking the header has ``required`` columns."""
+def read_text(path) -> str:
+    """The file as UTF-8 text; a bad byte is reported with its line and column."""
     path = Path(path)
     if not path.is_file():
-        raise TraceError(f"{path}: no such trace file")
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        header = reader.fieldnames or []
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise TraceError(f"{path}: missing column(s) {missing}; header is {header}")
-        for row in reader:
-            yield reader.line_num, row
+        raise TraceError(f"{path}: no such file")
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise TraceError(f"{path}:{line}: byte 0x{data[e.start]:02x} at column {col} is not UTF-8 "
+                         "(traces must be UTF-8 CSV)") from None
 
 
-def _num(path, line, row, col, *, integer=False, minimum=None):
+def _rows(path: Path, required: tuple[str, ...]):
+    """Yield (line_number, row dict) checking the header has ``required`` columns;
+    a file with a header and no rows is an error too."""
+    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
+    header = reader.fieldnames or []
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise TraceError(f"{path}:1: missing column(s) {missing}; header is {header}")
+    rows = 0
+    for row in reader:
+        rows += 1
+        yield reader.line_num, row
+    if not rows:
+        raise TraceError(f"{path}:2: no job rows after the header")
+
+
+def _num(path, line, row, col, *, integer=False, minimum=None, maximum=None):
     raw = row.get(col)
     try:
         val = float(raw)
@@ -63,23 +82,33 @@ def _num(path, line, row, col, *, integer=False, minimum=None):
         raise TraceError(f"{path}:{line}: column {col!r} = {raw!r} is not {kind}") from None
     if minimum is not None and val < minimum:
         raise TraceError(f"{path}:{line}: column {col!r} = {raw!r} must be >= {minimum}")
+    if maximum is not None and val > maximum:
+        raise TraceError(f"{path}:{line}: column {col!r} = {raw!r} must be <= {maximum:g}")
     return val
 
 
 def _time(path, line, row, col) -> float:
     raw = (row.get(col) or "").strip()
     try:
-        return float(raw)
+        val = float(raw)
     except ValueError:
         pass
+    else:
+        if not (math.isfinite(val) and 0 <= val <= MAX_TIMESTAMP):
+            raise TraceError(f"{path}:{line}: column {col!r} = {raw!r} must be seconds in "
+                             f"[0, {MAX_TIMESTAMP:g}]")
+        return val
     try:
         when = datetime.fromisoformat(raw)
         if when.tzinfo is None:  # trace dates carry no zone: read them as UTC, on every machine
             when = when.replace(tzinfo=timezone.utc)
-        return when.timestamp()
+        val = when.timestamp()
     except ValueError:
         raise TraceError(f"{path}:{line}: column {col!r} = {raw!r} is neither seconds "
                          "nor a date like 2017-10-09 07:01:55") from None
+    if val < 0:
+        raise TraceError(f"{path}:{line}: column {col!r} = {raw!r} is before 1970")
+    return val
 
 
 def load_philly(path) -> Trace:
@@ -88,7 +117,7 @@ def load_philly(path) -> Trace:
     for line, row in _rows(path, ("timestamp", "duration", "num_gpus", "cluster")):
         jobs.append(Job(job_id=line, submit=_time(path, line, row, "timestamp"),
                         gpus=_num(path, line, row, "num_gpus", integer=True, minimum=1),
-                        duration=_num(path, line, row, "duration", minimum=0),
+                        duration=_num(path, line, row, "duration", minimum=0, maximum=MAX_SECONDS),
                         vc=row["cluster"], name=f"philly-{line}"))
     return make_trace(jobs, source=str(path))
 
@@ -105,7 +134,7 @@ def load_helios(path, *, skip_cpu_jobs: bool = True) -> Trace:
                 continue
             raise TraceError(f"{path}:{line}: column 'gpu_num' = 0 (CPU job)")
         jobs.append(Job(job_id=line, submit=_time(path, line, row, "submit_time"), gpus=gpus,
-                        duration=_num(path, line, row, "duration", minimum=0),
+                        duration=_num(path, line, row, "duration", minimum=0, maximum=MAX_SECONDS),
                         user=row["user"], vc=row["vc"], name=row["job_id"]))
     return make_trace(jobs, source=str(path))
 
@@ -130,7 +159,8 @@ def load_pollux(path, profiles_dir=None) -> Trace:
         bsz = _num(path, line, row, "batch_size", integer=True, minimum=1)
         prof = apps[app]
         spec = ElasticSpec(app, bsz, 1, prof.max_gpus)
-        jobs.append(Job(job_id=line, submit=_num(path, line, row, "time", minimum=0), gpus=gpus,
+        submit = _num(path, line, row, "time", minimum=0, maximum=MAX_TIMESTAMP)
+        jobs.append(Job(job_id=line, submit=submit, gpus=gpus,
                         duration=prof.isolated_runtime(gpus, bsz), name=row["name"],
                         vc=app, elastic=spec))
     return make_trace(jobs, source=str(path))

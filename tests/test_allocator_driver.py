@@ -3,7 +3,6 @@ objects as the simulator, preemption, elastic resizes and tuning guests."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -63,19 +62,6 @@ def test_replaying_the_journal_rebuilds_the_same_table_and_policy_state(tmp_path
     assert summaries(again) == summaries(rec.driver)
     assert again.next_id == 4 and again.by_request == {"r-a": a}
     assert again.jobs[c].priority > again.jobs[d].priority, "the rebuilt QSSF history ranks 'short' first"
-
-
-def test_a_torn_last_line_is_dropped_and_later_records_follow_cleanly(tmp_path):
-    path = tmp_path / "j.jsonl"
-    j = Journal(path)
-    j.append({"ev": "submit", "job_id": 0})
-    j.close()
-    with open(path, "a") as f:
-        f.write('{"ev": "start", "job_')   # the allocator died mid-write
-    j = Journal(path)
-    j.append({"ev": "submit", "job_id": 1})
-    assert [r["job_id"] for r in j.replay()] == [0, 1]
-    assert all(json.loads(line) for line in path.read_text().splitlines())
 
 
 @pytest.mark.parametrize("policy", ["fifo", "sjf", "qssf"])
@@ -225,3 +211,136 @@ def test_policies_refuse_jobs_they_cannot_run():
             JobSpec(entrypoint="m:f", gpus=4, application="bert", min_gpus=2, max_gpus=8))
     with pytest.raises(ValueError, match="need the tuning-aware policy"):
         LiveDriver(make_policy("fifo")).check(JobSpec(entrypoint="m:f", kind="tuning", groups=2, sweep="s"))
+
+
+def tiresias(thresholds=(100.0,)):
+    from scheduler_bridge.policy_tiresias import Tiresias
+
+    return Tiresias(thresholds=thresholds)
+
+
+def test_tiresias_preempts_a_demoted_job_for_a_newcomer_by_attained_service_not_the_hint():
+    rec = Recorder(LiveDriver(tiresias()))
+    big = rec.submit(12, expected_seconds=1.0)      # a hint that would make SRTF keep it
+    rec.start_decided()
+    rec.submit(4, expected_seconds=1e6)
+    assert rec.driver.decide(INV, NODES, rec.t + 5).stops == [], \
+        "60 GPU-s attained: the running job is still in the first queue, ahead of the newcomer"
+    assert rec.driver.decide(INV, NODES, rec.t + 9).stops == [(big, "preempt")], \
+        "past 100 GPU-s it is demoted below the newcomer whatever its hint says"
+
+
+def test_tiresias_ranks_a_preempted_job_by_the_service_it_ran_which_replay_rebuilds(tmp_path):
+    path = tmp_path / "j.log"
+    rec = Recorder(LiveDriver(tiresias()), Journal(path))
+    a = rec.submit(12)
+    rec.start_decided()
+    b = rec.submit(12)
+    rec.emit({"ev": "stop", "job_id": a, "reason": "preempt"}, dt=20.0)
+    rec.emit({"ev": "requeue", "job_id": a, "reason": "preempt", "ran_s": 21.0})
+    assert [s[0] for s in rec.start_decided()] == [b], "A (252 GPU-s, second queue) waits behind B"
+    c = rec.submit(12)
+    assert rec.driver.jobs[c].priority < rec.driver.jobs[a].priority, "a newcomer ranks ahead of demoted A"
+
+    again = LiveDriver(tiresias())
+    again.replay(Journal(path).scan().records)
+    assert {j: again.jobs[j].priority for j in (a, c)} == {j: rec.driver.jobs[j].priority for j in (a, c)}
+
+
+def test_ces_capacity_grows_at_once_for_waiting_jobs_and_shrinks_only_after_a_quiet_interval():
+    from scheduler_bridge.forecast import DemandForecaster
+    from scheduler_bridge.live_power import CapacityPlan
+    from scheduler_bridge.policy_ces import CES
+    from scheduler_bridge.policy_queue import FIFO
+
+    plan = CapacityPlan(CES(FIFO(), spare_nodes=0, interval=60.0,
+                            forecaster=DemandForecaster(bin_s=1.0, lookback=5.0, horizon=0.0, days=0)))
+    nodes = lambda b: None if b is None else len(b)
+    assert nodes(plan.update(0.0, 4, 3, busy_gpus=0, queued_gpus=[])) == 0
+    assert nodes(plan.update(1.0, 4, 3, busy_gpus=0, queued_gpus=[12])) == 3, "a waiting job: boot at once"
+    assert plan.update(2.0, 4, 3, busy_gpus=12, queued_gpus=[]) is None, "unchanged: no new request"
+    assert plan.update(30.0, 4, 3, busy_gpus=0, queued_gpus=[]) is None, "demand gone, but not for 60 s"
+    assert nodes(plan.update(62.0, 4, 3, busy_gpus=0, queued_gpus=[])) == 0
+    assert nodes(plan.update(63.0, 4, 3, busy_gpus=0, queued_gpus=[16])) == 4, \
+        "a job larger than the known nodes still gets its capacity asked for"
+
+
+SLOWDOWN = {("mlp", "gpt"): 1.2, ("gpt", "mlp"): 1.1, ("mlp", "mlp"): 1.6, ("gpt", "gpt"): 1.3}
+MEMORY = {"mlp": 500.0, "gpt": 3000.0}
+
+
+def packing_driver(margin=0.25, **knobs):
+    from scheduler_bridge.interference import InterferenceTable
+    from scheduler_bridge.live_packing import LivePacking
+    from scheduler_bridge.policy_lucid import Lucid
+
+    lucid = Lucid(InterferenceTable(SLOWDOWN, MEMORY), gpu_memory_mb=4096.0, min_gain=0.0, **knobs)
+    return LiveDriver(lucid, packing=LivePacking(lucid, margin))
+
+
+def fill(rec, workloads):
+    """Start one one-GPU job per workload (the cluster's 12 GPUs hold 12)."""
+    ids = [rec.submit(1, workload=w) for w in workloads]
+    assert sorted(s[0] for s in rec.start_decided()) == ids
+    return ids
+
+
+def test_a_waiting_job_is_packed_beside_the_host_the_table_predicts_cheapest_and_shares_its_gpu():
+    rec = Recorder(packing_driver())
+    hosts = fill(rec, ["mlp"] * 6 + ["gpt"] * 6)
+    a, b = rec.submit(1, workload="mlp"), rec.submit(1, workload="mlp")
+    d = rec.driver.decide(INV, NODES, rec.t)
+    assert d.starts == [] and d.stops == []
+    assert d.packs == [(a, hosts[6]), (b, hosts[7])], "mlp beside gpt (1.2 + 1.1) beats mlp beside mlp (1.6)"
+    rec.emit({"ev": "start-packed", "job_id": a, "attempt": 1, "host": hosts[6]})
+    assert rec.driver.jobs[a].where == rec.driver.jobs[hosts[6]].where and rec.driver.jobs[a].gpus == 1
+    assert rec.driver.decide(INV, NODES, rec.t).packs == [(b, hosts[7])], "a host takes one partner"
+    rec.emit({"ev": "finish", "job_id": hosts[0], "status": "done"})
+    assert [s[0] for s in rec.driver.decide(INV, NODES, rec.t).starts] == [b], \
+        "the packed pair holds one GPU: the freed GPU goes to the next job alone"
+
+
+def test_the_rule_never_packs_past_memory_the_slowdown_limit_or_an_unmeasured_pair():
+    rec = Recorder(packing_driver(max_slowdown=1.25))
+    fill(rec, ["mlp"] * 12)
+    rec.submit(1, workload="mlp")        # 1.6 beside mlp: over the limit
+    rec.submit(1, workload="bert")       # never measured
+    rec.submit(1)                        # no workload: never packed
+    assert rec.driver.decide(INV, NODES, rec.t).packs == []
+    rec2 = Recorder(packing_driver())
+    fill(rec2, ["gpt"] * 12)
+    rec2.submit(1, workload="gpt")       # 3000 + 3000 MB > 4096 MB
+    assert rec2.driver.decide(INV, NODES, rec2.t).packs == []
+
+
+def test_a_pair_slower_than_predicted_is_parted_and_never_packed_again(tmp_path):
+    rec = Recorder(packing_driver(margin=0.25), Journal(tmp_path / "j.log"))
+    hosts = fill(rec, ["gpt"] * 12)
+    a = rec.submit(1, workload="mlp")
+    host = rec.driver.decide(INV, NODES, rec.t).packs[0][1]
+    for done in (0.10, 0.11):                       # alone: 0.01 per second
+        rec.emit({"ev": "progress", "job_id": host, "done": done})
+    rec.emit({"ev": "start-packed", "job_id": a, "attempt": 1, "host": host})
+    for done in (0.115, 0.12, 0.125):               # beside A: 0.005 per second, 2.0x; predicted 1.1x
+        rec.emit({"ev": "progress", "job_id": host, "done": done})
+    assert rec.driver.decide(INV, NODES, rec.t).stops == [(a, "interference")]
+    rec.emit({"ev": "stop", "job_id": a, "reason": "interference"})
+    rec.emit({"ev": "requeue", "job_id": a, "reason": "interference"})
+    again = LiveDriver(rec.driver.policy, packing=rec.driver.packing)
+    again.replay(Journal(tmp_path / "j.log").scan().records)
+    assert again.jobs[a].avoid == [host]
+    packs = again.decide(INV, NODES, rec.t).packs
+    assert packs and packs[0][0] == a and packs[0][1] != host and packs[0][1] in hosts
+
+
+def test_run_time_and_tiresias_service_count_from_when_every_rank_is_up_not_from_placement():
+    rec = Recorder(LiveDriver(tiresias()))
+    a = rec.submit(12)
+    rec.start_decided()
+    rec.emit({"ev": "ready", "job_id": a, "attempt": 1}, dt=30.0)      # 30 s of actor start-up
+    ready_t = rec.t
+    rec.submit(4)
+    assert rec.driver.decide(INV, NODES, rec.t + 7).stops == [], "7 s x 12 GPUs = 84 GPU-s: not yet demoted"
+    rec.emit({"ev": "ready", "job_id": a, "attempt": 1}, dt=5.0)       # a restarted allocator's repeat
+    rec.emit({"ev": "requeue", "job_id": a, "reason": "fault"}, dt=5.0)
+    assert rec.driver.jobs[a].run_s == rec.t - ready_t, "ran from its first ready, not from the start event"

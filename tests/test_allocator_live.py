@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow   # a multi-node Ray cluster for the module
+
 ENTRY = "test_allocator_live:count_steps"
 GPUS_PER_NODE = 4
 
@@ -31,7 +33,10 @@ def count_steps(ctx):
             with open(cfg["log"], "a") as f:
                 f.write(json.dumps({"attempt": ctx.attempt, **rec}) + "\n")
 
-    log(ev="start", step=state["step"], gpus=ctx.gpus, batch=ctx.batch_size, world=ctx.world_size)
+    import ray
+
+    log(ev="start", step=state["step"], gpus=ctx.gpus, batch=ctx.batch_size, world=ctx.world_size,
+        gpu_ids=[str(g) for g in ray.get_gpu_ids()])
     while state["step"] < cfg["steps"] and not ctx.should_stop():
         time.sleep(cfg.get("step_s", 0.05))
         state["step"] += 1
@@ -229,6 +234,125 @@ def test_srtf_preempts_a_long_job_which_resumes_from_its_checkpoint(allocator, t
     assert [r["step"] for r in recs if r["ev"] == "step"] == list(range(1, 41))
 
 
+def test_tiresias_preempts_a_demoted_job_for_a_newcomer_and_it_resumes_from_its_checkpoint(
+        allocator, tmp_path):
+    from scheduler_bridge import jobs_api
+
+    # 60 GPU-s: 12 GPUs are demoted after 5 s (start-up included), 1 GPU only after a minute
+    allocator("tiresias", tiresias={"thresholds": (60.0,)})
+    log = tmp_path / "big.log"
+    big = jobs_api.submit(ENTRY, 12, expected_seconds=1.0,   # the hint plays no part in Tiresias
+                          config={"steps": 80, "step_s": 0.1, "every": 100, "log": str(log)})
+    wait_for(lambda: any(r["ev"] == "step" and r["step"] >= 55 for r in read_log(log)),
+             what="big past its demotion")
+    small = jobs_api.submit(ENTRY, 1, expected_seconds=1e6, config={"steps": 5})
+    fs, fb = jobs_api.wait_job(small, 120), jobs_api.wait_job(big, 120)
+    assert fs["state"] == fb["state"] == "done", (fs["error"], fb["error"])
+    assert fb["requeues"] == ["preempt"] and fs["requeues"] == []
+    assert fs["first_start"] < fb["finish_t"], "the newcomer ran before the demoted job finished"
+    recs = read_log(log)
+    starts = [r for r in recs if r["ev"] == "start"]
+    last_before = max(r["step"] for r in recs if r["ev"] == "step" and r["attempt"] == 1)
+    assert len(starts) == 2 and starts[1]["step"] == last_before, "checkpointed on request, resumed there"
+    assert [r["step"] for r in recs if r["ev"] == "step"] == list(range(1, 81))
+
+
+def test_an_allocator_starts_on_a_damaged_journal_keeps_every_valid_job_and_names_the_damage(
+        allocator, tmp_path):
+    from scheduler_bridge import jobs_api
+    from scheduler_bridge.journal import frame
+
+    good = [frame({"ev": "submit", "t": 1.0, "job_id": i, "request_id": f"r{i}",
+                   "spec": {"entrypoint": ENTRY, "gpus": 16, "config": {"steps": 1}}}) for i in range(3)]
+    unknown = frame({"ev": "launch", "job_id": 0})
+    torn = frame({"ev": "finish", "job_id": 2, "status": "done"})[:-9]
+    blob = good[0] + b"\xff\xfegarbage\n" + good[1] + unknown + good[2] + torn
+    (tmp_path / "journal.jsonl").write_bytes(blob)
+    allocator("fifo")
+    st = jobs_api.status()
+    problems = st["journal_problems"]
+    assert [p.split(": ")[1] for p in problems] == [
+        f"corrupt record quarantined at byte offset {len(good[0])} (10 bytes)",
+        f"torn tail dropped at byte offset {len(blob) - len(torn)} ({len(torn)} bytes)",
+        f"record at byte offset {len(good[0]) + 10 + len(good[1])} skipped"], problems
+    assert [(j["job_id"], j["state"]) for j in jobs_api.list_jobs()] == [(0, "queued"), (1, "queued"),
+                                                                       (2, "queued")]
+    assert jobs_api.submit(ENTRY, 1, config={"steps": 1}, request_id="r1") == 1, "requests dedup after it"
+
+
+def requested_capacity() -> list[dict]:
+    """What ``request_resources`` last asked of the autoscaler, read back where Ray keeps it."""
+    from ray.autoscaler._private.constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
+    from ray.autoscaler.v2.utils import is_autoscaler_v2
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    assert not is_autoscaler_v2(), "this cluster runs autoscaler v2: read get_cluster_resource_state"
+    raw = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
+    return json.loads(raw) if raw else []
+
+
+def test_ces_asks_the_autoscaler_to_scale_down_and_boots_for_a_waiting_job_at_once(allocator):
+    from scheduler_bridge import jobs_api
+
+    boot = 30.0
+    allocator("ces:fifo", ces={"spare_nodes": 1, "interval": 1.0, "boot_delay": boot,
+                               "forecast": {"bin_s": 1.0, "lookback": 2.0, "horizon": 0.0, "days": 0}})
+    wait_for(lambda: requested_capacity() == [{"GPU": 4.0}], what="no demand: keep only the spare node")
+    assert jobs_api.status()["capacity_request"] == [{"GPU": 4.0}]
+    jid = jobs_api.submit(ENTRY, 12, config={"steps": 20, "step_s": 0.1})
+    wait_for(lambda: len(requested_capacity()) == 3, timeout=5, what="three nodes asked for the waiting job")
+    done = jobs_api.wait_job(jid, 120)
+    assert done["state"] == "done", done["error"]
+    assert done["first_start"] - done["submit_t"] <= boot, "the job waited longer than a node takes to boot"
+    wait_for(lambda: requested_capacity() == [{"GPU": 4.0}], timeout=30,
+             what="capacity given back once the demand has left the forecast window")
+
+
+def pg_by_name(name):
+    from ray.util.placement_group import placement_group_table
+
+    return next((r for r in placement_group_table().values() if r["name"] == name and r["state"] == "CREATED"),
+                None)
+
+
+def test_lucid_packs_a_waiting_job_into_the_half_gpu_its_host_reserved_and_they_share_that_gpu(
+        allocator, tmp_path):
+    import ray
+    from scheduler_bridge import jobs_api
+
+    table = tmp_path / "interference.csv"
+    table.write_text("# measured for this test\nworkload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
+                     "mlp-small,mlp-small,100,80,1.25,200\n")
+    allocator("lucid", lucid={"table": str(table), "gpu_memory_mb": 1000.0})
+    blockers = [jobs_api.submit(ENTRY, g, config={"steps": 10_000}) for g in (4, 4, 3)]
+    logs = {k: tmp_path / f"{k}.log" for k in ("host", "guest")}
+    host = jobs_api.submit(ENTRY, 1, workload="mlp-small", config={"steps": 10_000, "log": str(logs["host"])})
+    wait_for(lambda: all(running(j) for j in (*blockers, host)), what="the cluster full")
+    guest = jobs_api.submit(ENTRY, 1, workload="mlp-small", config={"steps": 10_000, "log": str(logs["guest"])})
+    wait_for(lambda: running(guest), what="the waiting job packed")
+
+    assert jobs_api.status()["packed"] == {guest: host}
+    node = job(host)["where"][0][0]
+    assert job(guest)["where"] == [[node, 1]], "the pair is accounted as one GPU of the host's node"
+    own, half = pg_by_name(f"hpo-job-{host}-a1"), pg_by_name(f"hpo-share-{host}-a1")
+    for row in (own, half):
+        assert row["bundles"] == {0: {"GPU": 0.5}} and row["bundles_to_node_id"] == {0: node}, row
+    assert pg_by_name(f"hpo-job-{guest}-a1") is None, "the guest lives in the host's reserved half"
+    assert ray.available_resources().get("GPU", 0.0) == 0.0, "4 + 4 + 3 + 1/2 + 1/2: the pair fills one GPU"
+    ids = {k: wait_for(lambda: next((r["gpu_ids"] for r in read_log(p) if r["ev"] == "start"), None),
+                       what=f"{k} started") for k, p in logs.items()}
+    assert ids["host"] == ids["guest"] and len(ids["host"]) == 1, f"both run on one GPU: {ids}"
+
+    jobs_api.cancel(host)   # the guest stays; the half its host leaves is reserved for it
+    wait_for(lambda: pg_by_name(f"hpo-share-{guest}-a1"), what="a reserved half for the guest")
+    assert running(guest) and jobs_api.status()["packed"] == {}
+    wait_for(lambda: ray.available_resources().get("GPU", 0.0) == 0.0, what="the host's half taken again")
+    for j in (*blockers, guest):
+        jobs_api.cancel(j)
+    wait_for(lambda: not any(pg_by_name(f"hpo-share-{j}-a1") for j in (host, guest)),
+             what="reserved halves removed with their jobs")
+
+
 def test_allocator_killed_restarts_from_its_journal_without_losing_or_duplicating_jobs(
         allocator, tmp_path):
     import ray
@@ -350,6 +474,23 @@ def test_job_cli_starts_the_allocator_submits_lists_and_cancels(cluster, tmp_pat
         assert main(["job", "stop", *base]) == 0
     with pytest.raises(ValueError, match="no allocator running"):
         jobs_api.get_allocator()
+
+
+def test_job_cli_with_an_explicit_address_uses_the_clusters_token_without_ray_auth_mode(
+        cluster, allocator):
+    import os
+    import subprocess
+    import sys
+
+    c, _ = cluster
+    allocator("fifo")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}   # the README's client
+    repo = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = f"{repo}:{repo / 'tests'}"
+    out = subprocess.run([sys.executable, "-m", "scheduler_bridge.job_cli", "job", "list", "--json",
+                          "--address", c.address], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout) == []
 
 
 def test_node_removed_jobs_go_back_to_the_queue_and_resume_from_checkpoint(

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_bridge import (QSSF, ClusterSpec, Job, TuningJob, make_policy, make_trace,
+from scheduler_bridge import (QSSF, ClusterSpec, Job, Tiresias, TuningJob, make_policy, make_trace,
                               simulate)
 
 CLUSTER = ClusterSpec(16, 8)
@@ -20,6 +20,8 @@ trace_st = st.lists(job_st, min_size=1, max_size=25).map(
 def _policy(name):
     if name == "qssf":
         return QSSF(first_fit=5, refit_min=5)   # exercise the regressor on tiny traces
+    if name == "tiresias":  # a low threshold, so that jobs of these short traces are demoted
+        return Tiresias(thresholds=(300.0,))
     if name == "tuning-aware-srtf":
         return make_policy("tuning-aware", base="srtf")
     return make_policy(name)
@@ -35,7 +37,7 @@ def _max_concurrent_gpus(df):
     return peak
 
 
-@pytest.mark.parametrize("name", ["fifo", "sjf", "srtf", "qssf", "tuning-aware",
+@pytest.mark.parametrize("name", ["fifo", "sjf", "srtf", "qssf", "tiresias", "tuning-aware",
                                   "tuning-aware-srtf"])
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace=trace_st)
@@ -46,7 +48,7 @@ def test_random_traces_keep_the_simulator_invariants(name, trace):
     assert (df.start >= df.submit).all(), "no job may start before it is submitted"
     assert (df.finish >= df.start + df.duration - 1e-9).all(), "a job cannot finish early"
     assert max(res.log.util_busy) <= CLUSTER.num_gpus, "more GPUs allocated than exist"
-    if "srtf" not in name:  # non-preemptive: one interval per job
+    if "srtf" not in name and name != "tiresias":  # non-preemptive: one interval per job
         assert _max_concurrent_gpus(df) <= CLUSTER.num_gpus
     again = simulate(trace, _policy(name), CLUSTER, restart_cost=7.0).jobs_frame()
     assert df.equals(again), "same trace, same seed: same result"
@@ -85,3 +87,79 @@ def test_elastic_random_workloads_finish_within_capacity(name, rows):
     assert max(res.log.util_busy) <= spec.num_gpus
     again = simulate(trace, make_policy(name), spec, profiles=apps).jobs_frame()
     assert np.array_equal(df.finish.to_numpy(), again.finish.to_numpy())
+
+
+def _busy_gpu_seconds(res):
+    t = np.asarray(res.log.util_t, dtype=float)
+    b = np.asarray(res.log.util_busy, dtype=float)
+    return float(np.sum(b[:-1] * np.diff(t)))
+
+
+@pytest.mark.parametrize("name", ["fifo", "sjf", "srtf", "qssf", "tiresias", "ces:fifo",
+                                  "ces:tiresias"])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=trace_st)
+def test_every_policy_conserves_work(name, trace):
+    """GPUs are busy for exactly the jobs' GPU time plus the restarts they paid for."""
+    policy = Tiresias(thresholds=(300.0,)) if name == "tiresias" else _policy(name)
+    res = simulate(trace, policy, CLUSTER, restart_cost=7.0)
+    df = res.jobs_frame()
+    work = float((df.gpus * df.duration).sum())
+    restarts = float((df.gpus * df.restarts).sum()) * 7.0
+    busy = _busy_gpu_seconds(res)
+    assert work - 1e-6 <= busy <= work + restarts + 1e-6, (busy, work, restarts)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=trace_st, base=st.sampled_from(["fifo", "tiresias", "sjf"]),
+       boot=st.sampled_from([5.0, 60.0, 400.0]), interval=st.sampled_from([30.0, 200.0]))
+def test_ces_never_keeps_a_runnable_job_waiting_on_a_powered_down_node_past_the_boot_delay(
+        trace, base, boot, interval):
+    from scheduler_bridge.forecast import DemandForecaster
+    from scheduler_bridge.policy_ces import CES
+    from scheduler_bridge.power import PowerModel
+    inner = Tiresias(thresholds=(300.0,)) if base == "tiresias" else make_policy(base)
+    ces = CES(inner, power=PowerModel(boot_delay=boot), spare_nodes=0, margin=0.0,
+              interval=interval, forecaster=DemandForecaster(bin_s=30, lookback=30, horizon=0, days=0))
+    s = simulate(trace, ces, ClusterSpec(32, 8), restart_cost=7.0).summary()
+    assert s["completed"] == len(trace)
+    assert s["runnable_left_unbooted"] == 0, "a runnable job was left waiting on a node that is off"
+    assert s["max_power_wait_s"] <= boot + 1e-9
+
+
+table_st = st.tuples(st.floats(1.0, 2.5), st.floats(1.0, 2.5), st.floats(1.0, 2.5),
+                     st.floats(100, 20000), st.floats(100, 20000))
+
+
+def _lucid_policy(params, gpu_memory_mb):
+    from scheduler_bridge.interference import InterferenceTable
+    from scheduler_bridge.policy_lucid import Lucid
+    s_aa, s_ab, s_bb, m_a, m_b = params
+    table = InterferenceTable({("a", "a"): s_aa, ("a", "b"): s_ab, ("b", "a"): s_ab, ("b", "b"): s_bb},
+                              {"a": m_a, "b": m_b})
+    return Lucid(table, profile_nodes=1, profile_s=60.0, gpu_memory_mb=gpu_memory_mb,
+                 priority_ratio=50.0, first_fit=5, refit_min=5)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=trace_st, params=table_st, gpu_memory=st.sampled_from([5000.0, 16000.0, 40000.0]))
+def test_lucid_packing_never_exceeds_memory_or_two_jobs_per_gpu_and_conserves_work(
+        trace, params, gpu_memory):
+    policy = _lucid_policy(params, gpu_memory)
+    res = simulate(trace, policy, ClusterSpec(24, 8))
+    df = res.jobs_frame()
+    assert df.finish.notna().all(), "every job must finish"
+    fin = df.finish.to_numpy()
+    partner_of = {}
+    for t, q, r, g, mem in res.log.packing:
+        assert mem <= gpu_memory, f"packed {mem} MB onto a {gpu_memory} MB GPU"
+        sharing = {q, r} | {q2 for t2, q2, r2, *_ in res.log.packing if r2 == r and t2 < t and fin[q2] > t}
+        if r in partner_of and fin[partner_of[r]] > t:
+            sharing.add(partner_of[r])
+        assert len(sharing) <= 2, f"{sorted(sharing)} share GPUs at t={t}"
+        partner_of[q] = r
+    worst = max(params[:3])
+    run = df.finish - df.start
+    assert (run >= df.duration - 1e-6).all(), "a job finished before doing its work"
+    assert (run <= df.duration * worst + 1e-6).all(), "a job ran slower than its worst measured pairing"
+    assert res.summary()["preemptions"] == 0

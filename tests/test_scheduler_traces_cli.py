@@ -117,3 +117,75 @@ def test_add_sim_parser_plugs_into_another_cli_and_writes_per_policy_csv(tmp_pat
     assert args.func is run_sim
     assert args.func(args) == 0
     assert (tmp_path / "jobs-fifo.csv").is_file() and (tmp_path / "jobs-srtf.csv").is_file()
+
+
+PHILLY_HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("2017-10-09 07:01:55,1e308,1,0,a\n", "bad.csv:2: column 'duration' = '1e308' must be <= 1e+09"),
+    ("-50,60,1,0,a\n", "bad.csv:2: column 'timestamp' = '-50' must be seconds in [0, 1e+11]"),
+    ("1960-01-01 00:00:00,60,1,0,a\n", "bad.csv:2: column 'timestamp' = '1960-01-01 00:00:00' is before 1970"),
+    ("", "bad.csv:2: no job rows after the header"),
+])
+def test_cli_refuses_out_of_range_or_empty_traces_naming_line_and_column(tmp_path, capsys, body, needle):
+    p = tmp_path / "bad.csv"
+    p.write_text(PHILLY_HEADER + body)
+    rc = main(["sim", "--trace", str(p), "--format", "philly", "--policy", "fifo", "--gpus", "4"])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_cli_non_utf8_trace_names_the_file_line_and_column(tmp_path, capsys):
+    p = tmp_path / "latin.csv"
+    p.write_bytes(PHILLY_HEADER.encode() + b"2017-10-09 07:01:55,60,1,0,a\n2017-10-09 07:02:55,60,1,0,caf\xe9\n")
+    rc = main(["sim", "--trace", str(p), "--format", "philly", "--policy", "fifo", "--gpus", "4"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "latin.csv:3: byte 0xe9 at column 31 is not UTF-8" in err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--limit", "-5"], "--limit = -5 must be in [1, inf]"),
+    (["--restart-cost", "-1"], "--restart-cost = -1.0 must be in"),
+    (["--restart-cost", "nan"], "--restart-cost = nan must be a finite number"),
+    (["--boot-delay", "-3"], "--boot-delay = -3.0 must be in"),
+    (["--policy", "ces:lottery"], "unknown policy 'ces:lottery'"),
+])
+def test_cli_refuses_out_of_range_flags(tmp_path, capsys, argv, needle):
+    base = ["sim", "--trace", str(_small_philly(tmp_path)), "--format", "philly", "--gpus", "4"]
+    rc = main(base + (["--policy", "fifo"] if "--policy" not in argv else []) + argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err, err
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot", "--csv"])
+def test_cli_checks_output_paths_before_simulating(tmp_path, capsys, monkeypatch, flag):
+    import scheduler_bridge.cli as cli
+    monkeypatch.setattr(cli, "simulate", lambda *a, **k: pytest.fail("simulated before the check"))
+    rc = main(["sim", "--trace", str(_small_philly(tmp_path)), "--format", "philly", "--policy", "fifo",
+               "--gpus", "4", flag, str(tmp_path / "missing" / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "missing does not exist" in err
+
+
+def test_cli_bad_interference_table_exits_2_naming_row_and_column(tmp_path, capsys):
+    t = tmp_path / "t.csv"
+    t.write_text("workload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\na,a,1,1,x,5\n")
+    rc = main(["sim", "--trace", str(_small_philly(tmp_path)), "--format", "philly", "--policy", "lucid",
+               "--gpus", "40", "--interference", str(t)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "t.csv:2: column 'slowdown' = 'x' is not a number" in err
+
+
+def test_cli_runs_tiresias_lucid_and_ces_and_reports_energy(tmp_path):
+    out, png = tmp_path / "out.json", tmp_path / "out.png"
+    rc = main(["sim", "--trace", str(_small_philly(tmp_path)), "--format", "philly",
+               "--policy", "tiresias,lucid,ces:qssf", "--gpus", "24", "--gpus-per-node", "4",
+               "--json", str(out), "--plot", str(png)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert [d["policy"] for d in data] == ["tiresias", "lucid", "ces:qssf"]
+    for d in data:
+        for key in ("energy_kwh", "powered_node_hours", "on_utilization", "p999_queue"):
+            assert key in d, key
+    assert png.stat().st_size > 0

@@ -1,0 +1,39 @@
+"""``hpo job start`` refuses bad policy options with one line and exit status 2, before it
+connects to any cluster (no Ray here: a refused start never reaches ``ray.init``; the
+address is one where no cluster listens, so a start that got through could join no one's)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler_bridge.job_cli import main
+
+NOWHERE = "127.0.0.1:9"
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--policy", "fifo", "--tiresias-thresholds", "60"], "--tiresias-* options need --policy tiresias"),
+    (["--policy", "tiresias", "--tiresias-thresholds", "60,x"], "--tiresias-thresholds expects"),
+    (["--policy", "tiresias", "--tiresias-thresholds", "600,60"], "positive and increasing"),
+    (["--policy", "fifo", "--ces-boot-delay", "30"], "--ces-* options need --policy ces:<base>"),
+    (["--policy", "ces:fifo", "--ces-spare-nodes", "-1"], "must be >= 0"),
+    (["--policy", "qssf", "--pack-margin", "0.5"], "need --policy lucid"),
+    (["--policy", "lucid", "--pack-margin", "-0.5"], "margin must be >= 0"),
+])
+def test_bad_policy_options_are_one_line_errors_with_exit_status_2(tmp_path, capsys, extra, says):
+    args = ["job", "start", "--journal", str(tmp_path / "j.log"), "--storage", str(tmp_path),
+            "--address", NOWHERE, *extra]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+
+
+def test_a_bad_interference_table_names_its_line_and_column(tmp_path, capsys):
+    table = tmp_path / "t.csv"
+    table.write_text("workload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
+                     "a,a,100,80,fast,200\n")
+    args = ["job", "start", "--journal", str(tmp_path / "j.log"), "--storage", str(tmp_path),
+            "--address", NOWHERE, "--policy", "lucid", "--interference", str(table)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{table}:2" in err and "'slowdown'" in err and err.count("\n") == 1, err
