@@ -37,6 +37,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import hpo  # noqa: E402  before anything imports ray: the embedded Ray then listens on loopback only
 
 
 def grid(count: int) -> list[float]:
@@ -218,7 +219,6 @@ def main() -> None:
 
     import ray
 
-    import hpo
     from hpo.ray_runtime import ensure_ray
 
     start = time.perf_counter()

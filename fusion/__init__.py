@@ -9,31 +9,37 @@ kernel do the work of B (HFTA, MLSys'21; Hydro, OSDI'23).
 - `fuse_models` / `FusedModel`: the fused model alone; `FusedOptimizer`: the fused optimizer.
 - `FusionError`: a model or config group that cannot be fused (names the layer or key), including
   a model whose members could see each other once fused (`fusion.independence`).
+
+Names load on first use (PEP 562): `fusion.broker`, whose actor every fused member trial looks up,
+must import without torch, and importing a submodule runs this file first.
 """
 
-from fusion.grouping import FUSIBLE_KEYS, MULTIPLIER_KEYS, check_fusible, group_configs, structural_signature
-from fusion.layers import FusionError
-from fusion.model import FusedModel, build_member, fuse_models
-from fusion.optim import FusedOptimizer
-from fusion.sizing import SizingDecision, choose_num_members, measure_member_bytes
+import importlib
 
-from fusion.trainer import FUSED_CHECKPOINT_FILE, MEMBER_CHECKPOINT_FILE, FusedTrainer
+_LAZY = {
+    "FUSIBLE_KEYS": "fusion.grouping",
+    "MULTIPLIER_KEYS": "fusion.grouping",
+    "check_fusible": "fusion.grouping",
+    "group_configs": "fusion.grouping",
+    "structural_signature": "fusion.grouping",
+    "FusionError": "fusion.layers",
+    "FusedModel": "fusion.model",
+    "build_member": "fusion.model",
+    "fuse_models": "fusion.model",
+    "FusedOptimizer": "fusion.optim",
+    "SizingDecision": "fusion.sizing",
+    "choose_num_members": "fusion.sizing",
+    "measure_member_bytes": "fusion.sizing",
+    "FUSED_CHECKPOINT_FILE": "fusion.trainer",
+    "MEMBER_CHECKPOINT_FILE": "fusion.trainer",
+    "FusedTrainer": "fusion.trainer",
+}
 
-__all__ = [
-    "FUSED_CHECKPOINT_FILE",
-    "FUSIBLE_KEYS",
-    "MEMBER_CHECKPOINT_FILE",
-    "MULTIPLIER_KEYS",
-    "FusedModel",
-    "FusedOptimizer",
-    "FusedTrainer",
-    "FusionError",
-    "SizingDecision",
-    "build_member",
-    "check_fusible",
-    "choose_num_members",
-    "fuse_models",
-    "group_configs",
-    "measure_member_bytes",
-    "structural_signature",
-]
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'fusion' has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

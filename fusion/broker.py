@@ -8,6 +8,10 @@ training step) are gathered until the group has `max_members` or no new member a
 window, then the group is launched: by default as one `FusedGroup` actor with the sweep's
 per-trial resources (one GPU or CPU slot), or by any `GroupLauncher` the sweep passes (pipeline
 bubbles: `pipeline_bubble.bubble_pool`).
+
+Member trials talk only to the broker (`join`, then `fetch` per iteration, which the broker
+forwards to the member's group): looking up an actor imports its class's module in the caller,
+so this module imports no torch at its top, and a member's process never does.
 """
 
 from __future__ import annotations
@@ -16,13 +20,12 @@ import asyncio
 import logging
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
-from fusion.group_actor import FusedGroup
-from fusion.grouping import structural_signature
-from hpo.workload import Workload
+if TYPE_CHECKING:
+    from hpo.workload import Workload
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +52,8 @@ def device_group_launcher(
     gpus = group_resources.get("gpu", 0.0)
 
     def launch(configs: list[Mapping[str, Any]], members: list[Hashable], states: list[bytes | None]) -> Any:
+        from fusion.group_actor import FusedGroup  # in the broker's process, which trains nothing itself
+
         group = FusedGroup.options(num_cpus=cpus, num_gpus=gpus, max_restarts=0).remote(
             workload, configs, members, states, max_iterations, "cuda" if gpus > 0 else "cpu", dtype, max(1, int(cpus)),
             checkpoint_every, checkpoint_at_end,
@@ -89,6 +94,8 @@ class GroupBroker:
         self.launched_groups: list[list[Hashable]] = []
 
     def _add(self, trial_id: Hashable, config: Mapping[str, Any], state: bytes | None, step: int, window_s: float) -> _Forming:
+        from fusion.grouping import structural_signature  # torch: only ever imported in the broker's process
+
         key = (structural_signature(self.workload.resolve(config)), step, state is None)
         forming = self.forming.get(key)
         if forming is None or len(forming.members) >= self.max_members:
@@ -107,14 +114,20 @@ class GroupBroker:
             if trial_id not in self.placed:  # its relay may have joined first
                 self._add(trial_id, config, None, 0, REGISTER_WINDOW_S)
 
-    async def join(self, trial_id: Hashable, config: Mapping[str, Any], state: bytes | None, step: int) -> Any:
-        """A member trial's relay asks for its group: the one its registration placed it in, or,
-        for a member resuming at `step` from `state`, a group of members at that step."""
+    async def join(self, trial_id: Hashable, config: Mapping[str, Any], state: bytes | None, step: int) -> None:
+        """A member trial's relay joins its group: the one its registration placed it in, or, for
+        a member resuming at `step` from `state`, a group of members at that step. Returns once
+        the group is launched."""
         forming = self.placed.get(trial_id) if state is None else None
         if forming is None:
             forming = self._add(trial_id, config, state, step, JOIN_WINDOW_S)
         await forming.launched.wait()
-        return forming.group
+
+    async def fetch(self, trial_id: Hashable, iteration: int) -> dict[str, Any]:
+        """Member `trial_id`'s result of `iteration`, from its group (see `MemberRelay.fetch`)."""
+        forming = self.placed[trial_id]
+        await forming.launched.wait()
+        return await forming.group.fetch.remote(trial_id, iteration)
 
     async def _launch_when_ready(self, key: tuple, forming: _Forming) -> None:
         while len(forming.members) < self.max_members:

@@ -6,6 +6,9 @@ ASHA/HyperBand see every result), but its process only relays: it imports neithe
 model, so Tune can reuse it between trials and it costs a Ray worker's baseline memory. The
 training happens in the group actor (`fusion.group_actor.FusedGroup`).
 
+A relay talks only to the broker, never to the group actor: looking up an actor imports its
+class's module, and the group's module imports torch.
+
 Groups do not wait for relays to start: `FusionCallback` registers every fresh trial with the
 broker as soon as Tune creates it, so the group forms and starts training while the relay
 processes are still starting; a relay that joins later finds its group already there.
@@ -48,10 +51,10 @@ def fused_member_trainable(sweep: str, max_iterations: int) -> Callable[[dict[st
                 with open(os.path.join(directory, PROGRESS_FILE)) as handle:
                     progress = json.load(handle)
             iteration, step = progress["iteration"], progress["step"]
-        group = ray.get(broker.join.remote(trial_id, config, state, step))
+        ray.get(broker.join.remote(trial_id, config, state, step))
         while iteration < max_iterations:
             iteration += 1
-            result = ray.get(group.fetch.remote(trial_id, iteration))
+            result = ray.get(broker.fetch.remote(trial_id, iteration))
             metrics = result["metrics"]
             if result.get("checkpoint") is None:  # not due under the sweep's checkpoint policy
                 tune.report(metrics)
