@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hpo.errors import ConfigIssue, SweepConfigError
+from hpo.logging_callbacks import MODELS_BY_PATH as LOGGING_MODELS, LoggingSpec
 from hpo.scaling._config import ScalingConfig
 from hpo.yaml_source import YamlSource
 
@@ -197,6 +198,7 @@ class SweepSpec(_Strict):
     scaling: ScalingConfig | None = None
     fusion: FusionConfig | None = None
     checkpoint: CheckpointPolicy = CheckpointPolicy()
+    logging: LoggingSpec | None = None
 
     @model_validator(mode="after")
     def _check_method(self) -> "SweepSpec":
@@ -259,6 +261,7 @@ _MODELS_BY_PATH_DEPTH: dict[str, type[BaseModel]] = {
     "fusion": FusionConfig,
     "scaling": ScalingConfig,
     "checkpoint": CheckpointPolicy,
+    **LOGGING_MODELS,
 }
 
 

@@ -10,6 +10,7 @@ from ray import tune
 
 from hpo.api import Tuner, sweep_run_config
 from hpo.progress import ProgressCallback
+from hpo.logging_callbacks import logger_callbacks
 from hpo.errors import ConfigIssue, SweepConfigError
 from hpo.search_space import param_space
 from hpo.spec import SweepSpec
@@ -61,7 +62,8 @@ def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
             time_budget_s=spec.time_budget_s,
         ),
         run_config=sweep_run_config(
-            spec.name, spec.storage_path, stop, spec.max_failures, callbacks if show_progress else [], verbose=0
+            spec.name, spec.storage_path, stop, spec.max_failures,
+            (callbacks if show_progress else []) + logger_callbacks(spec.logging, spec.name, loaded.experiment_path, loaded.source), verbose=0,
         ),
         resources={"cpu": spec.resources.cpu, "gpu": spec.resources.gpu},
         scaling=spec.scaling,
