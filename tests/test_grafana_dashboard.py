@@ -13,7 +13,6 @@ import pytest
 
 from hpo.controller import start_controller
 
-
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "hpo_dashboard.json"
 LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.+),\s*(?P<label>\w+)\)$")
 
