@@ -40,6 +40,9 @@ def status_line(
 
 
 class ProgressCallback(Callback):
+    """Prints to `stream` (default: stdout); the live line only where that is a terminal, since
+    carriage returns would garble a log file or a CI transcript."""
+
     def __init__(self, metric: str, mode: str, total: int | None = None, stream: TextIO | None = None):
         self.metric, self.mode, self.total = metric, mode, total
         self._stream = stream  # None: whatever sys.stdout is when a line is written
