@@ -9,8 +9,8 @@ from typing import Any
 from ray import tune
 
 from hpo.api import Tuner, sweep_run_config
-from hpo.progress import ProgressCallback
 from hpo.logging_callbacks import logger_callbacks
+from hpo.progress import ProgressCallback
 from hpo.errors import ConfigIssue, SweepConfigError
 from hpo.search_space import param_space
 from hpo.spec import SweepSpec
