@@ -26,6 +26,9 @@ def quadratic(config):
         tune.report({"score": (config["x"] - 1.0) ** 2 + 1.0 / iteration})
 
 
+quadratic.reported_metrics = ("score",)  # lets `hpo` check the sweep's metric name up front
+
+
 def expected_scores(x: float) -> list[float]:
     return [(x - 1.0) ** 2 + 1.0 / iteration for iteration in range(1, ITERATIONS + 1)]
 
@@ -141,7 +144,7 @@ def test_a_tracking_store_mlflow_refuses_fails_before_any_trial_with_exit_status
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     path = sweep_file(tmp_path, f"logging:\n  mlflow: {{tracking_uri: 'file://{tmp_path / 'store'}'}}\n")
     assert main(["run", str(path)]) == 2
-    error = capsys.readouterr().err.strip()
-    assert error.startswith(f"error: {path}:10: logging.mlflow.tracking_uri: MLflow cannot use tracking store")
-    assert "\n" not in error
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(f"error: {path}:10: logging.mlflow.tracking_uri: MLflow cannot use tracking store")
     assert not (tmp_path / "runs" / "logged").exists(), "no trial ran"
