@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -61,6 +62,7 @@ def cluster():
             os.killpg(head.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def ray_job(cluster: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
