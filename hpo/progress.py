@@ -1,34 +1,124 @@
-"""One line per finished trial on the terminal, instead of Tune's wide status tables."""
+"""What the terminal shows while a sweep runs, instead of Tune's wide status tables.
+
+One line per finished trial, always (a log file or CI keeps them). On a terminal, also one live
+status line, redrawn in place: trials running and done, the best value so far and an ETA, so a
+sweep of long trials is never silent between two finished trials.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+import sys
+import time
+from typing import Any, TextIO
 
 from ray.tune import Callback
 
+#: Seconds between two redraws of the live line; Tune calls `on_step` far more often.
+REFRESH_S = 0.5
+_CLEAR_LINE = "\r\x1b[K"
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+def status_line(
+    running: int, done: int, total: int | None, metric: str, best: float | None, elapsed_s: float, finished_here: int
+) -> str:
+    """The live line. The ETA assumes the trials left finish at the rate trials have finished in
+    this run (`finished_here` in `elapsed_s`), which counts concurrency and early stopping."""
+    parts = [f"{running} running", f"{done}/{total} done" if total else f"{done} done"]
+    parts.append(f"best {metric}={best:.4g}" if best is not None else f"best {metric}=n/a")
+    parts.append(f"elapsed {format_duration(elapsed_s)}")
+    if total and finished_here and done < total:
+        parts.append(f"ETA {format_duration(elapsed_s / finished_here * (total - done))}")
+    return "sweep: " + ", ".join(parts)
+
 
 class ProgressCallback(Callback):
-    def __init__(self, metric: str, mode: str, total: int | None = None):
-        self.metric, self.mode, self.total = metric, mode, total
-        self.done = 0
-        self.best = math.inf if mode == "min" else -math.inf
+    """Prints to `stream` (default: stdout); the live line only where that is a terminal, since
+    carriage returns would garble a log file or a CI transcript."""
 
-    def _line(self, trial: Any, outcome: str) -> None:
+    def __init__(self, metric: str, mode: str, total: int | None = None, stream: TextIO | None = None):
+        self.metric, self.mode, self.total = metric, mode, total
+        self._stream = stream  # None: whatever sys.stdout is when a line is written
+        self.live = self.stream.isatty()
+        self.done = 0
+        self.started = time.monotonic()
+        self._drawn_at = -math.inf
+        self._shown = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Tune pickles its callbacks with the experiment state; an open terminal or log file
+        cannot be pickled, and a restored sweep prints to its own stdout anyway."""
+        return {**self.__dict__, "_stream": None}
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream or sys.stdout
+
+    def setup(self, **info: Any) -> None:
+        self.started = time.monotonic()
+
+    def best(self, trials: list) -> float | None:
+        """Best latest value over all trials: the value Tune's best result (scope 'last') has."""
+        values = [t.last_result.get(self.metric) for t in trials if t.last_result]
+        finite = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+        if not finite:
+            return None
+        return min(finite) if self.mode == "min" else max(finite)
+
+    def _status(self, trials: list) -> str:
+        return status_line(
+            running=sum(t.status == "RUNNING" for t in trials),
+            done=sum(t.status in ("TERMINATED", "ERROR") for t in trials),
+            total=self.total,
+            metric=self.metric,
+            best=self.best(trials),
+            elapsed_s=time.monotonic() - self.started,
+            finished_here=self.done,
+        )
+
+    def _draw(self, trials: list) -> None:
+        self.stream.write(_CLEAR_LINE + self._status(trials))
+        self.stream.flush()
+        self._drawn_at = time.monotonic()
+        self._shown = True
+
+    def _clear(self) -> None:
+        if self._shown:
+            self.stream.write(_CLEAR_LINE)
+            self._shown = False
+
+    def on_step(self, iteration: int, trials: list, **info: Any) -> None:
+        if self.live and time.monotonic() - self._drawn_at >= REFRESH_S:
+            self._draw(trials)
+
+    def _line(self, trials: list, trial: Any, outcome: str) -> None:
         self.done += 1
         result = trial.last_result or {}
         value = result.get(self.metric)
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            self.best = min(self.best, value) if self.mode == "min" else max(self.best, value)
-            shown = f"{self.metric}={value:.4g}"
-        else:
-            shown = f"{self.metric}=n/a"
+        shown = f"{self.metric}={value:.4g}" if isinstance(value, (int, float)) and math.isfinite(value) else f"{self.metric}=n/a"
+        best = self.best(trials)
         total = f"/{self.total}" if self.total else ""
         iterations = result.get("training_iteration", 0)
-        print(f"[{self.done:3d}{total}] trial {trial.trial_id} {outcome} after {iterations} it: {shown} (best {self.best:.4g})", flush=True)
+        self._clear()
+        best_so_far = f" (best {best:.4g})" if best is not None else ""
+        self.stream.write(f"[{self.done:3d}{total}] trial {trial.trial_id} {outcome} after {iterations} it: {shown}{best_so_far}\n")
+        self.stream.flush()
+        if self.live:
+            self._draw(trials)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._line(trial, "finished")
+        self._line(trials, trial, "finished")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._line(trial, "FAILED")
+        self._line(trials, trial, "FAILED")
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        self._clear()
+        self.stream.flush()

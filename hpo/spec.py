@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hpo.checkpointing import checkpoint_due
 from hpo.errors import ConfigIssue, SweepConfigError
+from hpo.logging_callbacks import MODELS_BY_PATH as LOGGING_MODELS, LoggingSpec
 from hpo.scaling._config import ScalingConfig
 from hpo.yaml_source import YamlSource
 
@@ -210,6 +211,7 @@ class SweepSpec(_Strict):
     scaling: ScalingConfig | None = None
     fusion: FusionConfig | None = None
     checkpoint: CheckpointPolicy = CheckpointPolicy()
+    logging: LoggingSpec | None = None
 
     @field_validator("name")
     @classmethod
@@ -290,6 +292,7 @@ _MODELS_BY_PATH_DEPTH: dict[str, type[BaseModel]] = {
     "fusion": FusionConfig,
     "scaling": ScalingConfig,
     "checkpoint": CheckpointPolicy,
+    **LOGGING_MODELS,
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ray import tune
 
 from hpo.api import Tuner, sweep_run_config
+from hpo.logging_callbacks import logger_callbacks
 from hpo.progress import ProgressCallback
 from hpo.search_space import param_space
 from hpo.strategy import build_scheduler, build_searcher
@@ -35,7 +36,8 @@ def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
             reuse_actors=True,
         ),
         run_config=sweep_run_config(
-            spec.name, spec.storage_path, stop, spec.max_failures, callbacks if show_progress else [], verbose=0
+            spec.name, spec.storage_path, stop, spec.max_failures,
+            (callbacks if show_progress else []) + logger_callbacks(spec.logging, spec.name, loaded.experiment_path, loaded.source), verbose=0,
         ),
         resources={"cpu": spec.resources.cpu, "gpu": spec.resources.gpu},
         scaling=spec.scaling,

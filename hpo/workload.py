@@ -20,12 +20,13 @@ Example::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.data import DataLoader, Dataset
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -95,3 +96,117 @@ class Workload(ABC):
             "loss": F.cross_entropy(flat_out, flat_target),
             "accuracy": (flat_out.argmax(dim=-1) == flat_target).float().mean(),
         }
+
+
+Data = Dataset | DataLoader
+
+
+class DatasetWorkload(Workload):
+    """A `Workload` from the three things a PyTorch user already has: a model factory, data and a loss.
+
+    The user writes no batch generator: a map-style `Dataset` is batched by a `DataLoader` with
+    the trial's `batch_size` (shuffled by the data seed, last partial batch dropped, repeated
+    forever); a `DataLoader` is used as built, its shuffling seeded per epoch from the data seed,
+    so fused members and a resumed trial see the same batches. Items must be `(inputs, target)`.
+
+    Example::
+
+        workload = DatasetWorkload(
+            model=lambda config: nn.Sequential(nn.Linear(8, config["width"]), nn.ReLU(), nn.Linear(config["width"], 2)),
+            train=TensorDataset(x_train, y_train),
+            val=TensorDataset(x_val, y_val),
+            loss=F.cross_entropy,
+            metrics={"accuracy": lambda out, y: (out.argmax(-1) == y).float().mean()},
+            defaults={"width": 32, "batch_size": 64},
+        )
+        hpo.run(workload, config={"lr": tune.loguniform(1e-4, 1e-1)}, metric="val_loss", mode="min")
+    """
+
+    def __init__(
+        self,
+        *,
+        model: Callable[[Mapping[str, Any]], nn.Module],
+        train: Data,
+        val: Data,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        metrics: Mapping[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] | None = None,
+        defaults: Mapping[str, Any] | None = None,
+        name: str = "workload",
+        metric: str = "val_loss",
+        mode: str = "min",
+        steps_per_iteration: int | None = None,
+    ):
+        self.model_factory, self.train, self.val, self.loss_fn = model, train, val, loss
+        self.metric_fns = dict(metrics or {})
+        if "loss" in self.metric_fns:
+            raise ValueError("metrics: 'loss' is always reported (as val_loss); name the extra metric otherwise")
+        self.name, self.metric, self.mode = name, metric, mode
+        self.eval_metric_names = ("loss", *self.metric_fns)
+        fixed = {"batch_size": train.batch_size} if isinstance(train, DataLoader) else {}
+        self.defaults = {"batch_size": 32, **dict(defaults or {}), **fixed}
+        if steps_per_iteration is None:  # one epoch per report, as a Tune user's loop would do
+            steps_per_iteration = len(train) if isinstance(train, DataLoader) else len(train) // self.defaults["batch_size"]
+        self.steps_per_iteration = max(1, int(steps_per_iteration))
+        self._eval_cache: dict[int, list[Batch]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_eval_cache": {}}  # batches are rebuilt where the trial runs
+
+    def build_model(self, config: Mapping[str, Any]) -> nn.Module:
+        return self.model_factory(config)
+
+    def _batch_size(self, config: Mapping[str, Any]) -> int:
+        size = int(config["batch_size"])
+        if isinstance(self.train, DataLoader) and size != self.train.batch_size:
+            raise ValueError(
+                f"config batch_size={size}, but the training DataLoader was built with batch_size="
+                f"{self.train.batch_size}; pass its Dataset instead to tune the batch size"
+            )
+        return size
+
+    def train_batches(self, config: Mapping[str, Any], seed: int) -> Iterator[Batch]:
+        batch_size = self._batch_size(config)
+        if isinstance(self.train, DataLoader):
+            yield from _seeded_epochs(self.train, seed)
+            return
+        generator = torch.Generator().manual_seed(seed)
+        loader = DataLoader(self.train, batch_size=batch_size, shuffle=True, drop_last=True, generator=generator)
+        if len(loader) == 0:
+            raise ValueError(f"the training set has {len(self.train)} items, fewer than one batch of {batch_size}")
+        while True:
+            for inputs, target in loader:
+                yield inputs, target
+
+    def eval_batches(self, config: Mapping[str, Any]) -> list[Batch]:
+        batch_size = self.val.batch_size if isinstance(self.val, DataLoader) else int(config["batch_size"])
+        if batch_size not in self._eval_cache:
+            loader = self.val if isinstance(self.val, DataLoader) else DataLoader(self.val, batch_size=batch_size)
+            self._eval_cache[batch_size] = [(inputs, target) for inputs, target in loader]
+        return self._eval_cache[batch_size]
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(output, target)
+
+    def batch_metrics(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": self.loss_fn(output, target), **{key: fn(output, target) for key, fn in self.metric_fns.items()}}
+
+
+def _seeded_epochs(loader: DataLoader, seed: int) -> Iterator[Batch]:
+    """The user's DataLoader, epoch after epoch, with the shuffle of epoch e drawn from seed + e.
+
+    A DataLoader without its own generator draws its shuffle (and workers' base seed) from
+    torch's global RNG when an epoch starts; seeding that draw, and only it, makes the stream a
+    function of the data seed without disturbing the trainer's RNG.
+    """
+    epoch = 0
+    while True:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + epoch)
+            batches = iter(loader)
+            first = next(batches, None)
+        if first is None:
+            raise ValueError("the training DataLoader yields no batch")
+        yield tuple(first)
+        for batch in batches:
+            yield tuple(batch)
+        epoch += 1

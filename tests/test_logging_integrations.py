@@ -1,0 +1,150 @@
+"""The sweep file's `logging:` block: real TensorBoard event files, a real MLflow store and real W&B
+offline runs from one tiny YAML sweep, read back with each tool's own reader."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from ray import tune
+
+from hpo.cli import main
+from hpo.errors import SweepConfigError
+from hpo.spec import SweepSpec
+
+X_VALUES = (0.0, 2.5)
+ITERATIONS = 2
+
+
+def quadratic(config):
+    """Score (x - 1)^2 + 1/iteration: two iterations whose values the loggers must carry."""
+    for iteration in range(1, ITERATIONS + 1):
+        tune.report({"score": (config["x"] - 1.0) ** 2 + 1.0 / iteration})
+
+
+quadratic.reported_metrics = ("score",)  # lets `hpo` check the sweep's metric name up front
+
+
+def expected_scores(x: float) -> list[float]:
+    return [(x - 1.0) ** 2 + 1.0 / iteration for iteration in range(1, ITERATIONS + 1)]
+
+
+def sweep_file(folder: Path, logging_block: str) -> Path:
+    path = folder / "logged.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            name: logged
+            trainable: test_logging_integrations:quadratic
+            method: grid
+            metric: {{name: score, goal: minimize}}
+            parameters:
+              x: {{values: {list(X_VALUES)}}}
+            max_iterations: {ITERATIONS}
+            storage_path: {folder / 'runs'}
+            """
+        )
+        + textwrap.dedent(logging_block)
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def logged_sweep(ray_local, tmp_path_factory):
+    """One sweep with all three loggers on; each test below reads back one of them."""
+    folder = tmp_path_factory.mktemp("logged")
+    path = sweep_file(
+        folder,
+        f"""\
+        logging:
+          tensorboard: true
+          mlflow: {{tracking_uri: "file://{folder / 'mlruns'}"}}
+          wandb: {{project: hpo-tests, mode: offline}}
+        """,
+    )
+    with pytest.MonkeyPatch.context() as env:
+        # MLflow 3 keeps its file store behind an opt-in; a user of file:// stores sets the same.
+        env.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+        env.setenv("WANDB_MODE", "offline")
+        assert main(["run", str(path)]) == 0
+    return folder
+
+
+@pytest.mark.slow
+def test_tensorboard_true_writes_every_trials_metric_to_event_files(logged_sweep):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    trial_dirs = [p for p in (logged_sweep / "runs" / "logged").iterdir() if p.is_dir() and (p / "params.json").exists()]
+    assert len(trial_dirs) == len(X_VALUES)
+    for trial in trial_dirs:
+        events = EventAccumulator(str(trial)).Reload()
+        x = json.loads((trial / "params.json").read_text())["x"]
+        scores = [event.value for event in events.Scalars("ray/tune/score")]
+        assert scores == pytest.approx(expected_scores(x)), f"TensorBoard events of trial x={x}"
+
+
+@pytest.mark.slow
+def test_mlflow_block_logs_one_run_per_trial_with_its_metric_history(logged_sweep):
+    from mlflow.tracking import MlflowClient
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+        client = MlflowClient(tracking_uri=f"file://{logged_sweep / 'mlruns'}")
+        experiment = client.get_experiment_by_name("logged")
+        assert experiment is not None, "the experiment is named after the sweep"
+        runs = client.search_runs([experiment.experiment_id])
+        assert len(runs) == len(X_VALUES)
+        for run in runs:
+            x = float(run.data.params["x"])
+            history = client.get_metric_history(run.info.run_id, "score")
+            assert [m.value for m in sorted(history, key=lambda m: m.step)] == pytest.approx(expected_scores(x))
+            assert run.info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_wandb_offline_writes_a_run_per_trial_with_its_metrics(logged_sweep):
+    runs = sorted((logged_sweep / "runs" / "logged" / "wandb").glob("offline-run-*"))
+    assert len(runs) == len(X_VALUES), "one offline W&B run per trial, in the sweep's folder"
+    seen = []
+    for run in runs:
+        # W&B's own reader of its offline transaction log.
+        shown = subprocess.run(
+            [str(Path(sys.executable).with_name("wandb")), "leet", "inspect", "--summary", "--json", str(run)],
+            capture_output=True, text=True, check=True, timeout=120,
+        )
+        summary = json.loads(shown.stdout)
+        assert summary["project"] == "hpo-tests" and summary["state"] == "finished"
+        assert summary["summary"]["training_iteration"] == ITERATIONS
+        seen.append(summary["summary"]["score"])
+    assert sorted(seen) == pytest.approx(sorted(expected_scores(x)[-1] for x in X_VALUES))
+
+
+def test_a_missing_logging_library_is_a_one_line_error_naming_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what `import wandb` sees where it is not installed
+    path = sweep_file(tmp_path, "logging:\n  wandb: {project: p}\n")
+    with pytest.raises(SweepConfigError) as caught:
+        SweepSpec.from_yaml(path)
+    assert str(caught.value) == (
+        f"{path}:10: logging.wandb: needs the wandb package, which is not installed: pip install 'hydro-hpo[logging]'"
+    )
+
+
+def test_an_unknown_key_in_the_logging_block_names_its_line_and_a_suggestion(tmp_path):
+    path = sweep_file(tmp_path, "logging:\n  mlflow:\n    tracking_url: sqlite:///m.db\n")
+    with pytest.raises(SweepConfigError) as caught:
+        SweepSpec.from_yaml(path)
+    assert str(caught.value) == f"{path}:11: logging.mlflow.tracking_url: unknown key 'tracking_url' (did you mean 'tracking_uri'?)"
+
+
+def test_a_tracking_store_mlflow_refuses_fails_before_any_trial_with_exit_status_2(ray_local, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    path = sweep_file(tmp_path, f"logging:\n  mlflow: {{tracking_uri: 'file://{tmp_path / 'store'}'}}\n")
+    assert main(["run", str(path)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(f"error: {path}:10: logging.mlflow.tracking_uri: MLflow cannot use tracking store")
+    assert not (tmp_path / "runs" / "logged").exists(), "no trial ran"

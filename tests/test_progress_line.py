@@ -1,0 +1,89 @@
+"""The progress a sweep prints: a live status line on a terminal, one line per finished trial always."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+
+import pytest
+from ray import tune
+
+import hpo
+from hpo.progress import ProgressCallback, status_line
+
+TRIALS = 4
+TRIAL_LINE = re.compile(r"^\[\s*\d+/4\] trial \w+ finished after 3 it: loss=[\d.]+ \(best [\d.]+\)$")
+
+
+def slow_trial(config):
+    """Three iterations of 0.3 s, so the live line is redrawn while trials run."""
+    for iteration in range(1, 4):
+        time.sleep(0.3)
+        tune.report({"loss": config["x"] / iteration})
+
+
+def test_the_eta_extrapolates_the_rate_at_which_trials_finished():
+    line = status_line(running=2, done=2, total=8, metric="loss", best=0.25, elapsed_s=60, finished_here=2)
+    assert line == "sweep: 2 running, 2/8 done, best loss=0.25, elapsed 1m00s, ETA 3m00s"
+
+
+def test_no_eta_is_guessed_before_a_trial_finished_or_without_a_total():
+    assert "ETA" not in status_line(2, 0, 8, "loss", None, 30, 0)
+    assert status_line(1, 3, None, "loss", 1.5, 5, 3) == "sweep: 1 running, 3 done, best loss=1.5, elapsed 5s"
+
+
+@pytest.fixture(scope="module")
+def printed(ray_local, tmp_path_factory):
+    """One sweep printing to a log file and to a terminal (a pseudo-terminal read as it is written)."""
+    folder = tmp_path_factory.mktemp("progress")
+    master, slave = os.openpty()
+    chunks: list[bytes] = []
+
+    def drain() -> None:  # a terminal's buffer is small; read while the sweep writes
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    with (folder / "progress.log").open("w") as log, os.fdopen(slave, "w") as terminal:
+        result = hpo.run(
+            slow_trial,
+            config={"x": tune.grid_search([float(x) for x in range(1, TRIALS + 1)])},
+            metric="loss",
+            mode="min",
+            storage_path=str(folder),
+            name="progress",
+            callbacks=[ProgressCallback("loss", "min", TRIALS, stream=log), ProgressCallback("loss", "min", TRIALS, stream=terminal)],
+        )
+    reader.join(timeout=10)
+    os.close(master)
+    screen = b"".join(chunks).decode().replace("\r\n", "\n")  # the terminal turns \n into \r\n
+    return (folder / "progress.log").read_text(), screen, result
+
+
+@pytest.mark.slow
+def test_off_a_terminal_only_the_per_trial_lines_are_printed(printed):
+    log, _, _ = printed
+    lines = log.splitlines()
+    assert len(lines) == TRIALS
+    assert all(TRIAL_LINE.match(line) for line in lines), lines
+    assert "\r" not in log and "\x1b" not in log
+
+
+@pytest.mark.slow
+def test_on_a_terminal_a_live_line_shows_running_done_best_and_eta(printed):
+    _, screen, result = printed
+    redraws = [part for part in screen.replace("\n", "\r\x1b[K").split("\r\x1b[K") if part.startswith("sweep:")]
+    assert any(re.search(r"\d running, [1-3]/4 done, best loss=[\d.]+, elapsed \d+s, ETA \d+s", s) for s in redraws), redraws
+    trial_lines = [line.rsplit("\r\x1b[K", 1)[-1] for line in screen.split("\n") if "] trial " in line]
+    assert len(trial_lines) == TRIALS and all(TRIAL_LINE.match(line) for line in trial_lines), trial_lines
+    assert screen.endswith("\r\x1b[K"), "the live line is cleared when the sweep ends"
+    assert f"best loss={result.best_result.metrics['loss']:.4g}" in redraws[-1]

@@ -1,0 +1,138 @@
+"""`ray job submit -- hpo run sweep.yaml` against a running local cluster with token authentication:
+the way a sweep runs on a shared cluster, its trainable shipped in the job's working directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture()
+def cluster():
+    """A head node on 127.0.0.1 in its own temp dir and process group, with a fresh token.
+
+    The token goes to the cluster and to the client through RAY_AUTH_TOKEN (Ray's first token
+    source), so the test neither reads nor writes the user's ~/.ray token; it ends by signalling
+    its own process group (`ray stop` would stop every Ray on the machine).
+    """
+    token = secrets.token_hex(32)
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    temp_dir = tempfile.mkdtemp(prefix="rayjob", dir="/tmp")  # short: Ray's socket paths have a length limit
+    dashboard = free_port()
+    head = subprocess.Popen(
+        [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(free_port()),
+         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard), "--num-cpus", "2",
+         # Ports with fixed defaults, taken when other Rays run on this machine.
+         "--dashboard-agent-listen-port", str(free_port()), "--ray-client-server-port", str(free_port()),
+         "--temp-dir", temp_dir, "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        yield {"address": f"http://127.0.0.1:{dashboard}", "env": env}
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+        time.sleep(2)  # the raylet's workers leave after their parent
+        try:
+            os.killpg(head.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def ray_job(cluster: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [RAY, "job", args[0], "--address", cluster["address"], *args[1:]],
+        env=cluster["env"], capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def job_status(cluster: dict, submission_id: str) -> str:
+    """The job's status from Ray's job SDK, run with the cluster's token like any client."""
+    asked = subprocess.run(
+        [sys.executable, "-c", "import sys; from ray.job_submission import JobSubmissionClient; "
+         "print(JobSubmissionClient(sys.argv[1]).get_job_status(sys.argv[2]).value)", cluster["address"], submission_id],
+        env=cluster["env"], capture_output=True, text=True, timeout=120, check=True,
+    )
+    return asked.stdout.strip().splitlines()[-1]
+
+
+def wait_for_dashboard(cluster: dict, deadline_s: float = 120) -> None:
+    deadline = time.monotonic() + deadline_s
+    while True:
+        listed = ray_job(cluster, "list", timeout=60)
+        if listed.returncode == 0:
+            return
+        assert time.monotonic() < deadline, f"the cluster's job server never answered: {listed.stderr[-2000:]}"
+        time.sleep(2)
+
+
+@pytest.mark.slow
+def test_a_sweep_submitted_as_a_ray_job_succeeds_and_writes_its_results(cluster, tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "trainable.py").write_text(textwrap.dedent("""\
+        from ray import tune
+
+        def quadratic(config):
+            for iteration in range(1, 3):
+                tune.report({"score": (config["x"] - 1.0) ** 2 + 1.0 / iteration})
+        """))
+    runs = tmp_path / "runs"
+    (project / "sweep.yaml").write_text(textwrap.dedent(f"""\
+        name: submitted
+        trainable: trainable:quadratic
+        method: grid
+        metric: {{name: score, goal: minimize}}
+        parameters:
+          x: {{values: [0.0, 2.5]}}
+        max_iterations: 2
+        storage_path: {runs}
+        """))
+    wait_for_dashboard(cluster)
+    # Where hydro-hpo is installed on the cluster the entrypoint is `hpo run sweep.yaml`; here the
+    # checkout under test runs, with the interpreter of this environment.
+    runtime_env = json.dumps({"env_vars": {"PYTHONPATH": str(REPO)}})
+    deadline = time.monotonic() + 120
+    while True:
+        submitted = ray_job(
+            cluster, "submit", "--submission-id", "hpo-sweep", "--working-dir", str(project),
+            "--runtime-env-json", runtime_env, "--", sys.executable, "-m", "hpo.cli", "run", "sweep.yaml",
+            timeout=480,
+        )
+        # The job server answers before the node's agent that starts jobs is up (Ray asks to retry).
+        if "No available agent to submit job" not in submitted.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert job_status(cluster, "hpo-sweep") == "SUCCEEDED", f"{submitted.stdout[-3000:]}\n{submitted.stderr[-3000:]}"
+    assert "Best configuration (score = 1.5)" in submitted.stdout, "the job's output is the CLI's"
+    tokenless = {**cluster, "env": {k: v for k, v in cluster["env"].items() if k != "RAY_AUTH_TOKEN"}}
+    with pytest.raises(subprocess.CalledProcessError):
+        job_status(tokenless, "hpo-sweep")  # token authentication was on: a client without it is refused
+    results = (runs / "submitted" / "results.csv").read_text().splitlines()
+    assert len(results) == 3, results
