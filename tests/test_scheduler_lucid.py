@@ -110,16 +110,15 @@ def test_a_bad_interference_table_names_the_row_and_column(tmp_path, body, needl
     (["--threads", "0"], "--threads = 0 must be in [1, 256]"),
 ])
 def test_profile_colocate_refuses_bad_arguments_before_measuring(tmp_path, capsys, argv, needle):
-    from hpo.cli import build_parser
-    args = build_parser().parse_args(["profile", "colocate", "--out", str(tmp_path / "t.csv")] + argv)
-    assert args.func(args) == 2
+    from hpo.cli import main
+    assert main(["profile", "colocate", "--out", str(tmp_path / "t.csv")] + argv) == 2
     assert needle in capsys.readouterr().err
 
 
 def test_profile_colocate_refuses_an_output_folder_that_does_not_exist(tmp_path, capsys):
-    from hpo.cli import build_parser
-    args = build_parser().parse_args(["profile", "colocate", "--out", str(tmp_path / "no" / "t.csv")])
-    assert args.func(args) == 2 and "does its folder exist" in capsys.readouterr().err
+    from hpo.cli import main
+    assert main(["profile", "colocate", "--out", str(tmp_path / "no" / "t.csv")]) == 2
+    assert "does its folder exist" in capsys.readouterr().err
 
 
 @pytest.mark.slow
