@@ -1,6 +1,30 @@
-"""Scheduler targets of issue 5, measured on the shipped traces.
+"""Scheduler targets of issues 5 and 13, measured on the shipped traces.
 
     python benchmarks/scheduler_policies.py [--quick] [--json PATH]
+    python benchmarks/scheduler_policies.py --issue13 [--philly-jobs N] [--json PATH]
+
+Issue 13 (``--issue13``; results/scheduler_policies_issue13_cpu.json): Tiresias
+(2 queues split at 16 GPU-hours, no promotion) against Pollux's published
+Tiresias; then Tiresias, Lucid, QSSF and CES over QSSF side by side on Philly.
+Last run (2-CPU box shared with other agents, load 3-15 during the run; 52 s):
+
+    Pollux 1.0x, 16x4, mean of 8   avg JCT s   (published)
+    tiresias                          3,741    (4,038: 0.93x, target within 15%: met)
+    elastic                           2,772    (2,751)  -> tiresias/elastic 1.35x (published 1.47x)
+    Philly, 500 GPUs   avg JCT s  avg queue s  p99.9 queue s  on-util     kWh  preemptions
+    tiresias              41,032           18          1,902    0.751  344,158     322,064
+    lucid                 22,966        9,299      1,184,416    0.644  309,282           0
+    qssf                  34,335       21,199      4,385,601    0.681  353,102           0
+    ces:qssf              34,408       21,272      4,334,472    0.846  332,254           0
+    -> Tiresias/Lucid 1.79x (target 1.3x: met, but see below); CES on-node
+       utilisation 1.24x at +0.3% avg queue (target 1.13x at <= 5%: met),
+       34,841 node-hours powered down, 20,848 kWh (5.9%) saved.
+    Lucid's gain is packing, and packing follows its interference table, which on
+    this shared CPU box is mostly noise: 3 of 16 measured slowdowns are < 1
+    (counted as 1) and 9,295 of Lucid's 14,824 packings pair such workloads.
+    Without packing (profiling partition and duration model only) Lucid averages
+    37,559 s: Tiresias/Lucid 1.09x. With an earlier two-workload table measured
+    here it was 1.30x. Measure the table on the target device before trusting it.
 
 1. Philly (Pollux's 82,247-job Philly-derived trace) on one pool of 500 GPUs,
    8 per node: FIFO, oracle SJF / SRTF, QSSF (all with greedy backfill; FIFO
@@ -45,6 +69,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -54,7 +79,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scheduler_bridge import (ClusterSpec, QueuePolicy, Trace, add_tuning_work,  # noqa: E402
+from scheduler_bridge import (ClusterSpec, Lucid, QueuePolicy, Trace, add_tuning_work,  # noqa: E402
                               default_traces_dir, load_philly, load_pollux, load_profiles,
                               make_policy, simulate)
 
@@ -152,18 +177,25 @@ def philly_issue13(jobs: int | None) -> dict:
         trace = Trace(trace.jobs[:jobs], trace.source, (), trace.t0)
     cluster = ClusterSpec(500, 8)
     out = {"jobs": len(trace), "gpus": 500, "gpus_per_node": 8, "policies": {}}
-    for name in ("tiresias", "lucid", "qssf", "ces:qssf"):
-        policy = make_policy(name)
-        s = simulate(trace, policy, cluster).summary()
+    for name in ("tiresias", "lucid", "lucid-no-packing", "qssf", "ces:qssf"):
+        # ablation: Lucid whose packing never pays (profiling and duration model only)
+        policy = Lucid(min_gain=math.inf) if name == "lucid-no-packing" else make_policy(name)
+        res = simulate(trace, policy, cluster)
+        s = res.summary()
         out["policies"][name] = _row(s)
         if name == "lucid":
             out["lucid_settings"] = repr(policy)
             out["interference_table"] = policy.table.machine
-        print(f"  philly {name:10s} avg_jct {s['avg_jct']:>11,.0f} s  avg_queue {s['avg_queue']:>9,.0f} s  "
+            noisy = sum(min(policy.table.pair(policy.workload_of(trace.jobs[q]),
+                                              policy.workload_of(trace.jobs[r]))) < 1
+                        for _, q, r, _, _ in res.log.packing)
+            out["lucid_packings_on_pairs_measured_below_1"] = noisy
+        print(f"  philly {name:16s} avg_jct {s['avg_jct']:>11,.0f} s  avg_queue {s['avg_queue']:>9,.0f} s  "
               f"p99.9 queue {s['p999_queue']:>11,.0f} s  on-util {s['on_utilization']:.3f}  "
               f"wall {s['wall_s']:.1f} s", flush=True)
     p = out["policies"]
     t = {"jct_tiresias_over_lucid": p["tiresias"]["avg_jct"] / p["lucid"]["avg_jct"],
+         "jct_tiresias_over_lucid_no_packing": p["tiresias"]["avg_jct"] / p["lucid-no-packing"]["avg_jct"],
          "lucid_preemptions": p["lucid"]["preemptions"],
          "lucid_p999_queue_s": p["lucid"]["p999_queue"],
          "ces_on_util_over_base": p["ces:qssf"]["on_utilization"] / p["qssf"]["on_utilization"],
@@ -274,10 +306,10 @@ def main_issue13(args) -> int:
         print(f"{n:22s}{v['avg_jct']:>10,.0f}{v['completed_by_deadline']:>10.1f}{v['utilization']:>7.3f}")
     print("targets:", json.dumps(res["pollux"]["targets"], default=str))
     print(f"\nPhilly, {res['philly']['jobs']} jobs, 500 GPUs")
-    print(f"{'policy':12s}{'avg_jct':>11s}{'avg_queue':>11s}{'p999_queue':>12s}{'util':>7s}{'on_util':>8s}"
+    print(f"{'policy':17s}{'avg_jct':>11s}{'avg_queue':>11s}{'p999_queue':>12s}{'util':>7s}{'on_util':>8s}"
           f"{'kWh':>11s}{'node_h':>9s}{'preempt':>9s}{'wall_s':>8s}")
     for n, v in res["philly"]["policies"].items():
-        print(f"{n:12s}{v['avg_jct']:>11,.0f}{v['avg_queue']:>11,.0f}{v['p999_queue']:>12,.0f}"
+        print(f"{n:17s}{v['avg_jct']:>11,.0f}{v['avg_queue']:>11,.0f}{v['p999_queue']:>12,.0f}"
               f"{v['utilization']:>7.3f}{v['on_utilization']:>8.3f}{v['energy_kwh']:>11,.0f}"
               f"{v['powered_node_hours']:>9,.0f}{v.get('preemptions', 0):>9,}{v['wall_s']:>8.1f}")
     print("targets:", json.dumps(res["philly"]["targets"], default=str))

@@ -17,7 +17,8 @@ Lucid never preempts. It beats preemptive schedulers with three parts:
    ``1 + min_gain`` (sharing must beat taking turns), (b) their memory fits in
    ``gpu_memory_mb``, (c) their priorities are within ``priority_ratio`` of
    each other, and (d) they ask for the same GPUs. At most two jobs share a
-   GPU. Packed jobs run at their measured co-located speed.
+   GPU. Packed jobs run at their measured co-located speed (never faster
+   than alone: a measured slowdown below 1 is noise and counts as 1).
 
 Trace jobs name no model, so the job's workload (what profiling observes) is
 one of the table's workloads, drawn by a seeded hash of the job's name.
@@ -71,7 +72,7 @@ class Lucid(QSSF):
         Returns (decision, reason), the reason naming the rule that refused."""
         if gpus[0] != gpus[1]:
             return False, "different GPU counts"
-        pair = self.table.pair(queued, running)
+        pair = self.slowdowns(queued, running)
         if pair is None:
             return False, f"pair ({queued}, {running}) not in the interference table"
         if max(pair) > self.max_slowdown:
@@ -86,8 +87,11 @@ class Lucid(QSSF):
             return False, f"priorities {hi / lo:.1f}x apart > {self.priority_ratio}x"
         return True, "ok"
 
-    def slowdowns(self, a: str, b: str) -> tuple[float, float]:
-        return self.table.pair(a, b)
+    def slowdowns(self, a: str, b: str) -> tuple[float, float] | None:
+        """Measured slowdowns of ``a`` and ``b`` sharing GPUs. A value below 1 is
+        measurement noise (sharing a device never speeds a job up) and counts as 1."""
+        pair = self.table.pair(a, b)
+        return None if pair is None else (max(pair[0], 1.0), max(pair[1], 1.0))
 
     def explain(self, job: Job) -> dict:
         """Which features drove ``job``'s priority (see ``DurationPredictor.explain``)."""

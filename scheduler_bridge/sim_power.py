@@ -8,8 +8,11 @@ would do if every node were on), and (3) every ``interval`` seconds moves the
 powered node count towards CES's target: booting lowest-index nodes first,
 powering down idle highest-index nodes only while no job waits.
 
-It also measures how long each job waited with a placement only on nodes
-that were not yet on (``max_power_wait_s``); CES promises at most the boot delay.
+It also measures how long a job waited on nodes CES had powered down
+(``max_power_wait_s``: from when the nodes it waits for began to boot until it
+starts); CES promises at most the boot delay. A better-ranked job that arrives
+meanwhile may take a booting node first; the job overtaken then waits for
+another node, booted at once, which is contention, not power.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ class PowerLayer:
         self.next_tick = 0.0
         self.t, self.on = array("d"), array("d")
         self.powered = len(self.cap)
-        self.blocked: dict[int, float] = {}   # job -> since when it waits on not-yet-on nodes
+        self.blocked: dict[int, float] = {}   # job -> when the nodes it waits on began to boot
         self.max_wait = 0.0
         self.boots = self.shutdowns = 0
         self.unbooted_runnable = 0            # instants a runnable job needed an off, non-booting node
@@ -79,14 +82,17 @@ class PowerLayer:
                     self._boot(node, now)
         if runnable:  # check: nothing runnable is left waiting on a node that is not booting
             self.unbooted_runnable += len(self._what_if(queue, False)) != len(runnable)
-        waiting = {jid for jid, _ in runnable}
+        waiting = {}
+        for jid, placement in runnable:  # since when the nodes it now waits for have booted
+            asleep_nodes = [node for node, _ in placement if self.state[node] != ON]
+            waiting[jid] = max((self.ready[node] - self.policy.power.boot_delay
+                                for node in asleep_nodes), default=now)
         for jid in list(self.blocked):
             if jid not in waiting:
                 since = self.blocked.pop(jid)
                 if jid not in queue:  # it started
                     self.max_wait = max(self.max_wait, now - since)
-        for jid in waiting:
-            self.blocked.setdefault(jid, now)
+        self.blocked.update(waiting)
         if now >= self.next_tick:
             self.next_tick = now + self.policy.interval
             spec = self.free.spec

@@ -135,3 +135,13 @@ def test_colocation_measures_a_pair_alone_and_together_into_a_loadable_table(tmp
     table = InterferenceTable.load(tmp_path / "t.csv")
     assert table.pair("mlp-small", "mlp-small")[0] == pytest.approx(rows[0]["slowdown"], rel=1e-3)
     assert "device: cpu" in table.machine
+
+
+def test_a_measured_slowdown_below_one_is_noise_and_never_speeds_a_packed_job_up():
+    table = InterferenceTable({("a", "a"): 0.5}, {"a": 100.0})
+    policy = Lucid(table, profile_nodes=2, profile_s=10.0)
+    policy.workload_of = lambda job: "a"
+    assert policy.slowdowns("a", "a") == (1.0, 1.0)
+    res, df = _run([(0, 1, 100.0, "a"), (1, 1, 100.0, "a")], policy, gpus=3)
+    assert res.summary()["packed_starts"] == 1
+    assert (df.finish - df.start >= df.duration).all()
