@@ -174,6 +174,7 @@ class Tuner:
 
     def fit(self) -> SweepResult:
         """Run the sweep in a new run folder: a name already on disk gets the next versioned one."""
+        _snapshot_state_promptly()
         name = fresh_run_name(self.storage, self.name)
         if name != self.name:
             print(f"{self.storage / self.name} holds an earlier run; this run is {self.storage / name}", flush=True)
@@ -194,6 +195,7 @@ class Tuner:
         A damaged run state is refused (`RunStateError`, naming the file) rather than started over.
         """
         verify_run_state(Path(path))
+        _snapshot_state_promptly()
         self.run_config = replace(self.run_config, name=Path(path).name, storage_path=str(Path(path).parent))
         ensure_ray()
         actors = self._start_actors()
@@ -226,6 +228,19 @@ class Tuner:
         if metric:
             result.paths = result.write()  # the same files the CLI writes, wherever the sweep ran from
         return result
+
+
+#: At most this many seconds between two snapshots of Tune's experiment state.
+STATE_SNAPSHOT_S = "1"
+
+
+def _snapshot_state_promptly() -> None:
+    """Tune snapshots its experiment state on an adaptive period that can outlast a fast sweep; a
+    driver killed before the next snapshot would, on --resume, run trials again that had finished
+    (and whose rows results.csv already holds). A user's own TUNE_GLOBAL_CHECKPOINT_S wins."""
+    import os
+
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", STATE_SNAPSHOT_S)
 
 
 def _checkpoint_policy(checkpoint: CheckpointPolicy | Mapping[str, Any] | None, scheduler: Any) -> CheckpointPolicy:

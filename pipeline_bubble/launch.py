@@ -95,7 +95,7 @@ def launch(
                 if p.is_alive():
                     p.kill()
                 p.join()
-        return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+        return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
 
 
 def _failure(procs, logs: Path, what: str) -> str:

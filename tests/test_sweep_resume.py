@@ -32,7 +32,7 @@ class LoggedDigits(DigitsMLP):
 
     def train_batches(self, config, seed):
         for batch in super().train_batches(config, seed):
-            time.sleep(0.02)  # slow enough that the driver can be killed mid-sweep
+            time.sleep(0.06)  # slow enough that the driver can be killed mid-sweep (trial processes are reused: sweeps are fast)
             yield batch
 
 
