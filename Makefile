@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup lock run test test-fast test-slow bench-quick clean
+.PHONY: setup lock run test test-fast test-slow clean
 
 setup: $(STAMP)
 

@@ -14,6 +14,7 @@ import hpo.ray_runtime  # noqa: F401  first: Ray's loopback-only switch must be 
 
 _LAZY = {
     "Workload": "hpo.workload",
+    "DatasetWorkload": "hpo.workload",
     "Tuner": "hpo.api",
     "run": "hpo.api",
     "SweepConfigError": "hpo.errors",
@@ -32,4 +33,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hpo' has no attribute {name!r}")
 
 
-__all__ = ["FusionConfig", "ScalingConfig", "SweepConfigError", "SweepResult", "SweepSpec", "Tuner", "Workload", "run"]
+__all__ = ["DatasetWorkload", "FusionConfig", "ScalingConfig", "SweepConfigError", "SweepResult", "SweepSpec", "Tuner", "Workload", "run"]
