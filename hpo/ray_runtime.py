@@ -133,17 +133,22 @@ def _reap_when_driver_exits(driver_pid: int, ray_roots: Sequence[int]) -> None:
         except psutil.NoSuchProcess:
             pass
     watched: dict[int, psutil.Process] = {}
-    while _alive(driver):
-        for root in roots:
+
+    def look() -> None:
+        for process in [*roots, *watched.values()]:
             try:
-                for process in [root, *root.children(recursive=True)]:
-                    watched.setdefault(process.pid, process)
+                for found in [process, *process.children(recursive=True)]:
+                    watched.setdefault(found.pid, found)
             except psutil.NoSuchProcess:
                 pass
+
+    while _alive(driver):
+        look()
         watched = {pid: process for pid, process in watched.items() if _alive(process)}
         if not watched:
             return  # the driver shut its Ray down and lives on: nothing left to watch
         time.sleep(WATCH_INTERVAL_S)
+    look()  # once more: a worker the raylet started since the last look is not in `watched` yet
     survivors = [process for process in watched.values() if _alive(process)]
     for process in survivors:
         _signal(process, signal.SIGTERM)
