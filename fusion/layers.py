@@ -275,10 +275,11 @@ class FusedLayerNorm(nn.Module):
         return out
 
 
-class FusedBatchNorm(nn.Module):
-    """B BatchNorms with exact per-member statistics: members become channel groups of one batch norm."""
+class _FusedChannelNorm(nn.Module):
+    """B channel norms (batch or instance) stacked: per-member affine parameters `(B, C)` and
+    running statistics; the subclass's forward folds members into the channel dimension."""
 
-    def __init__(self, template: nn.modules.batchnorm._BatchNorm, members: Sequence[nn.modules.batchnorm._BatchNorm]):
+    def __init__(self, template: nn.Module, members: Sequence[nn.Module]):
         super().__init__()
         self.eps, self.momentum = template.eps, template.momentum
         self.track_running_stats = template.track_running_stats
@@ -288,8 +289,12 @@ class FusedBatchNorm(nn.Module):
             self.register_buffer(name, _stack_contiguous([getattr(m, name) for m in members]))
 
     @classmethod
-    def from_members(cls, modules: Sequence[nn.modules.batchnorm._BatchNorm]) -> "FusedBatchNorm":
+    def from_members(cls, modules: Sequence[nn.Module]) -> "_FusedChannelNorm":
         return cls(modules[0], modules)
+
+
+class FusedBatchNorm(_FusedChannelNorm):
+    """B BatchNorms with exact per-member statistics: members become channel groups of one batch norm."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Mirrors nn.BatchNorm.forward, with (N, B*C, ...) as the input so every member's
@@ -341,21 +346,8 @@ class FusedGroupNorm(nn.Module):
         return out.reshape(samples, members, *x.shape[2:]).transpose(0, 1)
 
 
-class FusedInstanceNorm(nn.Module):
+class FusedInstanceNorm(_FusedChannelNorm):
     """B InstanceNorms as one over `(N, B*C, ...)`: statistics are per (sample, channel) anyway."""
-
-    def __init__(self, template: nn.modules.instancenorm._InstanceNorm, members: Sequence[nn.modules.instancenorm._InstanceNorm]):
-        super().__init__()
-        self.eps, self.momentum = template.eps, template.momentum
-        self.track_running_stats = template.track_running_stats
-        self.weight = _param(_stack([m.weight for m in members]))  # (B, C)
-        self.bias = _param(_stack([m.bias for m in members]))
-        for name in ("running_mean", "running_var", "num_batches_tracked"):
-            self.register_buffer(name, _stack_contiguous([getattr(m, name) for m in members]))
-
-    @classmethod
-    def from_members(cls, modules: Sequence[nn.modules.instancenorm._InstanceNorm]) -> "FusedInstanceNorm":
-        return cls(modules[0], modules)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         members, samples = x.shape[:2]
