@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -238,8 +239,6 @@ def _snapshot_state_promptly() -> None:
     """Tune snapshots its experiment state on an adaptive period that can outlast a fast sweep; a
     driver killed before the next snapshot would, on --resume, run trials again that had finished
     (and whose rows results.csv already holds). A user's own TUNE_GLOBAL_CHECKPOINT_S wins."""
-    import os
-
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", STATE_SNAPSHOT_S)
 
 

@@ -19,7 +19,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hpo.checkpointing import checkpoint_due
 from hpo.errors import ConfigIssue, SweepConfigError
 from hpo.logging_callbacks import MODELS_BY_PATH as LOGGING_MODELS, LoggingSpec
 from hpo.scaling._config import ScalingConfig
@@ -183,14 +182,11 @@ class FusionConfig(_Strict):
 
 class CheckpointPolicy(_Strict):
     """How often a trial's state is persisted: after a crash a trial loses at most `every`
-    iterations, and `at_end` keeps the final state (the one a user deploys or transfers)."""
+    iterations, and `at_end` keeps the final state (the one a user deploys or transfers). The
+    engines apply it through `hpo.checkpointing.checkpoint_due`."""
 
     every: int = Field(DEFAULT_CHECKPOINT_EVERY, ge=1)
     at_end: bool = True
-
-    def due(self, iteration: int, max_iterations: int) -> bool:
-        """Whether iteration `iteration` (1-based) of a trial is checkpointed."""
-        return checkpoint_due(iteration, max_iterations, self.every, self.at_end)
 
 
 class SweepSpec(_Strict):
