@@ -5,9 +5,9 @@ so a group forms without waiting for its members' relay processes; a relay then 
 the group that already trains its configuration. Members resuming from checkpoints arrive through
 `join` with their state. Configurations that may share a group (same structural signature, same
 training step) are gathered until the group has `max_members` or no new member arrived for the
-window, then the group is launched: by default as one `FusedGroup` actor with the sweep's
-per-trial resources (one GPU or CPU slot), or by any `GroupLauncher` the sweep passes (pipeline
-bubbles: `pipeline_bubble.bubble_pool`).
+window, then the group is launched by the `GroupLauncher` the sweep passes (pipeline bubbles:
+`pipeline_bubble.bubble_pool`). Sweeps fused on devices the sweep holds need no broker: Tune runs
+their groups as trials (`hpo.fused_group_trial`).
 
 Member trials talk only to the broker (`join`, then `fetch` per iteration, which the broker
 forwards to the member's group): looking up an actor imports its class's module in the caller,
@@ -37,31 +37,6 @@ REGISTER_WINDOW_S = 0.5
 #: How long a forming group of resuming members waits for one more: each arrives only once its
 #: relay process has started and read its checkpoint.
 JOIN_WINDOW_S = 3.0
-
-
-def device_group_launcher(
-    workload: Workload,
-    max_iterations: int,
-    group_resources: Mapping[str, float],
-    dtype: str = "fp32",
-    checkpoint_every: int = 1,
-    checkpoint_at_end: bool = True,
-) -> GroupLauncher:
-    """Each group a `FusedGroup` actor holding `group_resources` (one GPU, or CPU threads)."""
-    cpus = group_resources.get("cpu", 1.0)
-    gpus = group_resources.get("gpu", 0.0)
-
-    def launch(configs: list[Mapping[str, Any]], members: list[Hashable], states: list[bytes | None]) -> Any:
-        from fusion.group_actor import FusedGroup  # in the broker's process, which trains nothing itself
-
-        group = FusedGroup.options(num_cpus=cpus, num_gpus=gpus, max_restarts=0).remote(
-            workload, configs, members, states, max_iterations, "cuda" if gpus > 0 else "cpu", dtype, max(1, int(cpus)),
-            checkpoint_every, checkpoint_at_end,
-        )
-        group.start.remote()
-        return group
-
-    return launch
 
 
 def start_broker(name: str, namespace: str, workload: Workload, max_members: int, launch_group: GroupLauncher) -> Any:

@@ -1,35 +1,27 @@
-"""`FusedGroup`: the Ray actor that holds one device slot and trains one fused group.
+"""`MemberRelay`: where a fused group's per-member results wait for their Tune trials.
 
-Each member of the group is still an ordinary Tune trial (its own config, metrics, checkpoint and
-results row); the trial only fetches its results from the group's actor. An iteration runs when
-every current member has fetched the previous one (or left), so the group trains while its
-members report the previous iteration to Tune, and at most one iteration ahead of the results
-Tune is judging: a member that ASHA stops is dropped from the group (its parameters and optimizer
-state repacked away) before the iteration after next, and one that diverges before the next.
-Member checkpoints are built only on the iterations the sweep's checkpoint policy names: writing
-one costs an unfused model and optimizer per member.
-
-`MemberRelay` is that member-facing half on its own: where a group's results wait for their
-trials, whoever trains the group (`FusedGroup` here; `pipeline_bubble.bubble_pool.BubbleGroup`
-for groups trained in pipeline stages' bubbles or on the allocator's idle GPUs).
+This is the half of a fused group that faces member trials which are Tune trials of their own:
+the groups trained in pipeline stages' bubbles or on the allocator's idle GPUs
+(`pipeline_bubble.bubble_pool.BubbleGroup`). An iteration runs when every current member has
+fetched the previous one (or left), so the group trains at most one iteration ahead of the
+results Tune is judging: a member that ASHA stops is dropped from the group (its parameters and
+optimizer state repacked away) before the iteration after next, and one that diverges before
+the next. (Sweeps fused on devices the sweep holds run each group as one Tune trial instead:
+`hpo.fused_group_trial`.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
-import logging
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-import ray
 import torch
 
 from fusion.trainer import FusedTrainer
-from hpo.checkpointing import checkpoint_due
 from hpo.workload import Workload
 
-logger = logging.getLogger(__name__)
 
 
 def member_state_to_bytes(state: Mapping[str, Any]) -> bytes:
@@ -122,65 +114,6 @@ class MemberRelay:
 
     async def _on_first_call(self) -> None:
         """Hook for subclasses that start work once the actor's event loop runs."""
-
-
-@ray.remote
-class FusedGroup(MemberRelay):
-    """Trains `configs` fused; members are Tune trial ids. Created by `fusion.broker.GroupBroker`.
-
-    Training starts when the broker launches the group (`start`), not when the first member
-    fetches: the group forms from configurations the driver registered, before relays are up.
-    """
-
-    def __init__(
-        self,
-        workload: Workload,
-        configs: Sequence[Mapping[str, Any]],
-        member_ids: Sequence[Hashable],
-        states: Sequence[bytes | None],
-        max_iterations: int,
-        device: str,
-        dtype: str,
-        threads: int,
-        checkpoint_every: int = 1,
-        checkpoint_at_end: bool = True,
-    ):
-        torch.set_num_threads(threads)
-        self.trainer = group_trainer(workload, configs, member_ids, states, device, dtype)
-        super().__init__(member_ids, self.trainer.iteration)
-        self.max_iterations = max_iterations
-        self.checkpoint_every = checkpoint_every
-        self.checkpoint_at_end = checkpoint_at_end
-        self.loop: asyncio.Task | None = None
-
-    async def start(self) -> None:
-        """Begin training (the broker calls it at launch); idempotent."""
-        await self._on_first_call()
-
-    async def _on_first_call(self) -> None:
-        if self.loop is None:
-            self.loop = asyncio.get_running_loop().create_task(self._train_loop())
-
-    async def _train_loop(self) -> None:
-        try:
-            while self.trainer.iteration < self.max_iterations:
-                survivors = await self._wait_released()
-                if not survivors:
-                    break
-                if survivors != self.trainer.member_ids:
-                    self.trainer.keep_members(survivors)
-                    logger.info("fused group shrank to %d members", len(survivors))
-                results = await asyncio.to_thread(self._train_iteration)
-                await self._publish(self.trainer.iteration, results)
-        except Exception as exc:  # reported to every member; each trial fails and is retried by Tune
-            logger.exception("fused group failed")
-            await self._fail(f"{type(exc).__name__}: {exc}")
-
-    def _train_iteration(self) -> dict[Hashable, dict[str, Any]]:
-        metrics = self.trainer.train_iteration()
-        iteration = self.trainer.iteration
-        due = checkpoint_due(iteration, self.max_iterations, self.checkpoint_every, self.checkpoint_at_end)
-        return member_results(self.trainer, metrics, checkpoint=due)
 
 
 def group_trainer(

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
@@ -50,7 +51,10 @@ class Tuner:
         scaling: Any = None,
         fusion: FusionConfig | None = None,
         checkpoint: CheckpointPolicy | Mapping[str, Any] | None = None,
+        search_seed: int | None = None,
     ):
+        self.search_seed = search_seed  # a fused sweep expands grid and random spaces itself
+        self.fused: Any = None  # a fused sweep's groups, built when the sweep starts (`FusedSweep`)
         self.trainable = resolve_trainable(trainable) if isinstance(trainable, str) else trainable
         self.checkpoint = _checkpoint_policy(checkpoint, (tune_config or tune.TuneConfig()).scheduler)
         self.param_space = dict(param_space or {})
@@ -89,9 +93,16 @@ class Tuner:
             return int(stop["training_iteration"])
         return DEFAULT_MAX_ITERATIONS
 
+    @property
+    def fuses_on_devices(self) -> bool:
+        """Fused groups that are Tune's trials; groups in pipeline bubbles have member trials."""
+        return self.fusion is not None and self.fusion.placement != "bubbles"
+
     def _tune_trainable(self) -> Any:
         """The Tune trainable this sweep runs, with its per-trial resources attached."""
         trainable = self.trainable
+        if self.fused is not None:
+            return self.fused.trainable
         if self.fusion is not None:
             from hpo.member_trial import MEMBER_TRIAL_RESOURCES, fused_member_trainable
 
@@ -109,9 +120,11 @@ class Tuner:
         callbacks = list(self.run_config.callbacks or [])
         if metric and not any(isinstance(cb, ControllerCallback) for cb in callbacks):
             callbacks.append(ControllerCallback(self.name, metric, self.mode))
-        if metric:
+        if self.fused is not None:
+            callbacks.append(self.fused.callback)
+        elif metric:
             callbacks.append(results_file_callback(self.storage / self.name, metric, self.mode, self._iterations()))
-        if self.fusion is not None:
+        if self.fusion is not None and self.fused is None:
             from hpo.member_trial import FusionCallback
 
             callbacks.append(FusionCallback(self.name))
@@ -126,13 +139,27 @@ class Tuner:
         stop = self.run_config.stop
         if isinstance(self.trainable, Workload) and stop is None:
             stop = {"training_iteration": self.max_iterations}
-        return replace(self.run_config, name=self.name, callbacks=callbacks, stop=stop)
+        run_config = replace(self.run_config, name=self.name, callbacks=callbacks, stop=stop)
+        if self.fused is not None:
+            run_config = replace(run_config, checkpoint_config=self.fused.checkpoint_config)
+        return run_config
 
     def _start_actors(self) -> list[Any]:
         """The sweep's controller and, with fusion, its group broker; the Tuner owns both."""
         metric = self.tune_config.metric
         actors = [start_controller(self.name, metric, self.mode) if metric else None]
-        if self.fusion is not None:
+        if self.fuses_on_devices:
+            from hpo.fused_members import MemberBook, start_stopped_members
+            from hpo.fused_sweep import fused_sweep
+
+            self.members_per_group = group_size(self.trainable, self.fusion, self.resources, self.param_space)
+            experiment = self.storage / self.name
+            actors.append(start_stopped_members(self.name, MemberBook(self.name, experiment, metric, 0).ended_before()))
+            self.fused = fused_sweep(
+                self.name, experiment, self.trainable, self.members_per_group, self.resources, self.param_space,
+                self.tune_config, self.max_iterations, self.checkpoint, self.fusion.dtype, self.search_seed,
+            )
+        elif self.fusion is not None:
             from fusion.broker import start_broker
             from hpo.member_trial import broker_name
             from hpo.ray_runtime import NAMESPACE
@@ -144,17 +171,10 @@ class Tuner:
         return actors
 
     def _group_launcher(self) -> Any:
-        """Fused groups on devices the sweep holds, or queued for pipeline jobs' bubbles."""
-        if self.fusion.placement == "bubbles":
-            from pipeline_bubble.bubble_pool import bubble_group_launcher
+        """Fused groups queued for pipeline jobs' bubbles."""
+        from pipeline_bubble.bubble_pool import bubble_group_launcher
 
-            return bubble_group_launcher(self.name, self.trainable, self.max_iterations, self.fusion.dtype)
-        from fusion.broker import device_group_launcher
-
-        return device_group_launcher(
-            self.trainable, self.max_iterations, self.resources, self.fusion.dtype,
-            checkpoint_every=self.checkpoint.every, checkpoint_at_end=self.checkpoint.at_end,
-        )
+        return bubble_group_launcher(self.name, self.trainable, self.max_iterations, self.fusion.dtype)
 
     def _tune_config(self) -> tune.TuneConfig:
         tune_config = self.tune_config
@@ -162,16 +182,26 @@ class Tuner:
             # hydro-hpo's own trainables reset cleanly, so a trial process (and its torch import)
             # serves trial after trial instead of being started anew for each configuration.
             tune_config = replace(tune_config, reuse_actors=True)
+        if self.fused is not None:
+            # Tune runs groups: the group searcher and scheduler stand for the user's, which act
+            # on every member; as many groups at once as there are group slots.
+            return replace(
+                tune_config,
+                search_alg=self.fused.search_alg,
+                scheduler=self.fused.scheduler,
+                num_samples=-1,
+                max_concurrent_trials=(
+                    math.ceil(tune_config.max_concurrent_trials / self.members_per_group)
+                    if tune_config.max_concurrent_trials else group_slots(self.resources)
+                ),
+                trial_dirname_creator=lambda trial: f"group_{trial.trial_id}",
+            )
         if self.fusion is None or tune_config.max_concurrent_trials:
             return tune_config
-        # Enough member trials at once to fill every group slot with a full group.
-        if self.fusion.placement == "bubbles":
-            from pipeline_bubble.bubble_pool import lending_stages
+        # Enough member trials at once to fill every lending stage with a full group.
+        from pipeline_bubble.bubble_pool import lending_stages
 
-            slots = max(1, lending_stages())
-        else:
-            slots = group_slots(self.resources)
-        return replace(tune_config, max_concurrent_trials=self.members_per_group * slots)
+        return replace(tune_config, max_concurrent_trials=self.members_per_group * max(1, lending_stages()))
 
     def fit(self) -> SweepResult:
         """Run the sweep in a new run folder: a name already on disk gets the next versioned one."""
@@ -184,7 +214,7 @@ class Tuner:
         actors = self._start_actors()
         tuner = tune.Tuner(
             self._tune_trainable(),
-            param_space=self.param_space,
+            param_space={} if self.fused is not None else self.param_space,
             tune_config=self._tune_config(),
             run_config=self._run_config(),
         )
@@ -203,7 +233,7 @@ class Tuner:
         tuner = tune.Tuner.restore(
             path,
             trainable=self._tune_trainable(),
-            param_space=self.param_space,
+            param_space={} if self.fused is not None else self.param_space,
             resume_unfinished=True,
             resume_errored=True,
         )
@@ -218,7 +248,10 @@ class Tuner:
 
     def _wrap(self, grid: tune.ResultGrid, actors: list[Any]) -> SweepResult:
         metric = self.tune_config.metric or ""
-        result = SweepResult(grid, metric, self.mode, self._iterations())
+        members = self.fused.book.results() if self.fused is not None else None
+        result = SweepResult(grid, metric, self.mode, self._iterations(), results=members)
+        if self.fused is not None:
+            result.extras["fused_groups"] = self.fused.book.groups()
         # Holding the handle keeps `hpo:<name>` alive (and in the dashboard) while the result lives.
         result.controller = actors[0]
         result.actors = actors

@@ -1,14 +1,18 @@
-"""How a sweep with `fusion:` runs: group size, the broker, member trials and their concurrency."""
+"""How a sweep with `fusion:` runs: group size, group slots, and the pieces Tune is given."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
 
-from hpo.spec import FusionConfig
+from hpo.fused_members import MemberBook
+from hpo.fused_scheduler import GroupScheduler
+from hpo.spec import CheckpointPolicy, FusionConfig
 from hpo.workload import Workload
 
 logger = logging.getLogger(__name__)
@@ -62,3 +66,88 @@ def group_slots(group_resources: Mapping[str, float]) -> int:
     if gpus > 0:
         return max(1, int(total.get("GPU", 0) // gpus))
     return max(1, int(total.get("CPU", 1) // max(group_resources.get("cpu", 1), 1e-3)))
+
+
+@dataclass
+class FusedSweep:
+    """What Tune is given to run a sweep as fused groups (see `hpo.fused_members`)."""
+
+    book: MemberBook
+    trainable: Any
+    search_alg: Any
+    scheduler: GroupScheduler
+    checkpoint_config: Any
+    callback: Any
+
+
+def fused_sweep(
+    sweep: str,
+    experiment: Path,
+    workload: Workload,
+    members_per_group: int,
+    resources: Mapping[str, float],
+    param_space: Mapping[str, Any],
+    tune_config: Any,
+    max_iterations: int,
+    checkpoint: CheckpointPolicy,
+    dtype: str,
+    seed: int | None = None,
+) -> FusedSweep:
+    """Group trials of up to `members_per_group` configurations; the user's searcher (or the
+    grid/random expansion of `param_space`) and scheduler act on each member."""
+    from ray import tune
+    from ray.tune.search import BasicVariantGenerator
+
+    from fusion.grouping import structural_signature
+    from hpo.fused_group_trial import fused_group_trainable, group_checkpoint_config
+    from hpo.fused_search import ConfigList, GroupSearcher
+
+    metric, mode = tune_config.metric, tune_config.mode or "min"
+    book = MemberBook(sweep, experiment, metric, max_iterations)
+    search_alg = tune_config.search_alg
+    if search_alg is None or isinstance(search_alg, BasicVariantGenerator):
+        inner, num_samples = ConfigList(param_space, tune_config.num_samples, seed), None
+    else:
+        inner, num_samples = search_alg, tune_config.num_samples
+    searcher = GroupSearcher(
+        inner, param_space, members_per_group, lambda config: structural_signature(workload.resolve(config)),
+        book, num_samples, metric, mode,
+    )
+    gpus = resources.get("gpu", 0)
+    trainable = fused_group_trainable(
+        sweep, workload, experiment, metric, mode, max_iterations,
+        threads=max(1, int(resources.get("cpu", 1))), device="cuda" if gpus > 0 else "cpu", dtype=dtype,
+        checkpoint_every=checkpoint.every, checkpoint_at_end=checkpoint.at_end,
+    )
+    return FusedSweep(
+        book=book,
+        trainable=tune.with_resources(trainable, dict(resources)),
+        search_alg=searcher,
+        scheduler=GroupScheduler(tune_config.scheduler, book, max_iterations),
+        checkpoint_config=group_checkpoint_config(checkpoint.every, checkpoint.at_end),
+        callback=member_results_callback(book, experiment, metric, mode, max_iterations),
+    )
+
+
+def member_results_callback(book: MemberBook, experiment: Path, metric: str, mode: str, max_iterations: int) -> Any:
+    """Rewrites `results.csv` and `summary.json` (one row per member) whenever a member ended."""
+    from ray.tune import Callback
+
+    from hpo.results import write_run_files
+
+    class MemberResultsCallback(Callback):
+        def _write(self) -> None:
+            if book.unwritten:
+                book.unwritten = False
+                write_run_files(experiment, book.records(), metric, mode, max_iterations)
+
+        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+            self._write()
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self._write()
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self._write()
+
+    return MemberResultsCallback()

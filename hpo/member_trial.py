@@ -1,10 +1,12 @@
-"""The Tune side of a fused sweep: one light Tune trial per configuration, and the callback that
-tells the broker which configurations Tune has scheduled.
+"""The Tune side of a sweep fused into pipeline bubbles: one light Tune trial per configuration,
+and the callback that tells the broker which configurations Tune has scheduled.
 
-Each configuration stays its own Tune trial (own row, metrics and checkpoints; searchers and
-ASHA/HyperBand see every result), but its process only relays: it imports neither torch nor the
-model, so Tune can reuse it between trials and it costs a Ray worker's baseline memory. The
-training happens in the group actor (`fusion.group_actor.FusedGroup`).
+Groups in pipeline bubbles are trained by whichever pipeline stage has a bubble, outside Tune, so
+each configuration is its own Tune trial whose process only relays (it imports neither torch nor
+the model; Tune reuses it between trials): the training happens in the bubble group
+(`pipeline_bubble.bubble_pool.BubbleGroup`, a `fusion.group_actor.MemberRelay`). Sweeps fused on
+the sweep's own devices don't pay a process per member: Tune runs their groups
+(`hpo.fused_group_trial`).
 
 A relay talks only to the broker, never to the group actor: looking up an actor imports its
 class's module, and the group's module imports torch.

@@ -27,6 +27,8 @@ import pandas as pd
 RESULTS_FILE = "results.csv"
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "curves.png"
+#: Under a fused sweep's experiment folder: one folder per configuration (`hpo.fused_members`).
+MEMBERS_DIR = "members"
 #: Tune's bookkeeping in every result: not metrics a user compares trials by.
 TUNE_METADATA = frozenset({
     "config", "date", "hostname", "node_ip", "pid", "timestamp", "time_since_restore", "time_this_iter_s",
@@ -194,7 +196,10 @@ def record_from_trial(trial: Any) -> TrialRecord:
 def records_from_trial_dirs(experiment: Path) -> list[TrialRecord]:
     """Every trial of a run read back from its own folder (`params.json`, `result.json`,
     `error.txt`, `checkpoint_*`), which Tune writes as the run goes: the way to rebuild the
-    results of a run whose experiment state is damaged."""
+    results of a run whose experiment state is damaged. A fused sweep's configurations are the
+    member folders under `members/`, written the same way (its Tune trials are the groups)."""
+    if (experiment / MEMBERS_DIR).is_dir():
+        experiment = experiment / MEMBERS_DIR
     records = []
     for params in sorted(experiment.glob("*/params.json")):
         folder = params.parent
@@ -248,10 +253,17 @@ def results_file_callback(experiment: Path, metric: str, mode: str, max_iteratio
 
 
 class SweepResult:
-    """A finished sweep: `ResultGrid`'s API plus one row per configuration, files and a plot."""
+    """A finished sweep: `ResultGrid`'s API plus one row per configuration, files and a plot.
 
-    def __init__(self, result_grid: Any, metric: str, mode: str, max_iterations: int | None = None):
+    Iterating, indexing and `len` go over configurations: the `ResultGrid`'s trials, or, in a
+    fused sweep whose Tune trials are groups, the members' `results`.
+    """
+
+    def __init__(
+        self, result_grid: Any, metric: str, mode: str, max_iterations: int | None = None, results: Sequence[Any] | None = None
+    ):
         self.result_grid = result_grid
+        self.results = list(result_grid if results is None else results)
         self.metric = metric
         self.mode = mode
         self.max_iterations = max_iterations
@@ -259,7 +271,7 @@ class SweepResult:
         self.controller: Any = None  # the sweep's `hpo:<name>` actor handle, when one ran
         self.actors: list[Any] = []  # every actor the sweep owns (controller, fusion broker)
         self.paths: dict[str, Path] = {}  # the files `write` wrote
-        self.records = [record_from_result(result) for result in result_grid]
+        self.records = [record_from_result(result) for result in self.results]
 
     # ResultGrid's API
     @property
@@ -267,25 +279,25 @@ class SweepResult:
         return self.result_grid.experiment_path
 
     def __len__(self) -> int:
-        return len(self.result_grid)
+        return len(self.results)
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self.result_grid)
+        return iter(self.results)
 
     def __getitem__(self, index: int) -> Any:
-        return self.result_grid[index]
+        return self.results[index]
 
     @property
     def errors(self) -> list[BaseException]:
-        return self.result_grid.errors
+        return [result.error for result in self.results if result.error is not None]
 
     @property
     def num_errors(self) -> int:
-        return self.result_grid.num_errors
+        return len(self.errors)
 
     @property
     def num_terminated(self) -> int:
-        return self.result_grid.num_terminated
+        return sum(1 for record in self.records if not record.error and not record.running)
 
     def get_best_result(self, metric: str | None = None, mode: str | None = None) -> Any:
         """The `ray.tune.Result` of the best finished trial by its last reported metric (errored
@@ -342,7 +354,7 @@ class SweepResult:
             best_path = None
         figure, axes = plt.subplots(figsize=(8, 5))
         values: list[float] = []
-        for result in self.result_grid:
+        for result in self.results:
             history = result.metrics_dataframe
             if history is None or self.metric not in history:
                 continue
@@ -358,7 +370,7 @@ class SweepResult:
             axes.set_yscale("log")
         axes.set_xlabel("training iteration")
         axes.set_ylabel(self.metric)
-        axes.set_title(f"{Path(self.experiment_path).name}: {len(self.result_grid)} trials")
+        axes.set_title(f"{Path(self.experiment_path).name}: {len(self.results)} trials")
         axes.grid(alpha=0.3)
         figure.tight_layout()
         figure.savefig(path, dpi=100, format="png")

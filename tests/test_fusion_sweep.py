@@ -6,7 +6,6 @@ import textwrap
 
 import pandas as pd
 import pytest
-import ray
 from ray import tune
 
 import hpo
@@ -38,7 +37,7 @@ def test_fused_members_are_trials_that_train_exactly_like_unfused_ones(tmp_path)
     fused = sweep(tmp_path, "fused", hpo.FusionConfig(max_members=2), lrs)
     plain = sweep(tmp_path, "plain", None, lrs)
 
-    groups = ray.get(fused.actors[1].groups.remote())
+    groups = fused.extras["fused_groups"]
     assert len(groups) >= 2 and all(len(g) <= 2 for g in groups), f"three configs in groups of at most two: {groups}"
     fused_frame = fused.get_dataframe().set_index("config/lr").sort_index()
     plain_frame = plain.get_dataframe().set_index("config/lr").sort_index()
@@ -46,7 +45,8 @@ def test_fused_members_are_trials_that_train_exactly_like_unfused_ones(tmp_path)
     relative = (fused_frame["val_loss"] - plain_frame["val_loss"]).abs() / plain_frame["val_loss"]
     assert relative.max() < 1e-4, relative
     assert fused.best_config["lr"] == plain.best_config["lr"]
-    assert all(r.checkpoint is not None for r in fused.result_grid)
+    assert all(r.checkpoint is not None for r in fused), "each member has its own checkpoint"
+    assert len(fused.result_grid) == len(groups), "Tune ran the groups, one trial each"
 
 
 def yaml_fused_sweep(tmp_path, scheduler: str):
@@ -76,8 +76,8 @@ def test_yaml_fused_sweep_with_asha_gives_one_row_per_configuration_and_repacks_
     stopped = frame[frame["status"] == "early_stopped"]
     assert (stopped["iterations"] == 1).all(), "the only rung below max_iterations is iteration 1"
     assert frame.loc[BEST_LR, "status"] == "completed", "ASHA never stops the best result at a rung"
-    last = {r.metrics["trial_id"]: r.metrics for r in result.result_grid}
-    for group in ray.get(result.actors[1].groups.remote()):
+    last = {r.metrics["trial_id"]: r.metrics for r in result}
+    for group in result.extras["fused_groups"]:
         survivors = [last[t] for t in group if last[t]["training_iteration"] == 3]
         assert all(m["fused_members"] == len(survivors) for m in survivors), "the last iteration trains survivors only"
     assert len(pd.read_csv(result.write()["results"])) == 6

@@ -119,8 +119,7 @@ def test_a_sweep_over_it_trains_the_same_fused_as_unfused(ray_local, tmp_path):
     fused_frame = fused.get_dataframe().set_index("config/lr").sort_index()
     assert list(plain_frame.index) == LRS and (plain_frame["iterations"] == 2).all()
     assert list(fused_frame.index) == LRS and (fused_frame["iterations"] == 2).all()
-    groups = ray_local.get(fused.actors[1].groups.remote())
-    # Usually one group of two; a member that starts after the broker's gathering window trains alone.
-    assert sorted(m for g in groups for m in g) == sorted(fused_frame["trial_id"]) and max(map(len, groups)) <= 2
+    groups = fused.extras["fused_groups"]
+    assert sorted(m for g in groups for m in g) == sorted(fused_frame["trial_id"]) and max(map(len, groups)) == 2
     relative = (fused_frame["val_loss"] - plain_frame["val_loss"]).abs() / plain_frame["val_loss"]
     assert relative.max() < 1e-4, relative

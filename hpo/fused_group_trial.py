@@ -1,0 +1,152 @@
+"""The Tune trial of one fused group: one process, one fused model, every member's result at once.
+
+Tune runs a fused sweep's groups, not its members (`hpo.fused_members` says why). One `step` trains
+one iteration of every live member and returns all their results in one Tune result
+(`member_results`, as JSON); the group's own value of the sweep's metric is its best member's, which is what
+Tune's metric check and the group's row in Tune's tables show.
+
+Checkpoints are the members' own: when the sweep's checkpoint policy says so, each member's state
+is written to its folder (`<experiment>/members/<id>/checkpoint_<iteration>/trial_state.pt`, the
+format `hpo.training.TrialTrainer` reads, so a member can be resumed or deployed unfused), and the
+group's Tune checkpoint only names them. A group retried after a crash is rebuilt from those
+member states, so a member loses at most `checkpoint.every` iterations.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from ray import tune
+
+from fusion.trainer import FusedTrainer
+from hpo.checkpointing import CHECKPOINT_FILE, checkpoint_due
+from hpo.fused_members import member_ids, stopped_members_name
+from hpo.results import MEMBERS_DIR
+from hpo.ray_runtime import NAMESPACE
+from hpo.workload import Workload
+
+#: A group's Tune checkpoint: which member checkpoints hold its state.
+MANIFEST_FILE = "members.json"
+#: Member checkpoints kept per member (the newest; a group restores from the latest).
+KEEP_MEMBER_CHECKPOINTS = 2
+
+
+def fused_group_trainable(
+    sweep: str,
+    workload: Workload,
+    experiment: Path,
+    metric: str,
+    mode: str,
+    max_iterations: int,
+    threads: int,
+    device: str,
+    dtype: str,
+    checkpoint_every: int,
+    checkpoint_at_end: bool,
+) -> type[tune.Trainable]:
+    """The Tune trainable class of the fused sweep `sweep`'s groups."""
+    members_dir = experiment / MEMBERS_DIR
+    pick = min if mode == "min" else max
+
+    class FusedGroupTrial(tune.Trainable):
+        def setup(self, config: dict[str, Any]) -> None:
+            torch.set_num_threads(threads)
+            self.stopped = ray.get_actor(stopped_members_name(sweep), namespace=NAMESPACE)
+            configs = config["members"]
+            self.trainer: FusedTrainer | None = FusedTrainer(
+                workload, configs, member_ids=member_ids(self.trial_id, len(configs)), device=device, dtype=dtype
+            )
+            self.saved_at = -1  # the iteration whose member checkpoints are on disk
+
+        def reset_config(self, new_config: dict[str, Any]) -> bool:
+            """Tune reuses this process for the next group (`reuse_actors`): torch stays imported."""
+            self.setup(new_config)
+            return True
+
+        def _drop_stopped(self) -> list[str]:
+            """Drop the members the driver's scheduler stopped since the last iteration."""
+            members = list(self.trainer.member_ids) if self.trainer else []
+            gone = set(ray.get(self.stopped.among.remote(members))) if members else set()
+            survivors = [m for m in members if m not in gone]
+            if not survivors:
+                self.trainer = None
+            elif gone:
+                self.trainer.keep_members(survivors)
+            return survivors
+
+        def step(self) -> dict[str, Any]:
+            if not self._drop_stopped():
+                return {metric: math.nan, "member_results": "[]", "fused_members": 0, "done": True}
+            trainer = self.trainer
+            metrics = trainer.train_iteration()
+            iteration = trainer.iteration
+            if checkpoint_due(iteration, max_iterations, checkpoint_every, checkpoint_at_end):
+                self._save_members()
+            results = [
+                {**m, "member_id": member_id, "training_iteration": iteration, "fused_members": trainer.num_members}
+                for member_id, m in zip(trainer.member_ids, metrics)
+            ]
+            values = [r[metric] for r in results if isinstance(r.get(metric), float) and math.isfinite(r[metric])]
+            return {
+                metric: pick(values) if values else math.nan,
+                # One JSON string, not a list: Tune's loggers take it as one opaque column.
+                "member_results": json.dumps(results),
+                "fused_members": trainer.num_members,
+            }
+
+        def _save_members(self) -> dict[str, str]:
+            """Each live member's checkpoint at the current iteration, in its own folder."""
+            trainer = self.trainer
+            paths = {}
+            for member_id in trainer.member_ids:
+                folder = members_dir / member_id
+                target = folder / f"checkpoint_{trainer.iteration:06d}"
+                if self.saved_at != trainer.iteration:
+                    staging = folder / f".checkpoint_{trainer.iteration:06d}.tmp"
+                    shutil.rmtree(staging, ignore_errors=True)
+                    staging.mkdir(parents=True)
+                    torch.save(trainer.member_state_dict(member_id), staging / CHECKPOINT_FILE)
+                    shutil.rmtree(target, ignore_errors=True)
+                    os.replace(staging, target)  # a checkpoint folder is whole or absent
+                    for old in sorted(folder.glob("checkpoint_*"))[:-KEEP_MEMBER_CHECKPOINTS]:
+                        shutil.rmtree(old, ignore_errors=True)
+                paths[member_id] = str(target)
+            self.saved_at = trainer.iteration
+            return paths
+
+        def save_checkpoint(self, checkpoint_dir: str) -> None:
+            if self.trainer is None:
+                manifest = {"iteration": self.iteration, "members": {}}
+            else:
+                manifest = {"iteration": self.trainer.iteration, "members": self._save_members()}
+            Path(checkpoint_dir, MANIFEST_FILE).write_text(json.dumps(manifest))
+
+        def load_checkpoint(self, checkpoint_dir: str) -> None:
+            manifest = json.loads(Path(checkpoint_dir, MANIFEST_FILE).read_text())
+            alive = {m: p for m, p in manifest["members"].items() if m in self.trainer.member_ids} if self.trainer else {}
+            if not alive:
+                self.trainer = None
+                return
+            configs = dict(zip(self.trainer.member_ids, self.trainer.configs))
+            states = [torch.load(Path(p, CHECKPOINT_FILE), weights_only=True) for p in alive.values()]
+            self.trainer = FusedTrainer.from_member_states(
+                workload, [configs[m] for m in alive], states, member_ids=list(alive), device=device, dtype=dtype
+            )
+            self.saved_at = self.trainer.iteration
+            self._drop_stopped()
+
+    FusedGroupTrial.__name__ = FusedGroupTrial.__qualname__ = f"fused_{workload.name}"
+    return FusedGroupTrial
+
+
+def group_checkpoint_config(every: int, at_end: bool, keep: int = 2) -> tune.CheckpointConfig:
+    """Tune checkpoints a group on the sweep's policy; the members' states go with it."""
+    return tune.CheckpointConfig(num_to_keep=keep, checkpoint_frequency=every, checkpoint_at_end=at_end)
+

@@ -1,0 +1,214 @@
+"""The members of a fused sweep as the driver keeps them: one record, folder and results row per
+configuration, although Tune runs one trial per fused group.
+
+Tune's controller costs a process per running trial and processes every result; a member that was
+its own Tune trial cost a Ray worker (about 1 s of CPU and 195 MB) and a trip through the
+controller per iteration. Here Tune runs the *groups* (`hpo.fused_group_trial`), and the members
+live in the driver:
+
+- `MemberTrial` is what Tune's searchers and schedulers are handed for a member: it has the
+  attributes they read of a `Trial` (`trial_id`, `config`, `status`, `last_result`), so ASHA,
+  HyperBand and median stopping decide for each member exactly as for an unfused trial.
+- `MemberBook` writes each member's folder under `<experiment>/members/<member_id>/` as Tune writes
+  a trial's: `params.json`, `result.json` (one line per iteration) and the member's own
+  checkpoints (written by the group), plus `status.json` once the member has ended. A resumed
+  sweep reads the folders back, so a member that ended is not trained again.
+- `StoppedMembers` is the one channel from the driver to the groups: the members a scheduler
+  stopped, read by each group before its next iteration.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from hpo.results import MEMBERS_DIR, TrialRecord, records_from_trial_dirs, write_atomically
+
+STATUS_FILE = "status.json"
+#: How a member ended; "running" members have no status file.
+ENDED = ("completed", "early_stopped", "diverged", "error")
+
+
+def member_ids(group_trial_id: str, size: int) -> list[str]:
+    """The ids of a group's members: stable across retries and resumes of the group's trial."""
+    return [f"{group_trial_id}_m{index:03d}" for index in range(size)]
+
+
+class MemberTrial:
+    """A member as Tune's searchers and schedulers see a trial."""
+
+    PENDING, RUNNING, PAUSED, TERMINATED, ERROR = "PENDING", "RUNNING", "PAUSED", "TERMINATED", "ERROR"
+
+    def __init__(self, trial_id: str, config: Mapping[str, Any], group_id: str):
+        self.trial_id = trial_id
+        self.config = dict(config)
+        self.group_id = group_id
+        # A member is RUNNING as soon as its group exists: schedulers only ever pause, resume and
+        # stop it; when its group's trial runs is Tune's concern.
+        self.status = self.RUNNING
+        self.last_result: dict[str, Any] = {}
+        self.ended: str | None = None
+        self.is_saving = False  # read by HyperBand; a member's checkpoint is written by its group
+
+    def __repr__(self) -> str:
+        return f"MemberTrial({self.trial_id}, {self.status})"
+
+    @property
+    def live(self) -> bool:
+        return self.ended is None
+
+
+def stopped_members_name(sweep: str) -> str:
+    return f"hpo:{sweep}:stopped"
+
+
+def start_stopped_members(sweep: str, ended: Iterable[str]) -> Any:
+    """The sweep's `StoppedMembers`, named so that a resumed sweep's restored scheduler finds the
+    new driver's (the one it was pickled with died with its driver)."""
+    from hpo.ray_runtime import NAMESPACE
+
+    return StoppedMembers.options(name=stopped_members_name(sweep), namespace=NAMESPACE).remote(list(ended))
+
+
+@ray.remote(num_cpus=0)
+class StoppedMembers:
+    """Members the driver's scheduler stopped; a group drops them before its next iteration."""
+
+    def __init__(self, stopped: Iterable[str] = ()):
+        self.stopped = set(stopped)
+
+    def stop(self, member_ids: list[str]) -> None:
+        self.stopped.update(member_ids)
+
+    def among(self, member_ids: list[str]) -> list[str]:
+        return [m for m in member_ids if m in self.stopped]
+
+
+class MemberBook:
+    """Every member of one fused sweep, kept by the driver (see the module docstring)."""
+
+    def __init__(self, sweep: str, experiment: Path, metric: str, max_iterations: int):
+        self.sweep = sweep
+        self.folder = experiment / MEMBERS_DIR
+        self.metric = metric
+        self.max_iterations = max_iterations
+        self.members: dict[str, MemberTrial] = {}
+        self.unwritten = False  # a member ended since results.csv was last written
+        self._stopped: Any = None
+
+    def ended_before(self) -> list[str]:
+        """Members an earlier run of this sweep ended (a resumed sweep must not train them again)."""
+        return [status_file.parent.name for status_file in self.folder.glob(f"*/{STATUS_FILE}")]
+
+    @property
+    def stopped(self) -> Any:
+        """The sweep's `StoppedMembers` actor (started by the `Tuner` before Tune runs)."""
+        if self._stopped is None:
+            from hpo.ray_runtime import NAMESPACE
+
+            self._stopped = ray.get_actor(stopped_members_name(self.sweep), namespace=NAMESPACE)
+        return self._stopped
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Tune pickles the scheduler and searcher that hold the book; an actor handle would
+        outlive its driver there."""
+        return {**self.__dict__, "_stopped": None}
+
+    def add_group(self, group_id: str, configs: list[Mapping[str, Any]]) -> list[MemberTrial]:
+        """The members of a group trial Tune just added (or restored)."""
+        members = []
+        for member_id, config in zip(member_ids(group_id, len(configs)), configs):
+            member = self.members.get(member_id)
+            if member is None:
+                member = self.members[member_id] = MemberTrial(member_id, config, group_id)
+                folder = self.folder / member_id
+                folder.mkdir(parents=True, exist_ok=True)
+                # A resumed sweep's member goes on from what its folder holds.
+                member.last_result = _last_result(folder)
+                status = folder / STATUS_FILE
+                if status.exists():
+                    member.ended = json.loads(status.read_text())["status"]
+                    member.status = MemberTrial.TERMINATED
+                elif not (folder / "params.json").exists():
+                    text = json.dumps(member.config, default=str)
+                    write_atomically(folder / "params.json", lambda temporary: Path(temporary).write_text(text))
+            members.append(member)
+        return members
+
+    def groups(self) -> list[list[str]]:
+        """Every group's member ids, in the order the groups were formed."""
+        groups: dict[str, list[str]] = {}
+        for member in self.members.values():
+            groups.setdefault(member.group_id, []).append(member.trial_id)
+        return list(groups.values())
+
+    def group(self, group_id: str) -> list[MemberTrial]:
+        return [m for m in self.members.values() if m.group_id == group_id]
+
+    def record_result(self, member: MemberTrial, result: Mapping[str, Any]) -> dict[str, Any]:
+        """Append one iteration of `member` to its `result.json`; returns the result as Tune's
+        schedulers and searchers expect it."""
+        full = {**result, "trial_id": member.trial_id, "config": member.config}
+        member.last_result = full
+        with open(self.folder / member.trial_id / "result.json", "a") as handle:
+            handle.write(json.dumps(full, default=str) + "\n")
+        return full
+
+    def end(self, member: MemberTrial, status: str, error: str = "") -> None:
+        """`member` ended (`status` in ENDED); its status file makes that survive a resume, and
+        the group's error, if it failed, goes where Tune puts a trial's (`error.txt`)."""
+        if member.ended is not None:
+            return
+        member.ended = status
+        member.status = MemberTrial.ERROR if status == "error" else MemberTrial.TERMINATED
+        folder = self.folder / member.trial_id
+        if error:
+            write_atomically(folder / "error.txt", lambda temporary: Path(temporary).write_text(error))
+        text = json.dumps({"status": status})
+        write_atomically(folder / STATUS_FILE, lambda temporary: Path(temporary).write_text(text))
+        self.unwritten = True
+
+    def records(self) -> list[TrialRecord]:
+        """One record per member, read back from the member folders (with their checkpoints)."""
+        records = records_from_trial_dirs(self.folder)
+        for record in records:
+            member = self.members.get(record.trial_id)
+            record.running = member is not None and member.ended is None
+        return records
+
+    def results(self) -> list[Any]:
+        """Every member as a `ray.tune.Result` (see `member_result`)."""
+        return [member_result(record, self.folder / record.trial_id) for record in self.records()]
+
+
+def _last_result(folder: Path) -> dict[str, Any]:
+    lines = (folder / "result.json").read_text().splitlines() if (folder / "result.json").exists() else []
+    return json.loads(lines[-1]) if lines else {}
+
+
+
+
+def member_result(record: TrialRecord, folder: Path) -> Any:
+    """A member as a `ray.tune.Result`, like an unfused trial's in a `ResultGrid`: last metrics,
+    latest checkpoint, error, folder and the whole history (one row per iteration)."""
+    import pandas as pd
+    from ray import tune
+
+    history_file = folder / "result.json"
+    lines = history_file.read_text().splitlines() if history_file.exists() else []
+    by_iteration = {}  # a group retried from its checkpoint reports some iterations twice
+    for line in lines:
+        entry = json.loads(line)
+        by_iteration[entry["training_iteration"]] = entry
+    history = pd.DataFrame([by_iteration[i] for i in sorted(by_iteration)]) if by_iteration else None
+    return tune.Result(
+        metrics=dict(record.metrics),
+        checkpoint=tune.Checkpoint.from_directory(record.checkpoint) if record.checkpoint else None,
+        error=RuntimeError(record.error) if record.error else None,
+        path=str(folder),
+        metrics_dataframe=history,
+    )
