@@ -194,7 +194,7 @@ class Tuner:
                     math.ceil(tune_config.max_concurrent_trials / self.members_per_group)
                     if tune_config.max_concurrent_trials else group_slots(self.resources)
                 ),
-                trial_dirname_creator=lambda trial: f"group_{trial.trial_id}",
+                trial_dirname_creator=self.fused.group_dirname,
             )
         if self.fusion is None or tune_config.max_concurrent_trials:
             return tune_config
@@ -248,7 +248,11 @@ class Tuner:
 
     def _wrap(self, grid: tune.ResultGrid, actors: list[Any]) -> SweepResult:
         metric = self.tune_config.metric or ""
-        members = self.fused.book.results() if self.fused is not None else None
+        members = None
+        if self.fused is not None:  # the members of the groups Tune ran (restored ones included)
+            from hpo.fused_members import GROUP_DIR_PREFIX
+
+            members = self.fused.book.results({Path(r.path).name.removeprefix(GROUP_DIR_PREFIX) for r in grid})
         result = SweepResult(grid, metric, self.mode, self._iterations(), results=members)
         if self.fused is not None:
             result.extras["fused_groups"] = self.fused.book.groups()

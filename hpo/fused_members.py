@@ -38,6 +38,14 @@ def member_ids(group_trial_id: str, size: int) -> list[str]:
     return [f"{group_trial_id}_m{index:03d}" for index in range(size)]
 
 
+def group_of(member_id: str) -> str:
+    return member_id.rsplit("_m", 1)[0]
+
+
+#: A group trial's folder in the experiment is `group_<trial id>`.
+GROUP_DIR_PREFIX = "group_"
+
+
 class MemberTrial:
     """A member as Tune's searchers and schedulers see a trial."""
 
@@ -172,17 +180,20 @@ class MemberBook:
         write_atomically(folder / STATUS_FILE, lambda temporary: Path(temporary).write_text(text))
         self.unwritten = True
 
-    def records(self) -> list[TrialRecord]:
-        """One record per member, read back from the member folders (with their checkpoints)."""
-        records = records_from_trial_dirs(self.folder)
+    def records(self, groups: Iterable[str] | None = None) -> list[TrialRecord]:
+        """One record per member of `groups` (default: the groups Tune has added), read back from
+        the member folders. A driver killed just after a group was suggested can leave folders of
+        a group Tune's saved state never held; a resumed sweep suggests those configurations again."""
+        known = set(groups) if groups is not None else {m.group_id for m in self.members.values()}
+        records = [r for r in records_from_trial_dirs(self.folder) if group_of(r.trial_id) in known]
         for record in records:
             member = self.members.get(record.trial_id)
             record.running = member is not None and member.ended is None
         return records
 
-    def results(self) -> list[Any]:
-        """Every member as a `ray.tune.Result` (see `member_result`)."""
-        return [member_result(record, self.folder / record.trial_id) for record in self.records()]
+    def results(self, groups: Iterable[str] | None = None) -> list[Any]:
+        """Every member of `groups` as a `ray.tune.Result` (see `member_result`)."""
+        return [member_result(record, self.folder / record.trial_id) for record in self.records(groups)]
 
 
 def _last_result(folder: Path) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 
-from hpo.fused_members import MemberBook
+from hpo.fused_members import GROUP_DIR_PREFIX, MemberBook
 from hpo.fused_scheduler import GroupScheduler
 from hpo.spec import CheckpointPolicy, FusionConfig
 from hpo.workload import Workload
@@ -79,6 +79,10 @@ class FusedSweep:
     checkpoint_config: Any
     callback: Any
 
+    @staticmethod
+    def group_dirname(trial: Any) -> str:
+        return f"{GROUP_DIR_PREFIX}{trial.trial_id}"
+
 
 def fused_sweep(
     sweep: str,
@@ -113,6 +117,9 @@ def fused_sweep(
         inner, param_space, members_per_group, lambda config: structural_signature(workload.resolve(config)),
         book, num_samples, metric, mode,
     )
+    # Tune hands a searcher the search space only with a non-empty param_space, and its own is
+    # empty (groups are suggested whole): the user's searcher gets the real space here.
+    searcher.set_search_properties(metric, mode, {})
     gpus = resources.get("gpu", 0)
     trainable = fused_group_trainable(
         sweep, workload, experiment, metric, mode, max_iterations,

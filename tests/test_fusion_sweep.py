@@ -1,12 +1,22 @@
-"""Fused groups inside a real Tune sweep: members stay trials, and train exactly as unfused."""
+"""Fused groups inside a real Tune sweep: Tune runs the groups; each member keeps its own row,
+results and checkpoints, is judged by the user's searcher and scheduler, and trains exactly as unfused."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
+from pathlib import Path
 
+import optuna
 import pandas as pd
 import pytest
 from ray import tune
+from ray.tune.search import Searcher
+from ray.tune.search.optuna import OptunaSearch
 
 import hpo
 from examples.mlp_digits import workload as digits
@@ -94,3 +104,105 @@ def test_yaml_fused_sweep_with_hyperband_stops_members_individually(tmp_path):
     assert len(stopped) >= 1 and (stopped["iterations"] == 1).all(), frame
     assert (frame.loc[frame["status"] == "completed", "iterations"] == 3).all()
     assert frame.loc[BEST_LR, "status"] == "completed"
+
+
+class RecordingSearcher(Searcher):
+    """Optuna's TPE, with a record of what Tune's searcher interface told it."""
+
+    def __init__(self, inner: Searcher):
+        super().__init__(metric=inner.metric, mode=inner.mode)
+        self.inner = inner
+        self.results: list[tuple[str, int]] = []
+        self.completed: dict[str, dict] = {}
+
+    def set_search_properties(self, metric, mode, config, **spec):
+        return self.inner.set_search_properties(metric, mode, config, **spec)
+
+    def suggest(self, trial_id):
+        return self.inner.suggest(trial_id)
+
+    def on_trial_result(self, trial_id, result):
+        self.results.append((trial_id, result["training_iteration"]))
+        self.inner.on_trial_result(trial_id, result)
+
+    def on_trial_complete(self, trial_id, result=None, error=False):
+        self.completed[trial_id] = result
+        self.inner.on_trial_complete(trial_id, result, error)
+
+
+def test_tpe_proposes_and_hears_of_every_member_of_a_fused_sweep(tmp_path):
+    searcher = RecordingSearcher(OptunaSearch(sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=3)))
+    result = hpo.run(
+        digits,
+        config={"lr": tune.loguniform(1e-3, 1e-1), "width": 16, "seed": 0},
+        metric="val_loss",
+        mode="min",
+        num_samples=6,
+        search_alg=searcher,
+        stop={"training_iteration": 2},
+        storage_path=str(tmp_path),
+        name="tpe",
+        fusion=hpo.FusionConfig(max_members=3),
+    )
+    frame = result.get_dataframe()
+    assert len(frame) == 6 and len(result.result_grid) == 2, "six configurations in two groups of three"
+    assert len(searcher.completed) == 6 and sorted(it for _, it in searcher.results) == [1] * 6
+    final = sorted(r["val_loss"] for r in searcher.completed.values())
+    assert final == sorted(frame["val_loss"]), "TPE learnt each member's own final value"
+    assert sorted(frame["config/lr"]) == sorted(r["config"]["lr"] for r in searcher.completed.values())
+
+
+SLOW_WORKLOAD = '''
+import time
+from examples.mlp_digits import DigitsMLP
+
+
+class SlowDigits(DigitsMLP):
+    def train_batches(self, config, seed):
+        for batch in super().train_batches(config, seed):
+            time.sleep(0.05)  # slow enough that the driver can be killed mid-sweep
+            yield batch
+
+
+workload = SlowDigits()
+'''
+
+
+def test_a_resumed_fused_sweep_keeps_what_finished_and_trains_the_rest(ray_local, tmp_path):
+    (tmp_path / "slow_workload.py").write_text(SLOW_WORKLOAD)
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(textwrap.dedent(f"""
+        name: killed_fused
+        trainable: slow_workload:workload
+        method: grid
+        metric: {{name: val_loss, goal: minimize}}
+        parameters:
+          lr: {{values: [0.001, 0.003, 0.01, 0.03, 0.1, 0.3]}}
+          width: {{value: 16}}
+        max_iterations: 3
+        storage_path: {tmp_path / "runs"}
+        fusion: {{max_members: 2}}
+        resources: {{cpu: 2}}
+    """))
+    address = ray_local.get_runtime_context().gcs_address
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{Path(__file__).resolve().parents[1]}"}
+    members = tmp_path / "runs" / "killed_fused" / "members"
+    command = [sys.executable, "-m", "hpo.cli", "run", str(sweep), "--address", address]
+
+    driver = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    while len(ended := list(members.glob("*/status.json"))) < 2 and time.time() < deadline:
+        assert driver.poll() is None, "the sweep ended before it could be killed"
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    finished = {path.parent.name: (path.parent / "result.json").read_text() for path in ended}
+    assert 2 <= len(finished) < 6, f"expected a half-finished sweep, finished: {sorted(finished)}"
+
+    resumed = subprocess.run(command + ["--resume"], env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for member, history in finished.items():
+        assert (members / member / "result.json").read_text() == history, f"{member} finished, and was trained again"
+    rows = pd.read_csv(tmp_path / "runs" / "killed_fused" / "results.csv")
+    assert sorted(rows["config/lr"]) == [0.001, 0.003, 0.01, 0.03, 0.1, 0.3], "every configuration has its row"
+    assert (rows["status"] == "completed").all() and (rows["iterations"] == 3).all(), rows
