@@ -64,6 +64,11 @@ class Tuner:
         self.fusion = fusion if fusion is None or fusion.enabled else None
         if (scaling is not None or self.fusion is not None) and not isinstance(self.trainable, Workload):
             raise TypeError("scaling and fusion need a Workload trainable (model factory, data and loss kept apart)")
+        from ray.tune.schedulers import PopulationBasedTraining
+
+        if self.fusion is not None and isinstance(self.tune_config.scheduler, PopulationBasedTraining):
+            raise ValueError("fusion does not support PopulationBasedTraining: its exploit step copies one trial's "
+                             "state into another, across fused groups; use ASHA or HyperBand, or turn fusion off")
         self.scaling = None
         self._eager: Any = None  # the eager-transfer callback of a fresh (not resumed) scaled sweep
         if scaling is not None:
@@ -149,14 +154,11 @@ class Tuner:
         metric = self.tune_config.metric
         actors = [start_controller(self.name, metric, self.mode) if metric else None]
         if self.fuses_on_devices:
-            from hpo.fused_members import MemberBook, start_stopped_members
             from hpo.fused_sweep import fused_sweep
 
             self.members_per_group = group_size(self.trainable, self.fusion, self.resources, self.param_space)
-            experiment = self.storage / self.name
-            actors.append(start_stopped_members(self.name, MemberBook(self.name, experiment, metric, 0).ended_before()))
             self.fused = fused_sweep(
-                self.name, experiment, self.trainable, self.members_per_group, self.resources, self.param_space,
+                self.storage / self.name, self.trainable, self.members_per_group, self.resources, self.param_space,
                 self.tune_config, self.max_iterations, self.checkpoint, self.fusion.dtype, self.search_seed,
             )
         elif self.fusion is not None:

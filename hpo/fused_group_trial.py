@@ -21,15 +21,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import ray
 import torch
 from ray import tune
 
 from fusion.trainer import FusedTrainer
 from hpo.checkpointing import CHECKPOINT_FILE, checkpoint_due
-from hpo.fused_members import member_ids, stopped_members_name
+from hpo.fused_members import STATUS_FILE, member_ids
 from hpo.results import MEMBERS_DIR
-from hpo.ray_runtime import NAMESPACE
 from hpo.workload import Workload
 
 #: A group's Tune checkpoint: which member checkpoints hold its state.
@@ -39,7 +37,6 @@ KEEP_MEMBER_CHECKPOINTS = 2
 
 
 def fused_group_trainable(
-    sweep: str,
     workload: Workload,
     experiment: Path,
     metric: str,
@@ -51,14 +48,13 @@ def fused_group_trainable(
     checkpoint_every: int,
     checkpoint_at_end: bool,
 ) -> type[tune.Trainable]:
-    """The Tune trainable class of the fused sweep `sweep`'s groups."""
+    """The Tune trainable class of a fused sweep's groups."""
     members_dir = experiment / MEMBERS_DIR
     pick = min if mode == "min" else max
 
     class FusedGroupTrial(tune.Trainable):
         def setup(self, config: dict[str, Any]) -> None:
             torch.set_num_threads(threads)
-            self.stopped = ray.get_actor(stopped_members_name(sweep), namespace=NAMESPACE)
             configs = config["members"]
             self.trainer: FusedTrainer | None = FusedTrainer(
                 workload, configs, member_ids=member_ids(self.trial_id, len(configs)), device=device, dtype=dtype
@@ -71,9 +67,9 @@ def fused_group_trainable(
             return True
 
         def _drop_stopped(self) -> list[str]:
-            """Drop the members the driver's scheduler stopped since the last iteration."""
+            """Drop the members that ended (the driver wrote their status files)."""
             members = list(self.trainer.member_ids) if self.trainer else []
-            gone = set(ray.get(self.stopped.among.remote(members))) if members else set()
+            gone = {m for m in members if (members_dir / m / STATUS_FILE).exists()}
             survivors = [m for m in members if m not in gone]
             if not survivors:
                 self.trainer = None

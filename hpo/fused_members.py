@@ -13,8 +13,10 @@ live in the driver:
   a trial's: `params.json`, `result.json` (one line per iteration) and the member's own
   checkpoints (written by the group), plus `status.json` once the member has ended. A resumed
   sweep reads the folders back, so a member that ended is not trained again.
-- `StoppedMembers` is the one channel from the driver to the groups: the members a scheduler
-  stopped, read by each group before its next iteration.
+- A member's `status.json` is also the one message from the driver to its group: the driver
+  writes it (atomically) when the user's scheduler stops the member, before Tune lets the group
+  train again, and the group drops every member that has one before each iteration. (So a fused
+  sweep's storage path must be a filesystem its groups see, as for the members' checkpoints.)
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
-
-import ray
 
 from hpo.results import MEMBERS_DIR, TrialRecord, records_from_trial_dirs, write_atomically
 
@@ -70,61 +70,13 @@ class MemberTrial:
         return self.ended is None
 
 
-def stopped_members_name(sweep: str) -> str:
-    return f"hpo:{sweep}:stopped"
-
-
-def start_stopped_members(sweep: str, ended: Iterable[str]) -> Any:
-    """The sweep's `StoppedMembers`, named so that a resumed sweep's restored scheduler finds the
-    new driver's (the one it was pickled with died with its driver)."""
-    from hpo.ray_runtime import NAMESPACE
-
-    return StoppedMembers.options(name=stopped_members_name(sweep), namespace=NAMESPACE).remote(list(ended))
-
-
-@ray.remote(num_cpus=0)
-class StoppedMembers:
-    """Members the driver's scheduler stopped; a group drops them before its next iteration."""
-
-    def __init__(self, stopped: Iterable[str] = ()):
-        self.stopped = set(stopped)
-
-    def stop(self, member_ids: list[str]) -> None:
-        self.stopped.update(member_ids)
-
-    def among(self, member_ids: list[str]) -> list[str]:
-        return [m for m in member_ids if m in self.stopped]
-
-
 class MemberBook:
     """Every member of one fused sweep, kept by the driver (see the module docstring)."""
 
-    def __init__(self, sweep: str, experiment: Path, metric: str, max_iterations: int):
-        self.sweep = sweep
+    def __init__(self, experiment: Path):
         self.folder = experiment / MEMBERS_DIR
-        self.metric = metric
-        self.max_iterations = max_iterations
         self.members: dict[str, MemberTrial] = {}
         self.unwritten = False  # a member ended since results.csv was last written
-        self._stopped: Any = None
-
-    def ended_before(self) -> list[str]:
-        """Members an earlier run of this sweep ended (a resumed sweep must not train them again)."""
-        return [status_file.parent.name for status_file in self.folder.glob(f"*/{STATUS_FILE}")]
-
-    @property
-    def stopped(self) -> Any:
-        """The sweep's `StoppedMembers` actor (started by the `Tuner` before Tune runs)."""
-        if self._stopped is None:
-            from hpo.ray_runtime import NAMESPACE
-
-            self._stopped = ray.get_actor(stopped_members_name(self.sweep), namespace=NAMESPACE)
-        return self._stopped
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Tune pickles the scheduler and searcher that hold the book; an actor handle would
-        outlive its driver there."""
-        return {**self.__dict__, "_stopped": None}
 
     def add_group(self, group_id: str, configs: list[Mapping[str, Any]]) -> list[MemberTrial]:
         """The members of a group trial Tune just added (or restored)."""

@@ -4,9 +4,8 @@
 median stopping) and hands it each member's result as a `MemberTrial`'s, so early stopping works
 member by member exactly as for unfused trials. What that means for the group's trial:
 
-- a member the user's scheduler stops (or that diverged) is told to the group through
-  `MemberBook.stopped` before Tune lets the group train again, so the group drops it before its
-  next iteration;
+- a member the user's scheduler stops (or that diverged) gets its status file before Tune lets
+  the group train again, so the group drops it before its next iteration;
 - a member it pauses (synchronous HyperBand waits for a whole bracket) holds its group: the group
   trains only when none of its members is paused, so all members of a group stay at one
   iteration. A group whose live members are paused is paused by Tune (its checkpoint saved, its
@@ -22,7 +21,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import ray
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from hpo.fused_members import MemberBook, MemberTrial
@@ -59,7 +57,6 @@ class GroupScheduler(TrialScheduler):
         self.max_iterations = max_iterations
         self.members = _MemberController(self)
         self.added: set[str] = set()
-        self._newly_ended: list[str] = []
 
     def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
         return self.inner.set_search_properties(metric, mode, **spec)
@@ -73,7 +70,6 @@ class GroupScheduler(TrialScheduler):
 
     def _end(self, member: MemberTrial, status: str, error: str = "") -> None:
         self.book.end(member, status, error)
-        self._newly_ended.append(member.trial_id)
 
     def _record(self, result: dict) -> list[tuple[MemberTrial, dict]]:
         """Each live member's result of this iteration, written to its folder. A group retried
@@ -103,7 +99,6 @@ class GroupScheduler(TrialScheduler):
             else:
                 member.status = MemberTrial.RUNNING
         self._resume_unpaused()
-        self._tell_groups()
         live = [m for m in self.book.group(trial.trial_id) if m.live]
         if not live:
             return TrialScheduler.STOP
@@ -119,12 +114,6 @@ class GroupScheduler(TrialScheduler):
                 return
             member.status = MemberTrial.RUNNING
 
-    def _tell_groups(self) -> None:
-        """Before Tune lets any group train again, the groups learn which members ended."""
-        if self._newly_ended:
-            ray.get(self.book.stopped.stop.remote(self._newly_ended))
-            self._newly_ended = []
-
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict) -> None:
         """The group's trial ended: by Tune's stop condition (its last result is `result`) or
         because no member was left."""
@@ -139,7 +128,6 @@ class GroupScheduler(TrialScheduler):
                 status = "completed" if finished else "early_stopped"
             self.inner.on_trial_complete(self.members, member, member.last_result)
             self._end(member, status)
-        self._tell_groups()
 
     def on_trial_error(self, tune_controller: Any, trial: Any) -> None:
         """Every retry of a group reaches here; only a group out of retries ends its members."""
@@ -152,7 +140,6 @@ class GroupScheduler(TrialScheduler):
                 self.inner.on_trial_error(self.members, member)
                 self._end(member, "error", error or "the fused group failed")
         logger.info("fused group %s failed: %s", trial.trial_id, _error_line(error))
-        self._tell_groups()
 
     def on_trial_remove(self, tune_controller: Any, trial: Any) -> None:
         """A paused or pending group was stopped (a time budget, a stopper)."""
@@ -160,7 +147,6 @@ class GroupScheduler(TrialScheduler):
             if member.live:
                 self.inner.on_trial_remove(self.members, member)
                 self._end(member, "early_stopped")
-        self._tell_groups()
 
     def choose_trial_to_run(self, tune_controller: Any) -> Any:
         """A new group first; else a paused group none of whose live members is still paused."""

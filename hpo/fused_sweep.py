@@ -85,7 +85,6 @@ class FusedSweep:
 
 
 def fused_sweep(
-    sweep: str,
     experiment: Path,
     workload: Workload,
     members_per_group: int,
@@ -107,7 +106,7 @@ def fused_sweep(
     from hpo.fused_search import ConfigList, GroupSearcher
 
     metric, mode = tune_config.metric, tune_config.mode or "min"
-    book = MemberBook(sweep, experiment, metric, max_iterations)
+    book = MemberBook(experiment)
     search_alg = tune_config.search_alg
     if search_alg is None or isinstance(search_alg, BasicVariantGenerator):
         inner, num_samples = ConfigList(param_space, tune_config.num_samples, seed), None
@@ -122,7 +121,7 @@ def fused_sweep(
     searcher.set_search_properties(metric, mode, {})
     gpus = resources.get("gpu", 0)
     trainable = fused_group_trainable(
-        sweep, workload, experiment, metric, mode, max_iterations,
+        workload, experiment, metric, mode, max_iterations,
         threads=max(1, int(resources.get("cpu", 1))), device="cuda" if gpus > 0 else "cpu", dtype=dtype,
         checkpoint_every=checkpoint.every, checkpoint_at_end=checkpoint.at_end,
     )
