@@ -126,7 +126,14 @@ class Tuner:
         if metric and not any(isinstance(cb, ControllerCallback) for cb in callbacks):
             callbacks.append(ControllerCallback(self.name, metric, self.mode))
         if self.fused is not None:
-            callbacks.append(self.fused.callback)
+            # Progress, the dashboard and the results files count configurations: they hear of
+            # each member's events, not of the groups Tune runs.
+            from hpo.fused_sweep import member_callbacks
+            from hpo.progress import ProgressCallback
+
+            per_member = [cb for cb in callbacks if isinstance(cb, (ControllerCallback, ProgressCallback))]
+            callbacks = [cb for cb in callbacks if all(cb is not p for p in per_member)]
+            callbacks.append(member_callbacks(self.fused.book, [*per_member, self.fused.callback]))
         elif metric:
             callbacks.append(results_file_callback(self.storage / self.name, metric, self.mode, self._iterations()))
         if self.fusion is not None and self.fused is None:

@@ -76,7 +76,6 @@ class MemberBook:
     def __init__(self, experiment: Path):
         self.folder = experiment / MEMBERS_DIR
         self.members: dict[str, MemberTrial] = {}
-        self.unwritten = False  # a member ended since results.csv was last written
 
     def add_group(self, group_id: str, configs: list[Mapping[str, Any]]) -> list[MemberTrial]:
         """The members of a group trial Tune just added (or restored)."""
@@ -130,7 +129,6 @@ class MemberBook:
             write_atomically(folder / "error.txt", lambda temporary: Path(temporary).write_text(error))
         text = json.dumps({"status": status})
         write_atomically(folder / STATUS_FILE, lambda temporary: Path(temporary).write_text(text))
-        self.unwritten = True
 
     def records(self, groups: Iterable[str] | None = None) -> list[TrialRecord]:
         """One record per member of `groups` (default: the groups Tune has added), read back from

@@ -135,20 +135,81 @@ def fused_sweep(
     )
 
 
+def member_callbacks(book: MemberBook, callbacks: list[Any]) -> Any:
+    """A Tune callback that replays each group event as its members' events to `callbacks`
+    (the progress line, the dashboard's controller, the results files), so they count and show
+    configurations, not groups. Each member's end is announced once, whichever group event
+    follows it."""
+    from ray.tune import Callback
+
+    class MemberCallbacks(Callback):
+        def __init__(self) -> None:
+            self.announced: set[str] = set()
+
+        def setup(self, **info: Any) -> None:
+            for callback in callbacks:
+                callback.setup(**info)
+
+        def _members(self) -> list[Any]:
+            return list(book.members.values())
+
+        def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+            for callback in callbacks:
+                callback.on_step_begin(iteration, self._members(), **info)
+
+        def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+            for callback in callbacks:
+                callback.on_step_end(iteration, self._members(), **info)
+
+        def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            for member in book.group(trial.trial_id):
+                if member.live and member.trial_id not in self.announced:
+                    for callback in callbacks:
+                        callback.on_trial_start(iteration, self._members(), member, **info)
+
+        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+            members = self._members()
+            for member in book.group(trial.trial_id):
+                if member.last_result.get("training_iteration") == result.get("training_iteration"):
+                    for callback in callbacks:
+                        callback.on_trial_result(iteration, members, member, member.last_result, **info)
+            self._announce_ended(iteration)
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self._announce_ended(iteration)
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self._announce_ended(iteration)
+
+        def _announce_ended(self, iteration: int) -> None:
+            members = self._members()
+            for member in members:
+                if member.live or member.trial_id in self.announced:
+                    continue
+                self.announced.add(member.trial_id)
+                for callback in callbacks:
+                    if member.ended == "error":
+                        callback.on_trial_error(iteration, members, member)
+                    else:
+                        callback.on_trial_complete(iteration, members, member)
+
+        def on_experiment_end(self, trials: list, **info: Any) -> None:
+            for callback in callbacks:
+                callback.on_experiment_end(self._members(), **info)
+
+    return MemberCallbacks()
+
+
 def member_results_callback(book: MemberBook, experiment: Path, metric: str, mode: str, max_iterations: int) -> Any:
-    """Rewrites `results.csv` and `summary.json` (one row per member) whenever a member ended."""
+    """Rewrites `results.csv` and `summary.json` (one row per member) whenever a member ended
+    (a per-member callback: see `member_callbacks`)."""
     from ray.tune import Callback
 
     from hpo.results import write_run_files
 
     class MemberResultsCallback(Callback):
         def _write(self) -> None:
-            if book.unwritten:
-                book.unwritten = False
-                write_run_files(experiment, book.records(), metric, mode, max_iterations)
-
-        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-            self._write()
+            write_run_files(experiment, book.records(), metric, mode, max_iterations)
 
         def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             self._write()
