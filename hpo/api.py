@@ -265,7 +265,7 @@ class Tuner:
         result = SweepResult(grid, metric, self.mode, self._iterations(), results=members)
         if self.fused is not None:
             result.extras["fused_groups"] = self.fused.book.groups()
-        # Holding the handle keeps `hpo:<name>` alive (and in the dashboard) while the result lives.
+        # Holding the handle keeps `hpo:sweep:<name>` alive (and in the dashboard) while the result lives.
         result.controller = actors[0]
         result.actors = actors
         if self.scaling is not None:

@@ -1,4 +1,4 @@
-"""The sweep's face in the Ray dashboard: a named actor `hpo:<sweep>` and Prometheus metrics.
+"""The sweep's face in the Ray dashboard: a named actor `hpo:sweep:<sweep>` and Prometheus metrics.
 
 Tune's driver state is invisible in the dashboard; this actor makes a running sweep show up in
 the Actors view and exports `hpo_trials_running`, `hpo_trials_finished` and `hpo_best_metric`
@@ -18,7 +18,9 @@ from hpo.ray_runtime import NAMESPACE
 
 
 def controller_name(sweep: str) -> str:
-    return f"hpo:{sweep}"
+    """Sweeps' actors live under `hpo:sweep:`, apart from the cluster's (`hpo:allocator`,
+    `hpo:bubbles`), so no sweep name can take one of theirs."""
+    return f"hpo:sweep:{sweep}"
 
 
 def start_controller(sweep: str, metric: str, mode: str) -> Any:

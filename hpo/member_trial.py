@@ -27,6 +27,7 @@ from typing import Any
 import ray
 from ray import tune
 
+from hpo.controller import controller_name
 from hpo.ray_runtime import NAMESPACE
 from hpo.checkpointing import CHECKPOINT_FILE, PROGRESS_FILE
 
@@ -35,7 +36,7 @@ MEMBER_TRIAL_RESOURCES = {"cpu": 0.01}
 
 
 def broker_name(sweep: str) -> str:
-    return f"hpo:{sweep}:fusion"
+    return f"{controller_name(sweep)}:fusion"
 
 
 def fused_member_trainable(sweep: str, max_iterations: int) -> Callable[[dict[str, Any]], None]:

@@ -268,7 +268,7 @@ class SweepResult:
         self.mode = mode
         self.max_iterations = max_iterations
         self.extras: dict[str, Any] = {}  # engine reports (e.g. muP transfer) attach here
-        self.controller: Any = None  # the sweep's `hpo:<name>` actor handle, when one ran
+        self.controller: Any = None  # the sweep's `hpo:sweep:<name>` actor handle, when one ran
         self.actors: list[Any] = []  # every actor the sweep owns (controller, fusion broker)
         self.paths: dict[str, Path] = {}  # the files `write` wrote
         self.records = [record_from_result(result) for result in self.results]

@@ -93,7 +93,7 @@ def test_sweep_has_a_named_controller_and_exports_metrics_to_prometheus(ray_loca
         storage_path=str(tmp_path),
         name="visible",
     )
-    controller = ray_local.get_actor("hpo:visible", namespace="hpo")
+    controller = ray_local.get_actor("hpo:sweep:visible", namespace="hpo")
     assert controller == result.controller
     summary = ray_local.get(controller.summary.remote())
     assert summary["finished"] == 2 and summary["running"] == 0
