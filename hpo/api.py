@@ -163,11 +163,13 @@ class Tuner:
         if self.fuses_on_devices:
             from hpo.fused_sweep import fused_sweep
 
-            self.members_per_group = group_size(self.trainable, self.fusion, self.resources, self.param_space)
             self.fused = fused_sweep(
-                self.storage / self.name, self.trainable, self.members_per_group, self.resources, self.param_space,
-                self.tune_config, self.max_iterations, self.checkpoint, self.fusion.dtype, self.search_seed,
+                self.storage / self.name, self.trainable,
+                group_size(self.trainable, self.fusion, self.resources, self.param_space), self.resources,
+                self.param_space, self.tune_config, self.max_iterations, self.checkpoint, self.fusion.dtype,
+                group_slots(self.resources), self.search_seed,
             )
+            self.members_per_group = self.fused.members_per_group
         elif self.fusion is not None:
             from fusion.broker import start_broker
             from hpo.member_trial import broker_name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,7 @@ class FusedSweep:
     scheduler: GroupScheduler
     checkpoint_config: Any
     callback: Any
+    members_per_group: int
 
     @staticmethod
     def group_dirname(trial: Any) -> str:
@@ -94,10 +96,15 @@ def fused_sweep(
     max_iterations: int,
     checkpoint: CheckpointPolicy,
     dtype: str,
+    slots: int,
     seed: int | None = None,
 ) -> FusedSweep:
     """Group trials of up to `members_per_group` configurations; the user's searcher (or the
-    grid/random expansion of `param_space`) and scheduler act on each member."""
+    grid/random expansion of `param_space`) and scheduler act on each member.
+
+    When the sweep's size is known, groups are made no larger than it takes to give each of the
+    `slots` group slots one: sixteen configurations on two slots train as two groups of eight at
+    once, not one group of sixteen beside an idle slot."""
     from ray import tune
     from ray.tune.search import BasicVariantGenerator
 
@@ -110,8 +117,12 @@ def fused_sweep(
     search_alg = tune_config.search_alg
     if search_alg is None or isinstance(search_alg, BasicVariantGenerator):
         inner, num_samples = ConfigList(param_space, tune_config.num_samples, seed), None
+        size = len(inner.configs)
     else:
         inner, num_samples = search_alg, tune_config.num_samples
+        size = num_samples if num_samples > 0 else None
+    if size:
+        members_per_group = max(1, min(members_per_group, math.ceil(size / slots)))
     searcher = GroupSearcher(
         inner, param_space, members_per_group, lambda config: structural_signature(workload.resolve(config)),
         book, num_samples, metric, mode,
@@ -132,6 +143,7 @@ def fused_sweep(
         scheduler=GroupScheduler(tune_config.scheduler, book, max_iterations),
         checkpoint_config=group_checkpoint_config(checkpoint.every, checkpoint.at_end),
         callback=member_results_callback(book, experiment, metric, mode, max_iterations),
+        members_per_group=members_per_group,
     )
 
 

@@ -43,4 +43,5 @@ def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
         scaling=spec.scaling,
         fusion=spec.fusion,
         checkpoint=spec.checkpoint,
+        search_seed=spec.seed,
     )

@@ -81,6 +81,7 @@ def test_yaml_fused_sweep_with_asha_gives_one_row_per_configuration_and_repacks_
     """Which members ASHA stops depends on the order their results reach Tune (it never stops the
     first result at a rung), so this checks what holds in every order."""
     result = yaml_fused_sweep(tmp_path, "asha")
+    assert sorted(map(len, result.extras["fused_groups"])) == [3, 3], "six configurations, two group slots"
     frame = result.get_dataframe().set_index("config/lr")
     assert len(frame) == 6 and set(frame["status"]) <= {"completed", "early_stopped"}
     stopped = frame[frame["status"] == "early_stopped"]

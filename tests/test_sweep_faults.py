@@ -51,6 +51,7 @@ def test_a_killed_group_actor_costs_each_member_at_most_the_checkpoint_interval(
         name="killed_group",
         max_failures=1,
         fusion=hpo.FusionConfig(max_members=len(lrs)),
+        resources_per_trial={"cpu": 2},  # one group slot: all four members in one group
         checkpoint={"every": EVERY},
     )
     assert (tmp_path / "killed").exists(), "the group actor was killed during the sweep"

@@ -108,6 +108,7 @@ def sweep(tmp_path, name, fusion):
         storage_path=str(tmp_path),
         name=name,
         fusion=fusion,
+        resources_per_trial={"cpu": 2},  # one slot for the machine: both configurations in one group
     )
 
 
