@@ -114,26 +114,39 @@ def best_record(records: Sequence[TrialRecord], metric: str, mode: str, max_iter
 
 def write_atomically(path: Path, write: Any) -> None:
     """Run `write(temporary_path)`, then rename the result over `path` (same folder, so atomic)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(handle)
+    write_all_atomically({path: write})
+
+
+def write_all_atomically(writes: Mapping[Path, Any]) -> None:
+    """Write every file to a temporary beside it (fsynced) before renaming any of them into place:
+    a failed write (a full disk) changes none of the files, so a reader never pairs a new file with
+    an old one. The OSError names the file that could not be written."""
+    staged: dict[Path, str] = {}
     try:
-        write(temporary)
-        with open(temporary, "rb") as written:
-            os.fsync(written.fileno())
-        os.replace(temporary, path)
+        for path, write in writes.items():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                handle, staged[path] = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+                os.close(handle)
+                write(staged[path])
+                with open(staged[path], "rb") as written:
+                    os.fsync(written.fileno())
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        for path, temporary in staged.items():
+            os.replace(temporary, path)
     finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+        for temporary in staged.values():
+            if os.path.exists(temporary):
+                os.unlink(temporary)
 
 
 def write_run_files(
     directory: Path, records: Sequence[TrialRecord], metric: str, mode: str, max_iterations: int | None
 ) -> pd.DataFrame:
-    """`results.csv` (one row per trial) and `summary.json` (metric, counts, the best trial), each
-    replaced atomically; returns the rows."""
+    """`results.csv` (one row per trial) and `summary.json` (metric, counts, the best trial),
+    replaced together atomically; returns the rows."""
     frame = rows_frame([record_row(r, metric, max_iterations) for r in records], metric, mode)
-    write_atomically(directory / RESULTS_FILE, lambda temporary: frame.to_csv(temporary, index=False))
     best = best_record(records, metric, mode, max_iterations)
     summary = {
         "metric": metric,
@@ -147,7 +160,10 @@ def write_run_files(
         },
     }
     text = json.dumps(summary, indent=2, default=str) + "\n"
-    write_atomically(directory / SUMMARY_FILE, lambda temporary: Path(temporary).write_text(text))
+    write_all_atomically({
+        directory / RESULTS_FILE: lambda temporary: frame.to_csv(temporary, index=False),
+        directory / SUMMARY_FILE: lambda temporary: Path(temporary).write_text(text),
+    })
     return frame
 
 
@@ -170,10 +186,13 @@ def record_from_result(result: Any) -> TrialRecord:
     )
 
 
-def record_from_trial(trial: Any) -> TrialRecord:
-    """A trial of a running sweep, as Tune's callbacks see it."""
+def record_from_trial(trial: Any, ending: str | None = None) -> TrialRecord:
+    """A trial of a running sweep, as Tune's callbacks see it. `ending` ("TERMINATED" or "ERROR")
+    is the status of the trial Tune is ending now: its callbacks run before Tune sets it, and a
+    finished trial must not be written as running."""
+    status = ending or trial.status
     error_file = getattr(trial, "error_file", None) or ""
-    errored = trial.status == "ERROR"
+    errored = status == "ERROR"
     error = ""
     if errored:
         error = "the trial failed"
@@ -187,7 +206,7 @@ def record_from_trial(trial: Any) -> TrialRecord:
         error=error,
         error_file=str(error_file) if errored else "",
         checkpoint=checkpoint.path if checkpoint is not None else "",
-        running=trial.status in ("RUNNING", "PENDING", "PAUSED"),
+        running=status in ("RUNNING", "PENDING", "PAUSED"),
     )
 
 
@@ -232,14 +251,15 @@ def results_file_callback(experiment: Path, metric: str, mode: str, max_iteratio
     from ray.tune import Callback
 
     class ResultsFileCallback(Callback):
-        def _write(self, trials: list) -> None:
-            write_run_files(experiment, [record_from_trial(t) for t in trials], metric, mode, max_iterations)
+        def _write(self, trials: list, ended: Any, status: str) -> None:
+            records = [record_from_trial(t, status if t is ended else None) for t in trials]
+            write_run_files(experiment, records, metric, mode, max_iterations)
 
         def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            self._write(trials)
+            self._write(trials, trial, "TERMINATED")
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            self._write(trials)
+            self._write(trials, trial, "ERROR")
 
     return ResultsFileCallback()
 
