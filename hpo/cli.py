@@ -360,9 +360,9 @@ def _quiet_tune() -> None:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     for name in ("ray", "ray.tune", "ray.train"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    # a full disk is reported in one line (see main); Tune's traceback of the same error would bury it
-    logging.getLogger("ray.tune.execution.tune_controller").addFilter(
-        lambda record: not (record.exc_info and _storage_full(record.exc_info[1])))
+    # a full disk is reported in one line (see main); Tune's tracebacks of the same error would bury it
+    for name in ("ray.tune.execution.tune_controller", "ray.tune.execution.experiment_state"):
+        logging.getLogger(name).addFilter(lambda record: not (record.exc_info and _storage_full(record.exc_info[1])))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

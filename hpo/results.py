@@ -186,11 +186,10 @@ def record_from_result(result: Any) -> TrialRecord:
     )
 
 
-def record_from_trial(trial: Any, ending: str | None = None) -> TrialRecord:
-    """A trial of a running sweep, as Tune's callbacks see it. `ending` ("TERMINATED" or "ERROR")
-    is the status of the trial Tune is ending now: its callbacks run before Tune sets it, and a
-    finished trial must not be written as running."""
-    status = ending or trial.status
+def record_from_trial(trial: Any, status: str | None = None) -> TrialRecord:
+    """A trial of a running sweep, as Tune's callbacks see it (or with `status` in place of
+    Tune's: see `results_file_callback`)."""
+    status = status or trial.status
     error_file = getattr(trial, "error_file", None) or ""
     errored = status == "ERROR"
     error = ""
@@ -245,21 +244,64 @@ def records_from_trial_dirs(experiment: Path) -> list[TrialRecord]:
 # -- the live file ---------------------------------------------------------------------------------
 
 
+class SavedRunState:
+    """Which trials Tune's newest saved run state (`experiment_state-*.json`) holds as ended: the
+    trials a resumed run will not run again. The file is read again only when it changes."""
+
+    def __init__(self, experiment: Path):
+        self.experiment = experiment
+        self._seen: tuple = ()  # (path, mtime_ns) of the state file last read
+        self._ended: set[str] = set()
+
+    def ended(self) -> set[str]:
+        states = sorted(self.experiment.glob("experiment_state-*.json"))
+        try:
+            seen = (states[-1], states[-1].stat().st_mtime_ns) if states else ()
+            if seen and seen != self._seen:
+                ended = set()
+                for entry in json.loads(states[-1].read_text())["trial_data"]:
+                    state = json.loads(entry[0] if isinstance(entry, list) else entry)
+                    if state["status"] in ("TERMINATED", "ERROR"):
+                        ended.add(state["trial_id"])
+                self._seen, self._ended = seen, ended
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # being replaced, or damaged: read it again at the next step
+        return self._ended
+
+
 def results_file_callback(experiment: Path, metric: str, mode: str, max_iterations: int | None) -> Any:
     """A Tune callback that rewrites `experiment/results.csv` and `summary.json` whenever a trial
-    ends, so every finished trial is on disk whatever happens to the driver afterwards."""
+    ends, so every finished trial is on disk whatever happens to the driver afterwards.
+
+    A row says a trial ended only once Tune's saved run state says so too (Tune saves it about once
+    a second): a driver killed in between would see `--resume` run the trial again, and what
+    results.csv holds as finished is final. Until then the row is written as running."""
     from ray.tune import Callback
 
     class ResultsFileCallback(Callback):
-        def _write(self, trials: list, ended: Any, status: str) -> None:
-            records = [record_from_trial(t, status if t is ended else None) for t in trials]
+        def __init__(self) -> None:
+            self.saved = SavedRunState(experiment)
+            self.unsaved: set[str] = set()  # trials Tune ended whose end its saved state lacks
+
+        def _write(self, trials: list) -> None:
+            records = [record_from_trial(t, "RUNNING" if t.trial_id in self.unsaved else None) for t in trials]
             write_run_files(experiment, records, metric, mode, max_iterations)
 
         def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            self._write(trials, trial, "TERMINATED")
+            self.unsaved.add(trial.trial_id)
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            self._write(trials, trial, "ERROR")
+            self.unsaved.add(trial.trial_id)
+
+        def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+            saved = self.unsaved & self.saved.ended() if self.unsaved else set()
+            if saved:
+                self.unsaved -= saved
+                self._write(trials)
+
+        def on_experiment_end(self, trials: list, **info: Any) -> None:
+            self.unsaved -= self.saved.ended()  # Tune saved its last state, unless the sweep failed
+            self._write(trials)
 
     return ResultsFileCallback()
 

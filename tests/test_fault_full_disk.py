@@ -139,6 +139,7 @@ def train(config):
     for step in range(1, 3):
         time.sleep(0.1)
         if config["x"] == config["fill"] and step == 2:
+            time.sleep(2.5)  # the trials before it are in Tune's saved state (saved each second)
             fill(config["disk"])
         tune.report({"score": float(config["x"]) + 1.0 / step})
 '''
@@ -170,7 +171,10 @@ def test_a_sweep_whose_disk_fills_up_exits_2_in_one_line_and_keeps_every_finishe
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: {tmp_path / 'disk' / 'runs' / 'full' / 'results.csv'}: No space left on device"), last
     rows = pd.read_csv(run / "results.csv")
-    assert list(rows["config/x"]) == [0, 1, 2] and (rows["status"] == "completed").all(), rows
+    finished = rows[rows["status"] == "completed"]
+    assert list(finished["config/x"]) == [0, 1, 2], rows[["config/x", "status"]]
+    assert len(rows) == len(set(rows["config/x"])) and 3 not in set(finished["config/x"]), \
+        "the trial whose results could not be written is not reported finished"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["trials"] == len(rows) and summary["best"]["config"]["x"] == 0, "results and summary agree"
     assert not [p for p in run.rglob("*") if any(mark in p.name for mark in TEMPORARY)], "half-written files left"
