@@ -36,11 +36,16 @@ class _ReplacedWhenClosed(io.FileIO):
         self._failed = False
 
     def write(self, data: Any) -> int:
+        """All of `data`, or OSError: a raw write may stop short where the disk fills up."""
+        view = memoryview(data).cast("B")
         try:
-            return super().write(data)
+            rest = view
+            while rest:
+                rest = rest[super().write(rest):]
         except OSError:
             self._failed = True
             raise
+        return len(view)
 
     def close(self) -> None:
         if self.closed:
