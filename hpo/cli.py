@@ -19,6 +19,8 @@ EXIT_BAD_INPUT = 2
 EXIT_NO_RESULT = 1
 #: The sweep ran, and at least one trial errored (its best, if any, is still printed).
 EXIT_TRIALS_ERRORED = 3
+#: The disk holding the run is full: like bad input, the user must act before running again.
+EXIT_STORAGE_FULL = 2
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -358,6 +360,9 @@ def _quiet_tune() -> None:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     for name in ("ray", "ray.tune", "ray.train"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # a full disk is reported in one line (see main); Tune's tracebacks of the same error would bury it
+    for name in ("ray.tune.execution.tune_controller", "ray.tune.execution.experiment_state"):
+        logging.getLogger(name).addFilter(lambda record: not (record.exc_info and _storage_full(record.exc_info[1])))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -373,6 +378,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SweepConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Exception as exc:  # Tune wraps what its callbacks raise: a full disk is one line, anything else raises
+        full = _storage_full(exc)
+        if full is None:
+            raise
+        print(f"error: {full.filename or 'the run folder'}: {full.strerror}; nothing half-written was kept (the "
+              "files there are the last complete ones); free space, then run again (`hpo run FILE --resume` "
+              "continues a sweep)", file=sys.stderr)
+        return EXIT_STORAGE_FULL
+
+
+def _storage_full(exc: BaseException | None) -> OSError | None:
+    """The out-of-space OSError (ENOSPC, EDQUOT) that `exc` is or was caused by, if any."""
+    import errno
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
 from ray.tune import Callback
@@ -51,11 +52,13 @@ class ProgressCallback(Callback):
         self.started = time.monotonic()
         self._drawn_at = -math.inf
         self._shown = False
+        self._ending: dict[str, tuple[Any, str]] = {}  # trials Tune ended, not yet in its saved state
+        self._saved: Any = None  # hpo.results.SavedRunState, once a trial has ended
 
     def __getstate__(self) -> dict[str, Any]:
         """Tune pickles its callbacks with the experiment state; an open terminal or log file
         cannot be pickled, and a restored sweep prints to its own stdout anyway."""
-        return {**self.__dict__, "_stream": None}
+        return {**self.__dict__, "_stream": None, "_ending": {}, "_saved": None}
 
     @property
     def stream(self) -> TextIO:
@@ -114,11 +117,27 @@ class ProgressCallback(Callback):
             self._draw(trials)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._line(trials, trial, "finished")
+        self._ending[trial.trial_id] = (trial, "finished")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._line(trials, trial, "FAILED")
+        self._ending[trial.trial_id] = (trial, "FAILED")
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        """A trial's line is printed once Tune's saved run state holds its end (within about a
+        second): a driver killed before that would see `--resume` run it again, and what was
+        printed as finished is final."""
+        if not self._ending:
+            return
+        if self._saved is None:
+            from hpo.results import SavedRunState
+
+            self._saved = SavedRunState(Path(next(iter(self._ending.values()))[0].path).parent)
+        for trial_id in list(self._ending):
+            if trial_id in self._saved.ended():
+                trial, outcome = self._ending.pop(trial_id)
+                self._line(trials, trial, outcome)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
+        self.on_step_end(0, trials)  # Tune saved its last state, unless the sweep failed
         self._clear()
         self.stream.flush()

@@ -116,26 +116,39 @@ def best_record(records: Sequence[TrialRecord], metric: str, mode: str, max_iter
 
 def write_atomically(path: Path, write: Any) -> None:
     """Run `write(temporary_path)`, then rename the result over `path` (same folder, so atomic)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(handle)
+    write_all_atomically({path: write})
+
+
+def write_all_atomically(writes: Mapping[Path, Any]) -> None:
+    """Write every file to a temporary beside it (fsynced) before renaming any of them into place:
+    a failed write (a full disk) changes none of the files, so a reader never pairs a new file with
+    an old one. The OSError names the file that could not be written."""
+    staged: dict[Path, str] = {}
     try:
-        write(temporary)
-        with open(temporary, "rb") as written:
-            os.fsync(written.fileno())
-        os.replace(temporary, path)
+        for path, write in writes.items():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                handle, staged[path] = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+                os.close(handle)
+                write(staged[path])
+                with open(staged[path], "rb") as written:
+                    os.fsync(written.fileno())
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        for path, temporary in staged.items():
+            os.replace(temporary, path)
     finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+        for temporary in staged.values():
+            if os.path.exists(temporary):
+                os.unlink(temporary)
 
 
 def write_run_files(
     directory: Path, records: Sequence[TrialRecord], metric: str, mode: str, max_iterations: int | None
 ) -> pd.DataFrame:
-    """`results.csv` (one row per trial) and `summary.json` (metric, counts, the best trial), each
-    replaced atomically; returns the rows."""
+    """`results.csv` (one row per trial) and `summary.json` (metric, counts, the best trial),
+    replaced together atomically; returns the rows."""
     frame = rows_frame([record_row(r, metric, max_iterations) for r in records], metric, mode)
-    write_atomically(directory / RESULTS_FILE, lambda temporary: frame.to_csv(temporary, index=False))
     best = best_record(records, metric, mode, max_iterations)
     summary = {
         "metric": metric,
@@ -149,7 +162,10 @@ def write_run_files(
         },
     }
     text = json.dumps(summary, indent=2, default=str) + "\n"
-    write_atomically(directory / SUMMARY_FILE, lambda temporary: Path(temporary).write_text(text))
+    write_all_atomically({
+        directory / RESULTS_FILE: lambda temporary: frame.to_csv(temporary, index=False),
+        directory / SUMMARY_FILE: lambda temporary: Path(temporary).write_text(text),
+    })
     return frame
 
 
@@ -172,10 +188,12 @@ def record_from_result(result: Any) -> TrialRecord:
     )
 
 
-def record_from_trial(trial: Any) -> TrialRecord:
-    """A trial of a running sweep, as Tune's callbacks see it."""
+def record_from_trial(trial: Any, status: str | None = None) -> TrialRecord:
+    """A trial of a running sweep, as Tune's callbacks see it (or with `status` in place of
+    Tune's: see `results_file_callback`)."""
+    status = status or trial.status
     error_file = getattr(trial, "error_file", None) or ""
-    errored = trial.status == "ERROR"
+    errored = status == "ERROR"
     error = ""
     if errored:
         error = "the trial failed"
@@ -189,7 +207,7 @@ def record_from_trial(trial: Any) -> TrialRecord:
         error=error,
         error_file=str(error_file) if errored else "",
         checkpoint=checkpoint.path if checkpoint is not None else "",
-        running=trial.status in ("RUNNING", "PENDING", "PAUSED"),
+        running=status in ("RUNNING", "PENDING", "PAUSED"),
     )
 
 
@@ -231,19 +249,63 @@ def records_from_trial_dirs(experiment: Path) -> list[TrialRecord]:
 # -- the live file ---------------------------------------------------------------------------------
 
 
+class SavedRunState:
+    """Which trials Tune's newest saved run state (`experiment_state-*.json`) holds as ended: the
+    trials a resumed run will not run again. The file is read again only when it changes."""
+
+    def __init__(self, experiment: Path):
+        self.experiment = experiment
+        self._seen: tuple = ()  # (path, mtime_ns) of the state file last read
+        self._ended: set[str] = set()
+
+    def ended(self) -> set[str]:
+        states = sorted(self.experiment.glob("experiment_state-*.json"))
+        try:
+            seen = (states[-1], states[-1].stat().st_mtime_ns) if states else ()
+            if seen and seen != self._seen:
+                ended = set()
+                for entry in json.loads(states[-1].read_text())["trial_data"]:
+                    state = json.loads(entry[0] if isinstance(entry, list) else entry)
+                    if state["status"] in ("TERMINATED", "ERROR"):
+                        ended.add(state["trial_id"])
+                self._seen, self._ended = seen, ended
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # being replaced, or damaged: read it again at the next step
+        return self._ended
+
+
 def results_file_callback(experiment: Path, metric: str, mode: str, max_iterations: int | None) -> Any:
     """A Tune callback that rewrites `experiment/results.csv` and `summary.json` whenever a trial
-    ends, so every finished trial is on disk whatever happens to the driver afterwards."""
+    ends, so every finished trial is on disk whatever happens to the driver afterwards.
+
+    A row says a trial ended only once Tune's saved run state says so too (Tune saves it about once
+    a second): a driver killed in between would see `--resume` run the trial again, and what
+    results.csv holds as finished is final. Until then the row is written as running."""
     from ray.tune import Callback
 
     class ResultsFileCallback(Callback):
+        def __init__(self) -> None:
+            self.saved = SavedRunState(experiment)
+            self.unsaved: set[str] = set()  # trials Tune ended whose end its saved state lacks
+
         def _write(self, trials: list) -> None:
-            write_run_files(experiment, [record_from_trial(t) for t in trials], metric, mode, max_iterations)
+            records = [record_from_trial(t, "RUNNING" if t.trial_id in self.unsaved else None) for t in trials]
+            write_run_files(experiment, records, metric, mode, max_iterations)
 
         def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            self._write(trials)
+            self.unsaved.add(trial.trial_id)
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self.unsaved.add(trial.trial_id)
+
+        def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+            saved = self.unsaved & self.saved.ended() if self.unsaved else set()
+            if saved:
+                self.unsaved -= saved
+                self._write(trials)
+
+        def on_experiment_end(self, trials: list, **info: Any) -> None:
+            self.unsaved -= self.saved.ended()  # Tune saved its last state, unless the sweep failed
             self._write(trials)
 
     return ResultsFileCallback()
