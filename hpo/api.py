@@ -243,6 +243,7 @@ class Tuner:
         actors = self._start_actors()
         tuner = tune.Tuner.restore(
             path,
+            storage_filesystem=self.run_config.storage_filesystem,
             trainable=self._tune_trainable(),
             param_space={} if self.fused is not None else self.param_space,
             resume_unfinished=True,
@@ -310,7 +311,13 @@ def sweep_run_config(
     **options: Any,
 ) -> tune.RunConfig:
     """Every sweep's run config: where it is stored, when trials stop, how often a failing trial
-    is retried, and the two newest checkpoints kept per trial (enough to resume either way)."""
+    is retried, and the two newest checkpoints kept per trial (enough to resume either way).
+    Local storage is written file by file atomically (`hpo.atomic_storage`): a killed driver or a
+    full disk never leaves a torn tuner.pkl or experiment state behind."""
+    from hpo.atomic_storage import atomic_local_filesystem, is_local_path
+
+    if is_local_path(storage_path) and "storage_filesystem" not in options:
+        options["storage_filesystem"] = atomic_local_filesystem()
     return tune.RunConfig(
         name=name,
         storage_path=str(Path(storage_path).resolve()) if storage_path else None,

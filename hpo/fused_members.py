@@ -69,6 +69,12 @@ class MemberTrial:
     def live(self) -> bool:
         return self.ended is None
 
+    @property
+    def end_is_saved(self) -> bool:
+        """A member's end is in its status file before anyone hears of it: a resumed sweep never
+        trains it again (the progress line may print it at once)."""
+        return self.ended is not None
+
 
 class MemberBook:
     """Every member of one fused sweep, kept by the driver (see the module docstring)."""

@@ -117,10 +117,18 @@ class ProgressCallback(Callback):
             self._draw(trials)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._ending[trial.trial_id] = (trial, "finished")
+        self._ended(trials, trial, "finished")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._ending[trial.trial_id] = (trial, "FAILED")
+        self._ended(trials, trial, "FAILED")
+
+    def _ended(self, trials: list, trial: Any, outcome: str) -> None:
+        """A fused sweep's member has its end on disk before it is reported (`end_is_saved`);
+        a Tune trial's line waits for Tune's saved run state (`on_step_end`)."""
+        if getattr(trial, "end_is_saved", False):
+            self._line(trials, trial, outcome)
+        else:
+            self._ending[trial.trial_id] = (trial, outcome)
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
         """A trial's line is printed once Tune's saved run state holds its end (within about a

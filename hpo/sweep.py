@@ -9,7 +9,6 @@ from __future__ import annotations
 from ray import tune
 
 from hpo.api import Tuner, sweep_run_config
-from hpo.atomic_storage import atomic_local_filesystem, is_local_path
 from hpo.logging_callbacks import logger_callbacks
 from hpo.progress import ProgressCallback
 from hpo.search_space import param_space
@@ -23,8 +22,6 @@ def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
     spec = loaded.spec
     callbacks = [ProgressCallback(spec.metric.name, spec.metric.mode, spec.num_samples if spec.method != "grid" else None)]
     stop = {"training_iteration": spec.max_iterations, **(spec.stop or {})}
-    # a killed driver or a full disk never leaves a torn tuner.pkl or experiment state behind
-    storage = {"storage_filesystem": atomic_local_filesystem()} if is_local_path(spec.storage_path) else {}
     return Tuner(
         loaded.trainable,
         param_space=param_space(spec),
@@ -41,7 +38,6 @@ def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
         run_config=sweep_run_config(
             spec.name, spec.storage_path, stop, spec.max_failures,
             (callbacks if show_progress else []) + logger_callbacks(spec.logging, spec.name, loaded.experiment_path, loaded.source), verbose=0,
-            **storage,
         ),
         resources={"cpu": spec.resources.cpu, "gpu": spec.resources.gpu},
         scaling=spec.scaling,

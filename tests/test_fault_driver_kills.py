@@ -5,7 +5,6 @@ runs again, and its row is the same after every later resume, retried trials inc
 
 from __future__ import annotations
 
-import inspect
 import os
 import random
 import re
@@ -19,18 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import hpo.api
-
-#: A killed driver leaves Tune's state whole only where every write to the run's storage is atomic
-#: (`hpo.atomic_storage`); a resumed run writes through it only when `Tuner.resume` hands it to
-#: `tune.Tuner.restore(storage_filesystem=...)`.
-RESUME_WRITES_ATOMICALLY = "storage_filesystem" in inspect.getsource(hpo.api.Tuner.resume)
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not RESUME_WRITES_ATOMICALLY, reason="hpo.api.Tuner.resume does not pass the atomic "
-                       "storage filesystem to tune.Tuner.restore yet: a kill during Tune's state copy tears it"),
-]
+pytestmark = pytest.mark.slow
 
 KILLS = 10
 CONFIGS = list(range(12))
