@@ -57,12 +57,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from hpo.preflight import preflight
     from hpo.sweep_file import describe_plan, load_sweep
 
+    from hpo.ray_runtime import code_runtime_env, ensure_ray  # before any ray import: the local Ray binds to loopback
+
     loaded = load_sweep(args.file, for_ray=not args.dry_run)
-    _print_warnings(preflight(loaded, address=args.address), loaded.source.name)  # before Ray starts
+    # A trainable beside the sweep file travels to every worker with its folder, wherever this runs.
+    folder = loaded.code_folder
+    code = code_runtime_env(folder, exclude=[loaded.spec.storage_path]) if folder is not None else None
+    if args.address and not args.dry_run:
+        ensure_ray(address=args.address, runtime_env=code)  # the cluster preflight checks is the one that runs
+    _print_warnings(preflight(loaded, address=args.address), loaded.source.name)  # before a local Ray starts
     if args.dry_run:
         print(describe_plan(loaded))
         return 0
-    from hpo.ray_runtime import ensure_ray  # before hpo.sweep imports ray: the local Ray binds to loopback
     from hpo.sweep import build_tuner
 
     fusion = loaded.spec.fusion
@@ -83,7 +89,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except RunStateError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
-    ensure_ray(address=args.address, dashboard=args.dashboard)
+    ensure_ray(address=args.address, dashboard=args.dashboard, runtime_env=code)
     tuning_job = _submit_to_allocator(loaded.spec) if args.allocator else None
     try:
         tuner = build_tuner(loaded, show_progress=True)
