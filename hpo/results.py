@@ -259,6 +259,8 @@ class SweepResult:
         self.controller: Any = None  # the sweep's `hpo:<name>` actor handle, when one ran
         self.actors: list[Any] = []  # every actor the sweep owns (controller, fusion broker)
         self.paths: dict[str, Path] = {}  # the files `write` wrote
+        #: With muP scaling: the folder of the trained target (`hpo.scaled_sweep.finish`), if trained.
+        self.target_checkpoint: str | None = None
         self.records = [record_from_result(result) for result in result_grid]
 
     # ResultGrid's API
