@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ def ensure_ray(
 
     if ray.is_initialized():
         return
-    runtime_env = {"worker_process_setup_hook": quiet_ray_loggers, **(runtime_env or {})}
+    runtime_env = {"worker_process_setup_hook": quiet_ray_loggers_hook(), **(runtime_env or {})}
     logging_level = logging.INFO if dashboard else logging.WARNING
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
@@ -80,11 +80,21 @@ def ensure_ray(
     )
 
 
-def quiet_ray_loggers() -> None:
+def quiet_ray_loggers_hook() -> Callable[[], None]:
     """Every worker's first act (`worker_process_setup_hook`): Ray's INFO lines, such as Tune's
     "Checkpoint successfully created at ..." after every checkpoint, would otherwise reach the
-    terminal among the user's own prints. The user's loggers are left as they are."""
-    logging.getLogger("ray").setLevel(logging.WARNING)
+    terminal among the user's own prints. The user's loggers are left as they are.
+
+    The hook is a local function, which cloudpickle ships by value: a cluster's workers need no
+    hydro-hpo to run it (a function trainable's sweep needs none there), let alone this version.
+    """
+
+    def quiet_ray_loggers() -> None:
+        import logging
+
+        logging.getLogger("ray").setLevel(logging.WARNING)
+
+    return quiet_ray_loggers
 
 
 def code_runtime_env(folder: str | Path, exclude: Sequence[str | Path] = ()) -> dict[str, Any]:
