@@ -96,6 +96,26 @@ def test_the_console_shows_hpos_progress_lines_and_no_optuna_or_tune_chatter(run
     assert "Started a local Ray instance" not in console
 
 
+@pytest.mark.slow
+def test_a_folder_too_large_for_ray_to_ship_is_a_one_line_error_naming_it(tmp_path):
+    (tmp_path / "my_trainable.py").write_text("def train(config):\n    pass\n")
+    (tmp_path / "data.bin").write_bytes(os.urandom(3 * 1024**2))
+    (tmp_path / "sweep.yaml").write_text(
+        "trainable: my_trainable:train\nmetric: {name: loss, goal: minimize}\nparameters:\n  x: {value: 1}\n"
+        f"storage_path: {tmp_path / 'runs'}\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    # Ray's package limit is its largest gRPC message (512 MiB); 2 MiB makes a 3 MiB folder too large.
+    env.update(PYTHONPATH=str(REPO), RAY_max_grpc_message_size=str(2 * 1024**2))
+    proc = subprocess.run([sys.executable, "-m", "hpo.cli", "run", str(tmp_path / "sweep.yaml")],
+                          cwd="/", env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert errors[0].startswith(f"error: {tmp_path / 'sweep.yaml'}:1: trainable: Ray cannot ship the trainable's folder {tmp_path}")
+    assert "'.rayignore'" in errors[0], "Ray's own advice: how to leave files behind"
+
+
 def test_the_code_folder_travels_without_the_sweeps_own_storage(tmp_path):
     env = code_runtime_env(tmp_path, exclude=[tmp_path / "runs", "/elsewhere/runs"])
     assert env == {"working_dir": str(tmp_path.resolve()), "excludes": ["/runs/"]}
