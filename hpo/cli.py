@@ -109,7 +109,7 @@ def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
     folder = loaded.code_folder
     code = code_runtime_env(folder, exclude=[loaded.spec.storage_path]) if folder is not None else None
     try:
-        ensure_ray(address=address, dashboard=dashboard, runtime_env=code)
+        ensure_ray(address=address, dashboard=dashboard, runtime_env=code, worker_log_level="WARNING")
     except RuntimeEnvSetupError as exc:
         ray.shutdown()  # the local Ray had started; its agents would otherwise linger
         reason = str(exc.__cause__ or exc).strip().splitlines()[-1]

@@ -49,21 +49,24 @@ logger = logging.getLogger(__name__)
 
 def ensure_ray(
     address: str | None = None, dashboard: bool = False, num_gpus: int | None = None,
-    runtime_env: Mapping[str, Any] | None = None,
+    runtime_env: Mapping[str, Any] | None = None, worker_log_level: str | None = None,
 ) -> None:
     """Connect to `address` (or `RAY_ADDRESS`), else start a local Ray using every core here.
 
-    `runtime_env` adds to the job's runtime env (`code_runtime_env`: the user's code folder). What
-    trials print reaches this terminal, prefixed by Ray with the trainable's name and pid, as it
-    does under plain Ray Tune; Ray's own INFO lines do not (its warnings do), on the workers and
-    here, except with `dashboard`, where Ray's start-up line gives the dashboard's address. A Ray
-    that is already up (a test fixture, a notebook) is used as it is.
+    `runtime_env` is the job's (`code_runtime_env`: the user's code folder). What trials print
+    reaches this terminal, prefixed by Ray with the trainable's name and pid, as under plain Ray
+    Tune; Ray's own INFO lines here do not, except with `dashboard`, where Ray's start-up line
+    gives the dashboard's address. `worker_log_level` (`"WARNING"`) quiets Ray's loggers on the
+    workers too (`worker_log_hook`). A Ray that is already up (a test fixture, a notebook) is
+    used as it is.
     """
     import ray
 
     if ray.is_initialized():
         return
-    runtime_env = {"worker_process_setup_hook": quiet_ray_loggers_hook(), **(runtime_env or {})}
+    runtime_env = dict(runtime_env or {})
+    if worker_log_level is not None:
+        runtime_env["worker_process_setup_hook"] = worker_log_hook(worker_log_level)
     logging_level = logging.INFO if dashboard else logging.WARNING
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
@@ -75,26 +78,29 @@ def ensure_ray(
         num_gpus=num_gpus,
         dashboard=dashboard,
         object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-        runtime_env=runtime_env,
+        runtime_env=runtime_env or None,
         logging_level=logging_level,
     )
 
 
-def quiet_ray_loggers_hook() -> Callable[[], None]:
-    """Every worker's first act (`worker_process_setup_hook`): Ray's INFO lines, such as Tune's
-    "Checkpoint successfully created at ..." after every checkpoint, would otherwise reach the
-    terminal among the user's own prints. The user's loggers are left as they are.
+def worker_log_hook(level: str) -> Callable[[], None]:
+    """A `worker_process_setup_hook` that sets Ray's loggers on every worker to `level`, so that
+    Ray's INFO lines, such as Tune's "Checkpoint successfully created at ..." after every
+    checkpoint, stay off the terminal among the user's prints. The user's loggers are left as
+    they are, and so are the "(name pid=...)" prefixes (`ray.LoggingConfig` would drop them).
 
-    The hook is a local function, which cloudpickle ships by value: a cluster's workers need no
-    hydro-hpo to run it (a function trainable's sweep needs none there), let alone this version.
+    Any runtime env makes Ray start workers through its runtime-env agent, which costs start-up
+    time, so `hpo run` asks for it (its console is the user's view of the sweep) and `hpo.run`
+    does not. The hook is a local function, which cloudpickle ships by value: a cluster's
+    workers need no hydro-hpo to run it (a function trainable's sweep needs none there).
     """
 
-    def quiet_ray_loggers() -> None:
+    def set_ray_log_level() -> None:
         import logging
 
-        logging.getLogger("ray").setLevel(logging.WARNING)
+        logging.getLogger("ray").setLevel(level)
 
-    return quiet_ray_loggers
+    return set_ray_log_level
 
 
 def code_runtime_env(folder: str | Path, exclude: Sequence[str | Path] = ()) -> dict[str, Any]:
@@ -119,14 +125,14 @@ def code_runtime_env(folder: str | Path, exclude: Sequence[str | Path] = ()) -> 
 SUBMITTED_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 
-def _beside_submitted_job(runtime_env: Mapping[str, Any]) -> dict[str, Any] | None:
+def _beside_submitted_job(runtime_env: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Under `ray job submit`, Ray refuses a driver's runtime env that sets a field the job sets
     too. The job's own fields win: its `--working-dir` is then the code that travels, as the
     person who submitted it chose."""
     job = json.loads(os.environ.get(SUBMITTED_JOB_CONFIG_ENV) or "{}").get("runtime_env") or {}
     code = {"working_dir", "excludes"}
     taken = set(job) | (code if code & set(job) else set())
-    return {key: value for key, value in runtime_env.items() if key not in taken} or None
+    return {key: value for key, value in (runtime_env or {}).items() if key not in taken} or None
 
 
 def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool = False,

@@ -123,10 +123,10 @@ def test_the_code_folder_travels_without_the_sweeps_own_storage(tmp_path):
 
 def test_under_ray_job_submit_the_jobs_own_working_dir_wins(monkeypatch, tmp_path):
     """Ray refuses a driver runtime env that repeats a field of the submitted job's."""
-    ours = {"worker_process_setup_hook": print, **code_runtime_env(tmp_path, exclude=[tmp_path / "runs"])}
+    ours = {"env_vars": {"B": "2"}, **code_runtime_env(tmp_path, exclude=[tmp_path / "runs"])}
     monkeypatch.setenv(SUBMITTED_JOB_CONFIG_ENV, json.dumps({"runtime_env": {"working_dir": "gcs://pkg.zip"}}))
-    assert _beside_submitted_job(ours) == {"worker_process_setup_hook": print}
-    monkeypatch.setenv(SUBMITTED_JOB_CONFIG_ENV, json.dumps({"runtime_env": {"env_vars": {"A": "1"}}}))
+    assert _beside_submitted_job(ours) == {"env_vars": {"B": "2"}}
+    monkeypatch.setenv(SUBMITTED_JOB_CONFIG_ENV, json.dumps({"runtime_env": {"pip": ["torch"]}}))
     assert _beside_submitted_job(ours) == ours
     monkeypatch.delenv(SUBMITTED_JOB_CONFIG_ENV)
     assert _beside_submitted_job(ours) == ours
