@@ -349,12 +349,21 @@ def run(
     fusion: FusionConfig | None = None,
     checkpoint: CheckpointPolicy | Mapping[str, Any] | None = None,
     reuse_actors: bool = True,
+    logging: Mapping[str, Any] | None = None,
 ) -> SweepResult:
     """`tune.run`'s common arguments, returning a `SweepResult`.
 
     `checkpoint` (`{"every": N, "at_end": True}`) bounds what a crash costs: a trial loses at most
     N iterations. Trial processes are reused between trials unless `reuse_actors=False`.
+    `logging` is a sweep file's `logging:` block as a dict (`{"tensorboard": True, "mlflow":
+    {"tracking_uri": ...}, "wandb": {"project": ..., "mode": "offline"}}`): Tune's own logger
+    callbacks, added to `callbacks`.
     """
+    if logging is not None:
+        from hpo.logging_callbacks import as_logging_spec, logger_callbacks
+
+        experiment = Path(storage_path or "~/ray_results").expanduser().resolve() / (name or "sweep")
+        callbacks = [*(callbacks or []), *logger_callbacks(as_logging_spec(logging), name or "sweep", experiment)]
     tune_config = tune.TuneConfig(
         metric=metric,
         mode=mode,

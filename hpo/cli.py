@@ -60,11 +60,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from hpo.sweep_file import describe_plan, load_sweep
 
     loaded = load_sweep(args.file, for_ray=not args.dry_run)
-    _print_warnings(preflight(loaded, address=args.address), loaded.source.name)  # before Ray starts
+    if args.address and not args.dry_run:
+        _start_ray(loaded, args.address)  # the cluster preflight checks is the one the sweep runs on
+    _print_warnings(preflight(loaded, address=args.address), loaded.source.name)  # before a local Ray starts
     if args.dry_run:
         print(describe_plan(loaded))
         return 0
-    from hpo.ray_runtime import ensure_ray  # before hpo.sweep imports ray: the local Ray binds to loopback
     from hpo.sweep import build_tuner
 
     fusion = loaded.spec.fusion
@@ -85,7 +86,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except RunStateError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
-    ensure_ray(address=args.address, dashboard=args.dashboard)
+    _start_ray(loaded, args.address, args.dashboard)
     tuning_job = _submit_to_allocator(loaded.spec) if args.allocator else None
     try:
         tuner = build_tuner(loaded, show_progress=True)
@@ -96,6 +97,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
             jobs_api.cancel(tuning_job)  # the allocator withdraws the sweep's idle GPUs and bubbles
     return _report(result)
+
+
+def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
+    """Start or join Ray; a trainable beside the sweep file travels to every worker with its
+    folder, wherever `hpo run` runs. A folder Ray will not ship (over its package size limit) is
+    the sweep's error, in one line."""
+    import ray
+    from ray.exceptions import RuntimeEnvSetupError
+
+    from hpo.ray_runtime import code_runtime_env, ensure_ray
+
+    folder = loaded.code_folder
+    code = code_runtime_env(folder, exclude=[loaded.spec.storage_path]) if folder is not None else None
+    try:
+        ensure_ray(address=address, dashboard=dashboard, runtime_env=code, worker_log_level="WARNING")
+    except RuntimeEnvSetupError as exc:
+        ray.shutdown()  # the local Ray had started; its agents would otherwise linger
+        reason = str(exc.__cause__ or exc).strip().splitlines()[-1]
+        raise loaded.fail("trainable", f"Ray cannot ship the trainable's folder {folder} to its workers: {reason}") from None
 
 
 def _report(result) -> int:

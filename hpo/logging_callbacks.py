@@ -19,9 +19,10 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from hpo.errors import ConfigIssue, SweepConfigError
 
@@ -97,6 +98,19 @@ class LoggingSpec(_Strict):
 
 #: Nested models of the block, by key path in the sweep file (for "unknown key" suggestions).
 MODELS_BY_PATH = {"logging": LoggingSpec, "logging.mlflow": MLflowSpec, "logging.wandb": WandbSpec}
+
+
+def as_logging_spec(block: LoggingSpec | Mapping[str, Any]) -> LoggingSpec:
+    """`hpo.run(logging={...})`: the sweep file's block as a dict, checked as the YAML block is, so a
+    mistyped key fails in one line before Ray starts rather than as a logger error in every trial."""
+    if isinstance(block, LoggingSpec):
+        return block
+    try:
+        return LoggingSpec.model_validate(dict(block))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(["logging", *map(str, error["loc"])])
+        raise ValueError(f"{where}: {error['msg'].removeprefix('Value error, ')}") from None
 
 
 def logger_callbacks(

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 #: Ray's switch for its loopback-only single-machine mode (see the module docstring).
@@ -45,25 +47,92 @@ TERM_GRACE_S = 2.0
 logger = logging.getLogger(__name__)
 
 
-def ensure_ray(address: str | None = None, dashboard: bool = False, num_gpus: int | None = None) -> None:
+def ensure_ray(
+    address: str | None = None, dashboard: bool = False, num_gpus: int | None = None,
+    runtime_env: Mapping[str, Any] | None = None, worker_log_level: str | None = None,
+) -> None:
     """Connect to `address` (or `RAY_ADDRESS`), else start a local Ray using every core here.
 
-    A Ray that is already up (a test fixture, a notebook) is used as it is.
+    `runtime_env` is the job's (`code_runtime_env`: the user's code folder). What trials print
+    reaches this terminal, prefixed by Ray with the trainable's name and pid, as under plain Ray
+    Tune; Ray's own INFO lines here do not, except with `dashboard`, where Ray's start-up line
+    gives the dashboard's address. `worker_log_level` (`"WARNING"`) quiets Ray's loggers on the
+    workers too (`worker_log_hook`). A Ray that is already up (a test fixture, a notebook) is
+    used as it is.
     """
     import ray
 
     if ray.is_initialized():
         return
+    runtime_env = dict(runtime_env or {})
+    if worker_log_level is not None:
+        runtime_env["worker_process_setup_hook"] = worker_log_hook(worker_log_level)
+    logging_level = logging.INFO if dashboard else logging.WARNING
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+        ray.init(address=address, namespace=NAMESPACE, runtime_env=_beside_submitted_job(runtime_env),
+                 logging_level=logging_level)
         return
     start_local_ray(
         num_cpus=os.cpu_count() or 1,
         num_gpus=num_gpus,
         dashboard=dashboard,
         object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+        runtime_env=runtime_env or None,
+        logging_level=logging_level,
     )
+
+
+def worker_log_hook(level: str) -> Callable[[], None]:
+    """A `worker_process_setup_hook` that sets Ray's loggers on every worker to `level`, so that
+    Ray's INFO lines, such as Tune's "Checkpoint successfully created at ..." after every
+    checkpoint, stay off the terminal among the user's prints. The user's loggers are left as
+    they are, and so are the "(name pid=...)" prefixes (`ray.LoggingConfig` would drop them).
+
+    Any runtime env makes Ray start workers through its runtime-env agent, which costs start-up
+    time, so `hpo run` asks for it (its console is the user's view of the sweep) and `hpo.run`
+    does not. The hook is a local function, which cloudpickle ships by value: a cluster's
+    workers need no hydro-hpo to run it (a function trainable's sweep needs none there).
+    """
+
+    def set_ray_log_level() -> None:
+        import logging
+
+        logging.getLogger("ray").setLevel(level)
+
+    return set_ray_log_level
+
+
+def code_runtime_env(folder: str | Path, exclude: Sequence[str | Path] = ()) -> dict[str, Any]:
+    """A runtime env that makes `folder` every worker's working directory, so the modules beside a
+    sweep file import on any worker (the one named and the ones it imports), wherever `hpo run`
+    was started from and on whichever node a trial lands.
+
+    Ray zips the folder (minus what `.gitignore` and `.rayignore` there exclude) into its object
+    store once per run; `exclude` names folders under it that must not travel, such as the
+    sweep's own storage, which grows with every run.
+    """
+    folder = Path(folder).resolve()
+    excludes = []
+    for path in exclude:
+        path = Path(path).resolve()
+        if path.is_relative_to(folder) and path != folder:
+            excludes.append("/" + path.relative_to(folder).as_posix() + "/")  # anchored at `folder`
+    return {"working_dir": str(folder), **({"excludes": excludes} if excludes else {})}
+
+
+#: Where Ray's job supervisor puts a `ray job submit` job's runtime env for its entrypoint.
+SUBMITTED_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def _beside_submitted_job(runtime_env: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Under `ray job submit`, Ray refuses a driver's runtime env that sets a field the job sets
+    too. The job's own fields win: its `--working-dir` is then the code that travels, as the
+    person who submitted it chose."""
+    job = json.loads(os.environ.get(SUBMITTED_JOB_CONFIG_ENV) or "{}").get("runtime_env") or {}
+    code = {"working_dir", "excludes"}
+    taken = set(job) | (code if code & set(job) else set())
+    return {key: value for key, value in (runtime_env or {}).items() if key not in taken} or None
 
 
 def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool = False,
@@ -72,7 +141,8 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
 
     A new Ray even when `ray start` runs a cluster on this machine (`address="local"`). Token
     authentication stays as Ray sets it (on for a new local Ray); it is never turned off here.
-    `init_kwargs` go to `ray.init` (a test's `runtime_env`, `_system_config`).
+    `init_kwargs` go to `ray.init` (a test's `runtime_env`, `_system_config`). Workers' output
+    reaches this process (Ray's `log_to_driver`, on by default).
     """
     import psutil
     import ray
@@ -93,7 +163,6 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
         dashboard_host="127.0.0.1",  # Ray's default; stated, as it is the one server Ray lets us place
         object_store_memory=object_store_memory,
         namespace=NAMESPACE,
-        log_to_driver=False,
         **init_kwargs,
     )
     ray_roots = [child.pid for child in me.children() if child.pid not in before]

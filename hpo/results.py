@@ -333,6 +333,8 @@ class SweepResult:
         self.controller: Any = None  # the sweep's `hpo:sweep:<name>` actor handle, when one ran
         self.actors: list[Any] = []  # every actor the sweep owns (controller, fusion broker)
         self.paths: dict[str, Path] = {}  # the files `write` wrote
+        #: With muP scaling: the folder of the trained target (`hpo.scaled_sweep.finish`), if trained.
+        self.target_checkpoint: str | None = None
         self.records = [record_from_result(result) for result in self.results]
 
     # ResultGrid's API

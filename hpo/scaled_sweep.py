@@ -14,6 +14,7 @@ from typing import Any
 from hpo.results import SweepResult
 from hpo.scaling import ScalingError, complete_transfer, coord_check, proxy_workload
 from hpo.scaling._config import ScalingConfig
+from hpo.scaling._transfer import TARGET_CHECKPOINT_DIR
 from hpo.workload import Workload
 
 
@@ -55,6 +56,7 @@ def finish(
     """Write `transfer.json` beside the results and attach the transfer (and target run) to `result`.
 
     An eager run already trained the target during the sweep, so it replaces `final_training`.
+    The trained target is saved beside `transfer.json` (`result.target_checkpoint`, printed).
     """
     best = result.best_result
     if eager is not None:
@@ -72,9 +74,14 @@ def finish(
         run = report["target_run"]
         if run is not None:
             result.extras["target (eager)"] = f"{run['metric']} = {run['value']:.4g} after {run['iterations']} iterations"
+        saved = eager.save_target(Path(result.experiment_path) / TARGET_CHECKPOINT_DIR)
+        result.target_checkpoint = None if saved is None else str(saved)
     elif transfer.target_run is not None:
         run = transfer.target_run
         result.extras["target"] = f"{run.metric} = {run.value:.4g} after {run.iterations} iterations"
+        result.target_checkpoint = run.checkpoint
+    if result.target_checkpoint:
+        result.extras["target checkpoint"] = result.target_checkpoint
     result.transfer = transfer
     result.extras["transferred target config"] = transfer.target_config
     if transfer.flagged:

@@ -23,6 +23,9 @@ def build_searcher(spec: SweepSpec) -> "Searcher | BasicVariantGenerator":
         import optuna
         from ray.tune.search.optuna import OptunaSearch
 
+        # Optuna's INFO lines ("A new study created in memory") are noise beside hpo's progress
+        # lines; its warnings still show.
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
         sampler = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=tpe_startup_trials(spec))
         searcher = OptunaSearch(metric=spec.metric.name, mode=spec.metric.mode, sampler=sampler)
         if spec.max_concurrent_trials:

@@ -31,6 +31,14 @@ class LoadedSweep:
     def experiment_path(self) -> Path:
         return Path(self.spec.storage_path).resolve() / self.spec.name
 
+    @property
+    def code_folder(self) -> Path | None:
+        """The sweep file's folder when the trainable's module lives under it: code Ray's workers
+        cannot import unless it travels to them. None for a built-in or installed trainable."""
+        folder = Path(self.source.name).resolve().parent
+        module = self.located.path if self.located is not None else None
+        return folder if module is not None and module.resolve().is_relative_to(folder) else None
+
     def issue(self, path: str, message: str) -> ConfigIssue:
         """A problem at `path` of this sweep file, with its line."""
         return ConfigIssue(path, message, self.source.line_of(path))

@@ -46,7 +46,7 @@ def add_sim_parser(subparsers) -> None:
     p.add_argument("--compare", action="store_true",
                    help="run the standard comparison set for the format and print a table")
     p.add_argument("--gpus", type=int, required=True, help="GPUs in the cluster")
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default: 8)")
     p.add_argument("--spread", action="store_true",
                    help="let jobs larger than a node take free GPUs on any nodes (default: whole nodes)")
     p.add_argument("--profiles", default=None, help="Pollux profile folder (<app>/placements.csv)")
@@ -60,15 +60,17 @@ def add_sim_parser(subparsers) -> None:
     p.add_argument("--deadline", type=float, default=None,
                    help="count jobs finished by this time (default 8 h for pollux)")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N jobs")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed of the synthetic tuning work and of seeded policies (default: 0)")
     p.add_argument("--base-policy", default="fifo", help="ordinary-job policy under tuning-aware")
     p.add_argument("--tuning-jobs", type=int, default=None,
                    help="synthetic tuning jobs to add (default 20 with tuning-aware)")
-    p.add_argument("--tuning-groups", type=int, default=8)
+    p.add_argument("--tuning-groups", type=int, default=8, help="fused groups per synthetic tuning job (default: 8)")
     p.add_argument("--tuning-group-work", type=float, default=3600.0, help="GPU-seconds per group")
     p.add_argument("--pipeline-fraction", type=float, default=0.2,
                    help="fraction of multi-GPU jobs treated as pipeline jobs with bubbles")
-    p.add_argument("--bubble-fraction", type=float, default=0.3)
+    p.add_argument("--bubble-fraction", type=float, default=0.3,
+                   help="fraction of a pipeline job's GPU time spent idle in bubbles (default: 0.3)")
     d = PowerModel()
     p.add_argument("--boot-delay", type=float, default=d.boot_delay,
                    help="ces: seconds a powered-down node takes to boot and rejoin")

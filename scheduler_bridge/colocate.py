@@ -174,7 +174,8 @@ def add_profile_parser(subparsers) -> None:
                    help=f"comma list of: {', '.join(WORKLOADS)}")
     c.add_argument("--seconds", type=float, default=3.0, help="training seconds per measurement")
     c.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
-    c.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    c.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where to measure (default: auto, CUDA when available)")
     c.add_argument("--cores", default=None, help="CPU cores both processes share (default: all allowed)")
     c.add_argument("--threads", type=int, default=1,
                    help="torch threads per process (more than one spins badly on a loaded host)")

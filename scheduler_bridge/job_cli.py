@@ -191,9 +191,10 @@ def add_job_parser(subparsers) -> None:
     st = common(sub.add_parser("start", help="start the allocator actor on this node"))
     st.add_argument("--journal", required=True, help="journal file on this node's local disk")
     st.add_argument("--storage", required=True, help="checkpoint folder every GPU node can reach")
-    st.add_argument("--policy", default="fifo", choices=POLICY_CHOICES)
+    st.add_argument("--policy", default="fifo", choices=POLICY_CHOICES, help="scheduling policy (default: fifo)")
     st.add_argument("--base-policy", default="fifo", help="ordinary-job policy under tuning-aware")
-    st.add_argument("--backfill", default=None, action=argparse.BooleanOptionalAction)
+    st.add_argument("--backfill", default=None, action=argparse.BooleanOptionalAction,
+                    help="greedy backfill for queue policies (default: on)")
     st.add_argument("--pythonpath", default=None, help="PYTHONPATH for the allocator and its jobs")
     st.add_argument("--tiresias-thresholds", default=None, metavar="GPU_S[,GPU_S...]",
                     help="tiresias: attained GPU-seconds that demote a job to the next queue "
@@ -219,18 +220,18 @@ def add_job_parser(subparsers) -> None:
 
     sm = common(sub.add_parser("submit", help="queue a training job; prints its id"))
     sm.add_argument("entrypoint", help="package.module:function, called with a JobContext")
-    sm.add_argument("--gpus", type=int, default=1)
-    sm.add_argument("--name", default="")
-    sm.add_argument("--user", default=os.environ.get("USER", ""))
+    sm.add_argument("--gpus", type=int, default=1, help="GPUs the job asks for (default: 1)")
+    sm.add_argument("--name", default="", help="a name shown by hpo job list")
+    sm.add_argument("--user", default=os.environ.get("USER", ""), help="who submits it (default: $USER)")
     sm.add_argument("--vc", default="", help="virtual cluster / team (QSSF history key)")
     sm.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="entry-point config (ctx.config); values parsed as JSON when they can be")
-    sm.add_argument("--batch-size", type=int, default=None)
-    sm.add_argument("--min-batch", type=int, default=None)
-    sm.add_argument("--max-batch", type=int, default=None)
+    sm.add_argument("--batch-size", type=int, default=None, help="elastic: the global batch size asked for")
+    sm.add_argument("--min-batch", type=int, default=None, help="elastic: smallest global batch a resize may pick")
+    sm.add_argument("--max-batch", type=int, default=None, help="elastic: largest global batch a resize may pick")
     sm.add_argument("--application", default=None, help="measured profile: makes the job elastic")
-    sm.add_argument("--min-gpus", type=int, default=None)
-    sm.add_argument("--max-gpus", type=int, default=None)
+    sm.add_argument("--min-gpus", type=int, default=None, help="elastic: fewest GPUs the job runs on")
+    sm.add_argument("--max-gpus", type=int, default=None, help="elastic: most GPUs the job runs on")
     sm.add_argument("--expected-seconds", type=float, default=3600.0, help="run-time hint (SJF/SRTF)")
     sm.add_argument("--bubble-fraction", type=float, default=0.0,
                     help="pipeline job: fraction of time its GPUs idle in bubbles")
@@ -238,11 +239,11 @@ def add_job_parser(subparsers) -> None:
     sm.set_defaults(func=_cmd_submit)
 
     ls = common(sub.add_parser("list", help="all jobs and their state"))
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="print the jobs as JSON")
     ls.set_defaults(func=_cmd_list)
 
     cc = common(sub.add_parser("cancel", help="cancel a queued or running job"))
-    cc.add_argument("job_id", type=int)
+    cc.add_argument("job_id", type=int, help="the id hpo job submit printed")
     cc.set_defaults(func=_cmd_cancel)
 
     sp = common(sub.add_parser("stop", help="stop the allocator (the journal keeps the queue)"))

@@ -4,8 +4,10 @@ shows no developer notes; `hpo --version` answers."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,11 +44,34 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return dict(action.choices)
 
 
-@pytest.mark.parametrize("command", ["run", "validate", "coord-check"])
-def test_every_argument_of_hpos_own_commands_has_help(command):
-    parser = _subparsers(build_parser())[command]
-    missing = [a.dest for a in parser._actions if not a.help]
-    assert not missing, f"hpo {command}: no help for {missing}"
+def _parsers_under(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """`parser` and every sub-subcommand's parser below it (`hpo job submit`), with its command line."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _parsers_under(child, f"{path} {name}")
+
+
+def _command_parser(command: str) -> argparse.ArgumentParser:
+    """The parser `hpo COMMAND` parses with: hpo's own, or the engine's, built as `hpo` builds it."""
+    if command not in ENGINE_COMMANDS:
+        return _subparsers(build_parser())[command]
+    module, register, _, _ = ENGINE_COMMANDS[command]
+    root = argparse.ArgumentParser(prog="hpo")
+    getattr(importlib.import_module(module), register)(root.add_subparsers())
+    return _subparsers(root)[command]
+
+
+@pytest.mark.parametrize("command", sorted(["run", "validate", "results", "coord-check", *ENGINE_COMMANDS]))
+def test_every_argument_of_every_subcommand_has_help(command):
+    missing = [
+        f"{path} {action.option_strings[0] if action.option_strings else action.dest}"
+        for path, parser in _parsers_under(_command_parser(command), f"hpo {command}")
+        for action in parser._actions
+        if not action.help and not isinstance(action, argparse._SubParsersAction)
+    ]
+    assert not missing, f"no help for: {', '.join(missing)}"
 
 
 @pytest.mark.parametrize("command", sorted(ENGINE_COMMANDS))

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from ray import tune
 
+import hpo
+
 from hpo.cli import main
 from hpo.errors import SweepConfigError
 from hpo.spec import SweepSpec
@@ -74,11 +76,10 @@ def logged_sweep(ray_local, tmp_path_factory):
     return folder
 
 
-@pytest.mark.slow
-def test_tensorboard_true_writes_every_trials_metric_to_event_files(logged_sweep):
+def assert_tensorboard_events_hold_every_score(experiment: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    trial_dirs = [p for p in (logged_sweep / "runs" / "logged").iterdir() if p.is_dir() and (p / "params.json").exists()]
+    trial_dirs = [p for p in experiment.iterdir() if p.is_dir() and (p / "params.json").exists()]
     assert len(trial_dirs) == len(X_VALUES)
     for trial in trial_dirs:
         events = EventAccumulator(str(trial)).Reload()
@@ -87,14 +88,13 @@ def test_tensorboard_true_writes_every_trials_metric_to_event_files(logged_sweep
         assert scores == pytest.approx(expected_scores(x)), f"TensorBoard events of trial x={x}"
 
 
-@pytest.mark.slow
-def test_mlflow_block_logs_one_run_per_trial_with_its_metric_history(logged_sweep):
+def assert_one_mlflow_run_per_trial(store: Path, experiment_name: str) -> None:
     from mlflow.tracking import MlflowClient
 
     with pytest.MonkeyPatch.context() as env:
         env.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-        client = MlflowClient(tracking_uri=f"file://{logged_sweep / 'mlruns'}")
-        experiment = client.get_experiment_by_name("logged")
+        client = MlflowClient(tracking_uri=f"file://{store}")
+        experiment = client.get_experiment_by_name(experiment_name)
         assert experiment is not None, "the experiment is named after the sweep"
         runs = client.search_runs([experiment.experiment_id])
         assert len(runs) == len(X_VALUES)
@@ -103,6 +103,36 @@ def test_mlflow_block_logs_one_run_per_trial_with_its_metric_history(logged_swee
             history = client.get_metric_history(run.info.run_id, "score")
             assert [m.value for m in sorted(history, key=lambda m: m.step)] == pytest.approx(expected_scores(x))
             assert run.info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_tensorboard_true_writes_every_trials_metric_to_event_files(logged_sweep):
+    assert_tensorboard_events_hold_every_score(logged_sweep / "runs" / "logged")
+
+
+@pytest.mark.slow
+def test_mlflow_block_logs_one_run_per_trial_with_its_metric_history(logged_sweep):
+    assert_one_mlflow_run_per_trial(logged_sweep / "mlruns", "logged")
+
+
+@pytest.mark.slow
+def test_hpo_run_takes_the_sweep_files_logging_block_as_a_dict(ray_local, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    hpo.run(
+        quadratic, config={"x": tune.grid_search(list(X_VALUES))}, metric="score", mode="min",
+        stop={"training_iteration": ITERATIONS}, storage_path=str(tmp_path / "runs"), name="api_logged",
+        logging={"tensorboard": True, "mlflow": {"tracking_uri": f"file://{tmp_path / 'mlruns'}"}},
+    )
+    assert_tensorboard_events_hold_every_score(tmp_path / "runs" / "api_logged")
+    assert_one_mlflow_run_per_trial(tmp_path / "mlruns", "api_logged")
+
+
+def test_a_mistyped_key_in_hpo_runs_logging_block_fails_in_one_line_before_ray(tmp_path):
+    with pytest.raises(ValueError) as caught:
+        hpo.run(quadratic, config={"x": 1.0}, metric="score", storage_path=str(tmp_path),
+                logging={"mlflow": {"tracking_url": "sqlite:///m.db"}})
+    assert str(caught.value) == "logging.mlflow.tracking_url: Extra inputs are not permitted"
+    assert not any(tmp_path.iterdir()), "no sweep started"
 
 
 @pytest.mark.slow

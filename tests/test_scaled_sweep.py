@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
+from pathlib import Path
 
 import pytest
+import torch
 
+from hpo.checkpointing import CHECKPOINT_FILE
 from hpo.cli import main
 from hpo.sweep import build_tuner, load_sweep
 
@@ -42,14 +46,21 @@ def test_proxy_sweep_transfers_its_best_config_and_trains_the_target(tmp_path):
     assert "lr" in transfer["transferred"]
     assert transfer["target_run"]["iterations"] == 2
     assert transfer["target_run"]["value"] < 2.3, "the transferred config trains the target"
+    assert result.target_checkpoint == str(tmp_path / "runs" / "scaled" / "target_checkpoint")
+    assert (Path(result.target_checkpoint) / CHECKPOINT_FILE).is_file(), "the trained target is saved"
 
 
-def test_eager_transfer_reports_time_to_first_target_result(tmp_path):
+def test_eager_transfer_reports_time_to_first_target_result_and_prints_the_saved_target(tmp_path, capsys):
     path = write(tmp_path, "eager", "{target_width: 64, proxy_width: 16, eager_transfer: 0.5}")
-    result = build_tuner(load_sweep(path)).fit()
-    eager = result.extras["eager transfer"]
-    assert eager["time_to_first_target_result_s"] is not None and eager["time_to_first_target_result_s"] > 0
-    assert "target (eager)" in result.extras
+    assert main(["run", str(path)]) == 0
+    out = capsys.readouterr().out
+    first = re.search(r"^eager transfer: .*'time_to_first_target_result_s': ([\d.]+)", out, re.M)
+    assert first is not None and float(first.group(1)) > 0, out
+    assert re.search(r"^target \(eager\): val_loss = [\d.]+ after 2 iterations$", out, re.M), out
+    saved = tmp_path / "runs" / "eager" / "target_checkpoint"
+    assert f"target checkpoint: {saved}" in out.splitlines()
+    state = torch.load(saved / CHECKPOINT_FILE, weights_only=True)
+    assert state["iteration"] == 2, "the target's state after its whole run"
 
 
 def test_scaling_block_errors_name_the_key(tmp_path, capsys):

@@ -2,11 +2,12 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from examples.mlp_digits import workload as mlp_digits
-from hpo.scaling import NON_TRANSFERABLE, ScalingConfig, complete_transfer, transfer_config
+from hpo.scaling import NON_TRANSFERABLE, ScalingConfig, complete_transfer, target_workload, transfer_config
 
 SCALING = ScalingConfig(target_width=256, ratio=4)
 BEST_PROXY = {
@@ -61,3 +62,21 @@ def test_final_training_trains_the_target_with_the_transferred_config_and_report
     assert run.iterations == 2 and run.config["width"] == 32 and run.config["lr"] == 0.01
     assert math.isfinite(run.value) and run.metric == "val_loss"
     assert json.loads((tmp_path / "transfer.json").read_text())["target_run"]["value"] == run.value
+
+
+def test_the_trained_target_is_saved_and_loads_back_with_the_same_metric(tmp_path):
+    import torch
+
+    from hpo.checkpointing import CHECKPOINT_FILE
+    from hpo.training import TrialTrainer
+
+    scaling = ScalingConfig(target_width=32, ratio=2, final_training=True)
+    best = {"width": 16, "lr": 0.01, "steps_per_iteration": 3}
+    run = complete_transfer(mlp_digits, scaling, best, tmp_path, max_iterations=2, metric="val_loss").target_run
+    assert run.checkpoint == str(tmp_path / "target_checkpoint")
+    assert json.loads((tmp_path / "transfer.json").read_text())["target_run"]["checkpoint"] == run.checkpoint
+    torch.load(Path(run.checkpoint) / CHECKPOINT_FILE, weights_only=True)  # plain tensors and values only
+    restored = TrialTrainer(target_workload(mlp_digits, scaling), run.config)
+    restored.restore(run.checkpoint)
+    assert restored.iteration == 2
+    assert restored.evaluate()["val_loss"] == pytest.approx(run.value)

@@ -17,13 +17,16 @@ Example::
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
 from ray import tune
 
+from hpo.checkpointing import CHECKPOINT_FILE
 from hpo.scaling._eager import Decision, EagerTransferPolicy
 from hpo.scaling._transfer import summarise_target_run, transfer_config
 from hpo.workload import Workload
@@ -45,6 +48,17 @@ class _TargetTrainer:
 
     def train_iteration(self) -> dict[str, Any]:
         return self.trainer.train_iteration()
+
+    def state_bytes(self) -> bytes:
+        """The trained state in a trial checkpoint's format, as bytes: the driver writes the file,
+        wherever on the cluster this actor runs."""
+        import io
+
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save(self.trainer.state_dict(), buffer)
+        return buffer.getvalue()
 
 
 class EagerTransferCallback(tune.Callback):
@@ -121,6 +135,17 @@ class EagerTransferCallback(tune.Callback):
             ray.wait(self._pending[:1], timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
             self._collect()
         return self.report()
+
+    def save_target(self, directory: str | os.PathLike[str]) -> Path | None:
+        """Write the trained target into `directory` (`hpo.checkpointing.CHECKPOINT_FILE`, loadable
+        with `TrialTrainer.restore`) once its run is complete; None when there is none to save (it
+        diverged, or is still training)."""
+        if self._actor is None or self._pending or len(self._history) < self.iterations:
+            return None
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / CHECKPOINT_FILE).write_bytes(ray.get(self._actor.state_bytes.remote()))
+        return directory
 
     def report(self) -> dict[str, Any]:
         run = None

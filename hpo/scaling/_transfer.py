@@ -23,6 +23,9 @@ from hpo.workload import Workload
 if TYPE_CHECKING:
     from hpo.scaling._config import ScalingConfig
 
+#: The trained target's folder beside `transfer.json`.
+TARGET_CHECKPOINT_DIR = "target_checkpoint"
+
 #: Keys muP transfers from proxy to target (Tensor Programs V, table 1: optimisation, init, multipliers).
 TRANSFERABLE: frozenset[str] = frozenset(
     {
@@ -60,6 +63,8 @@ class TargetRun:
     seconds: float
     diverged: bool
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: The folder holding the trained target (`hpo.training`'s checkpoint format); None if it diverged.
+    checkpoint: str | None = None
 
 
 @dataclass
@@ -148,16 +153,18 @@ def train_target(
     scaling: "ScalingConfig",
     *,
     max_iterations: int,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
 ) -> TargetRun:
     """Train the target with `transfer.target_config` (hpo.training.TrialTrainer, in this process).
 
     `workload` is the user's workload; the target is built through `target_workload`, which is
-    the user's own model when muP's base width is the target width.
+    the user's own model when muP's base width is the target width. The trained target is saved
+    in `checkpoint_dir` (see `run_target`).
     """
     from hpo.scaling._mup import target_workload
 
     iterations = scaling.target_iterations or max_iterations
-    return run_target(target_workload(workload, scaling), transfer.target_config, iterations)
+    return run_target(target_workload(workload, scaling), transfer.target_config, iterations, checkpoint_dir)
 
 
 def complete_transfer(
@@ -171,17 +178,27 @@ def complete_transfer(
     proxy_metric: float | None = None,
 ) -> TransferResult:
     """After the proxy sweep: transfer, write `out_dir/transfer.json`, and with
-    `scaling.final_training` train the target and write the file again with its metric."""
+    `scaling.final_training` train the target, save it in `out_dir/target_checkpoint`, and write
+    the file again with its metric and checkpoint."""
     result = transfer_config(best_proxy_config, scaling, metric=metric, proxy_metric=proxy_metric)
     result.write_json(out_dir)  # first, so the transfer survives a failed final training
     if scaling.final_training:
-        result.target_run = train_target(workload, result, scaling, max_iterations=max_iterations)
+        result.target_run = train_target(
+            workload, result, scaling, max_iterations=max_iterations, checkpoint_dir=Path(out_dir) / TARGET_CHECKPOINT_DIR
+        )
         result.write_json(out_dir)
     return result
 
 
-def run_target(target: Workload, config: Mapping[str, Any], iterations: int) -> TargetRun:
-    """Train `config` on `target` for `iterations` iterations; stops early if the loss diverges."""
+def run_target(
+    target: Workload, config: Mapping[str, Any], iterations: int, checkpoint_dir: str | os.PathLike[str] | None = None
+) -> TargetRun:
+    """Train `config` on `target` for `iterations` iterations; stops early if the loss diverges.
+
+    The target is what the whole sweep was for, so unless it diverged its trained state is saved
+    in `checkpoint_dir`, in a trial checkpoint's format: `TrialTrainer(target, run.config)
+    .restore(run.checkpoint)` loads it (with `torch.load(weights_only=True)`).
+    """
     from hpo.training import TrialTrainer  # imports Ray; kept off the import path of hpo.scaling
 
     start = time.monotonic()
@@ -191,7 +208,12 @@ def run_target(target: Workload, config: Mapping[str, Any], iterations: int) -> 
         history.append(trainer.train_iteration())
         if history[-1]["diverged"]:
             break
-    return summarise_target_run(trainer.config, target.metric, target.mode, history, time.monotonic() - start)
+    run = summarise_target_run(trainer.config, target.metric, target.mode, history, time.monotonic() - start)
+    if checkpoint_dir is not None and not run.diverged:
+        Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        trainer.save(str(checkpoint_dir))
+        run.checkpoint = str(checkpoint_dir)
+    return run
 
 
 def summarise_target_run(

@@ -1,0 +1,132 @@
+"""A user's own code under `hpo run`: a trainable beside its sweep file imports its sibling
+modules on Ray's workers wherever the command is started from, what it prints reaches the
+terminal, and the console carries hydro-hpo's progress lines, not Optuna's or Ray's chatter."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from hpo.ray_runtime import SUBMITTED_JOB_CONFIG_ENV, _beside_submitted_job, code_runtime_env
+
+REPO = Path(__file__).resolve().parents[1]
+MARKER = "USER-PRINT-7f3a"
+
+
+@pytest.fixture(scope="module")
+def run_from_root(tmp_path_factory):
+    """`hpo run /abs/path/sweep.yaml` started from `/`, its trainable importing a sibling module,
+    printing a marker and checkpointing as a Tune user's function does."""
+    project = tmp_path_factory.mktemp("project")
+    (project / "scoring.py").write_text("def score(x):\n    return (x - 0.3) ** 2\n")
+    (project / "my_trainable.py").write_text(textwrap.dedent(f"""\
+        import json
+        import tempfile
+        from pathlib import Path
+
+        from ray import tune
+
+        import scoring
+
+
+        def train(config):
+            print("{MARKER}", config["x"], flush=True)
+            for _ in range(2):
+                with tempfile.TemporaryDirectory() as folder:
+                    Path(folder, "state.json").write_text(json.dumps(config))
+                    tune.report({{"loss": scoring.score(config["x"])}}, checkpoint=tune.Checkpoint.from_directory(folder))
+        """))
+    storage = project / "runs"
+    sweep = project / "sweep.yaml"
+    sweep.write_text(textwrap.dedent(f"""\
+        name: from_root
+        trainable: my_trainable:train
+        method: tpe
+        metric: {{name: loss, goal: minimize}}
+        parameters:
+          x: {{min: 0.0, max: 1.0}}
+        run_cap: 2
+        max_iterations: 2
+        seed: 0
+        storage_path: {storage}
+        """))
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(REPO)  # this checkout, for the driver and for Ray's workers
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpo.cli", "run", str(sweep)],
+        cwd="/", env=env, capture_output=True, text=True, timeout=300,
+    )
+    return proc, storage / "from_root"
+
+
+@pytest.mark.slow
+def test_a_trainable_importing_a_sibling_module_runs_when_hpo_run_starts_elsewhere(run_from_root):
+    proc, run = run_from_root
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = pd.read_csv(run / "results.csv")
+    assert list(rows["status"]) == ["completed", "completed"]
+    assert "ModuleNotFoundError" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_what_a_trainable_prints_reaches_the_terminal(run_from_root):
+    proc, run = run_from_root
+    xs = pd.read_csv(run / "results.csv")["config/x"]
+    printed = re.findall(rf"{MARKER} ([\d.e-]+)", proc.stdout)
+    assert sorted(float(x) for x in printed) == pytest.approx(sorted(xs)), proc.stdout
+
+
+@pytest.mark.slow
+def test_the_console_shows_hpos_progress_lines_and_no_optuna_or_tune_chatter(run_from_root):
+    proc, _ = run_from_root
+    console = proc.stdout + proc.stderr
+    assert len(re.findall(r"^\[\s*\d/2\] trial \w+ finished after 2 it: loss=", proc.stdout, re.M)) == 2, proc.stdout
+    assert "A new study created" not in console  # Optuna's INFO line
+    assert "Checkpoint successfully created" not in console  # Ray Tune's INFO line, on the workers
+    for table in ("Trial status", "Trial name", "Current time", "+-----"):  # Tune's status tables
+        assert table not in proc.stdout, proc.stdout
+    assert "Started a local Ray instance" not in console
+
+
+@pytest.mark.slow
+def test_a_folder_too_large_for_ray_to_ship_is_a_one_line_error_naming_it(tmp_path):
+    (tmp_path / "my_trainable.py").write_text("def train(config):\n    pass\n")
+    (tmp_path / "data.bin").write_bytes(os.urandom(3 * 1024**2))
+    (tmp_path / "sweep.yaml").write_text(
+        "trainable: my_trainable:train\nmetric: {name: loss, goal: minimize}\nparameters:\n  x: {value: 1}\n"
+        f"storage_path: {tmp_path / 'runs'}\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    # Ray's package limit is its largest gRPC message (512 MiB); 2 MiB makes a 3 MiB folder too large.
+    env.update(PYTHONPATH=str(REPO), RAY_max_grpc_message_size=str(2 * 1024**2))
+    proc = subprocess.run([sys.executable, "-m", "hpo.cli", "run", str(tmp_path / "sweep.yaml")],
+                          cwd="/", env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert errors[0].startswith(f"error: {tmp_path / 'sweep.yaml'}:1: trainable: Ray cannot ship the trainable's folder {tmp_path}")
+    assert "'.rayignore'" in errors[0], "Ray's own advice: how to leave files behind"
+
+
+def test_the_code_folder_travels_without_the_sweeps_own_storage(tmp_path):
+    env = code_runtime_env(tmp_path, exclude=[tmp_path / "runs", "/elsewhere/runs"])
+    assert env == {"working_dir": str(tmp_path.resolve()), "excludes": ["/runs/"]}
+
+
+def test_under_ray_job_submit_the_jobs_own_working_dir_wins(monkeypatch, tmp_path):
+    """Ray refuses a driver runtime env that repeats a field of the submitted job's."""
+    ours = {"env_vars": {"B": "2"}, **code_runtime_env(tmp_path, exclude=[tmp_path / "runs"])}
+    monkeypatch.setenv(SUBMITTED_JOB_CONFIG_ENV, json.dumps({"runtime_env": {"working_dir": "gcs://pkg.zip"}}))
+    assert _beside_submitted_job(ours) == {"env_vars": {"B": "2"}}
+    monkeypatch.setenv(SUBMITTED_JOB_CONFIG_ENV, json.dumps({"runtime_env": {"pip": ["torch"]}}))
+    assert _beside_submitted_job(ours) == ours
+    monkeypatch.delenv(SUBMITTED_JOB_CONFIG_ENV)
+    assert _beside_submitted_job(ours) == ours
