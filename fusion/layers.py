@@ -174,7 +174,9 @@ def member_linear(
     """
     members, out_features, in_features = weight.shape
     lead = x.shape[1:-1]
-    flat = x.reshape(members, -1, in_features)  # (B, M, in)
+    # A 3-D input needs no reshape: skipping it spares two autograd view nodes per call, which
+    # adds up in recurrent cells that call this every time step.
+    flat = x if x.dim() == 3 else x.reshape(members, -1, in_features)  # (B, M, in)
     if input_scale is not None:
         flat = flat * input_scale.view(members, 1, 1)
     late_bias = None if bias_in_gemm else bias
@@ -190,7 +192,7 @@ def member_linear(
         out = _batched_gemm(flat, weight.transpose(1, 2), bias)
     if late_bias is not None:
         out = out + late_bias.unsqueeze(1)
-    return out.reshape(members, *lead, out_features)
+    return out if x.dim() == 3 else out.reshape(members, *lead, out_features)
 
 
 class FusedConv(nn.Module):
