@@ -65,6 +65,17 @@ def _lstm_cell_fast(input_w: torch.Tensor, hidden: tuple[torch.Tensor, torch.Ten
     return outgate * cy.tanh(), cy
 
 
+def _input_projection(x: torch.Tensor, w_ih: torch.Tensor, b_ih: torch.Tensor | None, b_hh: torch.Tensor | None) -> torch.Tensor:
+    """The short form's input projection of a whole `(B, T, N, I)` sequence: one batched GEMM
+    with both biases inside it, on the input as it lies (a batch_first input, `(B, N, T, I)` in
+    memory, needs no transposing copy and no separate bias passes over the result)."""
+    bias = None if b_ih is None else b_ih + b_hh
+    sample_major = x.transpose(1, 2)
+    if sample_major.is_contiguous():
+        return member_linear(sample_major, w_ih, bias).transpose(1, 2)
+    return member_linear(x, w_ih, bias)
+
+
 _CELLS = {"LSTM": _lstm_cell, "GRU": _gru_cell, "RNN_TANH": _rnn_cell(torch.tanh), "RNN_RELU": _rnn_cell(torch.relu)}
 
 
@@ -120,12 +131,12 @@ class FusedRNN(nn.Module):
             outputs = []
             for direction in range(directions):
                 w_ih, w_hh, b_ih, b_hh = self._weights(layer, "_reverse" if direction else "")
-                # F.linear adds the bias inside the GEMM only for a contiguous input (per member)
-                inputs_w = member_linear(layer_input, w_ih, b_ih, bias_in_gemm=layer_input[0].is_contiguous())
                 if fast:
-                    if b_hh is not None:
-                        inputs_w = inputs_w + b_hh.unsqueeze(1).unsqueeze(1)
+                    inputs_w = _input_projection(layer_input, w_ih, b_ih, b_hh)
                     b_hh = None
+                else:
+                    # F.linear adds the bias inside the GEMM only for a contiguous input (per member)
+                    inputs_w = member_linear(layer_input, w_ih, b_ih, bias_in_gemm=layer_input[0].is_contiguous())
                 index = layer * directions + direction
                 hidden = (h0[:, index], c0[:, index]) if lstm else h0[:, index]
                 step_outputs = []
