@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
-from fusion.layers import FusedLinear, NotStackedHere, _layout, _member_gemm, _param, _stack, member_linear
+from fusion.layers import FusedLinear, NotStackedHere, _member_gemm, _param, _placement, _random_like, _stack, member_linear
 
 
 class FusedMultiheadAttention(nn.Module):
@@ -202,14 +202,14 @@ def _rows_any_order(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
     """Whether `_member_gemm(a, b, bias)` on `a`'s rows in (n, l) order rounds every row exactly as
     on the same rows in (l, n) order. A row's dot products do not depend on where the row sits,
     but MKL handles a block of leftover rows with other kernels, and for some shapes those round
-    differently; so this is measured once per shape on random operands."""
-    key = (a.dtype, _layout(a), _layout(b), bias is None, samples, torch.get_num_threads())
+    differently; so this is measured once per shape and placement (see `_member_gemm`) on
+    random operands."""
+    key = (a.dtype, _placement(a), _placement(b), None if bias is None else _placement(bias), samples, torch.get_num_threads())
     if key not in _ROW_ORDER_FREE:
         gen = torch.Generator().manual_seed(0)  # a private generator: probing must not move the global RNG
-        members, rows, inner = a.shape
-        probe_a = torch.randn(a.shape, dtype=a.dtype, generator=gen)
-        probe_b = torch.randn(b.shape[0], b.shape[2], b.shape[1], dtype=b.dtype, generator=gen).transpose(1, 2) if b.stride(-1) != 1 else torch.randn(b.shape, dtype=b.dtype, generator=gen)
-        probe_c = None if bias is None else torch.randn(bias.shape, dtype=bias.dtype, generator=gen)
+        rows = a.shape[1]
+        probe_a, probe_b = _random_like(a, gen), _random_like(b, gen)
+        probe_c = None if bias is None else _random_like(bias, gen)
         as_is = _member_gemm(probe_a, probe_b, probe_c)
         reordered = _member_gemm(_swap_rows(probe_a, samples), probe_b, probe_c)
         _ROW_ORDER_FREE[key] = torch.equal(as_is, _swap_rows(reordered, rows // samples))
@@ -219,7 +219,7 @@ def _rows_any_order(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
 def _swap_rows(t: torch.Tensor, outer: int) -> torch.Tensor:
     """`(B, outer*inner, C)` rows in (outer, inner) order -> (inner, outer) order (a copy)."""
     members, rows, width = t.shape
-    return t.view(members, outer, rows // outer, width).transpose(1, 2).reshape(members, rows, width)
+    return t.reshape(members, outer, rows // outer, width).transpose(1, 2).reshape(members, rows, width)
 
 
 def _rows_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, samples: int) -> torch.Tensor:

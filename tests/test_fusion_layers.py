@@ -330,8 +330,7 @@ def test_recurrent_layers_fuse_stacked_bit_exactly(kind, bidirectional, batch_fi
     x = torch.randn(4, 6, 3, dtype=torch.float64)
     fused = fuse_models(members, x)
     assert fused.strategy == "stacked"
-    # Known gap: a batch_first GRU's input-projection gradients can be an ulp off for some members
-    assert_fused_equals_members(fused, references, x, exact=not (kind == "GRU" and batch_first))
+    assert_fused_equals_members(fused, references, x, exact=True)
     fused.eval()
     with torch.no_grad():
         _, state = fused(x)
@@ -353,14 +352,17 @@ class Cells(nn.Module):
         return torch.stack(outputs, -2)
 
 
-def test_recurrent_cells_fuse_stacked():
-    torch.manual_seed(0)
+@pytest.mark.parametrize("seed", range(4))
+def test_recurrent_cells_fuse_stacked_bit_exactly(seed):
+    # The GRU's state [B, 4, 5] in float64 puts member 1 at byte 160: MKL's batched GEMM picks
+    # other kernels for operands off a 64-byte boundary, which the GEMM probe has to see.
+    torch.manual_seed(seed)
     members = [Cells().double() for _ in range(3)]
     references = copy.deepcopy(members)
     x = torch.randn(4, 5, 3, dtype=torch.float64)
     fused = fuse_models(members, x)
     assert fused.strategy == "stacked"
-    assert_fused_equals_members(fused, references, x, exact=False)
+    assert_fused_equals_members(fused, references, x, exact=True)
 
 
 def test_packed_sequences_are_refused_naming_the_layer():
