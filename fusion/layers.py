@@ -108,7 +108,7 @@ def _placement(t: torch.Tensor) -> tuple:
 def _random_like(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Random values placed as `t` is (`_placement`): same strides, same offset from 64 bytes."""
     offset = (t.data_ptr() % 64) // t.element_size()
-    span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
     storage = torch.randn(offset + span, dtype=t.dtype, generator=generator)  # CPU allocations start 64-byte aligned
     return storage.as_strided(t.shape, t.stride(), offset)
 
