@@ -23,7 +23,9 @@ tensors of the workloads' shapes, so the benchmark needs neither scikit-learn no
 
 `--zoo` times the models of tests/fusion_zoo.py (a small ResNet, a Transformer classifier with
 padding masks, a 2-layer LSTM LM, an MLP-Mixer, a tied nanoGPT block, a shared block): each row
-has `model`, `path` (stacked or vmap, the path `fuse_models` chose) and fused/serial at B=16.
+has `model`, `path` (stacked or vmap, the path `fuse_models` chose) and fused/serial at B=16,
+by wall clock (`ratio`) and by the process's CPU time in the same rounds (`ratio_cpu`: on a
+shared machine the wall clock also counts other processes' turns), and the load averages.
 """
 
 from __future__ import annotations
@@ -125,21 +127,36 @@ def measure(
 
     Methods take turns within each of `REPEATS` rounds and each keeps its fastest round, so a
     burst of load from other processes on a shared machine hits them alike."""
+    return measure_wall_and_cpu(methods, steps, warmup, device)[0]
+
+
+def measure_wall_and_cpu(
+    methods: Mapping[str, tuple[list[Callable[[], None]], int]], steps: int, warmup: int, device: torch.device
+) -> tuple[dict[str, float], dict[str, float]]:
+    """`measure`'s samples/s by wall clock, and by this process's CPU time in the same rounds.
+
+    On a shared CPU the wall clock also counts the time the scheduler gave other processes; with
+    one torch thread the CPU time leaves that out (contention for caches and memory stays in),
+    so the two together say how much of a ratio is the machine's load."""
     for step_fns, _ in methods.values():
         for step in step_fns:
             for _ in range(warmup):
                 step()
     best = dict.fromkeys(methods, math.inf)
+    best_cpu = dict.fromkeys(methods, math.inf)
     for _ in range(REPEATS):
         for name, (step_fns, _) in methods.items():
             synchronize(device)
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for step in step_fns:  # serial: one member after another
                 for _ in range(steps):
                     step()
             synchronize(device)
             best[name] = min(best[name], time.perf_counter() - start)
-    return {name: samples * steps / best[name] for name, (_, samples) in methods.items()}
+            best_cpu[name] = min(best_cpu[name], time.process_time() - start_cpu)
+    rates = {name: samples * steps / best[name] for name, (_, samples) in methods.items()}
+    cpu_rates = {name: samples * steps / best_cpu[name] for name, (_, samples) in methods.items()}
+    return rates, cpu_rates
 
 
 # -- the ways to train B members ----------------------------------------------------------------
@@ -355,10 +372,16 @@ def run_zoo(args: argparse.Namespace) -> list[dict[str, Any]]:
             fused, samples, path = zoo_fused_steps(name, b)
             methods = {"serial": zoo_serial_steps(name, b, args.serial_cap), "fused": (fused, samples)}
             row: dict[str, Any] = {"model": name, "path": path, "device": "cpu", "dtype": "fp32", "B": b, "batch": ZOO_SAMPLES}
-            row.update(measure(methods, steps, warmup, torch.device("cpu")))
+            rates, cpu_rates = measure_wall_and_cpu(methods, steps, warmup, torch.device("cpu"))
+            row.update(rates)
             row["ratio"] = row["fused"] / row["serial"]
+            row.update(serial_cpu=cpu_rates["serial"], fused_cpu=cpu_rates["fused"], ratio_cpu=cpu_rates["fused"] / cpu_rates["serial"])
             rows.append(row)
-            print(f"{name:>22} {path:>8} B={b:<4} serial {row['serial']:>10,.0f}/s  fused {row['fused']:>10,.0f}/s  ratio {row['ratio']:.2f}", flush=True)
+            print(
+                f"{name:>22} {path:>8} B={b:<4} serial {row['serial']:>10,.0f}/s  fused {row['fused']:>10,.0f}/s  ratio {row['ratio']:.2f}"
+                f"  (by CPU time {row['ratio_cpu']:.2f})",
+                flush=True,
+            )
     return rows
 
 
@@ -480,11 +503,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.zoo:
         global REPEATS
         REPEATS = args.repeats or 3
+        load_before = os.getloadavg()
         rows = run_zoo(args)
         results = {
             "rows": rows,
             "machine": {"device": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()},
-            "settings": {"steps": args.steps or 5, "repeats": REPEATS, "serial_cap": args.serial_cap, "samples_per_member": ZOO_SAMPLES, "units": "samples/s (members x batch x steps / s); ratio = fused / serial"},
+            # a shared machine: the 1/5/15-minute load averages around the run say how shared
+            "load_average": {"before": load_before, "after": os.getloadavg()},
+            "settings": {"steps": args.steps or 5, "repeats": REPEATS, "serial_cap": args.serial_cap, "samples_per_member": ZOO_SAMPLES, "units": "samples/s (members x batch x steps / s); ratio = fused / serial; *_cpu: by this process's CPU time (torch_threads=1) instead of wall clock"},
         }
         if args.json:
             args.json.write_text(json.dumps(results, indent=2))

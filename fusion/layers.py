@@ -71,12 +71,8 @@ def _member_view(t: torch.Tensor, ndim: int, trailing: int) -> torch.Tensor:
     return t.view(t.shape[0], *([1] * (ndim - 1 - trailing)), *t.shape[1:])
 
 
-#: CPU shapes for which MKL's batched GEMM rounds exactly as one GEMM per member (measured once).
+#: CPU placements (`_placement`) for which MKL's batched GEMM rounds exactly as one GEMM per member (measured once).
 _BATCHED_GEMM_EXACT: dict[tuple, bool] = {}
-
-
-def _layout(t: torch.Tensor) -> tuple:
-    return (tuple(t.shape), t.stride(-1) == 1)
 
 
 def _member_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -84,22 +80,37 @@ def _member_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
 
     One batched GEMM when it rounds like per-member GEMMs; MKL's batched kernel does not for
     some small shapes (e.g. a 10-row result), and those fall back to one GEMM per member, so a
-    fused member's arithmetic stays bit-identical to its unfused model's on CPU.
+    fused member's arithmetic stays bit-identical to its unfused model's on CPU. Which kernel
+    MKL picks depends on the operands' strides and on where they start relative to a 64-byte
+    boundary, so the probe lays its random operands out exactly as the real ones (a state
+    `[B, N, 5]` in float64 puts member 1 at byte 160, and there the two differ).
     """
     if a.device.type == "cpu" and a.shape[0] > 1:
-        key = (a.dtype, _layout(a), _layout(b), bias is None, torch.get_num_threads())
+        key = (a.dtype, _placement(a), _placement(b), None if bias is None else _placement(bias), torch.get_num_threads())
         if key not in _BATCHED_GEMM_EXACT:
             # a private generator: probing must not move the global RNG (dropout masks, user code)
             gen = torch.Generator().manual_seed(0)
-            probe_a = torch.randn(a.shape[0], a.shape[2], a.shape[1], dtype=a.dtype, generator=gen).transpose(1, 2) if a.stride(-1) != 1 else torch.randn(a.shape, dtype=a.dtype, generator=gen)
-            probe_b = torch.randn(b.shape[0], b.shape[2], b.shape[1], dtype=b.dtype, generator=gen).transpose(1, 2) if b.stride(-1) != 1 else torch.randn(b.shape, dtype=b.dtype, generator=gen)
-            probe_c = None if bias is None else torch.randn(bias.shape, dtype=bias.dtype, generator=gen)
+            probe_a, probe_b = _random_like(a, gen), _random_like(b, gen)
+            probe_c = None if bias is None else _random_like(bias, gen)
             batched = _batched_gemm(probe_a, probe_b, probe_c)
             looped = _looped_gemm(probe_a, probe_b, probe_c)
             _BATCHED_GEMM_EXACT[key] = torch.equal(batched, looped)
         if not _BATCHED_GEMM_EXACT[key]:
             return _looped_gemm(a, b, bias)
     return _batched_gemm(a, b, bias)
+
+
+def _placement(t: torch.Tensor) -> tuple:
+    """What MKL's kernel choice can see of a tensor: shape, strides, offset from a 64-byte boundary."""
+    return (tuple(t.shape), t.stride(), t.data_ptr() % 64)
+
+
+def _random_like(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Random values placed as `t` is (`_placement`): same strides, same offset from 64 bytes."""
+    offset = (t.data_ptr() % 64) // t.element_size()
+    span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
+    storage = torch.randn(offset + span, dtype=t.dtype, generator=generator)  # CPU allocations start 64-byte aligned
+    return storage.as_strided(t.shape, t.stride(), offset)
 
 
 def _batched_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -174,7 +185,9 @@ def member_linear(
     """
     members, out_features, in_features = weight.shape
     lead = x.shape[1:-1]
-    flat = x.reshape(members, -1, in_features)  # (B, M, in)
+    # A 3-D input needs no reshape: skipping it spares two autograd view nodes per call, which
+    # adds up in recurrent cells that call this every time step.
+    flat = x if x.dim() == 3 else x.reshape(members, -1, in_features)  # (B, M, in)
     if input_scale is not None:
         flat = flat * input_scale.view(members, 1, 1)
     late_bias = None if bias_in_gemm else bias
@@ -190,7 +203,7 @@ def member_linear(
         out = _batched_gemm(flat, weight.transpose(1, 2), bias)
     if late_bias is not None:
         out = out + late_bias.unsqueeze(1)
-    return out.reshape(members, *lead, out_features)
+    return out if x.dim() == 3 else out.reshape(members, *lead, out_features)
 
 
 class FusedConv(nn.Module):

@@ -7,6 +7,12 @@ steps of `F.multi_head_attention_forward` once: the same mask handling, the same
 `scaled_dot_product_attention` kernel (or the same explicit softmax when `need_weights`), so a
 member computes what its own `nn.MultiheadAttention` computes, operation for operation.
 
+Batch-first self-attention (every `nn.Transformer*` layer built with `batch_first=True`) takes a
+shorter way with the same arithmetic: PyTorch transposes the input to sequence-major, projects it,
+and copies q, k and v apart; here the projection runs on the input as it lies and q, k, v, the
+attention output and the out-projection's output are all views, with no copy in between (see
+`_BatchFirstLinear` for why the rounding stays PyTorch's).
+
 Masks are shared input (a causal mask) or derived from the stacked input (a key padding mask
 computed from token ids has the member dimension in front); both layouts are accepted:
 `key_padding_mask` `[N, S]` or `[B, N, S]`, `attn_mask` `[L, S]`, `[N*H, L, S]`, `[B, L, S]` or
@@ -24,7 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
-from fusion.layers import FusedLinear, NotStackedHere, _param, _stack, member_linear
+from fusion.layers import FusedLinear, NotStackedHere, _member_gemm, _param, _placement, _random_like, _stack, member_linear
 
 
 class FusedMultiheadAttention(nn.Module):
@@ -60,12 +66,18 @@ class FusedMultiheadAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         members = self.in_proj_weight.shape[0]
         batched = query.dim() == 4
+        # batch-first self-attention without weights: projections on the input as it lies
+        views = batched and self.batch_first and query is key and key is value and not need_weights
         if not batched:  # a member's unbatched (L, E) input: a batch of one
             # separately, as F.multi_head_attention_forward does (so the projections are unpacked)
             query, key, value = query.unsqueeze(2), key.unsqueeze(2), value.unsqueeze(2)
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask.unsqueeze(-2)
-        if self.batch_first and batched:  # to (B, L, N, E), keeping the `is` relations as PyTorch does
+        if views:
+            bsz, tgt_len, embed_dim = query.shape[1:]
+            src_len = tgt_len
+            q, k, v = self._self_attention_heads(query)  # each (B*N, H, L, hd)
+        elif self.batch_first and batched:  # to (B, L, N, E), keeping the `is` relations as PyTorch does
             if key is value:
                 if query is key:
                     query = key = value = query.transpose(1, 2)
@@ -74,9 +86,13 @@ class FusedMultiheadAttention(nn.Module):
                     value = key
             else:
                 query, key, value = (x.transpose(1, 2) for x in (query, key, value))
-        tgt_len, bsz, embed_dim = query.shape[1:]
-        src_len = key.shape[1]
-        q, k, v = self._in_projection(query, key, value)  # each (L or S, B*N, E)
+        if not views:
+            tgt_len, bsz, embed_dim = query.shape[1:]
+            src_len = key.shape[1]
+            q, k, v = self._in_projection(query, key, value)  # each (L or S, B*N, E)
+            q = q.view(tgt_len, members * bsz * self.num_heads, self.head_dim).transpose(0, 1)
+            k = k.view(k.shape[0], members * bsz * self.num_heads, self.head_dim).transpose(0, 1)
+            v = v.view(v.shape[0], members * bsz * self.num_heads, self.head_dim).transpose(0, 1)
         folded = members * bsz
         key_padding_mask = _fold_padding_mask(key_padding_mask, members, bsz)
         attn_mask = _fold_attention_mask(attn_mask, members, bsz, self.num_heads)
@@ -100,9 +116,6 @@ class FusedMultiheadAttention(nn.Module):
         if attn_mask is not None and attn_mask.dim() == 2:
             attn_mask = attn_mask.unsqueeze(0)
         heads, head_dim = self.num_heads, self.head_dim
-        q = q.view(tgt_len, folded * heads, head_dim).transpose(0, 1)
-        k = k.view(k.shape[0], folded * heads, head_dim).transpose(0, 1)
-        v = v.view(v.shape[0], folded * heads, head_dim).transpose(0, 1)
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.view(folded, 1, 1, src_len).expand(-1, heads, -1, -1).reshape(folded * heads, 1, src_len)
             attn_mask = key_padding_mask if attn_mask is None else attn_mask + key_padding_mask
@@ -133,6 +146,10 @@ class FusedMultiheadAttention(nn.Module):
             k = k.view(folded, heads, src_len, head_dim)
             v = v.view(folded, heads, src_len, head_dim)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal)
+            if views:  # (B*N, H, L, hd) -> (B, N, L, E): a view of the kernel's (B*N, L, H, hd) output
+                out = out.transpose(1, 2).reshape(members, bsz, tgt_len, embed_dim)
+                w, b = self.out_proj.weight, self.out_proj.bias
+                return _BatchFirstLinear.apply(out, w, b, True), None  # out_proj: addmm on 2-D rows, as unfused
             out = out.permute(2, 0, 1, 3).reshape(tgt_len, members, bsz, embed_dim)
             weights = None
         # out_proj: each member's rows in (l, n) order, as its own linear sees them
@@ -143,6 +160,14 @@ class FusedMultiheadAttention(nn.Module):
         elif self.batch_first:
             out = out.transpose(1, 2)
         return out, weights
+
+    def _self_attention_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k and v of batch-first `(B, N, L, E)` self-attention as `(B*N, H, L, hd)` views of one projection."""
+        members, bsz, length, _ = x.shape
+        # F.linear adds the bias after the GEMM here: PyTorch's input is the transposed (non-contiguous) one
+        proj = _BatchFirstLinear.apply(x, self.in_proj_weight, self.in_proj_bias, False)  # (B, N, L, 3E)
+        heads = proj.view(members, bsz, length, 3, self.num_heads, self.head_dim).unbind(3)
+        return tuple(h.transpose(2, 3).reshape(members * bsz, self.num_heads, length, self.head_dim) for h in heads)
 
     def _in_projection(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """`F._in_projection_packed` per member; returns q, k, v folded to `(L, B*N, E)`."""
@@ -167,6 +192,82 @@ class FusedMultiheadAttention(nn.Module):
         w_q, w_k, w_v = w.chunk(3, dim=1)
         b_q, b_k, b_v = (None, None, None) if b is None else b.chunk(3, dim=1)
         return fold(linear(query, w_q, b_q)), fold(linear(key, w_k, b_k)), fold(linear(value, w_v, b_v))
+
+
+#: Shapes for which a GEMM rounds each output row the same whatever row order its input has (measured once).
+_ROW_ORDER_FREE: dict[tuple, bool] = {}
+
+
+def _rows_any_order(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, samples: int) -> bool:
+    """Whether `_member_gemm(a, b, bias)` on `a`'s rows in (n, l) order rounds every row exactly as
+    on the same rows in (l, n) order. A row's dot products do not depend on where the row sits,
+    but MKL handles a block of leftover rows with other kernels, and for some shapes those round
+    differently; so this is measured once per shape and placement (see `_member_gemm`) on
+    random operands."""
+    key = (a.dtype, _placement(a), _placement(b), None if bias is None else _placement(bias), samples, torch.get_num_threads())
+    if key not in _ROW_ORDER_FREE:
+        gen = torch.Generator().manual_seed(0)  # a private generator: probing must not move the global RNG
+        rows = a.shape[1]
+        probe_a, probe_b = _random_like(a, gen), _random_like(b, gen)
+        probe_c = None if bias is None else _random_like(bias, gen)
+        as_is = _member_gemm(probe_a, probe_b, probe_c)
+        reordered = _member_gemm(_swap_rows(probe_a, samples), probe_b, probe_c)
+        _ROW_ORDER_FREE[key] = torch.equal(as_is, _swap_rows(reordered, rows // samples))
+    return _ROW_ORDER_FREE[key]
+
+
+def _swap_rows(t: torch.Tensor, outer: int) -> torch.Tensor:
+    """`(B, outer*inner, C)` rows in (outer, inner) order -> (inner, outer) order (a copy)."""
+    members, rows, width = t.shape
+    return t.reshape(members, outer, rows // outer, width).transpose(1, 2).reshape(members, rows, width)
+
+
+def _rows_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, samples: int) -> torch.Tensor:
+    """`_member_gemm` on `(B, N*L, in)` rows in (n, l) order, rounding each row as PyTorch's GEMM on
+    the (l, n) order does: directly where the shape allows, through transposing copies otherwise."""
+    if _rows_any_order(a, b, bias, samples):
+        return _member_gemm(a, b, bias)
+    return _swap_rows(_member_gemm(_swap_rows(a, samples), b, bias), a.shape[1] // samples)
+
+
+class _BatchFirstLinear(torch.autograd.Function):
+    """`F.linear` of each member on a batch-first `(B, N, L, in)` input that PyTorch's attention
+    projects sequence-major, its rows in (l, n) order.
+
+    An output row depends on its input row only, so the forward GEMM (and the input gradient's)
+    runs on the rows as they lie, in (n, l) order, and the output is batch-first with no copy.
+    The weight and bias gradients sum over the rows, and a sum's rounding depends on its order:
+    those run on (l, n)-ordered copies, with the operands in the layouts autograd gives `addmm`'s
+    backward, so every member's gradients are bit for bit its unfused layer's.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, bias_in_gemm: bool) -> torch.Tensor:
+        members, samples, length, width = x.shape
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        rows = x.reshape(members, samples * length, width)
+        out = _rows_gemm(rows, weight.transpose(1, 2), bias if bias_in_gemm else None, samples)
+        if bias is not None and not bias_in_gemm:
+            out = out + bias.unsqueeze(1)
+        return out.view(members, samples, length, -1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        members, samples, length, width = x.shape
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            rows = grad.reshape(members, samples * length, -1)
+            grad_x = _rows_gemm(rows, weight, None, samples).view(x.shape)
+        if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
+            sequence_major = grad.transpose(1, 2).reshape(members, length * samples, -1)
+            if ctx.needs_input_grad[1]:
+                x_rows = x.transpose(1, 2).reshape(members, length * samples, width)
+                grad_w = _member_gemm(sequence_major.transpose(1, 2), x_rows)
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                grad_b = sequence_major.sum(dim=1)
+        return grad_x, grad_w, grad_b, None
 
 
 def _fold_padding_mask(mask: torch.Tensor | None, members: int, bsz: int) -> torch.Tensor | None:
