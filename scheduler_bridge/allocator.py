@@ -40,6 +40,7 @@ from pathlib import Path
 import ray
 
 from . import placement
+from .actor_names import NAMESPACE
 from .journal import Journal
 from .live_driver import FAULTS, LiveDriver
 from .forecast import DemandForecaster
@@ -52,8 +53,6 @@ from .policy_lucid import Lucid
 from .policy_tiresias import Tiresias
 from .power import PowerModel
 
-ALLOCATOR_NAME = "hpo:allocator"
-NAMESPACE = "hpo"
 log = logging.getLogger(__name__)
 
 

@@ -21,7 +21,8 @@ import uuid
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .allocator import ALLOCATOR_NAME, NAMESPACE, Allocator
+from .actor_names import ALLOCATOR_NAME, NAMESPACE
+from .allocator import Allocator
 from .live_state import JobSpec
 
 

@@ -36,6 +36,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .actor_names import ALLOCATOR_NAME, NAMESPACE
+
 CHECKPOINT_FILE = "checkpoint.state"   # JSON, or a torch zip archive (tensors)
 _ZIP_MAGIC = b"PK\x03\x04"               # what torch.save writes; JSON never starts so
 _LEGACY_PICKLE = "checkpoint.pkl"
@@ -117,7 +119,6 @@ class JobContext:
         checkpoint is all that counts."""
         import ray
 
-        from .allocator import ALLOCATOR_NAME, NAMESPACE
         try:
             allocator = ray.get_actor(ALLOCATOR_NAME, namespace=NAMESPACE)
         except ValueError:
@@ -128,7 +129,6 @@ class JobContext:
         """A pipeline job needs its bubbles' memory back: the allocator evicts its guests."""
         import ray
 
-        from .allocator import ALLOCATOR_NAME, NAMESPACE
         ray.get(ray.get_actor(ALLOCATOR_NAME, namespace=NAMESPACE).reclaim_bubbles.remote(self.job_id))
 
 

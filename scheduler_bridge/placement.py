@@ -24,11 +24,11 @@ from ray.util.placement_group import (get_placement_group, placement_group,
                                       remove_placement_group)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from .actor_names import NAMESPACE
 from .live_job import JobRunner
 from .live_state import Where
 
 NODE_LABEL = "ray.io/node-id"   # Ray's default per-node label: the node's hex id
-NAMESPACE = "hpo"
 
 
 def group_name(job_id: int, attempt: int) -> str:
