@@ -21,7 +21,8 @@ thread ticks every ``tick_s``:
    CES: the capacity to keep is asked of Ray's autoscaler (``live_power``).
 
 A restarted allocator (Ray restarts it, ``max_restarts``) replays the journal
-through the same driver, finds the running jobs' detached actors by name and
+through the same driver (CES's demand history and last autoscaler request
+included: they are journaled too, as ``demand`` and ``capacity`` events), finds the running jobs' detached actors by name and
 waits on them again; a job whose actors are gone goes back to the queue and
 resumes from its checkpoint. Submits carry a request id, so a client retry after
 a crash never makes a second job.
@@ -46,7 +47,6 @@ from .live_driver import FAULTS, LiveDriver
 from .forecast import DemandForecaster
 from .interference import InterferenceTable
 from .live_packing import SHARE, LivePacking
-from .live_power import CapacityPlan
 from .live_state import JobSpec, LiveJob
 from .policy_ces import CES
 from .policy_lucid import Lucid
@@ -108,10 +108,9 @@ class Allocator:
             pol = make_policy(policy, backfill=backfill, seed=seed, base=base_policy)
         if policy == "tiresias" and tiresias:
             pol = Tiresias(pol.backfill, **tiresias)
-        self.capacity, self.max_nodes = None, None
+        self.max_nodes = None
         if isinstance(pol, CES):
             pol, self.max_nodes = _live_ces(pol, dict(ces or {}))
-            self.capacity = CapacityPlan(pol)
         profiles = load_profiles(profiles_dir) if policy.startswith("elastic") else None
         self.driver = LiveDriver(pol, profiles, packing)
         self.storage = Path(storage_path)
@@ -201,7 +200,7 @@ class Allocator:
                     "nodes": list(self.order), "jobs": states, "restarted": self.restarted,
                     "replayed_events": self.replayed, "journal": str(self.journal.path),
                     "journal_problems": list(self.journal.problems),
-                    "capacity_request": self.capacity.requested if self.capacity else None,
+                    "capacity_request": self.driver.capacity.requested if self.driver.capacity else None,
                     "packed": {j.job_id: j.share[0] for j in self.driver.jobs.values()
                                if j.share and self.driver.host_of(j) is not None},
                     "tick_errors": self.tick_errors, "last_error": self.last_error}
@@ -324,22 +323,24 @@ class Allocator:
         for tid, g, where in d.guests:
             self._emit({"ev": "guest", "job_id": tid, "group": g, "where": where})
         self._sync_sweep_guests()
-        if self.capacity is not None:
+        if self.driver.capacity is not None:
             self._request_capacity()
 
     def _request_capacity(self) -> None:
-        """CES: ask Ray's autoscaler for the GPU nodes to keep on (``live_power``)."""
+        """CES: journal the demand sample, then ask Ray's autoscaler for the GPU nodes to keep on
+        (``live_power``); the request is journaled before it is made, like every change."""
         from ray.autoscaler.sdk import request_resources
 
         self._gpus_per_node = max([self._gpus_per_node, *self.inventory.values()])
-        jobs = [j for j in self.driver.jobs.values() if j.active and j.spec.kind == "train"]
-        bundles = self.capacity.update(
-            time.time(), self._gpus_per_node, self.max_nodes or len(self.order),
-            busy_gpus=sum(j.gpus for j in jobs if j.state != "queued"),
-            queued_gpus=[j.spec.gpus for j in jobs if j.state == "queued"])
-        if bundles is not None:
-            request_resources(bundles=bundles)
-            log.info("CES: asked the autoscaler to keep %d GPU node(s)", len(bundles))
+        now = time.time()
+        demand = self.driver.demand_event(now)
+        if demand is not None:
+            self._emit(demand)
+        ask = self.driver.capacity_event(now, self._gpus_per_node, self.max_nodes or len(self.order))
+        if ask is not None:
+            self._emit(ask)
+            request_resources(bundles=self.driver.capacity.requested)
+            log.info("CES: asked the autoscaler to keep %d GPU node(s)", ask["nodes"])
 
     def _sync_sweep_guests(self) -> None:
         """Make sweeps' guest placements real: one `IdleGpuHost` per idle GPU placed, and the

@@ -17,7 +17,10 @@ the current GPU inventory into ``Decisions`` with the simulator's machinery:
 - Tiresias ranks by the service a job has actually run (``_ranked``), counted
   from when its ranks are up (``ready`` events);
 - Lucid packs waiting one-GPU jobs beside running ones (``live_packing``); a
-  packed job's GPU is its host's, so the pair counts once.
+  packed job's GPU is its host's, so the pair counts once;
+- CES keeps its demand history and its last autoscaler request in the journal too
+  (``demand`` and ``capacity`` events), so a restarted allocator
+  forecasts from the same past (``live_power``).
 
 Events that cannot be applied (a damaged or foreign journal record) are refused
 whole by ``check_event``; ``replay`` skips them and says which, by offset.
@@ -45,8 +48,10 @@ from itertools import count
 from .cluster import ClusterSpec, FreeGPUs, Placement
 from .jobs import Job
 from .live_packing import LivePacking, measured_slowdown
+from .live_power import CapacityPlan
 from .live_state import TERMINAL, JobSpec, LiveJob, Where
 from .pending import PendingQueue, select_starts
+from .policy_ces import CES
 from .policy_elastic import ElasticJobState, ElasticPolicy
 from .policy_lucid import Lucid
 from .policy_queue import QueuePolicy
@@ -63,6 +68,10 @@ EVENT_FIELDS: dict[str, dict[str, type | tuple]] = {
     "stop": {"reason": str}, "requeue": {"reason": str}, "finish": {"status": str},
     "progress": {"done": _NUM}, "guest": {"group": (int, str), "where": list},
     "evict": {"group": (int, str)}, "reclaim": {},
+}
+# Events about the cluster rather than one job (no job_id): CES's demand samples and requests.
+CLUSTER_EVENT_FIELDS: dict[str, dict[str, type | tuple]] = {
+    "demand": {"gpus": _NUM}, "capacity": {"nodes": int, "gpus_per_node": int},
 }
 
 
@@ -113,7 +122,8 @@ class Decisions:
 class LiveDriver:
     """Job table + policy. ``apply`` events, then ``decide`` against the inventory."""
 
-    def __init__(self, policy, profiles: dict | None = None, packing: LivePacking | None = None):
+    def __init__(self, policy, profiles: dict | None = None, packing: LivePacking | None = None,
+                 capacity: CapacityPlan | None = None):
         if not isinstance(policy, (QueuePolicy, ElasticPolicy)):
             raise TypeError(f"not a scheduling policy: {policy!r}")
         self.policy = policy
@@ -126,6 +136,9 @@ class LiveDriver:
         if isinstance(policy, Lucid) and packing is None:
             packing = LivePacking(policy)
         self.packing = packing
+        if isinstance(policy, CES) and capacity is None:
+            capacity = CapacityPlan(policy)
+        self.capacity = capacity
         policy.reset(0.0)  # live times are Unix seconds
         self.jobs: dict[int, LiveJob] = {}
         self.by_request: dict[str, int] = {}
@@ -176,7 +189,7 @@ class LiveDriver:
         return max(job.spec.expected_seconds - self._ran(job, now), 0.0)
 
     def _enqueue(self, job: LiveJob, t: float) -> None:
-        job.state, job.where, job.gpus, job.stop_reason = "queued", (), 0, ""
+        job.state, job.where, job.gpus, job.stop_reason, job.share = "queued", (), 0, "", None
         if self.elastic:
             job.priority = job.submit_t
         else:
@@ -198,14 +211,15 @@ class LiveDriver:
     def check_event(self, ev: dict) -> None:
         """Raise ValueError naming what is wrong if ``ev`` cannot be applied to this table."""
         kind = ev.get("ev")
+        if kind in CLUSTER_EVENT_FIELDS:
+            if not isinstance(ev.get("t"), _NUM):
+                raise ValueError(f"{kind} event needs a numeric t")
+            return self._check_fields(ev, CLUSTER_EVENT_FIELDS[kind], f"{kind} event")
         if kind not in EVENT_FIELDS:
             raise ValueError(f"unknown journal event {kind!r}")
         if not isinstance(ev.get("t", 0.0), _NUM) or not isinstance(ev.get("job_id"), int):
             raise ValueError(f"{kind} event needs a numeric t and an int job_id")
-        for key, typ in EVENT_FIELDS[kind].items():
-            if not isinstance(ev.get(key), typ) or isinstance(ev.get(key), bool):
-                raise ValueError(f"{kind} event of job {ev['job_id']}: field {key!r} missing or not "
-                                 f"{getattr(typ, '__name__', 'a number')}")
+        self._check_fields(ev, EVENT_FIELDS[kind], f"{kind} event of job {ev['job_id']}")
         if kind == "submit":
             if ev["job_id"] in self.jobs:
                 raise ValueError(f"job {ev['job_id']} submitted twice")
@@ -223,6 +237,12 @@ class LiveDriver:
         if kind == "finish" and ev["status"] not in TERMINAL:
             raise ValueError(f"finish of job {ev['job_id']}: status {ev['status']!r} not one of {TERMINAL}")
 
+    @staticmethod
+    def _check_fields(ev: dict, fields: dict[str, type | tuple], what: str) -> None:
+        for key, typ in fields.items():
+            if not isinstance(ev.get(key), typ) or isinstance(ev.get(key), bool):
+                raise ValueError(f"{what}: field {key!r} missing or not {getattr(typ, '__name__', 'a number')}")
+
     def replay(self, records) -> list[str]:
         """Apply journal ``records`` ((offset, event) pairs) in order; an event that cannot be
         applied is skipped, never fatal. Returns one line per skipped event, naming its offset."""
@@ -238,6 +258,9 @@ class LiveDriver:
 
     def apply(self, ev: dict) -> None:
         kind, t = ev["ev"], float(ev.get("t", 0.0))
+        if kind in CLUSTER_EVENT_FIELDS:
+            self._apply_power(kind, t, ev)
+            return
         if kind == "submit":
             spec = JobSpec.from_dict(ev["spec"])
             job = LiveJob(job_id=ev["job_id"], spec=spec, submit_t=t, request_id=ev.get("request_id", ""))
@@ -286,7 +309,6 @@ class LiveDriver:
             job.guests = {}
             if (ev["status"] == "done" and job.spec.kind == "train" and was_running
                     and not self.elastic and self.policy.observe(self._policy_job(job, job.run_s), t)):
-                queued = [j for j in self.jobs.values() if j.state == "queued"]
                 self._reprioritise(t)
         elif kind == "progress":
             job.progress = float(ev["done"])
@@ -304,7 +326,34 @@ class LiveDriver:
         else:
             raise ValueError(f"unknown journal event {kind!r}")
 
+    def _apply_power(self, kind: str, t: float, ev: dict) -> None:
+        """CES's demand history and last request. A journal written under CES and replayed
+        under another policy has no plan to restore: the events describe the cluster, not a job."""
+        if self.capacity is None:
+            return
+        if kind == "demand":
+            self.capacity.record(t, float(ev["gpus"]))
+        else:
+            self.capacity.asked(t, ev["nodes"], ev["gpus_per_node"])
+
     # ---- decisions ----------------------------------------------------------------
+    def _demand(self) -> tuple[int, list[int]]:
+        """(busy GPUs, GPUs each waiting job asks for); a packed pair holds one GPU."""
+        jobs = [j for j in self.jobs.values() if j.active and j.spec.kind == "train"]
+        busy = sum(j.gpus for j in jobs if j.state != "queued" and self.host_of(j) is None)
+        return busy, [j.spec.gpus for j in jobs if j.state == "queued"]
+
+    def demand_event(self, now: float) -> dict | None:
+        """CES: the demand sample to journal now, or None when it adds nothing to the history."""
+        gpus = self.capacity.demand(now, *self._demand())
+        return None if gpus is None else {"ev": "demand", "t": now, "gpus": gpus}
+
+    def capacity_event(self, now: float, gpus_per_node: int, max_nodes: int) -> dict | None:
+        """CES: the new autoscaler request to journal (and then make), or None (``live_power``)."""
+        want = self.capacity.wanted(now, gpus_per_node, max_nodes, *self._demand())
+        return None if want is None else {"ev": "capacity", "t": now, "nodes": len(want),
+                                          "gpus_per_node": gpus_per_node}
+
     def active(self) -> list[LiveJob]:
         return sorted((j for j in self.jobs.values() if j.active and j.spec.kind == "train"),
                       key=lambda j: j.job_id)

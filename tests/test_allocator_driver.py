@@ -247,22 +247,80 @@ def test_tiresias_ranks_a_preempted_job_by_the_service_it_ran_which_replay_rebui
     assert {j: again.jobs[j].priority for j in (a, c)} == {j: rec.driver.jobs[j].priority for j in (a, c)}
 
 
-def test_ces_capacity_grows_at_once_for_waiting_jobs_and_shrinks_only_after_a_quiet_interval():
+def ces_driver(days: int = 0, lookback: float = 5.0) -> LiveDriver:
     from scheduler_bridge.forecast import DemandForecaster
-    from scheduler_bridge.live_power import CapacityPlan
     from scheduler_bridge.policy_ces import CES
     from scheduler_bridge.policy_queue import FIFO
 
-    plan = CapacityPlan(CES(FIFO(), spare_nodes=0, interval=60.0,
-                            forecaster=DemandForecaster(bin_s=1.0, lookback=5.0, horizon=0.0, days=0)))
-    nodes = lambda b: None if b is None else len(b)
-    assert nodes(plan.update(0.0, 4, 3, busy_gpus=0, queued_gpus=[])) == 0
-    assert nodes(plan.update(1.0, 4, 3, busy_gpus=0, queued_gpus=[12])) == 3, "a waiting job: boot at once"
-    assert plan.update(2.0, 4, 3, busy_gpus=12, queued_gpus=[]) is None, "unchanged: no new request"
-    assert plan.update(30.0, 4, 3, busy_gpus=0, queued_gpus=[]) is None, "demand gone, but not for 60 s"
-    assert nodes(plan.update(62.0, 4, 3, busy_gpus=0, queued_gpus=[])) == 0
-    assert nodes(plan.update(63.0, 4, 3, busy_gpus=0, queued_gpus=[16])) == 4, \
-        "a job larger than the known nodes still gets its capacity asked for"
+    return LiveDriver(CES(FIFO(), spare_nodes=0, interval=60.0,
+                          forecaster=DemandForecaster(bin_s=1.0, lookback=lookback, horizon=0.0, days=days)))
+
+
+def power_tick(rec: Recorder, now: float, gpus_per_node: int = 4, max_nodes: int = 3) -> int | None:
+    """What the allocator's CES step does at ``now``: journal and apply the demand sample, then
+    the new request; returns how many nodes it asked the autoscaler for (None: no new request)."""
+    rec.t = now
+    demand = rec.driver.demand_event(now)
+    if demand is not None:
+        rec.emit(demand, dt=0.0)
+    ask = rec.driver.capacity_event(now, gpus_per_node, max_nodes)
+    if ask is None:
+        return None
+    rec.emit(ask, dt=0.0)
+    return len(rec.driver.capacity.requested)
+
+
+def test_ces_capacity_grows_at_once_for_waiting_jobs_and_shrinks_only_after_a_quiet_interval():
+    rec = Recorder(ces_driver())
+    assert power_tick(rec, 0.0) == 0
+    a = rec.submit(12)
+    assert power_tick(rec, 1.0) == 3, "a waiting job: boot at once"
+    rec.emit({"ev": "start", "job_id": a, "attempt": 1, "where": [[n, 4] for n in NODES], "gpus": 12})
+    assert power_tick(rec, 2.0) is None, "unchanged: no new request"
+    rec.emit({"ev": "finish", "job_id": a, "status": "done"})
+    assert power_tick(rec, 30.0) is None, "demand gone, but not for 60 s"
+    assert power_tick(rec, 62.0) == 0
+    rec.submit(16)
+    assert power_tick(rec, 63.0) == 4, "a job larger than the known nodes still gets its capacity asked for"
+
+
+def test_ces_demand_history_and_last_request_survive_an_allocator_restart(tmp_path):
+    path = tmp_path / "j.log"
+    rec = Recorder(ces_driver(days=1, lookback=0.0), Journal(path))
+    busy = rec.submit(12)
+    rec.emit({"ev": "start", "job_id": busy, "attempt": 1, "where": [[n, 4] for n in NODES], "gpus": 12})
+    yesterday = 50_000.0
+    assert power_tick(rec, yesterday) == 3
+    rec.emit({"ev": "finish", "job_id": busy, "status": "done"})
+    assert [power_tick(rec, yesterday + t * 20_000.0) for t in range(1, 5)] == [0, None, None, None], \
+        "the rest of the day is idle: every node may power down"
+    now = yesterday + 86_400.0                   # the same time of day: yesterday's peak is forecast
+    assert power_tick(rec, now) == 3, "idle now, but the forecast keeps what this hour needed yesterday"
+    samples = [ev for ev in Journal(path).replay() if ev["ev"] == "demand"]
+    assert len(samples) == 6, "only samples that add to the history are journaled: one per bin here"
+
+    again = LiveDriver(ces_driver(days=1, lookback=0.0).policy)
+    assert again.replay(Journal(path).scan().records) == []
+    forecaster = lambda drv: drv.policy.forecaster
+    assert forecaster(again).forecast(now) == forecaster(rec.driver).forecast(now) == 12.0
+    assert again.capacity.requested == rec.driver.capacity.requested
+    assert again.capacity_event(now + 1.0, 4, 3) is None, "the restarted plan asks nothing new"
+    blind = ces_driver(days=1, lookback=0.0)
+    assert blind.capacity_event(now + 1.0, 4, 3) == {"ev": "capacity", "t": now + 1.0, "nodes": 0,
+                                                     "gpus_per_node": 4}, "without the history: scale down"
+
+
+def test_a_journal_written_under_ces_replays_under_another_policy_and_bad_power_records_are_refused():
+    rec = Recorder(ces_driver())
+    power_tick(rec, 0.0)
+    fifo = LiveDriver(make_policy("fifo"))
+    assert fifo.replay([(0, {"ev": "demand", "t": 0.0, "gpus": 4.0}),
+                        (60, {"ev": "capacity", "t": 0.0, "nodes": 1, "gpus_per_node": 4})]) == []
+    assert fifo.capacity is None
+    assert rec.driver.replay([(7, {"ev": "capacity", "t": 1.0, "nodes": "3", "gpus_per_node": 4}),
+                              (90, {"ev": "demand", "gpus": 4.0})]) == [
+        "record at byte offset 7 skipped: capacity event: field 'nodes' missing or not int",
+        "record at byte offset 90 skipped: demand event needs a numeric t"]
 
 
 SLOWDOWN = {("mlp", "gpt"): 1.2, ("gpt", "mlp"): 1.1, ("mlp", "mlp"): 1.6, ("gpt", "gpt"): 1.3}
