@@ -24,7 +24,11 @@ GPUS_PER_NODE = 4
 # ---- the entry point the jobs run (imported by the job actors) ------------------
 def count_steps(ctx):
     """Count to ``steps``; checkpoint (with the fraction of steps done) every ``every``
-    steps and when asked to stop; log ``start``/``step``/``done`` lines (rank 0) to ``log``."""
+    steps and when asked to stop; log ``start``/``step``/``done`` lines (rank 0) to ``log``.
+
+    With ``occupancy`` (a folder), the job marks its (fake) GPU taken there while it runs, and
+    each step takes ``step_s`` times the number of jobs marking that GPU: a GPU time-shared by
+    two jobs runs each at half speed, which a packed pair must show in its progress reports."""
     cfg = ctx.config
     state = ctx.load_checkpoint() or {"step": 0}
 
@@ -35,15 +39,25 @@ def count_steps(ctx):
 
     import ray
 
+    gpu_ids = [str(g) for g in ray.get_gpu_ids()]
     log(ev="start", step=state["step"], gpus=ctx.gpus, batch=ctx.batch_size, world=ctx.world_size,
-        gpu_ids=[str(g) for g in ray.get_gpu_ids()])
-    while state["step"] < cfg["steps"] and not ctx.should_stop():
-        time.sleep(cfg.get("step_s", 0.05))
-        state["step"] += 1
-        log(ev="step", step=state["step"])
-        if state["step"] % cfg.get("every", 5) == 0:
-            ctx.save_checkpoint(state, progress=state["step"] / cfg["steps"])
-            log(ev="ckpt", step=state["step"])
+        gpu_ids=gpu_ids)
+    mark = None
+    if cfg.get("occupancy"):
+        mark = Path(cfg["occupancy"]) / f"{ray.get_runtime_context().get_node_id()}-{gpu_ids[0]}" / str(ctx.job_id)
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.touch()
+    try:
+        while state["step"] < cfg["steps"] and not ctx.should_stop():
+            time.sleep(cfg.get("step_s", 0.05) * (len(list(mark.parent.iterdir())) if mark else 1))
+            state["step"] += 1
+            log(ev="step", step=state["step"])
+            if state["step"] % cfg.get("every", 5) == 0:
+                ctx.save_checkpoint(state, progress=state["step"] / cfg["steps"])
+                log(ev="ckpt", step=state["step"])
+    finally:
+        if mark:
+            mark.unlink(missing_ok=True)
     ctx.save_checkpoint(state, progress=state["step"] / cfg["steps"])
     log(ev="ckpt", step=state["step"])
     if state["step"] >= cfg["steps"]:
@@ -351,6 +365,42 @@ def test_lucid_packs_a_waiting_job_into_the_half_gpu_its_host_reserved_and_they_
         jobs_api.cancel(j)
     wait_for(lambda: not any(pg_by_name(f"hpo-share-{j}-a1") for j in (host, guest)),
              what="reserved halves removed with their jobs")
+
+
+def test_lucid_unpacks_a_partner_whose_measured_slowdown_exceeds_the_table_and_it_resumes_alone(
+        allocator, tmp_path):
+    from scheduler_bridge import jobs_api
+
+    table = tmp_path / "interference.csv"     # predicts 1.1x; time-sharing the GPU costs 2x
+    table.write_text("# measured for this test\nworkload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
+                     "mlp-small,mlp-small,100,91,1.1,200\n")
+    allocator("lucid", lucid={"table": str(table), "gpu_memory_mb": 1000.0, "margin": 0.25})
+    blockers = [jobs_api.submit(ENTRY, g, config={"steps": 10_000}) for g in (4, 4, 3)]
+    logs = {k: tmp_path / f"{k}.log" for k in ("host", "guest")}
+    cfg = {"steps": 10_000, "step_s": 0.1, "every": 5, "occupancy": str(tmp_path / "gpus")}
+    host = jobs_api.submit(ENTRY, 1, workload="mlp-small", config={**cfg, "log": str(logs["host"])})
+    wait_for(lambda: all(running(j) for j in blockers) and (job(host)["progress"] or 0) >= 15 / 10_000,
+             what="the cluster full and the host's pace alone reported")
+    guest = jobs_api.submit(ENTRY, 1, workload="mlp-small", config={**cfg, "log": str(logs["guest"])})
+    wait_for(lambda: jobs_api.status()["packed"] == {guest: host}, what="the waiting job packed")
+
+    parted = wait_for(lambda: job(guest) if job(guest)["requeues"] else None, timeout=60,
+                      what="the pair parted on its measured slowdown")
+    assert parted["requeues"] == ["interference"] and parted["avoid"] == [host], parted
+    assert parted["state"] == "queued" and jobs_api.status()["packed"] == {}
+    assert running(host)["attempt"] == 1, "the host keeps running untouched (Lucid never preempts it)"
+    time.sleep(3.0)
+    assert job(guest)["state"] == "queued", "never packed beside that host again"
+    stopped_at = max(r["step"] for r in read_log(logs["guest"]) if r["ev"] == "ckpt")
+
+    jobs_api.cancel(blockers[2])                 # a GPU of its own frees up: it resumes there, alone
+    wait_for(lambda: running(guest), what="the parted job started alone")
+    starts = wait_for(lambda: [r for r in read_log(logs["guest"]) if r["ev"] == "start"][1:],
+                      what="the guest's second attempt")
+    assert starts[0]["attempt"] == 2 and starts[0]["step"] == stopped_at, "resumed from its checkpoint"
+    assert job(guest)["share"] is None and jobs_api.status()["packed"] == {}, "it runs alone"
+    for j in (*blockers[:2], host, guest):
+        jobs_api.cancel(j)
 
 
 def test_allocator_killed_restarts_from_its_journal_without_losing_or_duplicating_jobs(
