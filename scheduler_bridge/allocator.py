@@ -17,13 +17,15 @@ thread ticks every ``tick_s``:
    leave when an ordinary job needs the GPU or the owner reclaims its memory);
 3. every change is appended to the journal (``journal``: a checksummed write-ahead
    log) before it is acted on;
-4. Lucid: shareable jobs' reserved half GPUs are kept in step (``_sync_shares``);
+4. Lucid: jobs that name no workload run on its profiling partition first, and
+   what they measured classifies them (``live_profiling``); shareable jobs'
+   reserved half GPUs are kept in step (``_sync_shares``);
    CES: the capacity to keep is asked of Ray's autoscaler (``live_power``).
 
 A restarted allocator (Ray restarts it, ``max_restarts``) replays the journal
 through the same driver (CES's demand history and last autoscaler request
-included: they are journaled too, as ``demand`` and ``capacity`` events), finds the running jobs' detached actors by name and
-waits on them again; a job whose actors are gone goes back to the queue and
+included: they are journaled too, as ``demand`` and ``capacity`` events), finds
+the running jobs' detached actors by name and waits on them again; a job whose actors are gone goes back to the queue and
 resumes from its checkpoint. Submits carry a request id, so a client retry after
 a crash never makes a second job.
 
@@ -314,7 +316,7 @@ class Allocator:
                     w.stop.remote()
                 run.stop_deadline = time.time() + self.stop_grace_s
         for jid, where, gpus, batch in d.starts:
-            self._start(jid, where, gpus, batch)
+            self._start(jid, where, gpus, batch, profiling=jid in d.profiling)
         for jid, host in d.packs:
             self._start_packed(jid, host)
         self._sync_shares()
@@ -397,11 +399,11 @@ class Allocator:
         actor.run.remote()
         return actor
 
-    def _start(self, jid: int, where, gpus: int, batch) -> None:
+    def _start(self, jid: int, where, gpus: int, batch, profiling: bool = False) -> None:
         job = self.driver.jobs[jid]
         attempt = job.attempt + 1
         self._emit({"ev": "start", "job_id": jid, "attempt": attempt, "where": [list(w) for w in where],
-                    "gpus": gpus, "batch_size": batch})
+                    "gpus": gpus, "batch_size": batch, **({"profiling": True} if profiling else {})})
         name = placement.group_name(jid, attempt)
         placement.release(name, len(where))   # leftovers of an attempt whose journal record was lost
         share = SHARE if self.driver.shareable(job) else 1.0
@@ -502,6 +504,8 @@ class Allocator:
                 self._end(jid, run)
                 chief = ray.get(run.waits[0])
                 ran = {"ran_s": chief["elapsed"]} if "elapsed" in chief else {}
+                if chief["status"] == "stopped" and job.profiling and job.stop_reason == "profiled":
+                    self._emit(self.driver.profile_event(job, max(o["peak_memory_mb"] for o in outcomes)))
                 if chief["status"] == "stopped":
                     self._emit({"ev": "requeue", "job_id": jid, "reason": job.stop_reason or "stopped", **ran})
                 else:

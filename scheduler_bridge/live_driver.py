@@ -16,8 +16,9 @@ the current GPU inventory into ``Decisions`` with the simulator's machinery:
   guests on idle GPUs and in pipeline jobs' bubbles;
 - Tiresias ranks by the service a job has actually run (``_ranked``), counted
   from when its ranks are up (``ready`` events);
-- Lucid packs waiting one-GPU jobs beside running ones (``live_packing``); a
-  packed job's GPU is its host's, so the pair counts once;
+- Lucid profiles jobs that name no workload on its profiling partition first
+  (``live_profiling``), then packs waiting one-GPU jobs beside running ones
+  (``live_packing``); a packed job's GPU is its host's, so the pair counts once;
 - CES keeps its demand history and its last autoscaler request in the journal too
   (``demand`` and ``capacity`` events), so a restarted allocator
   forecasts from the same past (``live_power``).
@@ -49,6 +50,7 @@ from .cluster import ClusterSpec, FreeGPUs, Placement
 from .jobs import Job
 from .live_packing import LivePacking, measured_slowdown
 from .live_power import CapacityPlan
+from .live_profiling import LiveProfiling
 from .live_state import TERMINAL, JobSpec, LiveJob, Where
 from .pending import PendingQueue, select_starts
 from .policy_ces import CES
@@ -67,7 +69,7 @@ EVENT_FIELDS: dict[str, dict[str, type | tuple]] = {
     "start-packed": {"attempt": int, "host": int}, "ready": {"attempt": int},
     "stop": {"reason": str}, "requeue": {"reason": str}, "finish": {"status": str},
     "progress": {"done": _NUM}, "guest": {"group": (int, str), "where": list},
-    "evict": {"group": (int, str)}, "reclaim": {},
+    "evict": {"group": (int, str)}, "reclaim": {}, "profile": {"memory_mb": _NUM, "workload": str},
 }
 # Events about the cluster rather than one job (no job_id): CES's demand samples and requests.
 CLUSTER_EVENT_FIELDS: dict[str, dict[str, type | tuple]] = {
@@ -114,6 +116,7 @@ class Decisions:
     guests: list[tuple[int, int, list]] = field(default_factory=list)
     evictions: list[tuple[int, int]] = field(default_factory=list)
     packs: list[tuple[int, int]] = field(default_factory=list)   # (queued job, running host)
+    profiling: list[int] = field(default_factory=list)   # the starts that are Lucid profiling runs
 
     def __bool__(self) -> bool:
         return bool(self.lost or self.starts or self.stops or self.guests or self.evictions or self.packs)
@@ -136,6 +139,7 @@ class LiveDriver:
         if isinstance(policy, Lucid) and packing is None:
             packing = LivePacking(policy)
         self.packing = packing
+        self.profiler = LiveProfiling(packing.lucid) if packing and packing.lucid.profile_nodes else None
         if isinstance(policy, CES) and capacity is None:
             capacity = CapacityPlan(policy)
         self.capacity = capacity
@@ -190,6 +194,7 @@ class LiveDriver:
 
     def _enqueue(self, job: LiveJob, t: float) -> None:
         job.state, job.where, job.gpus, job.stop_reason, job.share = "queued", (), 0, "", None
+        job.profiling = False
         if self.elastic:
             job.priority = job.submit_t
         else:
@@ -280,6 +285,7 @@ class LiveDriver:
             job.where = tuple((n, int(k)) for n, k in ev["where"])
             job.gpus, job.batch_size, job.seg_start = ev["gpus"], ev.get("batch_size"), t
             job.share = [ev["host"], self.jobs[ev["host"]].attempt] if "host" in ev else None
+            job.profiling = bool(ev.get("profiling", False))
             job.samples = []
             if job.first_start is None:
                 job.first_start = t
@@ -297,6 +303,8 @@ class LiveDriver:
             job.requeues.append(ev["reason"])
             if ev["reason"] == "interference" and job.share:
                 job.avoid.append(job.share[0])
+            if ev["reason"] == "profiled" and job.profiled is None:
+                job.profiled = {"memory_mb": None, "workload": ""}   # stopped before it measured
             if ev["reason"] in FAULTS:
                 job.faults += 1
             self._enqueue(job, t)
@@ -320,6 +328,8 @@ class LiveDriver:
             job.guests[str(ev["group"])] = list(ev["where"])
         elif kind == "evict":
             job.guests.pop(str(ev["group"]), None)
+        elif kind == "profile":
+            job.profiled = {"memory_mb": float(ev["memory_mb"]), "workload": ev["workload"]}
         elif kind == "reclaim":
             job.reclaimed = True
             self._drop_bubble_guests(job.job_id)
@@ -396,7 +406,20 @@ class LiveDriver:
 
     def shareable(self, job: LiveJob) -> bool:
         """Runs in half-GPU bundles so that a partner can join it later (``live_packing``)."""
-        return self.packing is not None and self.packing.shareable(job.spec.workload, job.spec.gpus)
+        return self.packing is not None and self.packing.shareable(self.workload_of(job), job.spec.gpus)
+
+    def workload_of(self, job: LiveJob) -> str:
+        """Its interference-table workload: as submitted, else as its profiling run classified it."""
+        return job.spec.workload or (job.profiled or {}).get("workload", "")
+
+    def needs_profiling(self, job: LiveJob) -> bool:
+        """Lucid profiles a job whose workload it does not know yet, once."""
+        return self.profiler is not None and not job.spec.workload and job.profiled is None
+
+    def profile_event(self, job: LiveJob, memory_mb: float) -> dict:
+        """The journal record of what ``job``'s profiling run measured, and its class."""
+        return {"ev": "profile", "job_id": job.job_id, "memory_mb": float(memory_mb),
+                "workload": self.profiler.classify(memory_mb)}
 
     def _decide_packing(self, holding: list[LiveJob], waiting: list[LiveJob], out: Decisions) -> None:
         """Lucid: pack waiting jobs beside running ones its rule allows; part pairs that run
@@ -408,7 +431,7 @@ class LiveDriver:
             if partner is not None:
                 slow = measured_slowdown(h.samples, partner.seg_start)
                 if (partner.state == "running" and slow is not None
-                        and rule.too_slow(h.spec.workload, partner.spec.workload, slow)):
+                        and rule.too_slow(self.workload_of(h), self.workload_of(partner), slow)):
                     out.stops.append((partner.job_id, "interference"))
             elif h.state == "running" and self.shareable(h) and self.host_of(h) is None and not h.share:
                 hosts[h.job_id] = h
@@ -416,12 +439,36 @@ class LiveDriver:
             if not self.shareable(job):
                 continue
             costs = [(c, hid) for hid, h in hosts.items() if hid not in job.avoid
-                     and (c := rule.cost(job.spec.workload, job.priority, h.spec.workload, h.priority))
+                     and (c := rule.cost(self.workload_of(job), job.priority, self.workload_of(h), h.priority))
                      is not None]
             if costs:
                 _, hid = min(costs)
                 out.packs.append((job.job_id, hid))
                 del hosts[hid]
+
+    def _decide_profiling(self, view: ClusterView, holding: list[LiveJob], queued: list[LiveJob],
+                          out: Decisions, now: float) -> tuple[FreeGPUs, list[LiveJob]]:
+        """Lucid's partition (``live_profiling``): stop profiling runs whose time is up, start
+        unprofiled jobs there first come first served, and return the main partition's free
+        GPUs with the jobs that queue for it (the profiled, and those too big to profile)."""
+        for job in holding:
+            if (job.profiling and job.state == "running" and job.ready_attempt == job.attempt
+                    and now - job.seg_start >= self.profiler.seconds):
+                out.stops.append((job.job_id, "profiled"))
+        part = {view.index[n] for n in self.profiler.partition(view.nodes)}
+        main, prof = view.free.copy(), view.free.copy()
+        for i, k in enumerate(view.free.free):
+            (prof if i not in part else main).take(((i, k),))
+        largest = max((view.free.cap[i] for i in part), default=0)
+        to_profile = PendingQueue()
+        for job in queued:
+            if self.needs_profiling(job) and job.spec.gpus <= largest:
+                to_profile.push(job.job_id, job.spec.gpus, job.qseq)
+        for jid, p in select_starts(to_profile, prof, backfill=True):
+            out.starts.append((jid, view.to_where(p), self.jobs[jid].spec.gpus, self.jobs[jid].spec.batch_size))
+            out.profiling.append(jid)
+        waiting = set(to_profile.job_ids())
+        return main, [j for j in queued if j.job_id not in waiting and j.job_id not in out.profiling]
 
     def _reprioritise(self, t: float) -> None:
         queued = [j for j in self.jobs.values() if j.state == "queued"]
@@ -434,9 +481,12 @@ class LiveDriver:
             self._reprioritise(now)   # Tiresias: starved jobs are promoted (not journaled: replay redoes it)
         queue = PendingQueue()
         queued = sorted((j for j in self.active() if j.state == "queued"), key=lambda j: j.qseq)
+        free = view.free
+        if self.profiler is not None:
+            free, queued = self._decide_profiling(view, holding, queued, out, now)
         for job in queued:
             queue.push(job.job_id, job.spec.gpus, job.priority)
-        for jid, p in select_starts(queue, view.free, self.policy.backfill):
+        for jid, p in select_starts(queue, free, self.policy.backfill):
             job = self.jobs[jid]
             out.starts.append((jid, view.to_where(p), job.spec.gpus, job.spec.batch_size))
         if self.packing is not None:

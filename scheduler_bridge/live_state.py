@@ -41,7 +41,8 @@ class JobSpec:
     --allocator``), whose fused groups wait in the bubble pool and run where the
     allocator places them as guests: on idle GPUs (an ``IdleGpuHost`` each) and in
     pipeline jobs' bubbles. ``workload``: its name in the interference table, which
-    makes a one-GPU job eligible for packing (``live_packing``).
+    makes a one-GPU job eligible for packing (``live_packing``); under Lucid a job
+    without one is profiled first, and classified by what that run measured.
     """
 
     entrypoint: str
@@ -144,6 +145,8 @@ class LiveJob:
     share: list | None = None        # packed: [host job, host attempt] whose GPU it shares
     avoid: list = field(default_factory=list)    # hosts it was unpacked from (too slow beside them)
     samples: list = field(default_factory=list)  # [(t, progress)] of the current attempt
+    profiling: bool = False          # the current run is a Lucid profiling run
+    profiled: dict | None = None     # its profiling run's {"memory_mb", "workload"} (class)
 
     @property
     def active(self) -> bool:
@@ -159,4 +162,5 @@ class LiveJob:
             "run_s": self.run_s, "requeues": list(self.requeues), "runs": list(self.runs),
             "result": self.result, "error": self.error, "guests": dict(self.guests),
             "entrypoint": self.spec.entrypoint, "share": self.share, "avoid": list(self.avoid),
+            "profiling": self.profiling, "profiled": self.profiled,
         }

@@ -38,7 +38,8 @@ class Recorder:
         d = self.driver.decide(INV, NODES, self.t)
         for jid, where, gpus, batch in d.starts:
             self.emit({"ev": "start", "job_id": jid, "attempt": self.driver.jobs[jid].attempt + 1,
-                       "where": [list(w) for w in where], "gpus": gpus, "batch_size": batch})
+                       "where": [list(w) for w in where], "gpus": gpus, "batch_size": batch,
+                       **({"profiling": True} if jid in d.profiling else {})})
         return d.starts
 
 
@@ -332,6 +333,7 @@ def packing_driver(margin=0.25, **knobs):
     from scheduler_bridge.live_packing import LivePacking
     from scheduler_bridge.policy_lucid import Lucid
 
+    knobs.setdefault("profile_nodes", 0)   # every job names its workload: nothing to profile
     lucid = Lucid(InterferenceTable(SLOWDOWN, MEMORY), gpu_memory_mb=4096.0, min_gain=0.0, **knobs)
     return LiveDriver(lucid, packing=LivePacking(lucid, margin))
 
@@ -402,3 +404,40 @@ def test_run_time_and_tiresias_service_count_from_when_every_rank_is_up_not_from
     rec.emit({"ev": "ready", "job_id": a, "attempt": 1}, dt=5.0)       # a restarted allocator's repeat
     rec.emit({"ev": "requeue", "job_id": a, "reason": "fault"}, dt=5.0)
     assert rec.driver.jobs[a].run_s == rec.t - ready_t, "ran from its first ready, not from the start event"
+
+
+def test_lucid_profiles_an_unnamed_job_alone_on_its_partition_then_packs_it_by_what_it_measured(tmp_path):
+    # the debugging run's 30 s teach the duration model that jobs are short, which would keep the
+    # newcomer's priority far from its hosts': priorities are not what this test is about
+    rec = Recorder(packing_driver(profile_nodes=1, profile_s=60.0, priority_ratio=1000.0),
+                   Journal(tmp_path / "j.log"))
+    hosts = [rec.submit(1, workload="gpt") for _ in range(8)]
+    assert {where[0][0] for _, where, _, _ in rec.start_decided()} == {"n1", "n2"}, \
+        "named jobs run on the main partition only: n0 profiles"
+    job, debug, big = rec.submit(1), rec.submit(1), rec.submit(8)
+    d = rec.driver.decide(INV, NODES, rec.t)
+    assert d.profiling == [job, debug] and [(s[0], s[1]) for s in d.starts] == [
+        (job, (("n0", 1),)), (debug, (("n0", 1),))], "first come, first profiled, alone on whole GPUs"
+    rec.start_decided()
+    assert not rec.driver.shareable(rec.driver.jobs[job]), "a job being profiled runs alone"
+    for j in (job, debug):
+        rec.emit({"ev": "ready", "job_id": j, "attempt": 1}, dt=0.0)
+    rec.emit({"ev": "finish", "job_id": debug, "status": "done"}, dt=30.0)   # a debugging run
+    assert rec.driver.decide(INV, NODES, rec.t).stops == [], "30 s of its 60 s profiling time"
+    rec.t += 31.0
+    assert rec.driver.decide(INV, NODES, rec.t).stops == [(job, "profiled")]
+    rec.emit({"ev": "stop", "job_id": job, "reason": "profiled"})
+    rec.emit(rec.driver.profile_event(rec.driver.jobs[job], memory_mb=420.0))
+    rec.emit({"ev": "requeue", "job_id": job, "reason": "profiled"})
+    assert rec.driver.jobs[job].profiled == {"memory_mb": 420.0, "workload": "mlp"}, "nearest: mlp's 500 MB"
+    assert rec.driver.jobs[debug].requeues == [] and rec.driver.jobs[debug].state == "done", \
+        "a debugging job ends in profiling and never queues"
+
+    again = LiveDriver(rec.driver.policy, packing=rec.driver.packing)
+    again.replay(Journal(tmp_path / "j.log").scan().records)
+    for drv in (rec.driver, again):
+        d = drv.decide(INV, NODES, rec.t)
+        assert d.profiling == [] and d.starts == [], "profiled once; the main partition is full"
+        assert d.packs and d.packs[0][0] == job and d.packs[0][1] in hosts, "packed as the mlp it measured"
+        assert drv.jobs[big].state == "queued" and big not in d.profiling, "larger than a node: not profiled"
+

@@ -28,9 +28,11 @@ def count_steps(ctx):
 
     With ``occupancy`` (a folder), the job marks its (fake) GPU taken there while it runs, and
     each step takes ``step_s`` times the number of jobs marking that GPU: a GPU time-shared by
-    two jobs runs each at half speed, which a packed pair must show in its progress reports."""
+    two jobs runs each at half speed, which a packed pair must show in its progress reports.
+    With ``alloc_mb``, it holds that much memory while it runs (what profiling measures)."""
     cfg = ctx.config
     state = ctx.load_checkpoint() or {"step": 0}
+    ballast = b"\x01" * (cfg.get("alloc_mb", 0) << 20)   # written, so resident
 
     def log(**rec):
         if ctx.is_chief and cfg.get("log"):
@@ -62,7 +64,7 @@ def count_steps(ctx):
     log(ev="ckpt", step=state["step"])
     if state["step"] >= cfg["steps"]:
         log(ev="done", step=state["step"])
-    return {"steps": state["step"]}
+    return {"steps": state["step"], "held_mb": len(ballast) >> 20}
 
 
 def pipeline_owner(ctx):
@@ -337,7 +339,7 @@ def test_lucid_packs_a_waiting_job_into_the_half_gpu_its_host_reserved_and_they_
     table = tmp_path / "interference.csv"
     table.write_text("# measured for this test\nworkload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
                      "mlp-small,mlp-small,100,80,1.25,200\n")
-    allocator("lucid", lucid={"table": str(table), "gpu_memory_mb": 1000.0})
+    allocator("lucid", lucid={"table": str(table), "gpu_memory_mb": 1000.0, "profile_nodes": 0})
     blockers = [jobs_api.submit(ENTRY, g, config={"steps": 10_000}) for g in (4, 4, 3)]
     logs = {k: tmp_path / f"{k}.log" for k in ("host", "guest")}
     host = jobs_api.submit(ENTRY, 1, workload="mlp-small", config={"steps": 10_000, "log": str(logs["host"])})
@@ -374,7 +376,7 @@ def test_lucid_unpacks_a_partner_whose_measured_slowdown_exceeds_the_table_and_i
     table = tmp_path / "interference.csv"     # predicts 1.1x; time-sharing the GPU costs 2x
     table.write_text("# measured for this test\nworkload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
                      "mlp-small,mlp-small,100,91,1.1,200\n")
-    allocator("lucid", lucid={"table": str(table), "gpu_memory_mb": 1000.0, "margin": 0.25})
+    allocator("lucid", lucid={"table": str(table), "gpu_memory_mb": 1000.0, "margin": 0.25, "profile_nodes": 0})
     blockers = [jobs_api.submit(ENTRY, g, config={"steps": 10_000}) for g in (4, 4, 3)]
     logs = {k: tmp_path / f"{k}.log" for k in ("host", "guest")}
     cfg = {"steps": 10_000, "step_s": 0.1, "every": 5, "occupancy": str(tmp_path / "gpus")}
@@ -400,6 +402,44 @@ def test_lucid_unpacks_a_partner_whose_measured_slowdown_exceeds_the_table_and_i
     assert starts[0]["attempt"] == 2 and starts[0]["step"] == stopped_at, "resumed from its checkpoint"
     assert job(guest)["share"] is None and jobs_api.status()["packed"] == {}, "it runs alone"
     for j in (*blockers[:2], host, guest):
+        jobs_api.cancel(j)
+
+
+def test_lucid_profiles_a_job_without_a_workload_alone_on_its_partition_then_packs_it_as_measured(
+        allocator, tmp_path):
+    from scheduler_bridge import jobs_api
+
+    table = tmp_path / "interference.csv"
+    table.write_text("# measured for this test\nworkload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
+                     "light,light,100,91,1.1,5\nlight,heavy,100,91,1.1,5\nheavy,light,100,91,1.1,400\n"
+                     "heavy,heavy,100,67,1.5,400\n")
+    # the debugging run (well under a second) teaches the duration model that jobs are short, which
+    # puts the newcomer's priority far from its host's: priorities are not what this test is about
+    allocator("lucid", lucid={"table": str(table), "gpu_memory_mb": 1000.0, "profile_nodes": 1,
+                              "profile_s": 2.0, "priority_ratio": 1e9})
+    named = [jobs_api.submit(ENTRY, g, workload="light", config={"steps": 10_000}) for g in (4, 3, 1)]
+    host = named[-1]
+    wait_for(lambda: all(running(j) for j in named), what="the main partition full")
+    partition = jobs_api.status()["nodes"][0]
+    assert all(job(j)["where"][0][0] != partition for j in named), "named jobs skip the profiling node"
+
+    logs = {k: tmp_path / f"{k}.log" for k in ("debug", "new")}
+    debug = jobs_api.submit(ENTRY, 1, config={"steps": 5, "log": str(logs["debug"])})
+    new = jobs_api.submit(ENTRY, 1, config={"steps": 10_000, "step_s": 0.1, "alloc_mb": 300,
+                                            "log": str(logs["new"])})
+    done = jobs_api.wait_job(debug, 60)
+    assert done["state"] == "done" and done["requeues"] == [] and done["attempt"] == 1, done
+    assert done["runs"][0]["where"] == [[partition, 1]], "a debugging job ends on the profiling node"
+
+    wait_for(lambda: jobs_api.status()["packed"] == {new: host}, what="the profiled job packed by its class")
+    profiled = job(new)
+    assert profiled["requeues"] == ["profiled"] and profiled["runs"][0]["where"] == [[partition, 1]]
+    assert profiled["profiled"]["workload"] == "heavy" and profiled["profiled"]["memory_mb"] >= 250, profiled
+    starts = wait_for(lambda: [r for r in read_log(logs["new"]) if r["ev"] == "start"][1:],
+                      what="its run on the main partition")
+    first_ckpt = max(r["step"] for r in read_log(logs["new"]) if r["ev"] == "ckpt" and r["attempt"] == 1)
+    assert starts[0]["attempt"] == 2 and starts[0]["step"] == first_ckpt, "resumed from its profiling run"
+    for j in (*named, new):
         jobs_api.cancel(j)
 
 
