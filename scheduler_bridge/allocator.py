@@ -25,9 +25,9 @@ thread ticks every ``tick_s``:
 A restarted allocator (Ray restarts it, ``max_restarts``) replays the journal
 through the same driver (CES's demand history and last autoscaler request
 included: they are journaled too, as ``demand`` and ``capacity`` events), finds
-the running jobs' detached actors by name and waits on them again; a job whose actors are gone goes back to the queue and
-resumes from its checkpoint. Submits carry a request id, so a client retry after
-a crash never makes a second job.
+the running jobs' detached actors by name and waits on them again; a job whose
+actors are gone goes back to the queue and resumes from its checkpoint. Submits
+carry a request id, so a client retry after a crash never makes a second job.
 
 Start it with ``jobs_api.start_allocator``; talk to it with ``jobs_api``.
 """

@@ -20,8 +20,8 @@ the current GPU inventory into ``Decisions`` with the simulator's machinery:
   (``live_profiling``), then packs waiting one-GPU jobs beside running ones
   (``live_packing``); a packed job's GPU is its host's, so the pair counts once;
 - CES keeps its demand history and its last autoscaler request in the journal too
-  (``demand`` and ``capacity`` events), so a restarted allocator
-  forecasts from the same past (``live_power``).
+  (``demand`` and ``capacity`` events), so a restarted allocator forecasts from
+  the same past (``live_power``).
 
 Events that cannot be applied (a damaged or foreign journal record) are refused
 whole by ``check_event``; ``replay`` skips them and says which, by offset.
@@ -125,8 +125,7 @@ class Decisions:
 class LiveDriver:
     """Job table + policy. ``apply`` events, then ``decide`` against the inventory."""
 
-    def __init__(self, policy, profiles: dict | None = None, packing: LivePacking | None = None,
-                 capacity: CapacityPlan | None = None):
+    def __init__(self, policy, profiles: dict | None = None, packing: LivePacking | None = None):
         if not isinstance(policy, (QueuePolicy, ElasticPolicy)):
             raise TypeError(f"not a scheduling policy: {policy!r}")
         self.policy = policy
@@ -140,9 +139,7 @@ class LiveDriver:
             packing = LivePacking(policy)
         self.packing = packing
         self.profiler = LiveProfiling(packing.lucid) if packing and packing.lucid.profile_nodes else None
-        if isinstance(policy, CES) and capacity is None:
-            capacity = CapacityPlan(policy)
-        self.capacity = capacity
+        self.capacity = CapacityPlan(policy) if isinstance(policy, CES) else None
         policy.reset(0.0)  # live times are Unix seconds
         self.jobs: dict[int, LiveJob] = {}
         self.by_request: dict[str, int] = {}

@@ -324,6 +324,23 @@ def test_ces_asks_the_autoscaler_to_scale_down_and_boots_for_a_waiting_job_at_on
              what="capacity given back once the demand has left the forecast window")
 
 
+def test_a_restarted_ces_allocator_keeps_the_capacity_its_journaled_demand_history_forecasts(allocator):
+    import ray
+    from scheduler_bridge import jobs_api
+
+    actor = allocator("ces:fifo", ces={"spare_nodes": 1, "interval": 1.0,
+                                       "forecast": {"bin_s": 1.0, "lookback": 600.0, "horizon": 0.0, "days": 0}})
+    jid = jobs_api.submit(ENTRY, 12, config={"steps": 10, "step_s": 0.05})
+    assert jobs_api.wait_job(jid, 60)["state"] == "done"
+    three = [{"GPU": 4.0}] * 3
+    assert requested_capacity() == three, "the last 10 minutes needed 12 GPUs: all three nodes stay on"
+
+    ray.kill(actor, no_restart=False)
+    wait_for(lambda: jobs_api.status()["restarted"], timeout=60, what="allocator restarted")
+    time.sleep(3.0)   # many ticks, three quiet intervals: a blind allocator would have asked for one node
+    assert jobs_api.status()["capacity_request"] == three and requested_capacity() == three
+
+
 def pg_by_name(name):
     from ray.util.placement_group import placement_group_table
 
