@@ -18,8 +18,8 @@ thread ticks every ``tick_s``:
 3. every change is appended to the journal (``journal``: a checksummed write-ahead
    log) before it is acted on;
 4. Lucid: jobs that name no workload run on its profiling partition first, and
-   what they measured classifies them (``live_profiling``); shareable jobs'
-   reserved half GPUs are kept in step (``_sync_shares``);
+   what they measured classifies them (``live_profiling``); a packed job runs in
+   its host's group, which stays until neither runs in it (``_end``);
    CES: the capacity to keep is asked of Ray's autoscaler (``live_power``).
 
 A restarted allocator (Ray restarts it, ``max_restarts``) replays the journal
@@ -135,7 +135,6 @@ class Allocator:
         self._pushed_quotas: dict[str, dict[int | str, int]] = {}
         self._gpu_hosts: dict[str, object] = {}
         self._gpus_per_node = 1      # largest GPU node seen: the bundle CES asks for per node
-        self._shares: dict[str, str] | None = None   # reserved half-GPU groups: name -> node
         with self.lock:
             self._refresh_nodes(force=True)
             self._reattach()
@@ -220,10 +219,8 @@ class Allocator:
             n = 0
             for job in self.driver.jobs.values():
                 if job.state in ("running", "stopping"):
-                    self._release(job)
+                    self._release(job, shared_too=True)
                     n += 1
-            for name in self._shares or {}:
-                placement.release(name, 0)
             self.journal.close()
             return n
 
@@ -302,7 +299,6 @@ class Allocator:
     def _tick(self) -> None:
         self._refresh_nodes()
         self._collect()
-        self._sync_shares()   # halves freed by ended jobs are reserved again before anything starts
         d = self.driver.decide(self.inventory, self.order, time.time())
         for jid in d.lost:
             job = self.driver.jobs[jid]
@@ -319,7 +315,6 @@ class Allocator:
             self._start(jid, where, gpus, batch, profiling=jid in d.profiling)
         for jid, host in d.packs:
             self._start_packed(jid, host)
-        self._sync_shares()
         for tid, g in d.evictions:
             self._emit({"ev": "evict", "job_id": tid, "group": g})
         for tid, g, where in d.guests:
@@ -408,7 +403,7 @@ class Allocator:
         placement.release(name, len(where))   # leftovers of an attempt whose journal record was lost
         share = SHARE if self.driver.shareable(job) else 1.0
         try:
-            pg = placement.create_group(name, where, self.cpus_per_bundle, share)
+            pg = placement.create_group(name, where, self.cpus_per_bundle)
             workers = placement.launch_ranks(pg, name, where, job.spec.entrypoint, self._contexts(job),
                                              self.runtime_env, share)
         except Exception as exc:  # noqa: BLE001  -- Ray refused: back to the queue
@@ -419,16 +414,16 @@ class Allocator:
                               starting=[w.start.remote() for w in workers])
 
     def _start_packed(self, jid: int, host_id: int) -> None:
-        """Lucid: run ``jid`` in the reserved half of the host's GPU (its share group)."""
+        """Lucid: run ``jid`` on the free half of the host's GPU, in the group that holds it."""
         job, host = self.driver.jobs[jid], self.driver.jobs[host_id]
         attempt = job.attempt + 1
         self._emit({"ev": "start-packed", "job_id": jid, "attempt": attempt, "host": host_id})
         name = placement.group_name(jid, attempt)
         placement.release(name, 1)
-        pg = placement.find_group(placement.share_name(host_id, host.attempt))
+        pg = placement.find_group(placement.group_name(*host.gpu_group))
         try:
             if pg is None:
-                raise RuntimeError(f"host {host_id}'s reserved half GPU is gone")
+                raise RuntimeError(f"host {host_id}'s placement group is gone")
             workers = placement.launch_ranks(pg, name, job.where, job.spec.entrypoint, self._contexts(job),
                                              self.runtime_env, SHARE)
         except Exception as exc:  # noqa: BLE001  -- back to the queue
@@ -437,33 +432,6 @@ class Allocator:
             return
         self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready(),
                               starting=[w.start.remote() for w in workers])
-
-    def _sync_shares(self) -> None:
-        """Keep one reserved half-GPU group for every shareable job running alone (its partner
-        may come), and the host's group for every packed job living in it; remove the rest."""
-        if self.driver.packing is None:
-            return
-        want: dict[str, str] = {}
-        for job in self.driver.jobs.values():
-            if job.state not in ("running", "stopping") or not self.driver.shareable(job):
-                continue
-            node = job.where[0][0]
-            if job.share:
-                want[placement.share_name(*job.share)] = node       # where it runs
-            if self.driver.host_of(job) is None:
-                want[placement.share_name(job.job_id, job.attempt)] = node
-        if self._shares is None:   # (re)started: find what a previous allocator left
-            from ray.util.placement_group import placement_group_table
-
-            self._shares = {row["name"]: "" for row in placement_group_table().values()
-                            if row["name"].startswith("hpo-share-") and row["state"] != "REMOVED"}
-        for name in set(self._shares) - set(want):
-            placement.release(name, 0)
-            del self._shares[name]
-        for name, node in want.items():
-            if name not in self._shares:
-                placement.create_group(name, ((node, 1),), share=SHARE)
-                self._shares[name] = node
 
     def _collect(self) -> None:
         now = time.time()
@@ -518,11 +486,18 @@ class Allocator:
 
     def _end(self, jid: int, run: _Run) -> None:
         self.runs.pop(jid, None)
-        placement.release(run.name, len(run.workers), run.workers)
+        placement.release(run.name, len(run.workers), run.workers, self._group_left(self.driver.jobs[jid]))
 
-    def _release(self, job: LiveJob) -> None:
-        """Kill the current attempt's actors and remove its group (found by name if
-        this allocator never held their handles)."""
+    def _release(self, job: LiveJob, shared_too: bool = False) -> None:
+        """Kill the current attempt's actors (found by name if this allocator never held their
+        handles) and remove the group holding its GPUs, unless a packed partner still runs
+        there (``shared_too``: remove it anyway, when every job goes)."""
         run = self.runs.pop(job.job_id, None)
+        group = placement.group_name(*job.gpu_group) if shared_too and job.gpu_group else self._group_left(job)
         placement.release(placement.group_name(job.job_id, job.attempt), len(job.where),
-                          run.workers if run else None)
+                          run.workers if run else None, group)
+
+    def _group_left(self, job: LiveJob) -> str:
+        """The name of the group to remove with ``job``'s ranks ("": none, a partner runs there)."""
+        left = self.driver.group_left_by(job)
+        return "" if left is None else placement.group_name(*left)

@@ -191,6 +191,7 @@ class LiveDriver:
 
     def _enqueue(self, job: LiveJob, t: float) -> None:
         job.state, job.where, job.gpus, job.stop_reason, job.share = "queued", (), 0, "", None
+        job.gpu_group = None
         job.profiling = False
         if self.elastic:
             job.priority = job.submit_t
@@ -282,6 +283,8 @@ class LiveDriver:
             job.where = tuple((n, int(k)) for n, k in ev["where"])
             job.gpus, job.batch_size, job.seg_start = ev["gpus"], ev.get("batch_size"), t
             job.share = [ev["host"], self.jobs[ev["host"]].attempt] if "host" in ev else None
+            # a packed job lives in its host's group, which outlives the host while it runs there
+            job.gpu_group = list(self.jobs[ev["host"]].gpu_group) if "host" in ev else [job.job_id, job.attempt]
             job.profiling = bool(ev.get("profiling", False))
             job.samples = []
             if job.first_start is None:
@@ -394,6 +397,13 @@ class LiveDriver:
             return None
         return host
 
+    def group_left_by(self, job: LiveJob) -> list | None:
+        """The group holding ``job``'s GPUs if no other running job is in it (remove it with the
+        job), else None (a packed partner still runs there: the group stays)."""
+        others = any(j is not job and j.state in ("running", "stopping") and j.gpu_group == job.gpu_group
+                     for j in self.jobs.values())
+        return None if others or job.gpu_group is None else job.gpu_group
+
     def partner_of(self, host: LiveJob) -> LiveJob | None:
         """The running job packed into ``host``'s GPU, if any."""
         for j in self.jobs.values():
@@ -402,7 +412,7 @@ class LiveDriver:
         return None
 
     def shareable(self, job: LiveJob) -> bool:
-        """Runs in half-GPU bundles so that a partner can join it later (``live_packing``)."""
+        """Runs on half its GPU so that a partner can join it later (``live_packing``)."""
         return self.packing is not None and self.packing.shareable(self.workload_of(job), job.spec.gpus)
 
     def workload_of(self, job: LiveJob) -> str:
@@ -430,7 +440,7 @@ class LiveDriver:
                 if (partner.state == "running" and slow is not None
                         and rule.too_slow(self.workload_of(h), self.workload_of(partner), slow)):
                     out.stops.append((partner.job_id, "interference"))
-            elif h.state == "running" and self.shareable(h) and self.host_of(h) is None and not h.share:
+            elif h.state == "running" and self.shareable(h) and self.host_of(h) is None:   # alone
                 hosts[h.job_id] = h
         for job in waiting:
             if not self.shareable(job):

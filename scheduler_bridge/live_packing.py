@@ -8,8 +8,10 @@ only a live cluster adds is here:
 - a waiting one-GPU job that names its ``workload`` goes beside the allowed
   running host with the smallest predicted slowdown of the pair; the host keeps
   running untouched (Lucid is non-intrusive), and the packed job runs in the
-  other half of the host's GPU (``allocator``: a shareable job holds its GPU as
-  two ``{"GPU": SHARE}`` bundles, its own and a reserved one a partner moves into);
+  other half of the host's GPU (``placement``: a shareable job's group holds its
+  whole GPU and its rank ``SHARE`` of it; the partner's rank takes the rest in
+  the same bundle, so Ray gives both that GPU, and the group stays while either
+  runs: the one left may host a new partner there);
 - the table's prediction is checked against the host's own progress reports:
   its rate of progress alone (before the partner started) against its rate
   beside it. Measured more than ``margin`` above the prediction, the partner is

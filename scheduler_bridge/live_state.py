@@ -143,6 +143,7 @@ class LiveJob:
     guests: dict = field(default_factory=dict)    # tuning: group -> ["gpu", node] | ["bubble", job]
     reclaimed: bool = False          # pipeline owner asked its bubbles back
     share: list | None = None        # packed: [host job, host attempt] whose GPU it shares
+    gpu_group: list | None = None    # [job, attempt] whose placement group holds its GPUs
     avoid: list = field(default_factory=list)    # hosts it was unpacked from (too slow beside them)
     samples: list = field(default_factory=list)  # [(t, progress)] of the current attempt
     profiling: bool = False          # the current run is a Lucid profiling run
@@ -162,5 +163,6 @@ class LiveJob:
             "run_s": self.run_s, "requeues": list(self.requeues), "runs": list(self.runs),
             "result": self.result, "error": self.error, "guests": dict(self.guests),
             "entrypoint": self.spec.entrypoint, "share": self.share, "avoid": list(self.avoid),
+            "gpu_group": self.gpu_group,
             "profiling": self.profiling, "profiled": self.profiled,
         }

@@ -360,6 +360,27 @@ def test_a_waiting_job_is_packed_beside_the_host_the_table_predicts_cheapest_and
         "the packed pair holds one GPU: the freed GPU goes to the next job alone"
 
 
+def test_a_packed_job_outlives_its_host_in_the_hosts_group_and_hosts_the_next_partner_there():
+    rec = Recorder(packing_driver())
+    hosts = fill(rec, ["gpt"] * 12)
+    a = rec.submit(1, workload="mlp")
+    host = rec.driver.decide(INV, NODES, rec.t).packs[0][1]
+    rec.emit({"ev": "start-packed", "job_id": a, "attempt": 1, "host": host})
+    jobs = rec.driver.jobs
+    assert jobs[a].gpu_group == jobs[host].gpu_group == [host, 1]
+    assert rec.driver.group_left_by(jobs[host]) is None, "the partner still runs in the host's group"
+    rec.emit({"ev": "finish", "job_id": host, "status": "cancelled"})
+    b = rec.submit(1, workload="gpt")
+    d = rec.driver.decide(INV, NODES, rec.t)
+    assert d.starts == [], "the host's GPU is still the partner's: nothing was freed"
+    assert d.packs == [(b, a)], "the partner, now alone, hosts (gpt beside gpt would not fit in memory)"
+    rec.emit({"ev": "start-packed", "job_id": b, "attempt": 1, "host": a})
+    assert jobs[b].gpu_group == [host, 1], "in the group that holds that GPU"
+    rec.emit({"ev": "finish", "job_id": a, "status": "done"})
+    assert rec.driver.group_left_by(jobs[b]) == [host, 1], "the last job in it takes the group along"
+    assert set(hosts) - {host} <= {j.job_id for j in jobs.values() if j.state == "running"}
+
+
 def test_the_rule_never_packs_past_memory_the_slowdown_limit_or_an_unmeasured_pair():
     rec = Recorder(packing_driver(max_slowdown=1.25))
     fill(rec, ["mlp"] * 12)

@@ -367,23 +367,27 @@ def test_lucid_packs_a_waiting_job_into_the_half_gpu_its_host_reserved_and_they_
     assert jobs_api.status()["packed"] == {guest: host}
     node = job(host)["where"][0][0]
     assert job(guest)["where"] == [[node, 1]], "the pair is accounted as one GPU of the host's node"
-    own, half = pg_by_name(f"hpo-job-{host}-a1"), pg_by_name(f"hpo-share-{host}-a1")
-    for row in (own, half):
-        assert row["bundles"] == {0: {"GPU": 0.5}} and row["bundles_to_node_id"] == {0: node}, row
-    assert pg_by_name(f"hpo-job-{guest}-a1") is None, "the guest lives in the host's reserved half"
-    assert ray.available_resources().get("GPU", 0.0) == 0.0, "4 + 4 + 3 + 1/2 + 1/2: the pair fills one GPU"
+    group = pg_by_name(f"hpo-job-{host}-a1")
+    assert group["bundles"] == {0: {"GPU": 1.0}} and group["bundles_to_node_id"] == {0: node}, group
+    assert pg_by_name(f"hpo-job-{guest}-a1") is None and job(guest)["gpu_group"] == [host, 1], \
+        "the guest runs in the host's group, on the half of its GPU the host leaves free"
+    assert ray.available_resources().get("GPU", 0.0) == 0.0, "4 + 4 + 3 + 1: the pair fills one GPU"
     ids = {k: wait_for(lambda: next((r["gpu_ids"] for r in read_log(p) if r["ev"] == "start"), None),
                        what=f"{k} started") for k, p in logs.items()}
     assert ids["host"] == ids["guest"] and len(ids["host"]) == 1, f"both run on one GPU: {ids}"
 
-    jobs_api.cancel(host)   # the guest stays; the half its host leaves is reserved for it
-    wait_for(lambda: pg_by_name(f"hpo-share-{guest}-a1"), what="a reserved half for the guest")
+    jobs_api.cancel(host)   # the guest stays, in the group, which outlives its host
     assert running(guest) and jobs_api.status()["packed"] == {}
-    wait_for(lambda: ray.available_resources().get("GPU", 0.0) == 0.0, what="the host's half taken again")
-    for j in (*blockers, guest):
+    assert pg_by_name(f"hpo-job-{host}-a1") is not None and ray.available_resources().get("GPU", 0.0) == 0.0
+    logs["third"] = tmp_path / "third.log"
+    third = jobs_api.submit(ENTRY, 1, workload="mlp-small", config={"steps": 10_000, "log": str(logs["third"])})
+    wait_for(lambda: jobs_api.status()["packed"] == {third: guest}, what="the guest, now alone, hosting")
+    third_ids = wait_for(lambda: next((r["gpu_ids"] for r in read_log(logs["third"]) if r["ev"] == "start"), None),
+                         what="third started")
+    assert third_ids == ids["guest"] and job(third)["gpu_group"] == [host, 1], "on the guest's GPU, in its group"
+    for j in (*blockers, guest, third):
         jobs_api.cancel(j)
-    wait_for(lambda: not any(pg_by_name(f"hpo-share-{j}-a1") for j in (host, guest)),
-             what="reserved halves removed with their jobs")
+    wait_for(lambda: pg_by_name(f"hpo-job-{host}-a1") is None, what="the group removed with the last job in it")
 
 
 def test_lucid_unpacks_a_partner_whose_measured_slowdown_exceeds_the_table_and_it_resumes_alone(
