@@ -251,11 +251,12 @@ class Allocator:
         self.inventory = inv
 
     def _contexts(self, job: LiveJob) -> list[dict]:
-        return [{"job_id": job.job_id, "attempt": job.attempt, "rank": r, "world_size": len(job.where),
+        ranks = self.driver.ranks(job)
+        return [{"job_id": job.job_id, "attempt": job.attempt, "rank": r, "world_size": len(ranks),
                  "gpus": job.gpus, "local_gpus": k, "batch_size": job.batch_size,
                  "checkpoint_dir": str(self.storage / "jobs" / str(job.job_id)),
                  "config": dict(job.spec.config), "name": job.spec.name}
-                for r, (_, k) in enumerate(job.where)]
+                for r, (_, k) in enumerate(ranks)]
 
     def _reattach(self) -> None:
         """After a restart: wait again on running jobs whose actors survived; requeue the rest."""
@@ -263,9 +264,10 @@ class Allocator:
             if job.state not in ("running", "stopping"):
                 continue
             name = placement.group_name(job.job_id, job.attempt)
-            workers = placement.find_ranks(name, len(job.where))
-            if len(workers) < len(job.where) or any(n not in self.inventory for n, _ in job.where):
-                placement.release(name, len(job.where), workers)
+            n = len(self.driver.ranks(job))
+            workers = placement.find_ranks(name, n)
+            if len(workers) < n or any(node not in self.inventory for node, _ in job.where):
+                placement.release(name, n, workers)
                 self._requeue(job, "lost")
                 continue
             run = _Run(name, workers, [w.wait.remote() for w in workers],
@@ -400,14 +402,15 @@ class Allocator:
         self._emit({"ev": "start", "job_id": jid, "attempt": attempt, "where": [list(w) for w in where],
                     "gpus": gpus, "batch_size": batch, **({"profiling": True} if profiling else {})})
         name = placement.group_name(jid, attempt)
-        placement.release(name, len(where))   # leftovers of an attempt whose journal record was lost
+        ranks = self.driver.ranks(job)
+        placement.release(name, len(ranks))   # leftovers of an attempt whose journal record was lost
         share = SHARE if self.driver.shareable(job) else 1.0
         try:
-            pg = placement.create_group(name, where, self.cpus_per_bundle)
-            workers = placement.launch_ranks(pg, name, where, job.spec.entrypoint, self._contexts(job),
+            pg = placement.create_group(name, ranks, self.cpus_per_bundle)
+            workers = placement.launch_ranks(pg, name, ranks, job.spec.entrypoint, self._contexts(job),
                                              self.runtime_env, share)
         except Exception as exc:  # noqa: BLE001  -- Ray refused: back to the queue
-            placement.release(name, len(where))
+            placement.release(name, len(ranks))
             self._requeue(job, "fault", repr(exc))
             return
         self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready(),
@@ -419,15 +422,16 @@ class Allocator:
         attempt = job.attempt + 1
         self._emit({"ev": "start-packed", "job_id": jid, "attempt": attempt, "host": host_id})
         name = placement.group_name(jid, attempt)
-        placement.release(name, 1)
+        ranks = self.driver.ranks(job)
+        placement.release(name, len(ranks))
         pg = placement.find_group(placement.group_name(*host.gpu_group))
         try:
             if pg is None:
                 raise RuntimeError(f"host {host_id}'s placement group is gone")
-            workers = placement.launch_ranks(pg, name, job.where, job.spec.entrypoint, self._contexts(job),
+            workers = placement.launch_ranks(pg, name, ranks, job.spec.entrypoint, self._contexts(job),
                                              self.runtime_env, SHARE)
         except Exception as exc:  # noqa: BLE001  -- back to the queue
-            placement.release(name, 1)
+            placement.release(name, len(ranks))
             self._requeue(job, "fault", repr(exc))
             return
         self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready(),
@@ -494,7 +498,7 @@ class Allocator:
         there (``shared_too``: remove it anyway, when every job goes)."""
         run = self.runs.pop(job.job_id, None)
         group = placement.group_name(*job.gpu_group) if shared_too and job.gpu_group else self._group_left(job)
-        placement.release(placement.group_name(job.job_id, job.attempt), len(job.where),
+        placement.release(placement.group_name(job.job_id, job.attempt), len(self.driver.ranks(job)),
                           run.workers if run else None, group)
 
     def _group_left(self, job: LiveJob) -> str:

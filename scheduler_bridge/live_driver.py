@@ -17,8 +17,8 @@ the current GPU inventory into ``Decisions`` with the simulator's machinery:
 - Tiresias ranks by the service a job has actually run (``_ranked``), counted
   from when its ranks are up (``ready`` events);
 - Lucid profiles jobs that name no workload on its profiling partition first
-  (``live_profiling``), then packs waiting one-GPU jobs beside running ones
-  (``live_packing``); a packed job's GPU is its host's, so the pair counts once;
+  (``live_profiling``), then packs waiting jobs beside running ones of as many
+  GPUs (``live_packing``); a packed job's GPUs are its host's, so the pair counts once;
 - CES keeps its demand history and its last autoscaler request in the journal too
   (``demand`` and ``capacity`` events), so a restarted allocator forecasts from
   the same past (``live_power``).
@@ -48,7 +48,7 @@ from itertools import count
 
 from .cluster import ClusterSpec, FreeGPUs, Placement
 from .jobs import Job
-from .live_packing import LivePacking, measured_slowdown
+from .live_packing import LivePacking, measured_slowdown, ranks
 from .live_power import CapacityPlan
 from .live_profiling import LiveProfiling
 from .live_state import TERMINAL, JobSpec, LiveJob, Where
@@ -276,7 +276,7 @@ class LiveDriver:
         job = self.jobs[ev["job_id"]]
         if kind == "start-packed":   # into the reserved half of the host's GPU
             host = self.jobs[ev["host"]]
-            ev = {**ev, "where": [list(w) for w in host.where], "gpus": 1}
+            ev = {**ev, "where": [list(w) for w in host.where], "gpus": job.spec.gpus}
             kind = "start"
         if kind == "start":
             job.state, job.attempt = "running", ev["attempt"]
@@ -413,7 +413,12 @@ class LiveDriver:
 
     def shareable(self, job: LiveJob) -> bool:
         """Runs on half its GPU so that a partner can join it later (``live_packing``)."""
-        return self.packing is not None and self.packing.shareable(self.workload_of(job), job.spec.gpus)
+        return self.packing is not None and self.packing.shareable(self.workload_of(job))
+
+    def ranks(self, job: LiveJob) -> Where:
+        """Where ``job``'s ranks run: one per bundle of its placement, or one per GPU for a job
+        that may be packed (``live_packing.ranks``)."""
+        return ranks(job.where) if self.shareable(job) else job.where
 
     def workload_of(self, job: LiveJob) -> str:
         """Its interference-table workload: as submitted, else as its profiling run classified it."""
@@ -446,8 +451,8 @@ class LiveDriver:
             if not self.shareable(job):
                 continue
             costs = [(c, hid) for hid, h in hosts.items() if hid not in job.avoid
-                     and (c := rule.cost(self.workload_of(job), job.priority, self.workload_of(h), h.priority))
-                     is not None]
+                     and (c := rule.cost(self.workload_of(job), job.priority, self.workload_of(h), h.priority,
+                                         gpus=(job.spec.gpus, h.gpus))) is not None]
             if costs:
                 _, hid = min(costs)
                 out.packs.append((job.job_id, hid))

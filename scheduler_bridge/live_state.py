@@ -41,7 +41,7 @@ class JobSpec:
     --allocator``), whose fused groups wait in the bubble pool and run where the
     allocator places them as guests: on idle GPUs (an ``IdleGpuHost`` each) and in
     pipeline jobs' bubbles. ``workload``: its name in the interference table, which
-    makes a one-GPU job eligible for packing (``live_packing``); under Lucid a job
+    makes a job eligible for packing (``live_packing``); under Lucid a job
     without one is profiled first, and classified by what that run measured.
     """
 

@@ -48,7 +48,10 @@ def group_shape(where: Where, cpus_per_bundle: float = 0.0):
         if cpus_per_bundle:
             b["CPU"] = float(cpus_per_bundle)
         bundles.append(b)
-    strategy = "STRICT_PACK" if len(where) == 1 else "STRICT_SPREAD"
+    nodes = [node for node, _ in where]
+    # one GPU per bundle (a job that may be packed) can put several bundles on a node; the
+    # label selectors pin every bundle to its node whatever the strategy
+    strategy = "STRICT_PACK" if len(set(nodes)) == 1 else "STRICT_SPREAD" if len(set(nodes)) == len(nodes) else "PACK"
     return bundles, strategy, [{NODE_LABEL: node} for node, _ in where]
 
 

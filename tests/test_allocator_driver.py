@@ -462,3 +462,20 @@ def test_lucid_profiles_an_unnamed_job_alone_on_its_partition_then_packs_it_by_w
         assert d.packs and d.packs[0][0] == job and d.packs[0][1] in hosts, "packed as the mlp it measured"
         assert drv.jobs[big].state == "queued" and big not in d.profiling, "larger than a node: not profiled"
 
+
+
+def test_a_two_gpu_job_is_packed_rank_by_rank_beside_a_two_gpu_host_never_beside_a_one_gpu_one():
+    rec = Recorder(packing_driver())
+    pairs = [rec.submit(2, workload="gpt") for _ in range(2)]
+    singles = [rec.submit(1, workload="gpt") for _ in range(8)]
+    assert len(rec.start_decided()) == 10, "the cluster's 12 GPUs are full"
+    a, b = rec.submit(2, workload="mlp"), rec.submit(1, workload="mlp")
+    packs = dict(rec.driver.decide(INV, NODES, rec.t).packs)
+    assert packs[a] in pairs and packs[b] in singles, "Lucid packs only jobs of as many GPUs"
+    rec.emit({"ev": "start-packed", "job_id": a, "attempt": 1, "host": packs[a]})
+    jobs = rec.driver.jobs
+    node = jobs[packs[a]].where[0][0]
+    assert jobs[a].where == jobs[packs[a]].where == ((node, 2),) and jobs[a].gpus == 2
+    assert rec.driver.ranks(jobs[a]) == rec.driver.ranks(jobs[packs[a]]) == ((node, 1), (node, 1)), \
+        "one rank per GPU, so rank i of each shares GPU i"
+    assert rec.driver.ranks(jobs[a]) != jobs[a].where

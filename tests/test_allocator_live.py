@@ -24,7 +24,8 @@ GPUS_PER_NODE = 4
 # ---- the entry point the jobs run (imported by the job actors) ------------------
 def count_steps(ctx):
     """Count to ``steps``; checkpoint (with the fraction of steps done) every ``every``
-    steps and when asked to stop; log ``start``/``step``/``done`` lines (rank 0) to ``log``.
+    steps and when asked to stop; log ``start``/``step``/``done`` lines (rank 0, or every rank
+    with ``log_ranks``) to ``log``.
 
     With ``occupancy`` (a folder), the job marks its (fake) GPU taken there while it runs, and
     each step takes ``step_s`` times the number of jobs marking that GPU: a GPU time-shared by
@@ -35,9 +36,9 @@ def count_steps(ctx):
     ballast = b"\x01" * (cfg.get("alloc_mb", 0) << 20)   # written, so resident
 
     def log(**rec):
-        if ctx.is_chief and cfg.get("log"):
+        if (ctx.is_chief or cfg.get("log_ranks")) and cfg.get("log"):
             with open(cfg["log"], "a") as f:
-                f.write(json.dumps({"attempt": ctx.attempt, **rec}) + "\n")
+                f.write(json.dumps({"attempt": ctx.attempt, "rank": ctx.rank, "tag": cfg.get("tag"), **rec}) + "\n")
 
     import ray
 
@@ -388,6 +389,39 @@ def test_lucid_packs_a_waiting_job_into_the_half_gpu_its_host_reserved_and_they_
     for j in (*blockers, guest, third):
         jobs_api.cancel(j)
     wait_for(lambda: pg_by_name(f"hpo-job-{host}-a1") is None, what="the group removed with the last job in it")
+
+
+def test_lucid_packs_a_two_gpu_job_beside_a_two_gpu_host_rank_by_rank_on_the_same_two_gpus(
+        allocator, tmp_path):
+    import ray
+    from scheduler_bridge import jobs_api
+
+    table = tmp_path / "interference.csv"
+    table.write_text("# measured for this test\nworkload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
+                     "mlp-small,mlp-small,100,91,1.1,200\n")
+    allocator("lucid", lucid={"table": str(table), "gpu_memory_mb": 1000.0, "profile_nodes": 0})
+    blockers = [jobs_api.submit(ENTRY, g, config={"steps": 10_000}) for g in (4, 4, 2)]
+    log = tmp_path / "ranks.log"
+    cfg = {"steps": 10_000, "log": str(log), "log_ranks": True}
+    host = jobs_api.submit(ENTRY, 2, workload="mlp-small", config={**cfg, "tag": "host"})
+    wait_for(lambda: all(running(j) for j in (*blockers, host)), what="the cluster full")
+    guest = jobs_api.submit(ENTRY, 2, workload="mlp-small", config={**cfg, "tag": "guest"})
+    wait_for(lambda: jobs_api.status()["packed"] == {guest: host}, what="the two-GPU job packed")
+
+    node = job(host)["where"][0][0]
+    assert job(host)["where"] == job(guest)["where"] == [[node, 2]]
+    group = pg_by_name(f"hpo-job-{host}-a1")
+    assert group["bundles"] == {0: {"GPU": 1.0}, 1: {"GPU": 1.0}}, group
+    assert set(group["bundles_to_node_id"].values()) == {node}
+    assert ray.available_resources().get("GPU", 0.0) == 0.0, "4 + 4 + 2 + 2: the pair fills two GPUs"
+    starts = wait_for(lambda: (lambda rs: rs if len(rs) == 4 else None)(
+        [r for r in read_log(log) if r["ev"] == "start"]), what="both ranks of both jobs started")
+    gpu = {(r["tag"], r["rank"]): r["gpu_ids"] for r in starts}
+    assert all(r["world"] == 2 for r in starts), starts
+    assert gpu[("host", 0)] == gpu[("guest", 0)] and gpu[("host", 1)] == gpu[("guest", 1)], gpu
+    assert gpu[("host", 0)] != gpu[("host", 1)], f"each rank on a GPU of its own: {gpu}"
+    for j in (*blockers, host, guest):
+        jobs_api.cancel(j)
 
 
 def test_lucid_unpacks_a_partner_whose_measured_slowdown_exceeds_the_table_and_it_resumes_alone(
