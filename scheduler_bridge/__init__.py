@@ -18,8 +18,8 @@ from .predictor import DurationPredictor
 from .profiles import AppProfile, load_profiles
 from .simulator import POLICIES, make_policy, simulate
 from .synthetic import add_tuning_work, random_trace
-from .traces import (FORMATS, TraceError, default_traces_dir, load_helios, load_philly,
-                     load_pollux, load_trace)
+from .data_files import TraceError, default_traces_dir
+from .traces import FORMATS, load_helios, load_philly, load_pollux, load_trace
 
 __all__ = [
     "AppProfile", "CES", "ClusterSpec", "DemandForecaster", "DurationPredictor",

@@ -17,14 +17,17 @@ thread ticks every ``tick_s``:
    leave when an ordinary job needs the GPU or the owner reclaims its memory);
 3. every change is appended to the journal (``journal``: a checksummed write-ahead
    log) before it is acted on;
-4. Lucid: shareable jobs' reserved half GPUs are kept in step (``_sync_shares``);
+4. Lucid: jobs that name no workload run on its profiling partition first, and
+   what they measured classifies them (``live_profiling``); a packed job runs in
+   its host's group, which stays until neither runs in it (``_end``);
    CES: the capacity to keep is asked of Ray's autoscaler (``live_power``).
 
 A restarted allocator (Ray restarts it, ``max_restarts``) replays the journal
-through the same driver, finds the running jobs' detached actors by name and
-waits on them again; a job whose actors are gone goes back to the queue and
-resumes from its checkpoint. Submits carry a request id, so a client retry after
-a crash never makes a second job.
+through the same driver (CES's demand history and last autoscaler request
+included: they are journaled too, as ``demand`` and ``capacity`` events), finds
+the running jobs' detached actors by name and waits on them again; a job whose
+actors are gone goes back to the queue and resumes from its checkpoint. Submits
+carry a request id, so a client retry after a crash never makes a second job.
 
 Start it with ``jobs_api.start_allocator``; talk to it with ``jobs_api``.
 """
@@ -40,20 +43,18 @@ from pathlib import Path
 import ray
 
 from . import placement
+from .actor_names import NAMESPACE
 from .journal import Journal
 from .live_driver import FAULTS, LiveDriver
 from .forecast import DemandForecaster
 from .interference import InterferenceTable
 from .live_packing import SHARE, LivePacking
-from .live_power import CapacityPlan
 from .live_state import JobSpec, LiveJob
 from .policy_ces import CES
 from .policy_lucid import Lucid
 from .policy_tiresias import Tiresias
 from .power import PowerModel
 
-ALLOCATOR_NAME = "hpo:allocator"
-NAMESPACE = "hpo"
 log = logging.getLogger(__name__)
 
 
@@ -109,10 +110,9 @@ class Allocator:
             pol = make_policy(policy, backfill=backfill, seed=seed, base=base_policy)
         if policy == "tiresias" and tiresias:
             pol = Tiresias(pol.backfill, **tiresias)
-        self.capacity, self.max_nodes = None, None
+        self.max_nodes = None
         if isinstance(pol, CES):
             pol, self.max_nodes = _live_ces(pol, dict(ces or {}))
-            self.capacity = CapacityPlan(pol)
         profiles = load_profiles(profiles_dir) if policy.startswith("elastic") else None
         self.driver = LiveDriver(pol, profiles, packing)
         self.storage = Path(storage_path)
@@ -135,7 +135,6 @@ class Allocator:
         self._pushed_quotas: dict[str, dict[int | str, int]] = {}
         self._gpu_hosts: dict[str, object] = {}
         self._gpus_per_node = 1      # largest GPU node seen: the bundle CES asks for per node
-        self._shares: dict[str, str] | None = None   # reserved half-GPU groups: name -> node
         with self.lock:
             self._refresh_nodes(force=True)
             self._reattach()
@@ -202,7 +201,7 @@ class Allocator:
                     "nodes": list(self.order), "jobs": states, "restarted": self.restarted,
                     "replayed_events": self.replayed, "journal": str(self.journal.path),
                     "journal_problems": list(self.journal.problems),
-                    "capacity_request": self.capacity.requested if self.capacity else None,
+                    "capacity_request": self.driver.capacity.requested if self.driver.capacity else None,
                     "packed": {j.job_id: j.share[0] for j in self.driver.jobs.values()
                                if j.share and self.driver.host_of(j) is not None},
                     "tick_errors": self.tick_errors, "last_error": self.last_error}
@@ -220,10 +219,8 @@ class Allocator:
             n = 0
             for job in self.driver.jobs.values():
                 if job.state in ("running", "stopping"):
-                    self._release(job)
+                    self._release(job, shared_too=True)
                     n += 1
-            for name in self._shares or {}:
-                placement.release(name, 0)
             self.journal.close()
             return n
 
@@ -254,11 +251,12 @@ class Allocator:
         self.inventory = inv
 
     def _contexts(self, job: LiveJob) -> list[dict]:
-        return [{"job_id": job.job_id, "attempt": job.attempt, "rank": r, "world_size": len(job.where),
+        ranks = self.driver.ranks(job)
+        return [{"job_id": job.job_id, "attempt": job.attempt, "rank": r, "world_size": len(ranks),
                  "gpus": job.gpus, "local_gpus": k, "batch_size": job.batch_size,
                  "checkpoint_dir": str(self.storage / "jobs" / str(job.job_id)),
                  "config": dict(job.spec.config), "name": job.spec.name}
-                for r, (_, k) in enumerate(job.where)]
+                for r, (_, k) in enumerate(ranks)]
 
     def _reattach(self) -> None:
         """After a restart: wait again on running jobs whose actors survived; requeue the rest."""
@@ -266,9 +264,10 @@ class Allocator:
             if job.state not in ("running", "stopping"):
                 continue
             name = placement.group_name(job.job_id, job.attempt)
-            workers = placement.find_ranks(name, len(job.where))
-            if len(workers) < len(job.where) or any(n not in self.inventory for n, _ in job.where):
-                placement.release(name, len(job.where), workers)
+            n = len(self.driver.ranks(job))
+            workers = placement.find_ranks(name, n)
+            if len(workers) < n or any(node not in self.inventory for node, _ in job.where):
+                placement.release(name, n, workers)
                 self._requeue(job, "lost")
                 continue
             run = _Run(name, workers, [w.wait.remote() for w in workers],
@@ -302,7 +301,6 @@ class Allocator:
     def _tick(self) -> None:
         self._refresh_nodes()
         self._collect()
-        self._sync_shares()   # halves freed by ended jobs are reserved again before anything starts
         d = self.driver.decide(self.inventory, self.order, time.time())
         for jid in d.lost:
             job = self.driver.jobs[jid]
@@ -316,31 +314,32 @@ class Allocator:
                     w.stop.remote()
                 run.stop_deadline = time.time() + self.stop_grace_s
         for jid, where, gpus, batch in d.starts:
-            self._start(jid, where, gpus, batch)
+            self._start(jid, where, gpus, batch, profiling=jid in d.profiling)
         for jid, host in d.packs:
             self._start_packed(jid, host)
-        self._sync_shares()
         for tid, g in d.evictions:
             self._emit({"ev": "evict", "job_id": tid, "group": g})
         for tid, g, where in d.guests:
             self._emit({"ev": "guest", "job_id": tid, "group": g, "where": where})
         self._sync_sweep_guests()
-        if self.capacity is not None:
+        if self.driver.capacity is not None:
             self._request_capacity()
 
     def _request_capacity(self) -> None:
-        """CES: ask Ray's autoscaler for the GPU nodes to keep on (``live_power``)."""
+        """CES: journal the demand sample, then ask Ray's autoscaler for the GPU nodes to keep on
+        (``live_power``); the request is journaled before it is made, like every change."""
         from ray.autoscaler.sdk import request_resources
 
         self._gpus_per_node = max([self._gpus_per_node, *self.inventory.values()])
-        jobs = [j for j in self.driver.jobs.values() if j.active and j.spec.kind == "train"]
-        bundles = self.capacity.update(
-            time.time(), self._gpus_per_node, self.max_nodes or len(self.order),
-            busy_gpus=sum(j.gpus for j in jobs if j.state != "queued"),
-            queued_gpus=[j.spec.gpus for j in jobs if j.state == "queued"])
-        if bundles is not None:
-            request_resources(bundles=bundles)
-            log.info("CES: asked the autoscaler to keep %d GPU node(s)", len(bundles))
+        now = time.time()
+        demand = self.driver.demand_event(now)
+        if demand is not None:
+            self._emit(demand)
+        ask = self.driver.capacity_event(now, self._gpus_per_node, self.max_nodes or len(self.order))
+        if ask is not None:
+            self._emit(ask)
+            request_resources(bundles=self.driver.capacity.requested)
+            log.info("CES: asked the autoscaler to keep %d GPU node(s)", ask["nodes"])
 
     def _sync_sweep_guests(self) -> None:
         """Make sweeps' guest placements real: one `IdleGpuHost` per idle GPU placed, and the
@@ -397,71 +396,46 @@ class Allocator:
         actor.run.remote()
         return actor
 
-    def _start(self, jid: int, where, gpus: int, batch) -> None:
+    def _start(self, jid: int, where, gpus: int, batch, profiling: bool = False) -> None:
         job = self.driver.jobs[jid]
         attempt = job.attempt + 1
         self._emit({"ev": "start", "job_id": jid, "attempt": attempt, "where": [list(w) for w in where],
-                    "gpus": gpus, "batch_size": batch})
+                    "gpus": gpus, "batch_size": batch, **({"profiling": True} if profiling else {})})
         name = placement.group_name(jid, attempt)
-        placement.release(name, len(where))   # leftovers of an attempt whose journal record was lost
+        ranks = self.driver.ranks(job)
+        placement.release(name, len(ranks))   # leftovers of an attempt whose journal record was lost
         share = SHARE if self.driver.shareable(job) else 1.0
         try:
-            pg = placement.create_group(name, where, self.cpus_per_bundle, share)
-            workers = placement.launch_ranks(pg, name, where, job.spec.entrypoint, self._contexts(job),
+            pg = placement.create_group(name, ranks, self.cpus_per_bundle)
+            workers = placement.launch_ranks(pg, name, ranks, job.spec.entrypoint, self._contexts(job),
                                              self.runtime_env, share)
         except Exception as exc:  # noqa: BLE001  -- Ray refused: back to the queue
-            placement.release(name, len(where))
+            placement.release(name, len(ranks))
             self._requeue(job, "fault", repr(exc))
             return
         self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready(),
                               starting=[w.start.remote() for w in workers])
 
     def _start_packed(self, jid: int, host_id: int) -> None:
-        """Lucid: run ``jid`` in the reserved half of the host's GPU (its share group)."""
+        """Lucid: run ``jid`` on the free half of the host's GPU, in the group that holds it."""
         job, host = self.driver.jobs[jid], self.driver.jobs[host_id]
         attempt = job.attempt + 1
         self._emit({"ev": "start-packed", "job_id": jid, "attempt": attempt, "host": host_id})
         name = placement.group_name(jid, attempt)
-        placement.release(name, 1)
-        pg = placement.find_group(placement.share_name(host_id, host.attempt))
+        ranks = self.driver.ranks(job)
+        placement.release(name, len(ranks))
+        pg = placement.find_group(placement.group_name(*host.gpu_group))
         try:
             if pg is None:
-                raise RuntimeError(f"host {host_id}'s reserved half GPU is gone")
-            workers = placement.launch_ranks(pg, name, job.where, job.spec.entrypoint, self._contexts(job),
+                raise RuntimeError(f"host {host_id}'s placement group is gone")
+            workers = placement.launch_ranks(pg, name, ranks, job.spec.entrypoint, self._contexts(job),
                                              self.runtime_env, SHARE)
         except Exception as exc:  # noqa: BLE001  -- back to the queue
-            placement.release(name, 1)
+            placement.release(name, len(ranks))
             self._requeue(job, "fault", repr(exc))
             return
         self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready(),
                               starting=[w.start.remote() for w in workers])
-
-    def _sync_shares(self) -> None:
-        """Keep one reserved half-GPU group for every shareable job running alone (its partner
-        may come), and the host's group for every packed job living in it; remove the rest."""
-        if self.driver.packing is None:
-            return
-        want: dict[str, str] = {}
-        for job in self.driver.jobs.values():
-            if job.state not in ("running", "stopping") or not self.driver.shareable(job):
-                continue
-            node = job.where[0][0]
-            if job.share:
-                want[placement.share_name(*job.share)] = node       # where it runs
-            if self.driver.host_of(job) is None:
-                want[placement.share_name(job.job_id, job.attempt)] = node
-        if self._shares is None:   # (re)started: find what a previous allocator left
-            from ray.util.placement_group import placement_group_table
-
-            self._shares = {row["name"]: "" for row in placement_group_table().values()
-                            if row["name"].startswith("hpo-share-") and row["state"] != "REMOVED"}
-        for name in set(self._shares) - set(want):
-            placement.release(name, 0)
-            del self._shares[name]
-        for name, node in want.items():
-            if name not in self._shares:
-                placement.create_group(name, ((node, 1),), share=SHARE)
-                self._shares[name] = node
 
     def _collect(self) -> None:
         now = time.time()
@@ -502,6 +476,8 @@ class Allocator:
                 self._end(jid, run)
                 chief = ray.get(run.waits[0])
                 ran = {"ran_s": chief["elapsed"]} if "elapsed" in chief else {}
+                if chief["status"] == "stopped" and job.profiling and job.stop_reason == "profiled":
+                    self._emit(self.driver.profile_event(job, max(o["peak_memory_mb"] for o in outcomes)))
                 if chief["status"] == "stopped":
                     self._emit({"ev": "requeue", "job_id": jid, "reason": job.stop_reason or "stopped", **ran})
                 else:
@@ -514,11 +490,18 @@ class Allocator:
 
     def _end(self, jid: int, run: _Run) -> None:
         self.runs.pop(jid, None)
-        placement.release(run.name, len(run.workers), run.workers)
+        placement.release(run.name, len(run.workers), run.workers, self._group_left(self.driver.jobs[jid]))
 
-    def _release(self, job: LiveJob) -> None:
-        """Kill the current attempt's actors and remove its group (found by name if
-        this allocator never held their handles)."""
+    def _release(self, job: LiveJob, shared_too: bool = False) -> None:
+        """Kill the current attempt's actors (found by name if this allocator never held their
+        handles) and remove the group holding its GPUs, unless a packed partner still runs
+        there (``shared_too``: remove it anyway, when every job goes)."""
         run = self.runs.pop(job.job_id, None)
-        placement.release(placement.group_name(job.job_id, job.attempt), len(job.where),
-                          run.workers if run else None)
+        group = placement.group_name(*job.gpu_group) if shared_too and job.gpu_group else self._group_left(job)
+        placement.release(placement.group_name(job.job_id, job.attempt), len(self.driver.ranks(job)),
+                          run.workers if run else None, group)
+
+    def _group_left(self, job: LiveJob) -> str:
+        """The name of the group to remove with ``job``'s ranks ("": none, a partner runs there)."""
+        left = self.driver.group_left_by(job)
+        return "" if left is None else placement.group_name(*left)

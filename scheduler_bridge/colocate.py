@@ -26,12 +26,12 @@ import multiprocessing as mp
 import os
 import platform
 import queue
-import resource
 import sys
 import time
 from pathlib import Path
 
 from .interference import write_table
+from .memory_probe import PeakMemory
 
 WORKER_TIMEOUT = 600.0  # seconds a worker may take to start up and report
 # name -> (module with a ``workload``, config overrides)
@@ -57,7 +57,7 @@ def _train(name: str, device: str, cores: list[int], threads: int, warmup: float
     workload = importlib.import_module(module).workload
     config = workload.resolve(overrides)
     torch.manual_seed(0)
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    memory = PeakMemory()
     model = workload.build_model(config).to(device)
     optimizer = workload_optimizer(workload, model, OptimHParams.from_config(config))
     batches = workload.train_batches(config, 0)
@@ -81,10 +81,7 @@ def _train(name: str, device: str, cores: list[int], threads: int, warmup: float
         steps += 1
     if device != "cpu":
         torch.cuda.synchronize()
-        memory = torch.cuda.max_memory_allocated() / 2**20
-    else:  # peak resident memory the model, optimizer and data added
-        memory = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_rss, 1) / 1024
-    results.put((name, steps / (time.perf_counter() - start), memory))
+    results.put((name, steps / (time.perf_counter() - start), memory.mb()))
 
 
 def _run(names: list[str], device: str, cores: list[int], threads: int, warmup: float,

@@ -42,10 +42,14 @@ class DemandForecaster:
     def _bin(self, t: float) -> int:
         return int(math.floor(t / self.bin_s))
 
+    def raises(self, t: float, demand: float) -> bool:
+        """Whether ``record(t, demand)`` would change the history (a new bin, or a higher peak):
+        only such samples need to be kept, so the live allocator journals only those."""
+        return demand > self._peak.get(self._bin(t), -1.0)
+
     def record(self, t: float, demand: float) -> None:
-        k = self._bin(t)
-        if demand > self._peak.get(k, -1.0):
-            self._peak[k] = float(demand)
+        if self.raises(t, demand):
+            self._peak[self._bin(t)] = float(demand)
 
     def _window_peak(self, start: float, end: float) -> float | None:
         vals = [self._peak[k] for k in range(self._bin(start), self._bin(end) + 1) if k in self._peak]

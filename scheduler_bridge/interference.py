@@ -24,7 +24,7 @@ import io
 import math
 from pathlib import Path
 
-from .traces import TraceError, read_text
+from .data_files import TraceError, read_text
 
 COLUMNS = ("workload", "partner", "alone_steps_s", "together_steps_s", "slowdown", "memory_mb")
 

@@ -110,10 +110,12 @@ def _cmd_start(args) -> int:
     if any(v < 0 for v in ces.values()):
         raise ValueError(f"--ces-* options must be >= 0, got {ces}")
     lucid = {k: v for k, v in (("table", args.interference), ("max_slowdown", args.pack_max_slowdown),
-                               ("gpu_memory_mb", args.pack_gpu_memory_mb), ("margin", args.pack_margin))
+                               ("gpu_memory_mb", args.pack_gpu_memory_mb), ("margin", args.pack_margin),
+                               ("profile_nodes", args.profile_nodes), ("profile_s", args.profile_seconds))
              if v is not None}
     if lucid and args.policy != "lucid":
-        raise ValueError(f"--interference and --pack-* options need --policy lucid, got --policy {args.policy}")
+        raise ValueError(f"--interference, --pack-* and --profile-* options need --policy lucid, "
+                         f"got --policy {args.policy}")
     if args.policy == "lucid":
         from .allocator import _live_lucid
         _live_lucid(dict(lucid), True, 0)   # a bad table or knob fails here, naming the row and column
@@ -216,6 +218,11 @@ def add_job_parser(subparsers) -> None:
     st.add_argument("--pack-gpu-memory-mb", type=float, default=None, help="lucid: one GPU's memory, MB (32768)")
     st.add_argument("--pack-margin", type=float, default=None,
                     help="lucid: part a pair measured slower than predicted by this fraction (0.25)")
+    st.add_argument("--profile-nodes", type=int, default=None,
+                    help="lucid: GPU nodes that first run jobs submitted without --workload, to classify "
+                         "them (2; 0: none)")
+    st.add_argument("--profile-seconds", type=float, default=None,
+                    help="lucid: how long a job runs on the profiling nodes, s (300)")
     st.set_defaults(func=_cmd_start)
 
     sm = common(sub.add_parser("submit", help="queue a training job; prints its id"))

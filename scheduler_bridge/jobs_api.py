@@ -21,7 +21,8 @@ import uuid
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .allocator import ALLOCATOR_NAME, NAMESPACE, Allocator
+from .actor_names import ALLOCATOR_NAME, NAMESPACE
+from .allocator import Allocator
 from .live_state import JobSpec
 
 
@@ -53,7 +54,8 @@ def start_allocator(journal_path: str, storage_path: str, policy: str = "fifo", 
     of attained service, ``starvation``); preempted jobs checkpoint through ``ctx.should_stop``.
     ``policy="ces:<base>"`` keeps the forecast GPU capacity through Ray's autoscaler
     (``request_resources``); ``ces``: its knobs (``allocator._live_ces``). ``policy="lucid"``
-    packs waiting one-GPU jobs that name a ``workload`` beside running ones (``live_packing``);
+    profiles jobs that name no ``workload`` first (``live_profiling``) and packs waiting jobs beside
+    running ones of as many GPUs (``live_packing``);
     ``lucid``: its knobs (``allocator._live_lucid``: table, margin, Lucid's own). ``runtime_env``: for the allocator and the jobs it starts
     (e.g. ``{"env_vars": {"PYTHONPATH": ...}}`` so entry points import).
     """

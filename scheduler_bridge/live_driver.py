@@ -16,8 +16,12 @@ the current GPU inventory into ``Decisions`` with the simulator's machinery:
   guests on idle GPUs and in pipeline jobs' bubbles;
 - Tiresias ranks by the service a job has actually run (``_ranked``), counted
   from when its ranks are up (``ready`` events);
-- Lucid packs waiting one-GPU jobs beside running ones (``live_packing``); a
-  packed job's GPU is its host's, so the pair counts once.
+- Lucid profiles jobs that name no workload on its profiling partition first
+  (``live_profiling``), then packs waiting jobs beside running ones of as many
+  GPUs (``live_packing``); a packed job's GPUs are its host's, so the pair counts once;
+- CES keeps its demand history and its last autoscaler request in the journal too
+  (``demand`` and ``capacity`` events), so a restarted allocator forecasts from
+  the same past (``live_power``).
 
 Events that cannot be applied (a damaged or foreign journal record) are refused
 whole by ``check_event``; ``replay`` skips them and says which, by offset.
@@ -44,9 +48,12 @@ from itertools import count
 
 from .cluster import ClusterSpec, FreeGPUs, Placement
 from .jobs import Job
-from .live_packing import LivePacking, measured_slowdown
+from .live_packing import LivePacking, measured_slowdown, ranks
+from .live_power import CapacityPlan
+from .live_profiling import LiveProfiling
 from .live_state import TERMINAL, JobSpec, LiveJob, Where
 from .pending import PendingQueue, select_starts
+from .policy_ces import CES
 from .policy_elastic import ElasticJobState, ElasticPolicy
 from .policy_lucid import Lucid
 from .policy_queue import QueuePolicy
@@ -62,7 +69,11 @@ EVENT_FIELDS: dict[str, dict[str, type | tuple]] = {
     "start-packed": {"attempt": int, "host": int}, "ready": {"attempt": int},
     "stop": {"reason": str}, "requeue": {"reason": str}, "finish": {"status": str},
     "progress": {"done": _NUM}, "guest": {"group": (int, str), "where": list},
-    "evict": {"group": (int, str)}, "reclaim": {},
+    "evict": {"group": (int, str)}, "reclaim": {}, "profile": {"memory_mb": _NUM, "workload": str},
+}
+# Events about the cluster rather than one job (no job_id): CES's demand samples and requests.
+CLUSTER_EVENT_FIELDS: dict[str, dict[str, type | tuple]] = {
+    "demand": {"gpus": _NUM}, "capacity": {"nodes": int, "gpus_per_node": int},
 }
 
 
@@ -105,6 +116,7 @@ class Decisions:
     guests: list[tuple[int, int, list]] = field(default_factory=list)
     evictions: list[tuple[int, int]] = field(default_factory=list)
     packs: list[tuple[int, int]] = field(default_factory=list)   # (queued job, running host)
+    profiling: list[int] = field(default_factory=list)   # the starts that are Lucid profiling runs
 
     def __bool__(self) -> bool:
         return bool(self.lost or self.starts or self.stops or self.guests or self.evictions or self.packs)
@@ -126,6 +138,8 @@ class LiveDriver:
         if isinstance(policy, Lucid) and packing is None:
             packing = LivePacking(policy)
         self.packing = packing
+        self.profiler = LiveProfiling(packing.lucid) if packing and packing.lucid.profile_nodes else None
+        self.capacity = CapacityPlan(policy) if isinstance(policy, CES) else None
         policy.reset(0.0)  # live times are Unix seconds
         self.jobs: dict[int, LiveJob] = {}
         self.by_request: dict[str, int] = {}
@@ -176,7 +190,9 @@ class LiveDriver:
         return max(job.spec.expected_seconds - self._ran(job, now), 0.0)
 
     def _enqueue(self, job: LiveJob, t: float) -> None:
-        job.state, job.where, job.gpus, job.stop_reason = "queued", (), 0, ""
+        job.state, job.where, job.gpus, job.stop_reason, job.share = "queued", (), 0, "", None
+        job.gpu_group = None
+        job.profiling = False
         if self.elastic:
             job.priority = job.submit_t
         else:
@@ -198,14 +214,15 @@ class LiveDriver:
     def check_event(self, ev: dict) -> None:
         """Raise ValueError naming what is wrong if ``ev`` cannot be applied to this table."""
         kind = ev.get("ev")
+        if kind in CLUSTER_EVENT_FIELDS:
+            if not isinstance(ev.get("t"), _NUM):
+                raise ValueError(f"{kind} event needs a numeric t")
+            return self._check_fields(ev, CLUSTER_EVENT_FIELDS[kind], f"{kind} event")
         if kind not in EVENT_FIELDS:
             raise ValueError(f"unknown journal event {kind!r}")
         if not isinstance(ev.get("t", 0.0), _NUM) or not isinstance(ev.get("job_id"), int):
             raise ValueError(f"{kind} event needs a numeric t and an int job_id")
-        for key, typ in EVENT_FIELDS[kind].items():
-            if not isinstance(ev.get(key), typ) or isinstance(ev.get(key), bool):
-                raise ValueError(f"{kind} event of job {ev['job_id']}: field {key!r} missing or not "
-                                 f"{getattr(typ, '__name__', 'a number')}")
+        self._check_fields(ev, EVENT_FIELDS[kind], f"{kind} event of job {ev['job_id']}")
         if kind == "submit":
             if ev["job_id"] in self.jobs:
                 raise ValueError(f"job {ev['job_id']} submitted twice")
@@ -223,6 +240,12 @@ class LiveDriver:
         if kind == "finish" and ev["status"] not in TERMINAL:
             raise ValueError(f"finish of job {ev['job_id']}: status {ev['status']!r} not one of {TERMINAL}")
 
+    @staticmethod
+    def _check_fields(ev: dict, fields: dict[str, type | tuple], what: str) -> None:
+        for key, typ in fields.items():
+            if not isinstance(ev.get(key), typ) or isinstance(ev.get(key), bool):
+                raise ValueError(f"{what}: field {key!r} missing or not {getattr(typ, '__name__', 'a number')}")
+
     def replay(self, records) -> list[str]:
         """Apply journal ``records`` ((offset, event) pairs) in order; an event that cannot be
         applied is skipped, never fatal. Returns one line per skipped event, naming its offset."""
@@ -238,6 +261,9 @@ class LiveDriver:
 
     def apply(self, ev: dict) -> None:
         kind, t = ev["ev"], float(ev.get("t", 0.0))
+        if kind in CLUSTER_EVENT_FIELDS:
+            self._apply_power(kind, t, ev)
+            return
         if kind == "submit":
             spec = JobSpec.from_dict(ev["spec"])
             job = LiveJob(job_id=ev["job_id"], spec=spec, submit_t=t, request_id=ev.get("request_id", ""))
@@ -250,13 +276,16 @@ class LiveDriver:
         job = self.jobs[ev["job_id"]]
         if kind == "start-packed":   # into the reserved half of the host's GPU
             host = self.jobs[ev["host"]]
-            ev = {**ev, "where": [list(w) for w in host.where], "gpus": 1}
+            ev = {**ev, "where": [list(w) for w in host.where], "gpus": job.spec.gpus}
             kind = "start"
         if kind == "start":
             job.state, job.attempt = "running", ev["attempt"]
             job.where = tuple((n, int(k)) for n, k in ev["where"])
             job.gpus, job.batch_size, job.seg_start = ev["gpus"], ev.get("batch_size"), t
             job.share = [ev["host"], self.jobs[ev["host"]].attempt] if "host" in ev else None
+            # a packed job lives in its host's group, which outlives the host while it runs there
+            job.gpu_group = list(self.jobs[ev["host"]].gpu_group) if "host" in ev else [job.job_id, job.attempt]
+            job.profiling = bool(ev.get("profiling", False))
             job.samples = []
             if job.first_start is None:
                 job.first_start = t
@@ -274,6 +303,8 @@ class LiveDriver:
             job.requeues.append(ev["reason"])
             if ev["reason"] == "interference" and job.share:
                 job.avoid.append(job.share[0])
+            if ev["reason"] == "profiled" and job.profiled is None:
+                job.profiled = {"memory_mb": None, "workload": ""}   # stopped before it measured
             if ev["reason"] in FAULTS:
                 job.faults += 1
             self._enqueue(job, t)
@@ -286,7 +317,6 @@ class LiveDriver:
             job.guests = {}
             if (ev["status"] == "done" and job.spec.kind == "train" and was_running
                     and not self.elastic and self.policy.observe(self._policy_job(job, job.run_s), t)):
-                queued = [j for j in self.jobs.values() if j.state == "queued"]
                 self._reprioritise(t)
         elif kind == "progress":
             job.progress = float(ev["done"])
@@ -298,13 +328,42 @@ class LiveDriver:
             job.guests[str(ev["group"])] = list(ev["where"])
         elif kind == "evict":
             job.guests.pop(str(ev["group"]), None)
+        elif kind == "profile":
+            job.profiled = {"memory_mb": float(ev["memory_mb"]), "workload": ev["workload"]}
         elif kind == "reclaim":
             job.reclaimed = True
             self._drop_bubble_guests(job.job_id)
         else:
             raise ValueError(f"unknown journal event {kind!r}")
 
+    def _apply_power(self, kind: str, t: float, ev: dict) -> None:
+        """CES's demand history and last request. A journal written under CES and replayed
+        under another policy has no plan to restore: the events describe the cluster, not a job."""
+        if self.capacity is None:
+            return
+        if kind == "demand":
+            self.capacity.record(t, float(ev["gpus"]))
+        else:
+            self.capacity.asked(t, ev["nodes"], ev["gpus_per_node"])
+
     # ---- decisions ----------------------------------------------------------------
+    def _demand(self) -> tuple[int, list[int]]:
+        """(busy GPUs, GPUs each waiting job asks for); a packed pair holds one GPU."""
+        jobs = [j for j in self.jobs.values() if j.active and j.spec.kind == "train"]
+        busy = sum(j.gpus for j in jobs if j.state != "queued" and self.host_of(j) is None)
+        return busy, [j.spec.gpus for j in jobs if j.state == "queued"]
+
+    def demand_event(self, now: float) -> dict | None:
+        """CES: the demand sample to journal now, or None when it adds nothing to the history."""
+        gpus = self.capacity.demand(now, *self._demand())
+        return None if gpus is None else {"ev": "demand", "t": now, "gpus": gpus}
+
+    def capacity_event(self, now: float, gpus_per_node: int, max_nodes: int) -> dict | None:
+        """CES: the new autoscaler request to journal (and then make), or None (``live_power``)."""
+        want = self.capacity.wanted(now, gpus_per_node, max_nodes, *self._demand())
+        return None if want is None else {"ev": "capacity", "t": now, "nodes": len(want),
+                                          "gpus_per_node": gpus_per_node}
+
     def active(self) -> list[LiveJob]:
         return sorted((j for j in self.jobs.values() if j.active and j.spec.kind == "train"),
                       key=lambda j: j.job_id)
@@ -338,6 +397,13 @@ class LiveDriver:
             return None
         return host
 
+    def group_left_by(self, job: LiveJob) -> list | None:
+        """The group holding ``job``'s GPUs if no other running job is in it (remove it with the
+        job), else None (a packed partner still runs there: the group stays)."""
+        others = any(j is not job and j.state in ("running", "stopping") and j.gpu_group == job.gpu_group
+                     for j in self.jobs.values())
+        return None if others or job.gpu_group is None else job.gpu_group
+
     def partner_of(self, host: LiveJob) -> LiveJob | None:
         """The running job packed into ``host``'s GPU, if any."""
         for j in self.jobs.values():
@@ -346,8 +412,26 @@ class LiveDriver:
         return None
 
     def shareable(self, job: LiveJob) -> bool:
-        """Runs in half-GPU bundles so that a partner can join it later (``live_packing``)."""
-        return self.packing is not None and self.packing.shareable(job.spec.workload, job.spec.gpus)
+        """Runs on half its GPU so that a partner can join it later (``live_packing``)."""
+        return self.packing is not None and self.packing.shareable(self.workload_of(job))
+
+    def ranks(self, job: LiveJob) -> Where:
+        """Where ``job``'s ranks run: one per bundle of its placement, or one per GPU for a job
+        that may be packed (``live_packing.ranks``)."""
+        return ranks(job.where) if self.shareable(job) else job.where
+
+    def workload_of(self, job: LiveJob) -> str:
+        """Its interference-table workload: as submitted, else as its profiling run classified it."""
+        return job.spec.workload or (job.profiled or {}).get("workload", "")
+
+    def needs_profiling(self, job: LiveJob) -> bool:
+        """Lucid profiles a job whose workload it does not know yet, once."""
+        return self.profiler is not None and not job.spec.workload and job.profiled is None
+
+    def profile_event(self, job: LiveJob, memory_mb: float) -> dict:
+        """The journal record of what ``job``'s profiling run measured, and its class."""
+        return {"ev": "profile", "job_id": job.job_id, "memory_mb": float(memory_mb),
+                "workload": self.profiler.classify(memory_mb)}
 
     def _decide_packing(self, holding: list[LiveJob], waiting: list[LiveJob], out: Decisions) -> None:
         """Lucid: pack waiting jobs beside running ones its rule allows; part pairs that run
@@ -359,20 +443,44 @@ class LiveDriver:
             if partner is not None:
                 slow = measured_slowdown(h.samples, partner.seg_start)
                 if (partner.state == "running" and slow is not None
-                        and rule.too_slow(h.spec.workload, partner.spec.workload, slow)):
+                        and rule.too_slow(self.workload_of(h), self.workload_of(partner), slow)):
                     out.stops.append((partner.job_id, "interference"))
-            elif h.state == "running" and self.shareable(h) and self.host_of(h) is None and not h.share:
+            elif h.state == "running" and self.shareable(h) and self.host_of(h) is None:   # alone
                 hosts[h.job_id] = h
         for job in waiting:
             if not self.shareable(job):
                 continue
             costs = [(c, hid) for hid, h in hosts.items() if hid not in job.avoid
-                     and (c := rule.cost(job.spec.workload, job.priority, h.spec.workload, h.priority))
-                     is not None]
+                     and (c := rule.cost(self.workload_of(job), job.priority, self.workload_of(h), h.priority,
+                                         gpus=(job.spec.gpus, h.gpus))) is not None]
             if costs:
                 _, hid = min(costs)
                 out.packs.append((job.job_id, hid))
                 del hosts[hid]
+
+    def _decide_profiling(self, view: ClusterView, holding: list[LiveJob], queued: list[LiveJob],
+                          out: Decisions, now: float) -> tuple[FreeGPUs, list[LiveJob]]:
+        """Lucid's partition (``live_profiling``): stop profiling runs whose time is up, start
+        unprofiled jobs there first come first served, and return the main partition's free
+        GPUs with the jobs that queue for it (the profiled, and those too big to profile)."""
+        for job in holding:
+            if (job.profiling and job.state == "running" and job.ready_attempt == job.attempt
+                    and now - job.seg_start >= self.profiler.seconds):
+                out.stops.append((job.job_id, "profiled"))
+        part = {view.index[n] for n in self.profiler.partition(view.nodes)}
+        main, prof = view.free.copy(), view.free.copy()
+        for i, k in enumerate(view.free.free):
+            (prof if i not in part else main).take(((i, k),))
+        largest = max((view.free.cap[i] for i in part), default=0)
+        to_profile = PendingQueue()
+        for job in queued:
+            if self.needs_profiling(job) and job.spec.gpus <= largest:
+                to_profile.push(job.job_id, job.spec.gpus, job.qseq)
+        for jid, p in select_starts(to_profile, prof, backfill=True):
+            out.starts.append((jid, view.to_where(p), self.jobs[jid].spec.gpus, self.jobs[jid].spec.batch_size))
+            out.profiling.append(jid)
+        waiting = set(to_profile.job_ids())
+        return main, [j for j in queued if j.job_id not in waiting and j.job_id not in out.profiling]
 
     def _reprioritise(self, t: float) -> None:
         queued = [j for j in self.jobs.values() if j.state == "queued"]
@@ -385,9 +493,12 @@ class LiveDriver:
             self._reprioritise(now)   # Tiresias: starved jobs are promoted (not journaled: replay redoes it)
         queue = PendingQueue()
         queued = sorted((j for j in self.active() if j.state == "queued"), key=lambda j: j.qseq)
+        free = view.free
+        if self.profiler is not None:
+            free, queued = self._decide_profiling(view, holding, queued, out, now)
         for job in queued:
             queue.push(job.job_id, job.spec.gpus, job.priority)
-        for jid, p in select_starts(queue, view.free, self.policy.backfill):
+        for jid, p in select_starts(queue, free, self.policy.backfill):
             job = self.jobs[jid]
             out.starts.append((jid, view.to_where(p), job.spec.gpus, job.spec.batch_size))
         if self.packing is not None:

@@ -36,6 +36,9 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .actor_names import ALLOCATOR_NAME, NAMESPACE
+from .memory_probe import PeakMemory
+
 CHECKPOINT_FILE = "checkpoint.state"   # JSON, or a torch zip archive (tensors)
 _ZIP_MAGIC = b"PK\x03\x04"               # what torch.save writes; JSON never starts so
 _LEGACY_PICKLE = "checkpoint.pkl"
@@ -117,7 +120,6 @@ class JobContext:
         checkpoint is all that counts."""
         import ray
 
-        from .allocator import ALLOCATOR_NAME, NAMESPACE
         try:
             allocator = ray.get_actor(ALLOCATOR_NAME, namespace=NAMESPACE)
         except ValueError:
@@ -128,7 +130,6 @@ class JobContext:
         """A pipeline job needs its bubbles' memory back: the allocator evicts its guests."""
         import ray
 
-        from .allocator import ALLOCATOR_NAME, NAMESPACE
         ray.get(ray.get_actor(ALLOCATOR_NAME, namespace=NAMESPACE).reclaim_bubbles.remote(self.job_id))
 
 
@@ -176,7 +177,9 @@ def _jsonable(value):
 class JobRunner:
     """One rank of a job. ``start`` is idempotent (a restarted allocator calls it again);
     ``wait`` blocks until the entry point returns: {"status": "done" | "stopped" |
-    "error", "value" | "error": ..., "elapsed": seconds the entry point ran}."""
+    "error", "value" | "error": ..., "elapsed": seconds the entry point ran,
+    "peak_memory_mb": the memory it added (``memory_probe``; what a Lucid profiling run
+    classifies the job by, measured from outside the job's code)}."""
 
     def __init__(self, entrypoint: str, context: dict):
         self._entrypoint = entrypoint
@@ -197,11 +200,11 @@ class JobRunner:
     def _run(self) -> None:
         try:
             fn = resolve_entrypoint(self._entrypoint)
-            t0 = time.monotonic()
+            memory, t0 = PeakMemory(), time.monotonic()
             value = fn(JobContext(**self._context, _stop=self._stop))
             status = "stopped" if self._stop.is_set() else "done"
             self._outcome = {"status": status, "value": _jsonable(value),
-                             "elapsed": time.monotonic() - t0}
+                             "elapsed": time.monotonic() - t0, "peak_memory_mb": memory.mb()}
         except BaseException:  # noqa: BLE001  -- reported to the allocator, which fails the job
             self._outcome = {"status": "error", "error": traceback.format_exc(limit=20)}
         finally:

@@ -5,18 +5,21 @@ Which pairs may share a GPU is the ``policy_lucid.Lucid`` object's rule
 limit, memory fits, priorities close), the same the simulator applies. What
 only a live cluster adds is here:
 
-- a waiting one-GPU job that names its ``workload`` goes beside the allowed
-  running host with the smallest predicted slowdown of the pair; the host keeps
+- a waiting job whose ``workload`` is known goes beside the allowed running
+  host of as many GPUs with the smallest predicted slowdown of the pair; the host keeps
   running untouched (Lucid is non-intrusive), and the packed job runs in the
-  other half of the host's GPU (``allocator``: a shareable job holds its GPU as
-  two ``{"GPU": SHARE}`` bundles, its own and a reserved one a partner moves into);
+  other half of the host's GPU (``placement``: a shareable job's group holds its
+  whole GPU and its rank ``SHARE`` of it; the partner's rank takes the rest in
+  the same bundle, so Ray gives both that GPU, and the group stays while either
+  runs: the one left may host a new partner there);
 - the table's prediction is checked against the host's own progress reports:
   its rate of progress alone (before the partner started) against its rate
   beside it. Measured more than ``margin`` above the prediction, the partner is
   stopped (checkpointed), requeued, and never packed with that host again.
 
-Only one-GPU jobs are packed live: a Ray actor holds one bundle, and a
-multi-GPU rank cannot hold half of each of several GPUs.
+A job that may be packed runs one rank per GPU (``ranks``): a Ray actor holds
+one bundle, and a rank of several GPUs cannot hold half of each of them. Its
+partner's rank i then shares GPU i with its rank i.
 
 >>> from scheduler_bridge.interference import InterferenceTable
 >>> from scheduler_bridge.policy_lucid import Lucid
@@ -31,6 +34,8 @@ from __future__ import annotations
 
 import math
 
+from .live_state import Where
+
 from .policy_lucid import Lucid
 
 SHARE = 0.5   # the fraction of a GPU each job of a packed pair holds
@@ -42,17 +47,28 @@ class LivePacking:
             raise ValueError(f"packing margin must be >= 0, got {margin}")
         self.lucid, self.margin = lucid, margin
 
-    def shareable(self, workload: str, gpus: int) -> bool:
-        return gpus == 1 and workload in self.lucid.table.memory_mb
+    def shareable(self, workload: str) -> bool:
+        return workload in self.lucid.table.memory_mb
 
-    def cost(self, job: str, job_priority: float, host: str, host_priority: float) -> float | None:
-        """The pair's summed predicted slowdown, or None where Lucid's rule forbids packing."""
-        ok, _ = self.lucid.pack_check(job, job_priority, host, host_priority, gpus=(1, 1))
+    def cost(self, job: str, job_priority: float, host: str, host_priority: float,
+             gpus: tuple[int, int] = (1, 1)) -> float | None:
+        """The pair's summed predicted slowdown, or None where Lucid's rule forbids packing
+        (``gpus``: the GPU counts of the two, which must be equal)."""
+        ok, _ = self.lucid.pack_check(job, job_priority, host, host_priority, gpus=gpus)
         return round(sum(self.lucid.slowdowns(job, host)), 9) if ok else None
 
     def too_slow(self, host: str, partner: str, measured: float) -> bool:
         """The host's measured slowdown beside ``partner`` exceeds the prediction by the margin."""
         return measured > self.lucid.slowdowns(host, partner)[0] * (1.0 + self.margin)
+
+
+def ranks(where: Where) -> Where:
+    """One rank of one GPU per GPU of ``where``: how a job that may be packed runs.
+
+    >>> ranks((("n1", 2), ("n2", 1)))
+    (('n1', 1), ('n1', 1), ('n2', 1))
+    """
+    return tuple((node, 1) for node, k in where for _ in range(k))
 
 
 def measured_slowdown(samples: list[tuple[float, float]], since: float) -> float | None:

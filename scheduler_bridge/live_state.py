@@ -41,7 +41,8 @@ class JobSpec:
     --allocator``), whose fused groups wait in the bubble pool and run where the
     allocator places them as guests: on idle GPUs (an ``IdleGpuHost`` each) and in
     pipeline jobs' bubbles. ``workload``: its name in the interference table, which
-    makes a one-GPU job eligible for packing (``live_packing``).
+    makes a job eligible for packing (``live_packing``); under Lucid a job
+    without one is profiled first, and classified by what that run measured.
     """
 
     entrypoint: str
@@ -142,8 +143,11 @@ class LiveJob:
     guests: dict = field(default_factory=dict)    # tuning: group -> ["gpu", node] | ["bubble", job]
     reclaimed: bool = False          # pipeline owner asked its bubbles back
     share: list | None = None        # packed: [host job, host attempt] whose GPU it shares
+    gpu_group: list | None = None    # [job, attempt] whose placement group holds its GPUs
     avoid: list = field(default_factory=list)    # hosts it was unpacked from (too slow beside them)
     samples: list = field(default_factory=list)  # [(t, progress)] of the current attempt
+    profiling: bool = False          # the current run is a Lucid profiling run
+    profiled: dict | None = None     # its profiling run's {"memory_mb", "workload"} (class)
 
     @property
     def active(self) -> bool:
@@ -159,4 +163,6 @@ class LiveJob:
             "run_s": self.run_s, "requeues": list(self.requeues), "runs": list(self.runs),
             "result": self.result, "error": self.error, "guests": dict(self.guests),
             "entrypoint": self.spec.entrypoint, "share": self.share, "avoid": list(self.avoid),
+            "gpu_group": self.gpu_group,
+            "profiling": self.profiling, "profiled": self.profiled,
         }

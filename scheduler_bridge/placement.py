@@ -8,8 +8,9 @@ fits; the allocator created the group because its own accounting said so).
 Groups and actors are detached and named after the job and attempt
 (``hpo-job-<id>-a<attempt>``, ranks ``...-r<i>``), so a restarted allocator
 finds them again by name. A job that may be packed (``live_packing``) holds its
-GPU as two half bundles: its own group and ``hpo-share-<id>-a<attempt>``, which
-a packed partner's rank moves into (Ray gives both halves the same GPU).
+whole GPU in its group, and its rank takes half of it (``share``); a packed
+partner's rank takes the other half inside the same bundle, so Ray gives both
+the bundle's one GPU. The group lives as long as either job runs in it.
 
 >>> group_shape((("n1", 2),))
 ([{'GPU': 2.0}], 'STRICT_PACK', [{'ray.io/node-id': 'n1'}])
@@ -24,11 +25,11 @@ from ray.util.placement_group import (get_placement_group, placement_group,
                                       remove_placement_group)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from .actor_names import NAMESPACE
 from .live_job import JobRunner
 from .live_state import Where
 
 NODE_LABEL = "ray.io/node-id"   # Ray's default per-node label: the node's hex id
-NAMESPACE = "hpo"
 
 
 def group_name(job_id: int, attempt: int) -> str:
@@ -39,26 +40,23 @@ def rank_name(group: str, rank: int) -> str:
     return f"{group}-r{rank}"
 
 
-def share_name(job_id: int, attempt: int) -> str:
-    """The reserved other half of a shareable job's GPU, which a packed partner moves into."""
-    return f"hpo-share-{job_id}-a{attempt}"
-
-
-def group_shape(where: Where, cpus_per_bundle: float = 0.0, share: float = 1.0):
-    """(bundles, strategy, bundle_label_selector) for a placement on real nodes; ``share``:
-    the fraction of each GPU the job holds (0.5 for a job that may be packed with another)."""
+def group_shape(where: Where, cpus_per_bundle: float = 0.0):
+    """(bundles, strategy, bundle_label_selector) for a placement on real nodes."""
     bundles = []
     for _, k in where:
-        b = {"GPU": float(k) * share}
+        b = {"GPU": float(k)}
         if cpus_per_bundle:
             b["CPU"] = float(cpus_per_bundle)
         bundles.append(b)
-    strategy = "STRICT_PACK" if len(where) == 1 else "STRICT_SPREAD"
+    nodes = [node for node, _ in where]
+    # one GPU per bundle (a job that may be packed) can put several bundles on a node; the
+    # label selectors pin every bundle to its node whatever the strategy
+    strategy = "STRICT_PACK" if len(set(nodes)) == 1 else "STRICT_SPREAD" if len(set(nodes)) == len(nodes) else "PACK"
     return bundles, strategy, [{NODE_LABEL: node} for node, _ in where]
 
 
-def create_group(name: str, where: Where, cpus_per_bundle: float = 0.0, share: float = 1.0):
-    bundles, strategy, selectors = group_shape(where, cpus_per_bundle, share)
+def create_group(name: str, where: Where, cpus_per_bundle: float = 0.0):
+    bundles, strategy, selectors = group_shape(where, cpus_per_bundle)
     return placement_group(bundles, strategy=strategy, name=name, lifetime="detached",
                            bundle_label_selector=selectors)
 
@@ -73,7 +71,8 @@ def find_group(name: str):
 
 def launch_ranks(pg, name: str, where: Where, entrypoint: str, contexts: list[dict],
                  runtime_env: dict | None = None, share: float = 1.0) -> list:
-    """One detached ``JobRunner`` per bundle, rank i in bundle i; returns their handles."""
+    """One detached ``JobRunner`` per bundle, rank i in bundle i, holding ``share`` of the
+    bundle's GPUs (0.5: a packed pair's half); returns their handles."""
     runner = ray.remote(JobRunner)
     handles = []
     for rank, ((_, k), ctx) in enumerate(zip(where, contexts)):
@@ -98,14 +97,18 @@ def find_ranks(name: str, n: int) -> list:
     return out
 
 
-def release(name: str, n: int, handles=None) -> None:
-    """Kill the job's rank actors and remove its group; whatever is already gone is skipped."""
+def release(name: str, n: int, handles=None, group: str | None = None) -> None:
+    """Kill the job's rank actors and remove ``group`` (default: its own; "" keeps every group,
+    as for a packed pair's shared one while the other job runs in it); whatever is already gone
+    is skipped."""
     for h in handles if handles is not None else find_ranks(name, n):
         try:
             ray.kill(h, no_restart=True)
         except Exception:  # noqa: BLE001  -- already dead
             pass
+    if group == "":
+        return
     try:
-        remove_placement_group(get_placement_group(name))
+        remove_placement_group(get_placement_group(name if group is None else group))
     except Exception:  # noqa: BLE001  -- never created, or already removed
         pass

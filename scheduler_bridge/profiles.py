@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .traces import TraceError, default_traces_dir
+from .data_files import TraceError, default_traces_dir
 
 # name -> (max_epochs, max_local_bsz or None, max_gpus or None), from the Pollux artifact.
 APP_SETTINGS = {

@@ -3,6 +3,7 @@
 Every loader returns a ``Trace`` (jobs sorted by submit time, starting at 0) and
 raises ``TraceError`` naming the file, line and column of the first bad row.
 
+>>> from scheduler_bridge.data_files import default_traces_dir
 >>> trace = load_philly(default_traces_dir() / "pollux" / "traces" / "philly.csv")  # doctest: +SKIP
 >>> len(trace)                                                                       # doctest: +SKIP
 82247
@@ -13,42 +14,16 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .data_files import TraceError, read_text
 from .jobs import ElasticSpec, Job, Trace, make_trace
+from .profiles import load_profiles
 
 FORMATS = ("philly", "pollux", "helios")
 MAX_SECONDS = 1e9      # a job duration of ~31 years or more is a broken row, not a job
 MAX_TIMESTAMP = 1e11   # seconds; year ~5100
-
-
-class TraceError(ValueError):
-    """A trace file that cannot be read; the message names the file, row and value."""
-
-
-def default_traces_dir() -> Path:
-    """``$HPO_TRACES_DIR``, else ``shared/traces`` beside the repository."""
-    env = os.environ.get("HPO_TRACES_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-
-
-def read_text(path) -> str:
-    """The file as UTF-8 text; a bad byte is reported with its line and column."""
-    path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"{path}: no such file")
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise TraceError(f"{path}:{line}: byte 0x{data[e.start]:02x} at column {col} is not UTF-8 "
-                         "(traces must be UTF-8 CSV)") from None
 
 
 def _rows(path: Path, required: tuple[str, ...]):
@@ -144,8 +119,6 @@ def load_pollux(path, profiles_dir=None) -> Trace:
     Jobs become elastic jobs; with ``profiles_dir`` (default: ``../traces`` beside
     the workload folder) their ``duration`` is the isolated run time at the
     requested GPUs and batch size, computed from the measured profiles."""
-    from .profiles import load_profiles
-
     path = Path(path)
     profiles_dir = Path(profiles_dir) if profiles_dir else path.parent.parent / "traces"
     apps = load_profiles(profiles_dir)

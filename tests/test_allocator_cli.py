@@ -19,6 +19,8 @@ NOWHERE = "127.0.0.1:9"
     (["--policy", "ces:fifo", "--ces-spare-nodes", "-1"], "must be >= 0"),
     (["--policy", "qssf", "--pack-margin", "0.5"], "need --policy lucid"),
     (["--policy", "lucid", "--pack-margin", "-0.5"], "margin must be >= 0"),
+    (["--policy", "fifo", "--profile-nodes", "1"], "--profile-* options need --policy lucid"),
+    (["--policy", "lucid", "--profile-seconds", "0"], "profile_s > 0"),
 ])
 def test_bad_policy_options_are_one_line_errors_with_exit_status_2(tmp_path, capsys, extra, says):
     args = ["job", "start", "--journal", str(tmp_path / "j.log"), "--storage", str(tmp_path),

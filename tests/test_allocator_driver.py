@@ -38,7 +38,8 @@ class Recorder:
         d = self.driver.decide(INV, NODES, self.t)
         for jid, where, gpus, batch in d.starts:
             self.emit({"ev": "start", "job_id": jid, "attempt": self.driver.jobs[jid].attempt + 1,
-                       "where": [list(w) for w in where], "gpus": gpus, "batch_size": batch})
+                       "where": [list(w) for w in where], "gpus": gpus, "batch_size": batch,
+                       **({"profiling": True} if jid in d.profiling else {})})
         return d.starts
 
 
@@ -247,22 +248,80 @@ def test_tiresias_ranks_a_preempted_job_by_the_service_it_ran_which_replay_rebui
     assert {j: again.jobs[j].priority for j in (a, c)} == {j: rec.driver.jobs[j].priority for j in (a, c)}
 
 
-def test_ces_capacity_grows_at_once_for_waiting_jobs_and_shrinks_only_after_a_quiet_interval():
+def ces_driver(days: int = 0, lookback: float = 5.0) -> LiveDriver:
     from scheduler_bridge.forecast import DemandForecaster
-    from scheduler_bridge.live_power import CapacityPlan
     from scheduler_bridge.policy_ces import CES
     from scheduler_bridge.policy_queue import FIFO
 
-    plan = CapacityPlan(CES(FIFO(), spare_nodes=0, interval=60.0,
-                            forecaster=DemandForecaster(bin_s=1.0, lookback=5.0, horizon=0.0, days=0)))
-    nodes = lambda b: None if b is None else len(b)
-    assert nodes(plan.update(0.0, 4, 3, busy_gpus=0, queued_gpus=[])) == 0
-    assert nodes(plan.update(1.0, 4, 3, busy_gpus=0, queued_gpus=[12])) == 3, "a waiting job: boot at once"
-    assert plan.update(2.0, 4, 3, busy_gpus=12, queued_gpus=[]) is None, "unchanged: no new request"
-    assert plan.update(30.0, 4, 3, busy_gpus=0, queued_gpus=[]) is None, "demand gone, but not for 60 s"
-    assert nodes(plan.update(62.0, 4, 3, busy_gpus=0, queued_gpus=[])) == 0
-    assert nodes(plan.update(63.0, 4, 3, busy_gpus=0, queued_gpus=[16])) == 4, \
-        "a job larger than the known nodes still gets its capacity asked for"
+    return LiveDriver(CES(FIFO(), spare_nodes=0, interval=60.0,
+                          forecaster=DemandForecaster(bin_s=1.0, lookback=lookback, horizon=0.0, days=days)))
+
+
+def power_tick(rec: Recorder, now: float, gpus_per_node: int = 4, max_nodes: int = 3) -> int | None:
+    """What the allocator's CES step does at ``now``: journal and apply the demand sample, then
+    the new request; returns how many nodes it asked the autoscaler for (None: no new request)."""
+    rec.t = now
+    demand = rec.driver.demand_event(now)
+    if demand is not None:
+        rec.emit(demand, dt=0.0)
+    ask = rec.driver.capacity_event(now, gpus_per_node, max_nodes)
+    if ask is None:
+        return None
+    rec.emit(ask, dt=0.0)
+    return len(rec.driver.capacity.requested)
+
+
+def test_ces_capacity_grows_at_once_for_waiting_jobs_and_shrinks_only_after_a_quiet_interval():
+    rec = Recorder(ces_driver())
+    assert power_tick(rec, 0.0) == 0
+    a = rec.submit(12)
+    assert power_tick(rec, 1.0) == 3, "a waiting job: boot at once"
+    rec.emit({"ev": "start", "job_id": a, "attempt": 1, "where": [[n, 4] for n in NODES], "gpus": 12})
+    assert power_tick(rec, 2.0) is None, "unchanged: no new request"
+    rec.emit({"ev": "finish", "job_id": a, "status": "done"})
+    assert power_tick(rec, 30.0) is None, "demand gone, but not for 60 s"
+    assert power_tick(rec, 62.0) == 0
+    rec.submit(16)
+    assert power_tick(rec, 63.0) == 4, "a job larger than the known nodes still gets its capacity asked for"
+
+
+def test_ces_demand_history_and_last_request_survive_an_allocator_restart(tmp_path):
+    path = tmp_path / "j.log"
+    rec = Recorder(ces_driver(days=1, lookback=0.0), Journal(path))
+    busy = rec.submit(12)
+    rec.emit({"ev": "start", "job_id": busy, "attempt": 1, "where": [[n, 4] for n in NODES], "gpus": 12})
+    yesterday = 50_000.0
+    assert power_tick(rec, yesterday) == 3
+    rec.emit({"ev": "finish", "job_id": busy, "status": "done"})
+    assert [power_tick(rec, yesterday + t * 20_000.0) for t in range(1, 5)] == [0, None, None, None], \
+        "the rest of the day is idle: every node may power down"
+    now = yesterday + 86_400.0                   # the same time of day: yesterday's peak is forecast
+    assert power_tick(rec, now) == 3, "idle now, but the forecast keeps what this hour needed yesterday"
+    samples = [ev for ev in Journal(path).replay() if ev["ev"] == "demand"]
+    assert len(samples) == 6, "only samples that add to the history are journaled: one per bin here"
+
+    again = LiveDriver(ces_driver(days=1, lookback=0.0).policy)
+    assert again.replay(Journal(path).scan().records) == []
+    forecaster = lambda drv: drv.policy.forecaster
+    assert forecaster(again).forecast(now) == forecaster(rec.driver).forecast(now) == 12.0
+    assert again.capacity.requested == rec.driver.capacity.requested
+    assert again.capacity_event(now + 1.0, 4, 3) is None, "the restarted plan asks nothing new"
+    blind = ces_driver(days=1, lookback=0.0)
+    assert blind.capacity_event(now + 1.0, 4, 3) == {"ev": "capacity", "t": now + 1.0, "nodes": 0,
+                                                     "gpus_per_node": 4}, "without the history: scale down"
+
+
+def test_a_journal_written_under_ces_replays_under_another_policy_and_bad_power_records_are_refused():
+    rec = Recorder(ces_driver())
+    power_tick(rec, 0.0)
+    fifo = LiveDriver(make_policy("fifo"))
+    assert fifo.replay([(0, {"ev": "demand", "t": 0.0, "gpus": 4.0}),
+                        (60, {"ev": "capacity", "t": 0.0, "nodes": 1, "gpus_per_node": 4})]) == []
+    assert fifo.capacity is None
+    assert rec.driver.replay([(7, {"ev": "capacity", "t": 1.0, "nodes": "3", "gpus_per_node": 4}),
+                              (90, {"ev": "demand", "gpus": 4.0})]) == [
+        "record at byte offset 7 skipped: capacity event: field 'nodes' missing or not int",
+        "record at byte offset 90 skipped: demand event needs a numeric t"]
 
 
 SLOWDOWN = {("mlp", "gpt"): 1.2, ("gpt", "mlp"): 1.1, ("mlp", "mlp"): 1.6, ("gpt", "gpt"): 1.3}
@@ -274,6 +333,7 @@ def packing_driver(margin=0.25, **knobs):
     from scheduler_bridge.live_packing import LivePacking
     from scheduler_bridge.policy_lucid import Lucid
 
+    knobs.setdefault("profile_nodes", 0)   # every job names its workload: nothing to profile
     lucid = Lucid(InterferenceTable(SLOWDOWN, MEMORY), gpu_memory_mb=4096.0, min_gain=0.0, **knobs)
     return LiveDriver(lucid, packing=LivePacking(lucid, margin))
 
@@ -298,6 +358,27 @@ def test_a_waiting_job_is_packed_beside_the_host_the_table_predicts_cheapest_and
     rec.emit({"ev": "finish", "job_id": hosts[0], "status": "done"})
     assert [s[0] for s in rec.driver.decide(INV, NODES, rec.t).starts] == [b], \
         "the packed pair holds one GPU: the freed GPU goes to the next job alone"
+
+
+def test_a_packed_job_outlives_its_host_in_the_hosts_group_and_hosts_the_next_partner_there():
+    rec = Recorder(packing_driver())
+    hosts = fill(rec, ["gpt"] * 12)
+    a = rec.submit(1, workload="mlp")
+    host = rec.driver.decide(INV, NODES, rec.t).packs[0][1]
+    rec.emit({"ev": "start-packed", "job_id": a, "attempt": 1, "host": host})
+    jobs = rec.driver.jobs
+    assert jobs[a].gpu_group == jobs[host].gpu_group == [host, 1]
+    assert rec.driver.group_left_by(jobs[host]) is None, "the partner still runs in the host's group"
+    rec.emit({"ev": "finish", "job_id": host, "status": "cancelled"})
+    b = rec.submit(1, workload="gpt")
+    d = rec.driver.decide(INV, NODES, rec.t)
+    assert d.starts == [], "the host's GPU is still the partner's: nothing was freed"
+    assert d.packs == [(b, a)], "the partner, now alone, hosts (gpt beside gpt would not fit in memory)"
+    rec.emit({"ev": "start-packed", "job_id": b, "attempt": 1, "host": a})
+    assert jobs[b].gpu_group == [host, 1], "in the group that holds that GPU"
+    rec.emit({"ev": "finish", "job_id": a, "status": "done"})
+    assert rec.driver.group_left_by(jobs[b]) == [host, 1], "the last job in it takes the group along"
+    assert set(hosts) - {host} <= {j.job_id for j in jobs.values() if j.state == "running"}
 
 
 def test_the_rule_never_packs_past_memory_the_slowdown_limit_or_an_unmeasured_pair():
@@ -344,3 +425,57 @@ def test_run_time_and_tiresias_service_count_from_when_every_rank_is_up_not_from
     rec.emit({"ev": "ready", "job_id": a, "attempt": 1}, dt=5.0)       # a restarted allocator's repeat
     rec.emit({"ev": "requeue", "job_id": a, "reason": "fault"}, dt=5.0)
     assert rec.driver.jobs[a].run_s == rec.t - ready_t, "ran from its first ready, not from the start event"
+
+
+def test_lucid_profiles_an_unnamed_job_alone_on_its_partition_then_packs_it_by_what_it_measured(tmp_path):
+    # the debugging run's 30 s teach the duration model that jobs are short, which would keep the
+    # newcomer's priority far from its hosts': priorities are not what this test is about
+    rec = Recorder(packing_driver(profile_nodes=1, profile_s=60.0, priority_ratio=1000.0),
+                   Journal(tmp_path / "j.log"))
+    hosts = [rec.submit(1, workload="gpt") for _ in range(8)]
+    assert {where[0][0] for _, where, _, _ in rec.start_decided()} == {"n1", "n2"}, \
+        "named jobs run on the main partition only: n0 profiles"
+    job, debug, big = rec.submit(1), rec.submit(1), rec.submit(8)
+    d = rec.driver.decide(INV, NODES, rec.t)
+    assert d.profiling == [job, debug] and [(s[0], s[1]) for s in d.starts] == [
+        (job, (("n0", 1),)), (debug, (("n0", 1),))], "first come, first profiled, alone on whole GPUs"
+    rec.start_decided()
+    assert not rec.driver.shareable(rec.driver.jobs[job]), "a job being profiled runs alone"
+    for j in (job, debug):
+        rec.emit({"ev": "ready", "job_id": j, "attempt": 1}, dt=0.0)
+    rec.emit({"ev": "finish", "job_id": debug, "status": "done"}, dt=30.0)   # a debugging run
+    assert rec.driver.decide(INV, NODES, rec.t).stops == [], "30 s of its 60 s profiling time"
+    rec.t += 31.0
+    assert rec.driver.decide(INV, NODES, rec.t).stops == [(job, "profiled")]
+    rec.emit({"ev": "stop", "job_id": job, "reason": "profiled"})
+    rec.emit(rec.driver.profile_event(rec.driver.jobs[job], memory_mb=420.0))
+    rec.emit({"ev": "requeue", "job_id": job, "reason": "profiled"})
+    assert rec.driver.jobs[job].profiled == {"memory_mb": 420.0, "workload": "mlp"}, "nearest: mlp's 500 MB"
+    assert rec.driver.jobs[debug].requeues == [] and rec.driver.jobs[debug].state == "done", \
+        "a debugging job ends in profiling and never queues"
+
+    again = LiveDriver(rec.driver.policy, packing=rec.driver.packing)
+    again.replay(Journal(tmp_path / "j.log").scan().records)
+    for drv in (rec.driver, again):
+        d = drv.decide(INV, NODES, rec.t)
+        assert d.profiling == [] and d.starts == [], "profiled once; the main partition is full"
+        assert d.packs and d.packs[0][0] == job and d.packs[0][1] in hosts, "packed as the mlp it measured"
+        assert drv.jobs[big].state == "queued" and big not in d.profiling, "larger than a node: not profiled"
+
+
+
+def test_a_two_gpu_job_is_packed_rank_by_rank_beside_a_two_gpu_host_never_beside_a_one_gpu_one():
+    rec = Recorder(packing_driver())
+    pairs = [rec.submit(2, workload="gpt") for _ in range(2)]
+    singles = [rec.submit(1, workload="gpt") for _ in range(8)]
+    assert len(rec.start_decided()) == 10, "the cluster's 12 GPUs are full"
+    a, b = rec.submit(2, workload="mlp"), rec.submit(1, workload="mlp")
+    packs = dict(rec.driver.decide(INV, NODES, rec.t).packs)
+    assert packs[a] in pairs and packs[b] in singles, "Lucid packs only jobs of as many GPUs"
+    rec.emit({"ev": "start-packed", "job_id": a, "attempt": 1, "host": packs[a]})
+    jobs = rec.driver.jobs
+    node = jobs[packs[a]].where[0][0]
+    assert jobs[a].where == jobs[packs[a]].where == ((node, 2),) and jobs[a].gpus == 2
+    assert rec.driver.ranks(jobs[a]) == rec.driver.ranks(jobs[packs[a]]) == ((node, 1), (node, 1)), \
+        "one rank per GPU, so rank i of each shares GPU i"
+    assert rec.driver.ranks(jobs[a]) != jobs[a].where

@@ -24,31 +24,48 @@ GPUS_PER_NODE = 4
 # ---- the entry point the jobs run (imported by the job actors) ------------------
 def count_steps(ctx):
     """Count to ``steps``; checkpoint (with the fraction of steps done) every ``every``
-    steps and when asked to stop; log ``start``/``step``/``done`` lines (rank 0) to ``log``."""
+    steps and when asked to stop; log ``start``/``step``/``done`` lines (rank 0, or every rank
+    with ``log_ranks``) to ``log``.
+
+    With ``occupancy`` (a folder), the job marks its (fake) GPU taken there while it runs, and
+    each step takes ``step_s`` times the number of jobs marking that GPU: a GPU time-shared by
+    two jobs runs each at half speed, which a packed pair must show in its progress reports.
+    With ``alloc_mb``, it holds that much memory while it runs (what profiling measures)."""
     cfg = ctx.config
     state = ctx.load_checkpoint() or {"step": 0}
+    ballast = b"\x01" * (cfg.get("alloc_mb", 0) << 20)   # written, so resident
 
     def log(**rec):
-        if ctx.is_chief and cfg.get("log"):
+        if (ctx.is_chief or cfg.get("log_ranks")) and cfg.get("log"):
             with open(cfg["log"], "a") as f:
-                f.write(json.dumps({"attempt": ctx.attempt, **rec}) + "\n")
+                f.write(json.dumps({"attempt": ctx.attempt, "rank": ctx.rank, "tag": cfg.get("tag"), **rec}) + "\n")
 
     import ray
 
+    gpu_ids = [str(g) for g in ray.get_gpu_ids()]
     log(ev="start", step=state["step"], gpus=ctx.gpus, batch=ctx.batch_size, world=ctx.world_size,
-        gpu_ids=[str(g) for g in ray.get_gpu_ids()])
-    while state["step"] < cfg["steps"] and not ctx.should_stop():
-        time.sleep(cfg.get("step_s", 0.05))
-        state["step"] += 1
-        log(ev="step", step=state["step"])
-        if state["step"] % cfg.get("every", 5) == 0:
-            ctx.save_checkpoint(state, progress=state["step"] / cfg["steps"])
-            log(ev="ckpt", step=state["step"])
+        gpu_ids=gpu_ids)
+    mark = None
+    if cfg.get("occupancy"):
+        mark = Path(cfg["occupancy"]) / f"{ray.get_runtime_context().get_node_id()}-{gpu_ids[0]}" / str(ctx.job_id)
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.touch()
+    try:
+        while state["step"] < cfg["steps"] and not ctx.should_stop():
+            time.sleep(cfg.get("step_s", 0.05) * (len(list(mark.parent.iterdir())) if mark else 1))
+            state["step"] += 1
+            log(ev="step", step=state["step"])
+            if state["step"] % cfg.get("every", 5) == 0:
+                ctx.save_checkpoint(state, progress=state["step"] / cfg["steps"])
+                log(ev="ckpt", step=state["step"])
+    finally:
+        if mark:
+            mark.unlink(missing_ok=True)
     ctx.save_checkpoint(state, progress=state["step"] / cfg["steps"])
     log(ev="ckpt", step=state["step"])
     if state["step"] >= cfg["steps"]:
         log(ev="done", step=state["step"])
-    return {"steps": state["step"]}
+    return {"steps": state["step"], "held_mb": len(ballast) >> 20}
 
 
 def pipeline_owner(ctx):
@@ -308,6 +325,23 @@ def test_ces_asks_the_autoscaler_to_scale_down_and_boots_for_a_waiting_job_at_on
              what="capacity given back once the demand has left the forecast window")
 
 
+def test_a_restarted_ces_allocator_keeps_the_capacity_its_journaled_demand_history_forecasts(allocator):
+    import ray
+    from scheduler_bridge import jobs_api
+
+    actor = allocator("ces:fifo", ces={"spare_nodes": 1, "interval": 1.0,
+                                       "forecast": {"bin_s": 1.0, "lookback": 600.0, "horizon": 0.0, "days": 0}})
+    jid = jobs_api.submit(ENTRY, 12, config={"steps": 10, "step_s": 0.05})
+    assert jobs_api.wait_job(jid, 60)["state"] == "done"
+    three = [{"GPU": 4.0}] * 3
+    assert requested_capacity() == three, "the last 10 minutes needed 12 GPUs: all three nodes stay on"
+
+    ray.kill(actor, no_restart=False)
+    wait_for(lambda: jobs_api.status()["restarted"], timeout=60, what="allocator restarted")
+    time.sleep(3.0)   # many ticks, three quiet intervals: a blind allocator would have asked for one node
+    assert jobs_api.status()["capacity_request"] == three and requested_capacity() == three
+
+
 def pg_by_name(name):
     from ray.util.placement_group import placement_group_table
 
@@ -323,7 +357,7 @@ def test_lucid_packs_a_waiting_job_into_the_half_gpu_its_host_reserved_and_they_
     table = tmp_path / "interference.csv"
     table.write_text("# measured for this test\nworkload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
                      "mlp-small,mlp-small,100,80,1.25,200\n")
-    allocator("lucid", lucid={"table": str(table), "gpu_memory_mb": 1000.0})
+    allocator("lucid", lucid={"table": str(table), "gpu_memory_mb": 1000.0, "profile_nodes": 0})
     blockers = [jobs_api.submit(ENTRY, g, config={"steps": 10_000}) for g in (4, 4, 3)]
     logs = {k: tmp_path / f"{k}.log" for k in ("host", "guest")}
     host = jobs_api.submit(ENTRY, 1, workload="mlp-small", config={"steps": 10_000, "log": str(logs["host"])})
@@ -334,23 +368,134 @@ def test_lucid_packs_a_waiting_job_into_the_half_gpu_its_host_reserved_and_they_
     assert jobs_api.status()["packed"] == {guest: host}
     node = job(host)["where"][0][0]
     assert job(guest)["where"] == [[node, 1]], "the pair is accounted as one GPU of the host's node"
-    own, half = pg_by_name(f"hpo-job-{host}-a1"), pg_by_name(f"hpo-share-{host}-a1")
-    for row in (own, half):
-        assert row["bundles"] == {0: {"GPU": 0.5}} and row["bundles_to_node_id"] == {0: node}, row
-    assert pg_by_name(f"hpo-job-{guest}-a1") is None, "the guest lives in the host's reserved half"
-    assert ray.available_resources().get("GPU", 0.0) == 0.0, "4 + 4 + 3 + 1/2 + 1/2: the pair fills one GPU"
+    group = pg_by_name(f"hpo-job-{host}-a1")
+    assert group["bundles"] == {0: {"GPU": 1.0}} and group["bundles_to_node_id"] == {0: node}, group
+    assert pg_by_name(f"hpo-job-{guest}-a1") is None and job(guest)["gpu_group"] == [host, 1], \
+        "the guest runs in the host's group, on the half of its GPU the host leaves free"
+    assert ray.available_resources().get("GPU", 0.0) == 0.0, "4 + 4 + 3 + 1: the pair fills one GPU"
     ids = {k: wait_for(lambda: next((r["gpu_ids"] for r in read_log(p) if r["ev"] == "start"), None),
                        what=f"{k} started") for k, p in logs.items()}
     assert ids["host"] == ids["guest"] and len(ids["host"]) == 1, f"both run on one GPU: {ids}"
 
-    jobs_api.cancel(host)   # the guest stays; the half its host leaves is reserved for it
-    wait_for(lambda: pg_by_name(f"hpo-share-{guest}-a1"), what="a reserved half for the guest")
+    jobs_api.cancel(host)   # the guest stays, in the group, which outlives its host
     assert running(guest) and jobs_api.status()["packed"] == {}
-    wait_for(lambda: ray.available_resources().get("GPU", 0.0) == 0.0, what="the host's half taken again")
-    for j in (*blockers, guest):
+    assert pg_by_name(f"hpo-job-{host}-a1") is not None and ray.available_resources().get("GPU", 0.0) == 0.0
+    logs["third"] = tmp_path / "third.log"
+    third = jobs_api.submit(ENTRY, 1, workload="mlp-small", config={"steps": 10_000, "log": str(logs["third"])})
+    wait_for(lambda: jobs_api.status()["packed"] == {third: guest}, what="the guest, now alone, hosting")
+    third_ids = wait_for(lambda: next((r["gpu_ids"] for r in read_log(logs["third"]) if r["ev"] == "start"), None),
+                         what="third started")
+    assert third_ids == ids["guest"] and job(third)["gpu_group"] == [host, 1], "on the guest's GPU, in its group"
+    for j in (*blockers, guest, third):
         jobs_api.cancel(j)
-    wait_for(lambda: not any(pg_by_name(f"hpo-share-{j}-a1") for j in (host, guest)),
-             what="reserved halves removed with their jobs")
+    wait_for(lambda: pg_by_name(f"hpo-job-{host}-a1") is None, what="the group removed with the last job in it")
+
+
+def test_lucid_packs_a_two_gpu_job_beside_a_two_gpu_host_rank_by_rank_on_the_same_two_gpus(
+        allocator, tmp_path):
+    import ray
+    from scheduler_bridge import jobs_api
+
+    table = tmp_path / "interference.csv"
+    table.write_text("# measured for this test\nworkload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
+                     "mlp-small,mlp-small,100,91,1.1,200\n")
+    allocator("lucid", lucid={"table": str(table), "gpu_memory_mb": 1000.0, "profile_nodes": 0})
+    blockers = [jobs_api.submit(ENTRY, g, config={"steps": 10_000}) for g in (4, 4, 2)]
+    log = tmp_path / "ranks.log"
+    cfg = {"steps": 10_000, "log": str(log), "log_ranks": True}
+    host = jobs_api.submit(ENTRY, 2, workload="mlp-small", config={**cfg, "tag": "host"})
+    wait_for(lambda: all(running(j) for j in (*blockers, host)), what="the cluster full")
+    guest = jobs_api.submit(ENTRY, 2, workload="mlp-small", config={**cfg, "tag": "guest"})
+    wait_for(lambda: jobs_api.status()["packed"] == {guest: host}, what="the two-GPU job packed")
+
+    node = job(host)["where"][0][0]
+    assert job(host)["where"] == job(guest)["where"] == [[node, 2]]
+    group = pg_by_name(f"hpo-job-{host}-a1")
+    assert group["bundles"] == {0: {"GPU": 1.0}, 1: {"GPU": 1.0}}, group
+    assert set(group["bundles_to_node_id"].values()) == {node}
+    assert ray.available_resources().get("GPU", 0.0) == 0.0, "4 + 4 + 2 + 2: the pair fills two GPUs"
+    starts = wait_for(lambda: (lambda rs: rs if len(rs) == 4 else None)(
+        [r for r in read_log(log) if r["ev"] == "start"]), what="both ranks of both jobs started")
+    gpu = {(r["tag"], r["rank"]): r["gpu_ids"] for r in starts}
+    assert all(r["world"] == 2 for r in starts), starts
+    assert gpu[("host", 0)] == gpu[("guest", 0)] and gpu[("host", 1)] == gpu[("guest", 1)], gpu
+    assert gpu[("host", 0)] != gpu[("host", 1)], f"each rank on a GPU of its own: {gpu}"
+    for j in (*blockers, host, guest):
+        jobs_api.cancel(j)
+
+
+def test_lucid_unpacks_a_partner_whose_measured_slowdown_exceeds_the_table_and_it_resumes_alone(
+        allocator, tmp_path):
+    from scheduler_bridge import jobs_api
+
+    table = tmp_path / "interference.csv"     # predicts 1.1x; time-sharing the GPU costs 2x
+    table.write_text("# measured for this test\nworkload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
+                     "mlp-small,mlp-small,100,91,1.1,200\n")
+    allocator("lucid", lucid={"table": str(table), "gpu_memory_mb": 1000.0, "margin": 0.25, "profile_nodes": 0})
+    blockers = [jobs_api.submit(ENTRY, g, config={"steps": 10_000}) for g in (4, 4, 3)]
+    logs = {k: tmp_path / f"{k}.log" for k in ("host", "guest")}
+    cfg = {"steps": 10_000, "step_s": 0.1, "every": 5, "occupancy": str(tmp_path / "gpus")}
+    host = jobs_api.submit(ENTRY, 1, workload="mlp-small", config={**cfg, "log": str(logs["host"])})
+    wait_for(lambda: all(running(j) for j in blockers) and (job(host)["progress"] or 0) >= 15 / 10_000,
+             what="the cluster full and the host's pace alone reported")
+    guest = jobs_api.submit(ENTRY, 1, workload="mlp-small", config={**cfg, "log": str(logs["guest"])})
+    wait_for(lambda: jobs_api.status()["packed"] == {guest: host}, what="the waiting job packed")
+
+    parted = wait_for(lambda: job(guest) if job(guest)["requeues"] else None, timeout=60,
+                      what="the pair parted on its measured slowdown")
+    assert parted["requeues"] == ["interference"] and parted["avoid"] == [host], parted
+    assert parted["state"] == "queued" and jobs_api.status()["packed"] == {}
+    assert running(host)["attempt"] == 1, "the host keeps running untouched (Lucid never preempts it)"
+    time.sleep(3.0)
+    assert job(guest)["state"] == "queued", "never packed beside that host again"
+    stopped_at = max(r["step"] for r in read_log(logs["guest"]) if r["ev"] == "ckpt")
+
+    jobs_api.cancel(blockers[2])                 # a GPU of its own frees up: it resumes there, alone
+    wait_for(lambda: running(guest), what="the parted job started alone")
+    starts = wait_for(lambda: [r for r in read_log(logs["guest"]) if r["ev"] == "start"][1:],
+                      what="the guest's second attempt")
+    assert starts[0]["attempt"] == 2 and starts[0]["step"] == stopped_at, "resumed from its checkpoint"
+    assert job(guest)["share"] is None and jobs_api.status()["packed"] == {}, "it runs alone"
+    for j in (*blockers[:2], host, guest):
+        jobs_api.cancel(j)
+
+
+def test_lucid_profiles_a_job_without_a_workload_alone_on_its_partition_then_packs_it_as_measured(
+        allocator, tmp_path):
+    from scheduler_bridge import jobs_api
+
+    table = tmp_path / "interference.csv"
+    table.write_text("# measured for this test\nworkload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
+                     "light,light,100,91,1.1,5\nlight,heavy,100,91,1.1,5\nheavy,light,100,91,1.1,400\n"
+                     "heavy,heavy,100,67,1.5,400\n")
+    # the debugging run (well under a second) teaches the duration model that jobs are short, which
+    # puts the newcomer's priority far from its host's: priorities are not what this test is about
+    allocator("lucid", lucid={"table": str(table), "gpu_memory_mb": 1000.0, "profile_nodes": 1,
+                              "profile_s": 2.0, "priority_ratio": 1e9})
+    named = [jobs_api.submit(ENTRY, g, workload="light", config={"steps": 10_000}) for g in (4, 3, 1)]
+    host = named[-1]
+    wait_for(lambda: all(running(j) for j in named), what="the main partition full")
+    partition = jobs_api.status()["nodes"][0]
+    assert all(job(j)["where"][0][0] != partition for j in named), "named jobs skip the profiling node"
+
+    logs = {k: tmp_path / f"{k}.log" for k in ("debug", "new")}
+    debug = jobs_api.submit(ENTRY, 1, config={"steps": 5, "log": str(logs["debug"])})
+    new = jobs_api.submit(ENTRY, 1, config={"steps": 10_000, "step_s": 0.1, "alloc_mb": 300,
+                                            "log": str(logs["new"])})
+    done = jobs_api.wait_job(debug, 60)
+    assert done["state"] == "done" and done["requeues"] == [] and done["attempt"] == 1, done
+    assert done["runs"][0]["where"] == [[partition, 1]], "a debugging job ends on the profiling node"
+
+    wait_for(lambda: jobs_api.status()["packed"] == {new: host}, what="the profiled job packed by its class")
+    profiled = job(new)
+    assert profiled["requeues"] == ["profiled"] and profiled["runs"][0]["where"] == [[partition, 1]]
+    assert profiled["profiled"]["workload"] == "heavy" and profiled["profiled"]["memory_mb"] >= 250, profiled
+    starts = wait_for(lambda: [r for r in read_log(logs["new"]) if r["ev"] == "start"][1:],
+                      what="its run on the main partition")
+    first_ckpt = max(r["step"] for r in read_log(logs["new"]) if r["ev"] == "ckpt" and r["attempt"] == 1)
+    assert starts[0]["attempt"] == 2 and starts[0]["step"] == first_ckpt, "resumed from its profiling run"
+    for j in (*named, new):
+        jobs_api.cancel(j)
 
 
 def test_allocator_killed_restarts_from_its_journal_without_losing_or_duplicating_jobs(

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 #: The project's packages (pyproject's `packages.find`); imports of anything else are not checked.
 PACKAGES = ("hpo", "fusion", "pipeline_bubble", "scheduler_bridge")
@@ -236,7 +234,6 @@ def test_every_project_module_is_in_a_layer():
     assert sorted(m for m in modules if layer_of(m) is None) == []
 
 
-@pytest.mark.xfail(strict=True, reason="layering: issue 12, in progress")
 def test_the_project_imports_go_one_way_without_cycles():
     problems = import_report(REPO)
     assert not problems, f"{len(problems)} import problems:\n" + "\n".join(problems)

@@ -7,7 +7,7 @@ import pytest
 
 from scheduler_bridge import (QSSF, ClusterSpec, ElasticJobState, ElasticPolicy, FreeGPUs, Job,
                               TuningJob, load_profiles, make_policy, make_trace, simulate)
-from scheduler_bridge.traces import default_traces_dir
+from scheduler_bridge.data_files import default_traces_dir
 
 PROFILES = default_traces_dir() / "pollux" / "traces"
 needs_profiles = pytest.mark.skipif(not PROFILES.is_dir(), reason=f"no traces at {PROFILES}")

@@ -70,7 +70,7 @@ def test_tuning_work_never_changes_ordinary_jobs(trace):
                                st.sampled_from([1, 2, 4])), min_size=1, max_size=6))
 def test_elastic_random_workloads_finish_within_capacity(name, rows):
     from scheduler_bridge import ElasticSpec, load_profiles
-    from scheduler_bridge.traces import default_traces_dir
+    from scheduler_bridge.data_files import default_traces_dir
     prof_dir = default_traces_dir() / "pollux" / "traces"
     if not prof_dir.is_dir():
         pytest.skip(f"no traces at {prof_dir}")

@@ -6,7 +6,7 @@ import pytest
 
 from scheduler_bridge import TraceError, load_helios, load_philly, load_pollux
 from scheduler_bridge.cli import main
-from scheduler_bridge.traces import default_traces_dir
+from scheduler_bridge.data_files import default_traces_dir
 
 TRACES = default_traces_dir()
 PHILLY = TRACES / "pollux" / "traces" / "philly.csv"
