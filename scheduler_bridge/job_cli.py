@@ -213,7 +213,7 @@ def add_job_parser(subparsers) -> None:
                     help="ces: the autoscaler's GPU node limit (default: nodes seen)")
     st.add_argument("--interference", default=None, metavar="CSV",
                     help="lucid: interference table from 'hpo profile colocate' (default: the shipped one); "
-                         "one-GPU jobs submitted with --workload are packed by it")
+                         "jobs of equal GPU count are packed by it, classified by --workload or by profiling")
     st.add_argument("--pack-max-slowdown", type=float, default=None, help="lucid: largest predicted slowdown (2.0)")
     st.add_argument("--pack-gpu-memory-mb", type=float, default=None, help="lucid: one GPU's memory, MB (32768)")
     st.add_argument("--pack-margin", type=float, default=None,
