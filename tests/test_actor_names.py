@@ -8,7 +8,7 @@ import pytest
 from hpo.controller import controller_name
 from hpo.member_trial import broker_name
 from pipeline_bubble.bubble_pool import POOL_NAME
-from scheduler_bridge.allocator import ALLOCATOR_NAME
+from scheduler_bridge.actor_names import ALLOCATOR_NAME
 
 
 @pytest.mark.parametrize("sweep", ["allocator", "bubbles", "allocator:fusion", "sweep"])
