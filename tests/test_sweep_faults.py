@@ -4,6 +4,7 @@ and a sweep with errored trials never exits 0 or names an errored trial as its b
 from __future__ import annotations
 
 import os
+import random
 import signal
 import textwrap
 from pathlib import Path
@@ -22,43 +23,54 @@ ITERATIONS = 6
 EVERY = 2
 
 
-class KilledOnceDigits(DigitsMLP):
-    """The digits MLP whose training process SIGKILLs itself once, in the middle of iteration 4
-    (after the iteration-2 checkpoint and the iteration-3 report), as a crashed group actor would."""
+KILLS = 10
 
-    name = "killed_once_digits"
 
-    def __init__(self, marker: str):
-        self.marker = marker
+class KilledDigits(DigitsMLP):
+    """The digits MLP whose training process SIGKILLs itself at each of `kill_steps` (absolute
+    training steps of the group's data stream), once each, as a crashed group actor would."""
+
+    name = "killed_digits"
+
+    def __init__(self, markers: str, kill_steps: list[int]):
+        self.markers = markers
+        self.kill_steps = set(kill_steps)
 
     def train_batches(self, config, seed):
         for index, batch in enumerate(super().train_batches(config, seed)):
-            if index == 3 * self.steps_per_iteration + 5 and not os.path.exists(self.marker):
-                Path(self.marker).touch()
+            marker = Path(self.markers, f"killed_at_{index}")
+            if index in self.kill_steps and not marker.exists():
+                marker.touch()
                 os.kill(os.getpid(), signal.SIGKILL)
             yield batch
 
 
-def test_a_killed_group_actor_costs_each_member_at_most_the_checkpoint_interval(tmp_path):
+def test_a_group_actor_killed_at_10_random_points_costs_each_member_at_most_the_checkpoint_interval(tmp_path):
+    """Each kill lands anywhere in an iteration (seeded); Tune restarts the group from its last
+    checkpoint, rebuilt from the members' own checkpoints."""
     lrs = [1e-3, 3e-3, 1e-2, 3e-2]
+    steps = ITERATIONS * DigitsMLP.steps_per_iteration
+    kill_steps = sorted(random.Random(7).sample(range(1, steps), KILLS))
     result = hpo.run(
-        KilledOnceDigits(str(tmp_path / "killed")),
+        KilledDigits(str(tmp_path), kill_steps),
         config={"lr": tune.grid_search(lrs), "width": 16, "seed": 0},
         metric="val_loss",
         mode="min",
         stop={"training_iteration": ITERATIONS},
         storage_path=str(tmp_path),
         name="killed_group",
-        max_failures=1,
+        max_failures=KILLS,
         fusion=hpo.FusionConfig(max_members=len(lrs)),
         resources_per_trial={"cpu": 2},  # one group slot: all four members in one group
         checkpoint={"every": EVERY},
     )
-    assert (tmp_path / "killed").exists(), "the group actor was killed during the sweep"
+    assert len(list(tmp_path.glob("killed_at_*"))) == KILLS, "every kill landed"
     (group,) = result.result_grid  # Tune ran one trial: the group of all four members
     reported = list(group.metrics_dataframe["training_iteration"])
-    redone = len(reported) - len(set(reported))
-    assert 1 <= redone <= EVERY, f"the group resumed from its last checkpoint, trained again: {reported}"
+    restarts = [(before, after) for before, after in zip(reported, reported[1:]) if after <= before]
+    assert restarts, f"the group was restarted from checkpoints: {reported}"
+    for before, after in restarts:
+        assert before - (after - 1) <= EVERY, f"a restart trained {before - after + 1} iterations again: {reported}"
     for member in result:
         assert list(member.metrics_dataframe["training_iteration"]) == list(range(1, ITERATIONS + 1))
     rows = pd.read_csv(tmp_path / "killed_group" / "results.csv")
