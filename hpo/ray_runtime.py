@@ -167,6 +167,18 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
     )
     ray_roots = [child.pid for child in me.children() if child.pid not in before]
     _start_watchdog(ray_roots)
+    keep_token_private()
+
+
+#: Where Ray keeps the token it generates for a local cluster (its documented default).
+RAY_TOKEN_FILE = Path.home() / ".ray" / "auth_token"
+
+
+def keep_token_private(token_file: Path = RAY_TOKEN_FILE) -> None:
+    """Ray writes the generated cluster token world-readable (0644); anyone on the machine could
+    then run code on the cluster. Only its owner may read it."""
+    if token_file.exists():
+        token_file.chmod(0o600)
 
 
 def _start_watchdog(ray_roots: Sequence[int]) -> None:

@@ -101,3 +101,9 @@ def test_killed_driver_leaves_no_ray_process_behind(running_sweep):
     while (left := alive(ray_processes)) and time.time() < deadline:
         time.sleep(0.5)
     assert not left, f"{len(left)} processes outlived the driver: {[' '.join(p.cmdline())[:80] for p in left]}"
+
+
+def test_the_generated_ray_token_is_readable_by_its_owner_only(running_sweep):
+    from hpo.ray_runtime import RAY_TOKEN_FILE
+
+    assert RAY_TOKEN_FILE.exists() and RAY_TOKEN_FILE.stat().st_mode & 0o077 == 0, oct(RAY_TOKEN_FILE.stat().st_mode)
