@@ -222,6 +222,14 @@ def _reap_when_driver_exits(driver_pid: int, ray_roots: Sequence[int]) -> None:
                     watched.setdefault(found.pid, found)
             except psutil.NoSuchProcess:
                 pass
+        # Ray processes the driver starts after `ray.init` (runtime-env and log helpers) hang
+        # from the driver, not from the processes `ray.init` started.
+        try:
+            for found in driver.children(recursive=True) if driver is not None else []:
+                if found.pid != os.getpid() and _is_ray_process(found):
+                    watched.setdefault(found.pid, found)
+        except psutil.NoSuchProcess:
+            pass
 
     while _alive(driver):
         look()
@@ -236,6 +244,15 @@ def _reap_when_driver_exits(driver_pid: int, ray_roots: Sequence[int]) -> None:
     _, still_alive = psutil.wait_procs(survivors, timeout=TERM_GRACE_S)
     for process in still_alive:
         _signal(process, signal.SIGKILL)
+
+
+def _is_ray_process(process: Any) -> bool:
+    import psutil
+
+    try:
+        return any("ray" in part for part in process.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
 
 
 def _alive(process: Any) -> bool:

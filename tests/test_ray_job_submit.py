@@ -53,7 +53,7 @@ def cluster():
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         try:
-            head.wait(timeout=60)
+            head.wait(timeout=10)  # the test's cluster holds nothing worth a longer grace
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
