@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,24 @@ def ray_local():
     )
     yield ray
     ray.shutdown()
+
+
+_SESSION: dict[str, int] = {}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    _SESSION["exitstatus"] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """End the test process once pytest has reported, with pytest's own exit status, without
+    Python's interpreter teardown. After the whole suite (some 40 Ray sessions, DeepSpeed, torch,
+    MLflow, W&B and pyarrow filesystems in one process), that teardown segfaulted in two of three
+    full runs, after every test had passed; each module, and each group of modules tried, exits
+    cleanly on its own. The cause is not found yet (see the closing note of this change)."""
+    if "exitstatus" in _SESSION:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_SESSION["exitstatus"])
