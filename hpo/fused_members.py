@@ -29,8 +29,6 @@ from typing import Any
 from hpo.results import MEMBERS_DIR, TrialRecord, records_from_trial_dirs, write_atomically
 
 STATUS_FILE = "status.json"
-#: How a member ended; "running" members have no status file.
-ENDED = ("completed", "early_stopped", "diverged", "error")
 
 
 def member_ids(group_trial_id: str, size: int) -> list[str]:
@@ -124,8 +122,9 @@ class MemberBook:
         return full
 
     def end(self, member: MemberTrial, status: str, error: str = "") -> None:
-        """`member` ended (`status` in ENDED); its status file makes that survive a resume, and
-        the group's error, if it failed, goes where Tune puts a trial's (`error.txt`)."""
+        """`member` ended (`status`: completed, early_stopped, diverged or error); its status file
+        makes that survive a resume, and the group's error, if it failed, goes where Tune puts a
+        trial's (`error.txt`)."""
         if member.ended is not None:
             return
         member.ended = status
