@@ -31,7 +31,6 @@ _LAZY = {
     "choose_num_members": "fusion.sizing",
     "measure_member_bytes": "fusion.sizing",
     "FUSED_CHECKPOINT_FILE": "fusion.trainer",
-    "MEMBER_CHECKPOINT_FILE": "fusion.trainer",
     "FusedTrainer": "fusion.trainer",
 }
 

@@ -13,26 +13,14 @@ the next. (Sweeps fused on devices the sweep holds run each group as one Tune tr
 from __future__ import annotations
 
 import asyncio
-import io
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from fusion.trainer import FusedTrainer
+from hpo.trial_state import trial_state_bytes, trial_state_from_bytes
 from hpo.workload import Workload
-
-
-
-def member_state_to_bytes(state: Mapping[str, Any]) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(dict(state), buffer)
-    return buffer.getvalue()
-
-
-def member_state_from_bytes(blob: bytes) -> dict[str, Any]:
-    """A member's checkpoint: tensors and plain values only, so nothing in it runs code on load."""
-    return torch.load(io.BytesIO(blob), weights_only=True)
 
 
 class GroupFailed(RuntimeError):
@@ -127,7 +115,7 @@ def group_trainer(
     """A group of fresh members, or of members resuming from their checkpoints (bytes)."""
     if any(state is not None for state in states):
         return FusedTrainer.from_member_states(
-            workload, configs, [member_state_from_bytes(s) for s in states], member_ids=member_ids,
+            workload, configs, [trial_state_from_bytes(s) for s in states], member_ids=member_ids,
             device=device, dtype=dtype,
         )
     return FusedTrainer(workload, configs, member_ids=member_ids, device=device, dtype=dtype)
@@ -141,7 +129,7 @@ def member_results(
     return {
         member_id: {
             "metrics": {**member_metrics, "fused_members": trainer.num_members},
-            "checkpoint": member_state_to_bytes(trainer.member_state_dict(member_id)) if checkpoint else None,
+            "checkpoint": trial_state_bytes(trainer.member_state_dict(member_id)) if checkpoint else None,
         }
         for member_id, member_metrics in zip(trainer.member_ids, metrics)
     }

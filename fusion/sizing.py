@@ -94,7 +94,7 @@ def _dry_run(workload: Workload, config: Mapping[str, Any], members: int, device
             saved += _storage_bytes(tensor, seen)
             return tensor
 
-        inputs, targets = next(trainer._batch_stream())
+        inputs, targets = trainer.batches.batch(trainer.step)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             trainer.train_step(inputs, targets)
         eval_inputs, _ = trainer.workload.eval_batches(trainer.configs[0])[0]

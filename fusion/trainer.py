@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -37,14 +37,12 @@ from torch.nn import functional as F
 from fusion.grouping import FUSIBLE_KEYS, check_fusible
 from fusion.model import FusedModel, build_member, fuse_models
 from fusion.optim import FusedOptimizer
-from hpo.checkpointing import CHECKPOINT_FILE
-from hpo.hparams import OptimHParams, workload_optimizer
-from hpo.workload import Batch, Workload
+from hpo.hparams import OptimHParams
+from hpo.trial_state import ResumableBatches, load_trial_state, save_trial_state, trial_optimizer, trial_state
+from hpo.workload import Workload
 
 #: The file a fused group saves into its checkpoint directory.
 FUSED_CHECKPOINT_FILE = "fused_state.pt"
-#: A member's checkpoint file: the one name every engine uses, so members resume on any path.
-MEMBER_CHECKPOINT_FILE = CHECKPOINT_FILE
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -84,12 +82,13 @@ class FusedTrainer:
         self.fusible_keys = fusible_keys
         first = self.configs[0]
         self.steps_per_iteration = int(first.get("steps_per_iteration", workload.steps_per_iteration))
-        self.data_seed = int(first.get("data_seed", 0))
+        #: The members' one data stream (they share every batch; `check_fusible` saw to that).
+        self.batches = ResumableBatches.of_workload(workload, first)
 
         models = [build_member(workload, config) for config in self.configs]
         multipliers = [workload.lr_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         decay_multipliers = [workload.weight_decay_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
-        example, _ = next(workload.train_batches(first, self.data_seed))
+        example, _ = self.batches.batch(0)
         self.model: FusedModel = fuse_models(models, example, strategy).to(self.device)
         self.optimizer = FusedOptimizer(
             dict(self.model.module.named_parameters()),
@@ -99,7 +98,6 @@ class FusedTrainer:
         )
         self.iteration = 0
         self.step = 0
-        self._batches: Iterator[Batch] | None = None
         self._vmap_loss = True
         self._vmap_metrics = True
         self._template: torch.nn.Module | None = None
@@ -114,14 +112,6 @@ class FusedTrainer:
         if self.dtype == "fp32":
             return nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=DTYPES[self.dtype])
-
-    def _batch_stream(self) -> Iterator[Batch]:
-        # As TrialTrainer: re-created after a restore and fast-forwarded to the current step.
-        if self._batches is None:
-            self._batches = self.workload.train_batches(self.configs[0], self.data_seed)
-            for _ in range(self.step):
-                next(self._batches)
-        return self._batches
 
     def member_losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """`[B]` losses: the workload's (mean) loss of each member's slice of `output`."""
@@ -164,10 +154,9 @@ class FusedTrainer:
     def train_iteration(self) -> list[dict[str, Any]]:
         """Train `steps_per_iteration` steps and evaluate; one `TrialTrainer`-style dict per member."""
         self.model.train()
-        batches = self._batch_stream()
         total = torch.zeros(self.num_members, dtype=torch.float64, device=self.device)
         for _ in range(self.steps_per_iteration):
-            total += self.train_step(*next(batches)).double()
+            total += self.train_step(*self.batches.batch(self.step)).double()
         return self.finish_iteration(total)
 
     def finish_iteration(self, loss_sums: torch.Tensor) -> list[dict[str, Any]]:
@@ -261,7 +250,7 @@ class FusedTrainer:
         hp = self.hparams[index]
         model = self._template_model()
         model.load_state_dict(self.model.member_state_dict(index))
-        optimizer, schedule = _torch_optimizer(self.workload, model, hp)
+        optimizer, schedule = trial_optimizer(self.workload, model, hp)
         state = self.optimizer.member_state(index)
         for name, param in model.named_parameters():
             per_param = {k: v.cpu() for k, v in state["params"][name].items()}
@@ -271,14 +260,8 @@ class FusedTrainer:
             elif state["step"]:
                 optimizer.state[param] = {"step": torch.tensor(float(state["step"])), **per_param}
         _advance_schedule(schedule, state["step"])
-        return {
-            "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "optimizer": optimizer.state_dict(),
-            "schedule": schedule.state_dict(),
-            "iteration": self.iteration,
-            "step": state["step"],
-            "rng": torch.get_rng_state(),
-        }
+        weights = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the template is reused
+        return trial_state(weights, optimizer, schedule, self.iteration, state["step"])
 
     def _template_model(self) -> torch.nn.Module:
         """One unfused model of the group's architecture (on CPU), reused to write member checkpoints."""
@@ -289,7 +272,7 @@ class FusedTrainer:
 
     def save_member(self, member_id: Hashable, directory: str) -> None:
         """Write member `member_id`'s checkpoint where `TrialTrainer.restore(directory)` reads it."""
-        torch.save(self.member_state_dict(member_id), os.path.join(directory, MEMBER_CHECKPOINT_FILE))
+        save_trial_state(self.member_state_dict(member_id), directory)
 
     @classmethod
     def from_member_states(
@@ -306,7 +289,7 @@ class FusedTrainer:
             hp = trainer.hparams[index]
             with torch.random.fork_rng(devices=[]):
                 model = build_member(workload, config)
-            optimizer, _ = _torch_optimizer(workload, model, hp)
+            optimizer, _ = trial_optimizer(workload, model, hp)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             trainer.model.load_member_state_dict(index, model.state_dict())
@@ -327,7 +310,7 @@ class FusedTrainer:
         cls, workload: Workload, configs: Sequence[Mapping[str, Any]], directories: Sequence[str], **kwargs: Any
     ) -> "FusedTrainer":
         """`from_member_states` reading each member's `trial_state.pt` (written by either trainer)."""
-        states = [torch.load(os.path.join(d, MEMBER_CHECKPOINT_FILE), weights_only=True) for d in directories]
+        states = [load_trial_state(d) for d in directories]
         return cls.from_member_states(workload, configs, states, **kwargs)
 
     # -- checkpoints: the whole group ----------------------------------------------------------
@@ -351,7 +334,6 @@ class FusedTrainer:
         self.iteration = int(state["iteration"])
         self.step = int(state["step"])
         torch.set_rng_state(state["rng"])
-        self._batches = None
 
     def save(self, directory: str) -> None:
         torch.save(self.state_dict(), os.path.join(directory, FUSED_CHECKPOINT_FILE))
@@ -363,12 +345,6 @@ class FusedTrainer:
         trainer = cls(workload, state["configs"], member_ids=state["member_ids"], **kwargs)
         trainer.load_state_dict(state)
         return trainer
-
-
-def _torch_optimizer(workload: Workload, model: torch.nn.Module, hp: OptimHParams):
-    """The optimizer and schedule `TrialTrainer` builds for `model` (to read and write its format)."""
-    optimizer = workload_optimizer(workload, model, hp)
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, hp.lr_factor)
 
 
 def _advance_schedule(schedule: torch.optim.lr_scheduler.LambdaLR, step: int) -> None:
@@ -385,12 +361,5 @@ def _fresh_state(workload: Workload, config: Mapping[str, Any]) -> dict[str, Any
     hp = OptimHParams.from_config(config)
     with torch.random.fork_rng(devices=[]):
         model = build_member(workload, config)
-    optimizer, schedule = _torch_optimizer(workload, model, hp)
-    return {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "schedule": schedule.state_dict(),
-        "iteration": 0,
-        "step": 0,
-        "rng": torch.get_rng_state(),
-    }
+    optimizer, schedule = trial_optimizer(workload, model, hp)
+    return trial_state(model.state_dict(), optimizer, schedule, 0, 0)

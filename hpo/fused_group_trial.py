@@ -25,9 +25,10 @@ import torch
 from ray import tune
 
 from fusion.trainer import FusedTrainer
-from hpo.checkpointing import CHECKPOINT_FILE, checkpoint_due
+from hpo.checkpointing import checkpoint_due
 from hpo.fused_members import STATUS_FILE, member_ids
 from hpo.results import MEMBERS_DIR
+from hpo.trial_state import save_trial_state
 from hpo.workload import Workload
 
 #: A group's Tune checkpoint: which member checkpoints hold its state.
@@ -108,7 +109,7 @@ def fused_group_trainable(
                     staging = folder / f".checkpoint_{trainer.iteration:06d}.tmp"
                     shutil.rmtree(staging, ignore_errors=True)
                     staging.mkdir(parents=True)
-                    torch.save(trainer.member_state_dict(member_id), staging / CHECKPOINT_FILE)
+                    save_trial_state(trainer.member_state_dict(member_id), staging)
                     shutil.rmtree(target, ignore_errors=True)
                     os.replace(staging, target)  # a checkpoint folder is whole or absent
                     for old in sorted(folder.glob("checkpoint_*"))[:-KEEP_MEMBER_CHECKPOINTS]:
@@ -131,9 +132,8 @@ def fused_group_trainable(
                 self.trainer = None
                 return
             configs = dict(zip(self.trainer.member_ids, self.trainer.configs))
-            states = [torch.load(Path(p, CHECKPOINT_FILE), weights_only=True) for p in alive.values()]
-            self.trainer = FusedTrainer.from_member_states(
-                workload, [configs[m] for m in alive], states, member_ids=list(alive), device=device, dtype=dtype
+            self.trainer = FusedTrainer.from_member_checkpoints(
+                workload, [configs[m] for m in alive], list(alive.values()), member_ids=list(alive), device=device, dtype=dtype
             )
             self.saved_at = self.trainer.iteration
             self._drop_stopped()

@@ -7,17 +7,16 @@ PyTorch's own optimizers and the schedule from `hpo.hparams`.
 from __future__ import annotations
 
 import math
-import os
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from hpo.checkpointing import CHECKPOINT_FILE, checkpoint_due
-from hpo.hparams import OptimHParams, workload_optimizer
-from hpo.workload import Batch, Workload
-
+from hpo.checkpointing import checkpoint_due
+from hpo.hparams import OptimHParams
+from hpo.trial_state import ResumableBatches, load_trial_state, save_trial_state, trial_optimizer, trial_state
+from hpo.workload import Workload
 
 
 class TrialTrainer:
@@ -29,28 +28,18 @@ class TrialTrainer:
         self.hparams = OptimHParams.from_config(self.config)
         torch.manual_seed(int(self.config.get("seed", 0)))
         self.model = workload.build_model(self.config)
-        self.optimizer = workload_optimizer(workload, self.model, self.hparams)
-        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.hparams.lr_factor)
+        self.optimizer, self.schedule = trial_optimizer(workload, self.model, self.hparams)
         self.steps_per_iteration = int(self.config.get("steps_per_iteration", workload.steps_per_iteration))
         self.iteration = 0
         self.step = 0
-        self._batches: Iterator[Batch] | None = None
-
-    def _batch_stream(self) -> Iterator[Batch]:
-        # Re-created after a restore and fast-forwarded, so a resumed trial sees the same data.
-        if self._batches is None:
-            self._batches = self.workload.train_batches(self.config, int(self.config.get("data_seed", 0)))
-            for _ in range(self.step):
-                next(self._batches)
-        return self._batches
+        self.batches = ResumableBatches.of_workload(workload, self.config)
 
     def train_iteration(self) -> dict[str, float]:
         """Train `steps_per_iteration` steps and evaluate; a non-finite loss marks the trial diverged."""
         self.model.train()
-        batches = self._batch_stream()
         train_loss = 0.0
         for _ in range(self.steps_per_iteration):
-            inputs, targets = next(batches)
+            inputs, targets = self.batches.batch(self.step)
             loss = self.workload.loss(self.model(inputs), targets)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -78,14 +67,7 @@ class TrialTrainer:
         return {f"val_{key}": value / count for key, value in totals.items()}
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "schedule": self.schedule.state_dict(),
-            "iteration": self.iteration,
-            "step": self.step,
-            "rng": torch.get_rng_state(),
-        }
+        return trial_state(self.model.state_dict(), self.optimizer, self.schedule, self.iteration, self.step)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -94,13 +76,12 @@ class TrialTrainer:
         self.iteration = int(state["iteration"])
         self.step = int(state["step"])
         torch.set_rng_state(state["rng"])
-        self._batches = None
 
     def save(self, directory: str) -> None:
-        torch.save(self.state_dict(), os.path.join(directory, CHECKPOINT_FILE))
+        save_trial_state(self.state_dict(), directory)
 
     def restore(self, directory: str) -> None:
-        self.load_state_dict(torch.load(os.path.join(directory, CHECKPOINT_FILE), weights_only=True))
+        self.load_state_dict(load_trial_state(directory))
 
 
 def workload_trainable(

@@ -27,7 +27,8 @@ from typing import Any
 import ray
 
 from fusion.broker import GroupLauncher
-from fusion.group_actor import MemberRelay, member_state_from_bytes
+from fusion.group_actor import MemberRelay
+from hpo.trial_state import trial_state_from_bytes
 from hpo.ray_runtime import NAMESPACE
 from hpo.workload import Workload
 
@@ -142,7 +143,7 @@ class BubbleGroup(MemberRelay):
         max_iterations: int,
         dtype: str,
     ):
-        iteration = int(member_state_from_bytes(states[0])["iteration"]) if states[0] is not None else 0
+        iteration = int(trial_state_from_bytes(states[0])["iteration"]) if states[0] is not None else 0
         super().__init__(member_ids, iteration)
         self.workload = workload
         self.configs = dict(zip(member_ids, configs))

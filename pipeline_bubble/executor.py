@@ -65,7 +65,8 @@ from typing import Any, Protocol
 
 import torch
 
-from pipeline_bubble.guests import GuestWork, _devices_for_rng
+from hpo.trial_state import rng_devices
+from pipeline_bubble.guests import GuestWork
 from pipeline_bubble.peer_signals import PeerArrival
 from pipeline_bubble.timeline import GUEST
 
@@ -390,7 +391,7 @@ class BubbleExecutor:
         assert self.guest is not None
         begin = self._clock()
         # The engine may be inside no_grad (the loss broadcast is): the guest trains regardless.
-        with torch.random.fork_rng(devices=_devices_for_rng(self._device)), torch.enable_grad():
+        with torch.random.fork_rng(devices=rng_devices(self._device)), torch.enable_grad():
             with self._on_guest_stream():
                 loss = self.guest.step()
             if self._stream is not None:

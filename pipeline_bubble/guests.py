@@ -5,9 +5,9 @@ checkpointable state, and its memory footprint. `TorchGuest` trains any module/o
 stream; `workload_guest` builds one from a `hpo.workload.Workload` config exactly the way the
 plain trainer does (same optimizer and LR schedule from `hpo.hparams`).
 
-A guest must never touch the host job's math. Concretely it keeps its own RNG stream (it draws
-from the global generator only inside `torch.random.fork_rng`, restoring its own saved state
-first), builds its own tensors, and never reads or writes the main job's parameters.
+A guest must never touch the host job's math. Concretely it keeps its own RNG stream
+(`hpo.trial_state.PrivateRNG`), builds its own tensors, and never reads or writes the main job's
+parameters.
 
 Example::
 
@@ -24,7 +24,9 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+from hpo.hparams import OptimHParams
+from hpo.trial_state import PrivateRNG, ResumableBatches, trial_optimizer
+from hpo.workload import Batch
 
 
 @runtime_checkable
@@ -53,26 +55,24 @@ class GuestWork(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
-def _tensor_bytes(tensors) -> int:
+def tensor_bytes(tensors) -> int:
+    """Bytes the tensors among `tensors` hold: what a guest adds to its stage's memory."""
     return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
-
-
-def _devices_for_rng(device: torch.device) -> list[int]:
-    return [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
 
 
 class TorchGuest:
     """Trains `model` with `optimizer` on `batch_stream()` under a private RNG stream.
 
-    `batch_stream` is called again after `load_state_dict` and fast-forwarded by the number of
-    steps already taken, so a restored guest sees the same data as one that never stopped.
+    `batch_stream` (or the function that opens it) is read by step as a
+    `hpo.trial_state.ResumableBatches`, so a restored guest sees the data it would have seen had
+    it never stopped.
     """
 
     def __init__(
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        batch_stream: Callable[[], Iterator[Batch]],
+        batch_stream: ResumableBatches | Callable[[], Iterator[Batch]],
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         *,
         seed: int = 0,
@@ -93,44 +93,20 @@ class TorchGuest:
         self.loss_fn = loss_fn
         self.grad_clip = grad_clip
         self.steps = 0
-        self._batch_stream = batch_stream
-        self._batches: Iterator[Batch] | None = None
-        with torch.random.fork_rng(devices=_devices_for_rng(self.device)):
-            torch.manual_seed(seed)
-            self._rng = self._get_rng()
-        first = next(self._stream())
-        self.samples_per_step = int(first[0].shape[0])
-        self._batches = None  # rewind: the peeked batch is the first one trained
-
-    def _get_rng(self) -> list[torch.Tensor]:
-        states = [torch.get_rng_state()]
-        if self.device.type == "cuda":
-            states.append(torch.cuda.get_rng_state(self.device))
-        return states
-
-    def _set_rng(self, states: list[torch.Tensor]) -> None:
-        torch.set_rng_state(states[0])
-        if self.device.type == "cuda":
-            torch.cuda.set_rng_state(states[1], self.device)
-
-    def _stream(self) -> Iterator[Batch]:
-        if self._batches is None:
-            self._batches = self._batch_stream()
-            for _ in range(self.steps):
-                next(self._batches)
-        return self._batches
+        self.batches = batch_stream if isinstance(batch_stream, ResumableBatches) else ResumableBatches(batch_stream)
+        self.rng = PrivateRNG(seed, self.device)
+        self.samples_per_step = int(self.batches.batch(0)[0].shape[0])
 
     @property
     def memory_bytes(self) -> int:
         params = list(self.model.parameters())
         state = [t for s in self.optimizer.state.values() for t in s.values()]
-        return 2 * _tensor_bytes(params) + _tensor_bytes(state)
+        return 2 * tensor_bytes(params) + tensor_bytes(state)
 
     def step(self) -> float:
-        inputs, targets = next(self._stream())
+        inputs, targets = self.batches.batch(self.steps)
         inputs, targets = inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
-        with torch.random.fork_rng(devices=_devices_for_rng(self.device)):
-            self._set_rng(self._rng)
+        with self.rng.active():
             self.model.train()
             loss = self.loss_fn(self.model(inputs), targets)
             self.optimizer.zero_grad(set_to_none=True)
@@ -140,7 +116,6 @@ class TorchGuest:
             self.optimizer.step()
             if self.scheduler is not None:
                 self.scheduler.step()
-            self._rng = self._get_rng()
         self.steps += 1
         return float(loss.detach())
 
@@ -150,7 +125,7 @@ class TorchGuest:
         if self._evaluate is None:
             return {}
         self.model.eval()
-        with torch.random.fork_rng(devices=_devices_for_rng(self.device)):
+        with self.rng.isolated():
             return self._evaluate(self.model)
 
     def state_dict(self) -> dict[str, Any]:
@@ -159,7 +134,7 @@ class TorchGuest:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "steps": self.steps,
-            "rng": [s.clone() for s in self._rng],
+            "rng": self.rng.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -168,8 +143,7 @@ class TorchGuest:
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.steps = int(state["steps"])
-        self._rng = [s.clone() for s in state["rng"]]
-        self._batches = None
+        self.rng.load_state_dict(state["rng"])
 
 
 def workload_guest(
@@ -181,24 +155,19 @@ def workload_guest(
     only the RNG is private (seeded from `config["seed"]` unless `seed` is given), so the host
     job's global RNG is never advanced.
     """
-    from hpo.hparams import OptimHParams, build_torch_optimizer  # imports hpo, hence Ray: only when used
-
     config = workload.resolve(config)
     hparams = OptimHParams.from_config(config)
     seed = int(config.get("seed", 0)) if seed is None else seed
-    with torch.random.fork_rng(devices=_devices_for_rng(torch.device(device))):
-        torch.manual_seed(seed)
-        model = workload.build_model(config)
-    optimizer = build_torch_optimizer(
-        model.to(device).named_parameters(), hparams, workload.lr_multipliers(model, hparams.optimizer)
-    )
+    with PrivateRNG(seed, device).active():
+        model = workload.build_model(config).to(device)
+    optimizer, schedule = trial_optimizer(workload, model, hparams)
     return TorchGuest(
         model,
         optimizer,
-        lambda: workload.train_batches(config, int(config.get("data_seed", 0))),
+        ResumableBatches.of_workload(workload, config),
         workload.loss,
         seed=seed,
-        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, hparams.lr_factor),
+        scheduler=schedule,
         grad_clip=hparams.grad_clip,
         device=device,
         evaluate=lambda model: _evaluate_workload(workload, config, model, torch.device(device)),

@@ -16,8 +16,8 @@ import ray
 import torch
 
 from fusion.group_actor import group_trainer, member_results
+from hpo.trial_state import rng_devices
 from pipeline_bubble.fused_guest import FusedGroupGuest
-from pipeline_bubble.guests import _devices_for_rng
 
 
 class SweepGroupGuest(FusedGroupGuest):
@@ -31,7 +31,7 @@ class SweepGroupGuest(FusedGroupGuest):
         on_close: Callable[[Any, bool], None],
         yield_requested: Callable[[], bool] = lambda: False,
     ):
-        with torch.random.fork_rng(devices=_devices_for_rng(device)):  # members seed the global RNG
+        with torch.random.fork_rng(devices=rng_devices(device)):  # members seed the global RNG
             trainer = group_trainer(
                 assignment["workload"], assignment["configs"], assignment["member_ids"], assignment["states"],
                 device, assignment["dtype"],
@@ -70,7 +70,7 @@ class SweepGroupGuest(FusedGroupGuest):
         self._loss_sums += losses.double()
         self._steps_in_iteration += 1
         if self._steps_in_iteration == self.trainer.steps_per_iteration:
-            with torch.random.fork_rng(devices=self._rng_devices):
+            with self.rng.isolated():
                 metrics = self.trainer.finish_iteration(self._loss_sums)
             self.group.publish.remote(self.trainer.iteration, member_results(self.trainer, metrics))
             self._release = self.group.released.remote()

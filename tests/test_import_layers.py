@@ -27,7 +27,7 @@ PACKAGES = ("hpo", "fusion", "pipeline_bubble", "scheduler_bridge")
 #: Lowest first: (layer, the module prefixes in it). A module is in the layer of its longest prefix.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the workload contract, hyperparameters, one trial state, actor names and the namespace
-    ("base", ("hpo.workload", "hpo.hparams", "hpo.training", "hpo.checkpointing", "hpo.ray_runtime")),
+    ("base", ("hpo.workload", "hpo.hparams", "hpo.trial_state", "hpo.training", "hpo.checkpointing", "hpo.ray_runtime")),
     ("engine: fusion", ("fusion",)),
     ("engine: pipeline_bubble", ("pipeline_bubble",)),  # bubble guests train fused groups
     ("engine: scheduler_bridge", ("scheduler_bridge",)),  # the allocator lends pipeline bubbles
