@@ -15,17 +15,17 @@ Example::
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from ray import tune
+from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
 
 from hpo.controller import ControllerCallback, start_controller
-from hpo.fused_sweep import group_size, group_slots
+from hpo.fused_sweep import BubbleEngine, FusedEngine
 from hpo.ray_runtime import ensure_ray
 from hpo.results import SweepResult, results_file_callback
 from hpo.run_dirs import fresh_run_name, verify_run_state
@@ -35,6 +35,87 @@ from hpo.training import workload_trainable
 from hpo.workload import Workload
 
 Trainable = Workload | Callable[..., Any] | str
+
+
+@runtime_checkable
+class SweepEngine(Protocol):
+    """How one mode runs a sweep in Tune; the `Tuner` composes one, chosen when it is built.
+
+    The modes: plain trials (`PlainEngine`), fused groups that are Tune's trials
+    (`hpo.fused_sweep.FusedEngine`), fused groups in pipeline bubbles with a relay trial per
+    configuration (`hpo.fused_sweep.BubbleEngine`), and a muP proxy sweep around any of those
+    (`hpo.scaled_sweep.ScaledEngine`). `start` comes first: what it starts (Ray must be up) is
+    what the other calls hand to Tune.
+    """
+
+    def start(self, experiment: Path) -> list[Any]:
+        """Start what the mode needs before Tune runs; the actors returned live as long as the result."""
+
+    def trainable(self) -> Any:
+        """The trainable Tune runs, with its per-trial resources."""
+
+    def param_space(self) -> dict[str, Any]:
+        """The search space Tune is given."""
+
+    def tune_config(self, tune_config: tune.TuneConfig) -> tune.TuneConfig:
+        """The sweep's TuneConfig as this mode hands it to Tune (searcher, scheduler, concurrency)."""
+
+    def run_config(self, run_config: tune.RunConfig) -> tune.RunConfig:
+        """The sweep's RunConfig with the mode's callbacks (results files, relays) and checkpointing."""
+
+    def result(self, grid: tune.ResultGrid, metric: str, mode: str, iterations: int | None) -> SweepResult:
+        """Tune's grid as the sweep's result: one result per configuration."""
+
+
+class PlainEngine:
+    """Every configuration is a Tune trial of its own; a `Workload` trains as `hpo.training` says."""
+
+    def __init__(
+        self,
+        trainable: Workload | Callable[..., Any],
+        resources: Mapping[str, float],
+        param_space: Mapping[str, Any],
+        max_iterations: int,
+        checkpoint: CheckpointPolicy,
+        metric: str | None,
+        mode: str,
+        iterations: int | None,
+    ):
+        self.user_trainable, self.resources, self.user_space = trainable, dict(resources), dict(param_space)
+        self.max_iterations, self.checkpoint = max_iterations, checkpoint
+        self.metric, self.mode, self.iterations = metric, mode, iterations
+        self.experiment: Path | None = None
+
+    def start(self, experiment: Path) -> list[Any]:
+        self.experiment = experiment
+        return []
+
+    def trainable(self) -> Any:
+        trainable = self.user_trainable
+        if isinstance(trainable, Workload):
+            trainable = workload_trainable(
+                trainable, self.max_iterations, threads=max(1, int(self.resources.get("cpu", 1))),
+                checkpoint_every=self.checkpoint.every, checkpoint_at_end=self.checkpoint.at_end,
+            )
+        return tune.with_resources(trainable, dict(self.resources))
+
+    def param_space(self) -> dict[str, Any]:
+        return self.user_space
+
+    def tune_config(self, tune_config: tune.TuneConfig) -> tune.TuneConfig:
+        return tune_config
+
+    def run_config(self, run_config: tune.RunConfig) -> tune.RunConfig:
+        """Every trial's row in `results.csv` as soon as it ends."""
+        if not self.metric:
+            return run_config
+        if self.experiment is None:
+            raise RuntimeError("PlainEngine.start(experiment) names the folder its results go to; call it first")
+        callback = results_file_callback(self.experiment, self.metric, self.mode, self.iterations)
+        return replace(run_config, callbacks=[*(run_config.callbacks or []), callback])
+
+    def result(self, grid: tune.ResultGrid, metric: str, mode: str, iterations: int | None) -> SweepResult:
+        return SweepResult(grid, metric, mode, iterations)
 
 
 class Tuner:
@@ -53,31 +134,44 @@ class Tuner:
         checkpoint: CheckpointPolicy | Mapping[str, Any] | None = None,
         search_seed: int | None = None,
     ):
-        self.search_seed = search_seed  # a fused sweep expands grid and random spaces itself
-        self.fused: Any = None  # a fused sweep's groups, built when the sweep starts (`FusedSweep`)
         self.trainable = resolve_trainable(trainable) if isinstance(trainable, str) else trainable
         self.checkpoint = _checkpoint_policy(checkpoint, (tune_config or tune.TuneConfig()).scheduler)
         self.param_space = dict(param_space or {})
         self.tune_config = tune_config or tune.TuneConfig()
         self.run_config = run_config or tune.RunConfig()
         self.resources = dict(resources or {"cpu": 1})
-        self.fusion = fusion if fusion is None or fusion.enabled else None
-        if (scaling is not None or self.fusion is not None) and not isinstance(self.trainable, Workload):
+        fusion = fusion if fusion is None or fusion.enabled else None
+        if (scaling is not None or fusion is not None) and not isinstance(self.trainable, Workload):
             raise TypeError("scaling and fusion need a Workload trainable (model factory, data and loss kept apart)")
-        from ray.tune.schedulers import PopulationBasedTraining
-
-        if self.fusion is not None and isinstance(self.tune_config.scheduler, PopulationBasedTraining):
+        if fusion is not None and isinstance(self.tune_config.scheduler, PopulationBasedTraining):
             raise ValueError("fusion does not support PopulationBasedTraining: its exploit step copies one trial's "
                              "state into another, across fused groups; use ASHA or HyperBand, or turn fusion off")
-        self.scaling = None
-        self._eager: Any = None  # the eager-transfer callback of a fresh (not resumed) scaled sweep
+        user_workload = self.trainable
         if scaling is not None:
-            from hpo import scaled_sweep
+            from hpo import scaled_sweep  # muP is an optional extra (`hydro-hpo[mup]`): loaded by scaled sweeps only
 
-            self.scaling = scaled_sweep.as_scaling_config(scaling)
-            self.user_workload = self.trainable
-            experiment = Path(self.run_config.storage_path or "~/ray_results").expanduser() / self.name
-            self.trainable = scaled_sweep.build_proxy(self.trainable, self.scaling, self.param_space, experiment)
+            scaling = scaled_sweep.as_scaling_config(scaling)
+            self.trainable = scaled_sweep.build_proxy(user_workload, scaling, self.param_space, self.storage / self.name)
+        self.engine: SweepEngine = self._engine(fusion, search_seed)
+        if scaling is not None:
+            self.engine = scaled_sweep.ScaledEngine(
+                self.engine, user_workload, scaling, self.tune_config.metric, self.mode, self.max_iterations
+            )
+
+    def _engine(self, fusion: FusionConfig | None, search_seed: int | None) -> SweepEngine:
+        """The engine of the sweep's mode; a fused sweep expands grid and random spaces itself (`search_seed`)."""
+        metric = self.tune_config.metric
+        if fusion is None:
+            return PlainEngine(
+                self.trainable, self.resources, self.param_space, self.max_iterations, self.checkpoint,
+                metric, self.mode, self._iterations(),
+            )
+        if fusion.placement == "bubbles":
+            return BubbleEngine(self.trainable, fusion, self.resources, self.param_space, self.max_iterations, metric, self.mode)
+        return FusedEngine(
+            self.trainable, fusion, self.resources, self.param_space, self.tune_config, self.max_iterations,
+            self.checkpoint, search_seed,
+        )
 
     @property
     def name(self) -> str:
@@ -98,94 +192,25 @@ class Tuner:
             return int(stop["training_iteration"])
         return DEFAULT_MAX_ITERATIONS
 
-    @property
-    def fuses_on_devices(self) -> bool:
-        """Fused groups that are Tune's trials; groups in pipeline bubbles have member trials."""
-        return self.fusion is not None and self.fusion.placement != "bubbles"
-
     def _tune_trainable(self) -> Any:
         """The Tune trainable this sweep runs, with its per-trial resources attached."""
-        trainable = self.trainable
-        if self.fused is not None:
-            return self.fused.trainable
-        if self.fusion is not None:
-            from hpo.member_trial import MEMBER_TRIAL_RESOURCES, fused_member_trainable
-
-            return tune.with_resources(fused_member_trainable(self.name, self.max_iterations), MEMBER_TRIAL_RESOURCES)
-        threads = max(1, int(self.resources.get("cpu", 1)))
-        if isinstance(trainable, Workload):
-            trainable = workload_trainable(
-                trainable, self.max_iterations, threads=threads,
-                checkpoint_every=self.checkpoint.every, checkpoint_at_end=self.checkpoint.at_end,
-            )
-        return tune.with_resources(trainable, dict(self.resources))
+        return self.engine.trainable()
 
     def _run_config(self) -> tune.RunConfig:
         metric = self.tune_config.metric
         callbacks = list(self.run_config.callbacks or [])
         if metric and not any(isinstance(cb, ControllerCallback) for cb in callbacks):
             callbacks.append(ControllerCallback(self.name, metric, self.mode))
-        if self.fused is not None:
-            # Progress, the dashboard and the results files count configurations: they hear of
-            # each member's events, not of the groups Tune runs.
-            from hpo.fused_sweep import member_callbacks
-            from hpo.progress import ProgressCallback
-
-            per_member = [cb for cb in callbacks if isinstance(cb, (ControllerCallback, ProgressCallback))]
-            callbacks = [cb for cb in callbacks if all(cb is not p for p in per_member)]
-            callbacks.append(member_callbacks(self.fused.book, [*per_member, self.fused.callback]))
-        elif metric:
-            callbacks.append(results_file_callback(self.storage / self.name, metric, self.mode, self._iterations()))
-        if self.fusion is not None and self.fused is None:
-            from hpo.member_trial import FusionCallback
-
-            callbacks.append(FusionCallback(self.name))
-        if self.scaling is not None and self.scaling.eager_transfer is not None:
-            from hpo.scaling import EagerTransferCallback
-
-            self._eager = EagerTransferCallback(
-                self.user_workload, self.scaling, metric=metric, mode=self.mode,
-                max_iterations=self.max_iterations,
-            )
-            callbacks.append(self._eager)
         stop = self.run_config.stop
         if isinstance(self.trainable, Workload) and stop is None:
             stop = {"training_iteration": self.max_iterations}
-        run_config = replace(self.run_config, name=self.name, callbacks=callbacks, stop=stop)
-        if self.fused is not None:
-            run_config = replace(run_config, checkpoint_config=self.fused.checkpoint_config)
-        return run_config
+        return self.engine.run_config(replace(self.run_config, name=self.name, callbacks=callbacks, stop=stop))
 
     def _start_actors(self) -> list[Any]:
-        """The sweep's controller and, with fusion, its group broker; the Tuner owns both."""
+        """The sweep's controller and whatever its engine starts (a fused sweep's broker); the Tuner owns them."""
         metric = self.tune_config.metric
-        actors = [start_controller(self.name, metric, self.mode) if metric else None]
-        if self.fuses_on_devices:
-            from hpo.fused_sweep import fused_sweep
-
-            self.fused = fused_sweep(
-                self.storage / self.name, self.trainable,
-                group_size(self.trainable, self.fusion, self.resources, self.param_space), self.resources,
-                self.param_space, self.tune_config, self.max_iterations, self.checkpoint, self.fusion.dtype,
-                group_slots(self.resources), self.search_seed,
-            )
-            self.members_per_group = self.fused.members_per_group
-        elif self.fusion is not None:
-            from fusion.broker import start_broker
-            from hpo.member_trial import broker_name
-            from hpo.ray_runtime import NAMESPACE
-
-            self.members_per_group = group_size(self.trainable, self.fusion, self.resources, self.param_space)
-            actors.append(
-                start_broker(broker_name(self.name), NAMESPACE, self.trainable, self.members_per_group, self._group_launcher())
-            )
-        return actors
-
-    def _group_launcher(self) -> Any:
-        """Fused groups queued for pipeline jobs' bubbles."""
-        from pipeline_bubble.bubble_pool import bubble_group_launcher
-
-        return bubble_group_launcher(self.name, self.trainable, self.max_iterations, self.fusion.dtype)
+        controller = start_controller(self.name, metric, self.mode) if metric else None
+        return [controller, *self.engine.start(self.storage / self.name)]
 
     def _tune_config(self) -> tune.TuneConfig:
         tune_config = self.tune_config
@@ -193,26 +218,7 @@ class Tuner:
             # hydro-hpo's own trainables reset cleanly, so a trial process (and its torch import)
             # serves trial after trial instead of being started anew for each configuration.
             tune_config = replace(tune_config, reuse_actors=True)
-        if self.fused is not None:
-            # Tune runs groups: the group searcher and scheduler stand for the user's, which act
-            # on every member; as many groups at once as there are group slots.
-            return replace(
-                tune_config,
-                search_alg=self.fused.search_alg,
-                scheduler=self.fused.scheduler,
-                num_samples=-1,
-                max_concurrent_trials=(
-                    math.ceil(tune_config.max_concurrent_trials / self.members_per_group)
-                    if tune_config.max_concurrent_trials else group_slots(self.resources)
-                ),
-                trial_dirname_creator=self.fused.group_dirname,
-            )
-        if self.fusion is None or tune_config.max_concurrent_trials:
-            return tune_config
-        # Enough member trials at once to fill every lending stage with a full group.
-        from pipeline_bubble.bubble_pool import lending_stages
-
-        return replace(tune_config, max_concurrent_trials=self.members_per_group * max(1, lending_stages()))
+        return self.engine.tune_config(tune_config)
 
     def fit(self) -> SweepResult:
         """Run the sweep in a new run folder: a name already on disk gets the next versioned one."""
@@ -225,7 +231,7 @@ class Tuner:
         actors = self._start_actors()
         tuner = tune.Tuner(
             self._tune_trainable(),
-            param_space={} if self.fused is not None else self.param_space,
+            param_space=self.engine.param_space(),
             tune_config=self._tune_config(),
             run_config=self._run_config(),
         )
@@ -245,7 +251,7 @@ class Tuner:
             path,
             storage_filesystem=self.run_config.storage_filesystem,
             trainable=self._tune_trainable(),
-            param_space={} if self.fused is not None else self.param_space,
+            param_space=self.engine.param_space(),
             resume_unfinished=True,
             resume_errored=True,
         )
@@ -260,21 +266,10 @@ class Tuner:
 
     def _wrap(self, grid: tune.ResultGrid, actors: list[Any]) -> SweepResult:
         metric = self.tune_config.metric or ""
-        members = None
-        if self.fused is not None:  # the members of the groups Tune ran (restored ones included)
-            from hpo.fused_members import GROUP_DIR_PREFIX
-
-            members = self.fused.book.results({Path(r.path).name.removeprefix(GROUP_DIR_PREFIX) for r in grid})
-        result = SweepResult(grid, metric, self.mode, self._iterations(), results=members)
-        if self.fused is not None:
-            result.extras["fused_groups"] = self.fused.book.groups()
+        result = self.engine.result(grid, metric, self.mode, self._iterations())
         # Holding the handle keeps `hpo:sweep:<name>` alive (and in the dashboard) while the result lives.
         result.controller = actors[0]
         result.actors = actors
-        if self.scaling is not None:
-            from hpo import scaled_sweep
-
-            scaled_sweep.finish(result, self.user_workload, self.scaling, self.max_iterations, self._eager)
         if metric:
             result.paths = result.write()  # the same files the CLI writes, wherever the sweep ran from
         return result
@@ -294,8 +289,6 @@ def _snapshot_state_promptly() -> None:
 def _checkpoint_policy(checkpoint: CheckpointPolicy | Mapping[str, Any] | None, scheduler: Any) -> CheckpointPolicy:
     """The sweep's checkpoint policy. Schedulers that pause trials (HyperBand, PBT) resume them
     from their last checkpoint, so under them every iteration is checkpointed."""
-    from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
-
     policy = checkpoint if isinstance(checkpoint, CheckpointPolicy) else CheckpointPolicy(**(checkpoint or {}))
     if isinstance(scheduler, (HyperBandScheduler, PopulationBasedTraining)) and policy.every != 1:
         return policy.model_copy(update={"every": 1})

@@ -1,18 +1,27 @@
-"""How a sweep with `fusion:` runs: group size, group slots, and the pieces Tune is given."""
+"""How a sweep with `fusion:` runs: group size, group slots, the pieces Tune is given, and the
+Tuner's engine for each placement (`FusedEngine` on the sweep's devices, `BubbleEngine` in
+pipeline bubbles)."""
 
 from __future__ import annotations
 
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import ray
+from ray import tune
 
+from fusion.broker import start_broker
+from hpo.controller import ControllerCallback
 from hpo.fused_members import GROUP_DIR_PREFIX, MemberBook
 from hpo.fused_scheduler import GroupScheduler
+from hpo.member_trial import MEMBER_TRIAL_RESOURCES, FusionCallback, broker_name, fused_member_trainable
+from hpo.progress import ProgressCallback
+from hpo.ray_runtime import NAMESPACE
+from hpo.results import SweepResult, results_file_callback
 from hpo.spec import CheckpointPolicy, FusionConfig
 from hpo.workload import Workload
 
@@ -230,3 +239,140 @@ def member_results_callback(book: MemberBook, experiment: Path, metric: str, mod
             self._write()
 
     return MemberResultsCallback()
+
+
+class FusedEngine:
+    """A sweep fused on the sweep's own devices: Tune runs groups of up to B configurations, one
+    process each, and its searcher and scheduler stand for the user's, which act on every member.
+
+    `start` measures B (`max_members: auto` trains a dry run where the groups will run) and builds
+    what Tune is given, so it needs Ray up and comes before the other calls."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        fusion: FusionConfig,
+        resources: Mapping[str, float],
+        param_space: Mapping[str, Any],
+        tune_config: Any,
+        max_iterations: int,
+        checkpoint: CheckpointPolicy,
+        search_seed: int | None = None,
+    ):
+        self.workload, self.fusion, self.resources = workload, fusion, dict(resources)
+        self.user_space, self.user_tune_config = dict(param_space), tune_config
+        self.max_iterations, self.checkpoint, self.search_seed = max_iterations, checkpoint, search_seed
+        self._sweep: FusedSweep | None = None
+
+    @property
+    def sweep(self) -> FusedSweep:
+        if self._sweep is None:
+            raise RuntimeError("FusedEngine.start(experiment) builds the sweep's groups; call it first")
+        return self._sweep
+
+    def start(self, experiment: Path) -> list[Any]:
+        members = group_size(self.workload, self.fusion, self.resources, self.user_space)
+        self._sweep = fused_sweep(
+            experiment, self.workload, members, self.resources, self.user_space, self.user_tune_config,
+            self.max_iterations, self.checkpoint, self.fusion.dtype, group_slots(self.resources), self.search_seed,
+        )
+        return []
+
+    def trainable(self) -> Any:
+        return self.sweep.trainable
+
+    def param_space(self) -> dict[str, Any]:
+        return {}  # groups are suggested whole by the group searcher, which holds the real space
+
+    def tune_config(self, tune_config: Any) -> Any:
+        """As many groups at once as there are group slots (or as the user's trial limit allows)."""
+        limit = tune_config.max_concurrent_trials
+        return replace(
+            tune_config,
+            search_alg=self.sweep.search_alg,
+            scheduler=self.sweep.scheduler,
+            num_samples=-1,
+            max_concurrent_trials=(
+                math.ceil(limit / self.sweep.members_per_group) if limit else group_slots(self.resources)
+            ),
+            trial_dirname_creator=self.sweep.group_dirname,
+        )
+
+    def run_config(self, run_config: Any) -> Any:
+        """Progress, the dashboard and the results files count configurations: they hear of each
+        member's events, not of the groups Tune runs."""
+        callbacks = list(run_config.callbacks or [])
+        per_member = [cb for cb in callbacks if isinstance(cb, (ControllerCallback, ProgressCallback))]
+        callbacks = [cb for cb in callbacks if all(cb is not p for p in per_member)]
+        callbacks.append(member_callbacks(self.sweep.book, [*per_member, self.sweep.callback]))
+        return replace(run_config, callbacks=callbacks, checkpoint_config=self.sweep.checkpoint_config)
+
+    def result(self, grid: Any, metric: str, mode: str, iterations: int | None) -> SweepResult:
+        """The members of the groups Tune ran (restored ones included), one result each."""
+        book = self.sweep.book
+        members = book.results({Path(r.path).name.removeprefix(GROUP_DIR_PREFIX) for r in grid})
+        result = SweepResult(grid, metric, mode, iterations, results=members)
+        result.extras["fused_groups"] = book.groups()
+        return result
+
+
+class BubbleEngine:
+    """A sweep fused into pipeline jobs' bubbles: one light relay Tune trial per configuration
+    (`hpo.member_trial`); the broker forms groups and the bubble pool trains them outside Tune.
+
+    `start` starts the broker (B is measured first with `max_members: auto`); the other calls
+    come after it."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        fusion: FusionConfig,
+        resources: Mapping[str, float],
+        param_space: Mapping[str, Any],
+        max_iterations: int,
+        metric: str | None,
+        mode: str,
+    ):
+        self.workload, self.fusion, self.resources = workload, fusion, dict(resources)
+        self.user_space, self.max_iterations, self.metric, self.mode = dict(param_space), max_iterations, metric, mode
+        self._experiment: Path | None = None
+        self.members_per_group = 0
+
+    @property
+    def experiment(self) -> Path:
+        if self._experiment is None:
+            raise RuntimeError("BubbleEngine.start(experiment) starts the sweep's broker; call it first")
+        return self._experiment
+
+    def start(self, experiment: Path) -> list[Any]:
+        from pipeline_bubble.bubble_pool import bubble_group_launcher  # torch: only sweeps that lend bubbles
+
+        self._experiment = experiment
+        self.members_per_group = group_size(self.workload, self.fusion, self.resources, self.user_space)
+        launcher = bubble_group_launcher(experiment.name, self.workload, self.max_iterations, self.fusion.dtype)
+        return [start_broker(broker_name(experiment.name), NAMESPACE, self.workload, self.members_per_group, launcher)]
+
+    def trainable(self) -> Any:
+        relay = fused_member_trainable(self.experiment.name, self.max_iterations)
+        return tune.with_resources(relay, MEMBER_TRIAL_RESOURCES)
+
+    def param_space(self) -> dict[str, Any]:
+        return self.user_space
+
+    def tune_config(self, tune_config: Any) -> Any:
+        """Enough member trials at once to fill every lending stage with a full group."""
+        if tune_config.max_concurrent_trials:
+            return tune_config
+        from pipeline_bubble.bubble_pool import lending_stages
+
+        return replace(tune_config, max_concurrent_trials=self.members_per_group * max(1, lending_stages()))
+
+    def run_config(self, run_config: Any) -> Any:
+        callbacks = list(run_config.callbacks or [])
+        if self.metric:
+            callbacks.append(results_file_callback(self.experiment, self.metric, self.mode, self.max_iterations))
+        callbacks.append(FusionCallback(self.experiment.name))
+        return replace(run_config, callbacks=callbacks)
+
+    def result(self, grid: Any, metric: str, mode: str, iterations: int | None) -> SweepResult:
+        return SweepResult(grid, metric, mode, iterations)

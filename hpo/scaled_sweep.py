@@ -3,16 +3,18 @@
 The path: the user's workload -> `proxy_workload` (muP at the proxy width, base shapes at the
 target) -> an ordinary (or fused) sweep -> `transfer_config` on the best proxy trial ->
 `transfer.json`, and, when asked, the target trained with it (eagerly during the sweep, or after).
+`ScaledEngine` is that path as the Tuner's engine, wrapped around the engine that tunes the proxy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hpo.results import SweepResult
-from hpo.scaling import ScalingError, complete_transfer, coord_check, proxy_workload
+from hpo.scaling import EagerTransferCallback, ScalingError, complete_transfer, coord_check, proxy_workload
 from hpo.scaling._config import ScalingConfig
 from hpo.scaling._transfer import TARGET_CHECKPOINT_DIR
 from hpo.workload import Workload
@@ -87,3 +89,41 @@ def finish(
     if transfer.flagged:
         result.extras["re-tune on the target (does not transfer)"] = sorted(transfer.flagged)
     result.extras["transfer"] = str(Path(result.experiment_path) / "transfer.json")
+
+
+class ScaledEngine:
+    """A sweep with `scaling:`: `inner` (a plain or fused engine) tunes the muP proxy; the best
+    proxy config is then carried to the target, which is trained eagerly during the sweep
+    (`eager_transfer`) or after it (`final_training`)."""
+
+    def __init__(self, inner: Any, workload: Workload, scaling: ScalingConfig, metric: str | None, mode: str, max_iterations: int):
+        self.inner, self.workload, self.scaling = inner, workload, scaling
+        self.metric, self.mode, self.max_iterations = metric, mode, max_iterations
+        self.eager: Any = None
+
+    def start(self, experiment: Path) -> list[Any]:
+        if self.scaling.eager_transfer is not None:
+            self.eager = EagerTransferCallback(
+                self.workload, self.scaling, metric=self.metric, mode=self.mode, max_iterations=self.max_iterations
+            )
+        return self.inner.start(experiment)
+
+    def trainable(self) -> Any:
+        return self.inner.trainable()
+
+    def param_space(self) -> dict[str, Any]:
+        return self.inner.param_space()
+
+    def tune_config(self, tune_config: Any) -> Any:
+        return self.inner.tune_config(tune_config)
+
+    def run_config(self, run_config: Any) -> Any:
+        run_config = self.inner.run_config(run_config)
+        if self.eager is None:
+            return run_config
+        return replace(run_config, callbacks=[*run_config.callbacks, self.eager])
+
+    def result(self, grid: Any, metric: str, mode: str, iterations: int | None) -> SweepResult:
+        result = self.inner.result(grid, metric, mode, iterations)
+        finish(result, self.workload, self.scaling, self.max_iterations, self.eager)
+        return result

@@ -1,0 +1,120 @@
+"""The Tuner composes one engine per mode, chosen when it is built; each engine is specified alone
+by what it hands Tune: the trainable, the search space, the Tune and run configs, the result."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from ray import tune
+
+from examples.mlp_digits import workload as mlp_digits
+from hpo.api import PlainEngine, SweepEngine, Tuner
+from hpo.controller import ControllerCallback
+from hpo.fused_scheduler import GroupScheduler
+from hpo.fused_search import GroupSearcher
+from hpo.fused_sweep import BubbleEngine, FusedEngine
+from hpo.member_trial import FusionCallback, broker_name
+from hpo.ray_runtime import NAMESPACE
+from hpo.scaled_sweep import ScaledEngine
+from hpo.spec import CheckpointPolicy, FusionConfig
+
+SPACE = {"lr": tune.grid_search([1e-3, 1e-2, 3e-2, 1e-1]), "width": 16}
+PROXY_SPACE = {"lr": tune.grid_search([1e-3, 1e-2])}  # scaling sets the width
+
+
+def tuner(tmp_path, space=SPACE, **options) -> Tuner:
+    return Tuner(
+        mlp_digits,
+        param_space=space,
+        tune_config=tune.TuneConfig(metric="val_loss", mode="min"),
+        run_config=tune.RunConfig(name="engines", storage_path=str(tmp_path), stop={"training_iteration": 2}),
+        **options,
+    )
+
+
+def test_the_tuner_chooses_the_engine_of_its_mode_once_when_it_is_built(tmp_path):
+    plain = tuner(tmp_path).engine
+    fused = tuner(tmp_path, fusion=FusionConfig(max_members=4)).engine
+    bubbles = tuner(tmp_path, fusion=FusionConfig(max_members=4, placement="bubbles")).engine
+    off = tuner(tmp_path, fusion=FusionConfig(enabled=False)).engine
+    scaled = tuner(tmp_path, PROXY_SPACE, scaling={"target_width": 64, "ratio": 4}, fusion=FusionConfig(max_members=2)).engine
+    assert [type(e) for e in (plain, fused, bubbles, off, scaled)] == [
+        PlainEngine, FusedEngine, BubbleEngine, PlainEngine, ScaledEngine
+    ]
+    assert isinstance(scaled.inner, FusedEngine) and scaled.inner.workload.name != mlp_digits.name  # the proxy
+    assert all(isinstance(e, SweepEngine) for e in (plain, fused, bubbles, scaled))
+
+
+def test_a_plain_engine_gives_tune_the_users_space_and_a_results_file_per_trial(tmp_path):
+    engine = PlainEngine(mlp_digits, {"cpu": 2}, SPACE, 3, CheckpointPolicy(), "val_loss", "min", 3)
+    with pytest.raises(RuntimeError, match=r"start\(experiment\)"):
+        engine.run_config(tune.RunConfig())
+    assert engine.start(tmp_path / "plain") == []
+    assert engine.param_space() == SPACE
+    config = tune.TuneConfig(metric="val_loss", mode="min", num_samples=3)
+    assert engine.tune_config(config) is config
+    controller = ControllerCallback("plain", "val_loss", "min")
+    callbacks = engine.run_config(tune.RunConfig(callbacks=[controller])).callbacks
+    assert callbacks[0] is controller and type(callbacks[1]).__name__ == "ResultsFileCallback"
+    assert engine.trainable().__name__ == mlp_digits.name  # the workload as a checkpointing Tune function
+
+
+def test_a_plain_engine_without_a_metric_writes_no_results_files(tmp_path):
+    engine = PlainEngine(mlp_digits, {"cpu": 1}, SPACE, 3, CheckpointPolicy(), None, "min", 3)
+    engine.start(tmp_path)
+    run_config = tune.RunConfig(callbacks=[])
+    assert engine.run_config(run_config) is run_config
+
+
+def test_a_scaled_engine_tunes_through_its_inner_engine_and_adds_the_eager_transfer_last(tmp_path):
+    scaling = {"target_width": 64, "ratio": 4, "eager_transfer": 0.5}
+    engine = tuner(tmp_path, PROXY_SPACE, scaling=scaling).engine
+    assert engine.start(tmp_path / "scaled") == []
+    proxy = engine.inner.user_trainable
+    assert engine.param_space() == PROXY_SPACE and engine.trainable().__name__ == proxy.name != mlp_digits.name
+    callbacks = engine.run_config(tune.RunConfig(callbacks=[])).callbacks
+    assert [type(c).__name__ for c in callbacks] == ["ResultsFileCallback", "EagerTransferCallback"]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_local")
+def test_a_fused_engine_gives_tune_groups_and_replays_their_events_per_member(tmp_path):
+    engine = FusedEngine(
+        mlp_digits, FusionConfig(max_members=4), {"cpu": 1}, SPACE,
+        tune.TuneConfig(metric="val_loss", mode="min"), 2, CheckpointPolicy(),
+    )
+    with pytest.raises(RuntimeError, match=r"start\(experiment\)"):
+        engine.trainable()
+    assert engine.start(tmp_path / "fused") == []
+    assert engine.param_space() == {}  # groups are suggested whole
+    config = engine.tune_config(tune.TuneConfig(metric="val_loss", mode="min", max_concurrent_trials=4))
+    assert isinstance(config.search_alg, GroupSearcher) and isinstance(config.scheduler, GroupScheduler)
+    assert config.num_samples == -1
+    # two slots (2 CPUs) and four configurations: groups of two, and four member trials are two groups
+    assert engine.sweep.members_per_group == 2
+    assert config.max_concurrent_trials == math.ceil(4 / 2)
+    controller = ControllerCallback("fused", "val_loss", "min")
+    run_config = engine.run_config(tune.RunConfig(callbacks=[controller]))
+    assert [type(c).__name__ for c in run_config.callbacks] == ["MemberCallbacks"]  # the controller hears members
+    assert run_config.checkpoint_config is engine.sweep.checkpoint_config
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_local")
+def test_a_bubble_engine_starts_the_broker_and_gives_tune_one_relay_per_configuration(tmp_path, ray_local):
+    engine = BubbleEngine(mlp_digits, FusionConfig(max_members=4, placement="bubbles"), {"cpu": 1}, SPACE, 2, "val_loss", "min")
+    with pytest.raises(RuntimeError, match=r"start\(experiment\)"):
+        engine.trainable()
+    (broker,) = engine.start(tmp_path / "relayed")
+    try:
+        assert ray_local.get_actor(broker_name("relayed"), namespace=NAMESPACE) is not None
+        assert engine.members_per_group == 4 and engine.param_space() == SPACE
+        assert engine.trainable().__name__ == "fused_relayed"
+        limited = tune.TuneConfig(max_concurrent_trials=3)
+        assert engine.tune_config(limited) is limited
+        callbacks = engine.run_config(tune.RunConfig(callbacks=[])).callbacks
+        assert [type(c) for c in callbacks][-1] is FusionCallback
+        assert type(callbacks[0]).__name__ == "ResultsFileCallback"
+    finally:
+        ray_local.kill(broker)
