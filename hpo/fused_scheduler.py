@@ -24,7 +24,7 @@ from typing import Any
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from hpo.fused_members import MemberBook, MemberTrial
-from hpo.results import _error_line
+from hpo.results import error_line
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class GroupScheduler(TrialScheduler):
             if member.live:
                 self.inner.on_trial_error(self.members, member)
                 self._end(member, "error", error or "the fused group failed")
-        logger.info("fused group %s failed: %s", trial.trial_id, _error_line(error))
+        logger.info("fused group %s failed: %s", trial.trial_id, error_line(error))
 
     def on_trial_remove(self, tune_controller: Any, trial: Any) -> None:
         """A paused or pending group was stopped (a time budget, a stopper)."""

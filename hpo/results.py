@@ -53,7 +53,7 @@ class TrialRecord:
     history: Any = field(default=None, repr=False)
 
 
-def _error_line(error: BaseException | str | None) -> str:
+def error_line(error: BaseException | str | None) -> str:
     """The user's exception (`ValueError: ...`), which Ray puts last under its own wrapper lines."""
     if not error:
         return ""
@@ -181,7 +181,7 @@ def record_from_result(result: Any) -> TrialRecord:
         trial_id=str(metrics.get("trial_id", path.name if path else "")),
         config=result.config or {},
         metrics=metrics,
-        error=_error_line(result.error),
+        error=error_line(result.error),
         error_file=str(error_file) if result.error is not None and error_file and error_file.exists() else "",
         checkpoint=result.checkpoint.path if result.checkpoint is not None else "",
         history=result,
@@ -198,7 +198,7 @@ def record_from_trial(trial: Any, status: str | None = None) -> TrialRecord:
     if errored:
         error = "the trial failed"
         if error_file and os.path.exists(error_file):
-            error = _error_line(Path(error_file).read_text(errors="replace")) or error
+            error = error_line(Path(error_file).read_text(errors="replace")) or error
     checkpoint = getattr(trial, "checkpoint", None)
     return TrialRecord(
         trial_id=trial.trial_id,
@@ -239,7 +239,7 @@ def records_from_trial_dirs(experiment: Path) -> list[TrialRecord]:
             trial_id=str(metrics.get("trial_id", folder.name)),
             config=config,
             metrics=metrics,
-            error=_error_line(error_file.read_text(errors="replace")) if error_file.exists() else "",
+            error=error_line(error_file.read_text(errors="replace")) if error_file.exists() else "",
             error_file=str(error_file) if error_file.exists() else "",
             checkpoint=str(checkpoints[-1]) if checkpoints else "",
         ))
