@@ -16,7 +16,7 @@ _LAZY = {
     "Workload": "hpo.workload",
     "DatasetWorkload": "hpo.workload",
     "Tuner": "hpo.api",
-    "run": "hpo.api",
+    "run": "hpo.sweep",
     "SweepConfigError": "hpo.errors",
     "SweepResult": "hpo.results",
     "SweepSpec": "hpo.spec",

@@ -1,23 +1,32 @@
-"""The Python API: `hpo.run` mirrors `tune.run`, `hpo.Tuner` mirrors `ray.tune.Tuner`.
+"""`hpo.Tuner` mirrors `ray.tune.Tuner` (and `hpo.run`, in `hpo.sweep`, mirrors `tune.run`).
 
-Both accept what Tune accepts (a function trainable, Tune domains, Tune searchers and
-schedulers) and additionally a `Workload`, which unlocks muP scaling and trial fusion. They return
-a `SweepResult`; Ray's own `ResultGrid` stays reachable as `result.result_grid`.
+It accepts what Tune accepts (a function trainable, Tune domains, Tune searchers and schedulers)
+and additionally a `Workload`, which unlocks muP scaling and trial fusion. It returns a
+`SweepResult`; Ray's own `ResultGrid` stays reachable as `result.result_grid`. What differs
+between plain, fused and scaled sweeps is one `SweepEngine`, chosen when the Tuner is built.
+
+Where a sweep's run lives on disk is decided here too. A run is never overwritten: a second
+sweep under a name already on disk gets the next free versioned folder (`name-2`, `name-3`, ...),
+and `--resume` continues the newest of them. Before Tune reads a stored run back, its experiment
+state is checked, so a torn write (a full disk, a killed driver) is refused with the damaged file
+named instead of silently starting over.
 
 Example::
 
     import hpo
     from ray import tune
-    result = hpo.run("mlp_digits", config={"lr": tune.loguniform(1e-4, 1e-1)},
-                     metric="val_loss", mode="min", num_samples=8)
-    print(result.best_config)
+    tuner = hpo.Tuner("mlp_digits", param_space={"lr": tune.loguniform(1e-4, 1e-1)},
+                      tune_config=tune.TuneConfig(metric="val_loss", mode="min", num_samples=8))
+    print(tuner.fit().best_config)
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -28,7 +37,6 @@ from hpo.controller import ControllerCallback, start_controller
 from hpo.fused_sweep import BubbleEngine, FusedEngine
 from hpo.ray_runtime import ensure_ray
 from hpo.results import SweepResult, results_file_callback
-from hpo.run_dirs import fresh_run_name, verify_run_state
 from hpo.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
 from hpo.trainables import resolve_trainable
 from hpo.training import workload_trainable
@@ -295,85 +303,56 @@ def _checkpoint_policy(checkpoint: CheckpointPolicy | Mapping[str, Any] | None, 
     return policy
 
 
-def sweep_run_config(
-    name: str | None,
-    storage_path: str | None,
-    stop: Mapping[str, Any] | None,
-    max_failures: int,
-    callbacks: Sequence[tune.Callback] | None = None,
-    **options: Any,
-) -> tune.RunConfig:
-    """Every sweep's run config: where it is stored, when trials stop, how often a failing trial
-    is retried, and the two newest checkpoints kept per trial (enough to resume either way).
-    Local storage is written file by file atomically (`hpo.atomic_storage`): a killed driver or a
-    full disk never leaves a torn tuner.pkl or experiment state behind."""
-    from hpo.atomic_storage import atomic_local_filesystem, is_local_path
-
-    if is_local_path(storage_path) and "storage_filesystem" not in options:
-        options["storage_filesystem"] = atomic_local_filesystem()
-    return tune.RunConfig(
-        name=name,
-        storage_path=str(Path(storage_path).resolve()) if storage_path else None,
-        stop=dict(stop) if stop else None,
-        callbacks=list(callbacks or []),
-        failure_config=tune.FailureConfig(max_failures=max_failures),
-        checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-        **options,
-    )
+# ---- run folders ----------------------------------------------------------------------------
+class RunStateError(RuntimeError):
+    """A stored run that cannot be resumed as it is; the message names the file and the fix."""
 
 
-def run(
-    trainable: Trainable,
-    config: Mapping[str, Any] | None = None,
-    metric: str | None = None,
-    mode: str | None = None,
-    num_samples: int = 1,
-    search_alg: Any = None,
-    scheduler: Any = None,
-    resources_per_trial: Mapping[str, float] | None = None,
-    stop: Mapping[str, Any] | None = None,
-    storage_path: str | None = None,
-    name: str | None = None,
-    max_concurrent_trials: int | None = None,
-    time_budget_s: float | None = None,
-    max_failures: int = 0,
-    callbacks: Sequence[tune.Callback] | None = None,
-    scaling: Any = None,
-    fusion: FusionConfig | None = None,
-    checkpoint: CheckpointPolicy | Mapping[str, Any] | None = None,
-    reuse_actors: bool = True,
-    logging: Mapping[str, Any] | None = None,
-) -> SweepResult:
-    """`tune.run`'s common arguments, returning a `SweepResult`.
+def _versions(storage: Path, name: str) -> list[tuple[int, Path]]:
+    found = []
+    if (storage / name).exists():
+        found.append((1, storage / name))
+    pattern = re.compile(rf"{re.escape(name)}-(\d+)")
+    if storage.is_dir():
+        for path in storage.iterdir():
+            match = pattern.fullmatch(path.name)
+            if match:
+                found.append((int(match.group(1)), path))
+    return sorted(found)
 
-    `checkpoint` (`{"every": N, "at_end": True}`) bounds what a crash costs: a trial loses at most
-    N iterations. Trial processes are reused between trials unless `reuse_actors=False`.
-    `logging` is a sweep file's `logging:` block as a dict (`{"tensorboard": True, "mlflow":
-    {"tracking_uri": ...}, "wandb": {"project": ..., "mode": "offline"}}`): Tune's own logger
-    callbacks, added to `callbacks`.
-    """
-    if logging is not None:
-        from hpo.logging_callbacks import as_logging_spec, logger_callbacks
 
-        experiment = Path(storage_path or "~/ray_results").expanduser().resolve() / (name or "sweep")
-        callbacks = [*(callbacks or []), *logger_callbacks(as_logging_spec(logging), name or "sweep", experiment)]
-    tune_config = tune.TuneConfig(
-        metric=metric,
-        mode=mode,
-        num_samples=num_samples,
-        search_alg=search_alg,
-        scheduler=scheduler,
-        max_concurrent_trials=max_concurrent_trials,
-        time_budget_s=time_budget_s,
-        reuse_actors=reuse_actors,
-    )
-    return Tuner(
-        trainable,
-        param_space=config,
-        tune_config=tune_config,
-        run_config=sweep_run_config(name, storage_path, stop, max_failures, callbacks),
-        resources=resources_per_trial,
-        scaling=scaling,
-        fusion=fusion,
-        checkpoint=checkpoint,
-    ).fit()
+def fresh_run_name(storage: Path, name: str) -> str:
+    """`name`, or the next versioned name when a run of that name is already on disk."""
+    versions = _versions(storage, name)
+    if not versions or (versions == [(1, storage / name)] and not any((storage / name).iterdir())):
+        return name
+    return f"{name}-{versions[-1][0] + 1}"
+
+
+def latest_run(storage: Path, name: str) -> Path | None:
+    """The newest stored run of `name` (the one `--resume` continues), or None."""
+    versions = _versions(storage, name)
+    return versions[-1][1] if versions else None
+
+
+def verify_run_state(path: Path) -> None:
+    """Refuse a run whose Tune state is missing or damaged, naming the file; see RunStateError."""
+    rebuild = f"rebuild its results from the trials' own folders with: hpo results {path} --rebuild"
+    states = sorted(path.glob("experiment_state-*.json"))
+    if not states:
+        raise RunStateError(f"{path}: no experiment_state-*.json; this is not a resumable run ({rebuild})")
+    newest = states[-1]
+    try:
+        state = json.loads(newest.read_text())
+        trials = state["trial_data"]
+        for entry in trials:  # each trial: its JSON state, and its run metadata, as JSON strings
+            for part in entry if isinstance(entry, list) else [entry]:
+                json.loads(part)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RunStateError(f"{newest}: damaged run state ({type(exc).__name__}: {exc}); {rebuild}") from None
+    tuner = path / "tuner.pkl"
+    if not tuner.exists() or tuner.stat().st_size == 0:
+        raise RunStateError(f"{tuner}: missing or empty; {rebuild}")
+    folders = len(list(path.glob("*/params.json")))
+    if len(trials) < folders:  # an older state file, or one cut short: trials would be lost
+        raise RunStateError(f"{newest}: lists {len(trials)} trials but {folders} trial folders exist; {rebuild}")

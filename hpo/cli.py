@@ -75,7 +75,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     run_path = None
     if args.resume:
-        from hpo.run_dirs import RunStateError, latest_run, verify_run_state
+        from hpo.api import RunStateError, latest_run, verify_run_state
 
         run_path = latest_run(Path(loaded.spec.storage_path).resolve(), loaded.spec.name)
         if run_path is None:

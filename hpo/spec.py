@@ -5,7 +5,7 @@ with its key path and line number instead of deep inside Ray.
 
 Example::
 
-    spec = SweepSpec.from_yaml("configs/quickstart.yaml")
+    spec = load_sweep("configs/quickstart.yaml", execute=False).spec   # hpo.sweep_file
     spec.parameters["lr"].distribution   # 'log_uniform_values'
 """
 
@@ -15,14 +15,13 @@ import difflib
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hpo.errors import ConfigIssue, SweepConfigError
 from hpo.logging_callbacks import MODELS_BY_PATH as LOGGING_MODELS, LoggingSpec
 from hpo.scaling._config import ScalingConfig
-from hpo.yaml_source import YamlSource
 
 METHODS = ("random", "grid", "tpe", "optuna", "bayes")
 DISTRIBUTIONS = (
@@ -257,12 +256,24 @@ class SweepSpec(_Strict):
             return 1
         return self.run_cap or 10
 
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> "SweepSpec":
-        return cls.from_source(YamlSource.from_file(path))
+    @property
+    def grid_size(self) -> int:
+        """Combinations in one pass of a grid sweep: the product of every `values` list's length."""
+        return math.prod(len(p.values) for p in self.parameters.values() if p.distribution == "categorical")
+
+    @property
+    def trial_count(self) -> int:
+        """Trials the sweep runs (at most, for a time-budgeted one): a grid repeats `num_samples` times."""
+        return self.grid_size * self.num_samples if self.searcher_kind == "grid" else self.num_samples
+
+    @property
+    def tpe_startup_trials(self) -> int:
+        """Random trials before TPE models the results: a third of the budget, between 2 and 10."""
+        return min(10, max(2, self.num_samples // 3))
 
     @classmethod
-    def from_source(cls, source: YamlSource) -> "SweepSpec":
+    def from_source(cls, source: "LineNumbered") -> "SweepSpec":
+        """The spec a parsed sweep file (`hpo.sweep_file.YamlSource`) holds; every error names its line."""
         data = source.data
         if not isinstance(data, dict):
             raise SweepConfigError([ConfigIssue("", "a sweep file must be a mapping of keys", 1)], source.name)
@@ -272,6 +283,15 @@ class SweepSpec(_Strict):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise SweepConfigError(_issues(exc, source), source.name) from None
+
+
+class LineNumbered(Protocol):
+    """A parsed file that knows the line of each key path (`hpo.sweep_file.YamlSource`)."""
+
+    name: str
+    data: Any
+
+    def line_of(self, path: str) -> int | None: ...
 
 
 class _KeyedError(ValueError):
@@ -294,7 +314,7 @@ _MODELS_BY_PATH_DEPTH: dict[str, type[BaseModel]] = {
 }
 
 
-def _issues(exc: ValidationError, source: YamlSource) -> list[ConfigIssue]:
+def _issues(exc: ValidationError, source: LineNumbered) -> list[ConfigIssue]:
     issues = []
     for error in exc.errors():
         loc = [str(part) for part in error["loc"]]

@@ -1,24 +1,111 @@
-"""From a YAML sweep file to a running `hpo.Tuner`: the path `hpo run FILE` takes.
+"""From a sweep's description to a `hpo.Tuner`: a YAML sweep file's spec (`build_tuner`, the path
+`hpo run FILE` takes) or `tune.run`'s arguments (`hpo.run`).
 
-Loading and checking the file (`load_sweep`, `describe_plan`) live in `hpo.sweep_file`, which
-imports no Ray; they are re-exported here for callers of this module.
+The spec's W&B-style parameters map exactly onto Ray Tune domains. Two traps are handled here:
+Tune's `randint` upper bound is exclusive while W&B's `int_uniform` max is inclusive, and W&B's
+`log_uniform` takes natural-log exponents while `log_uniform_values` takes the values themselves.
+Its searcher and trial scheduler are built from Tune's public classes. Loading and describing the
+file (`load_sweep`, `describe_plan`) live in `hpo.sweep_file`, which imports no Ray; they are
+re-exported here for callers of this module.
+
+Example::
+
+    import hpo
+    from ray import tune
+    result = hpo.run("mlp_digits", config={"lr": tune.loguniform(1e-4, 1e-1)},
+                     metric="val_loss", mode="min", num_samples=8)
+    print(result.best_config)
 """
 
 from __future__ import annotations
 
-from ray import tune
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
-from hpo.api import Tuner, sweep_run_config
-from hpo.logging_callbacks import logger_callbacks
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler, TrialScheduler
+from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Searcher
+
+from hpo.api import Trainable, Tuner
+from hpo.atomic_storage import atomic_local_filesystem, is_local_path
+from hpo.logging_callbacks import as_logging_spec, logger_callbacks
 from hpo.progress import ProgressCallback
-from hpo.search_space import param_space
-from hpo.strategy import build_scheduler, build_searcher
+from hpo.results import SweepResult
+from hpo.spec import CheckpointPolicy, FusionConfig, ParameterSpec, SweepSpec
 from hpo.sweep_file import LoadedSweep, describe_plan, load_sweep
 
-__all__ = ["LoadedSweep", "build_tuner", "describe_plan", "load_sweep"]
+__all__ = ["LoadedSweep", "build_tuner", "describe_plan", "load_sweep", "run", "sweep_run_config"]
+
+
+def to_tune_domain(param: ParameterSpec, grid: bool = False) -> Any:
+    """The Tune domain of one W&B-style parameter (bounds and log scales as the section above says)."""
+    kind = param.distribution
+    if kind == "constant":
+        return param.value
+    if kind == "categorical":
+        return tune.grid_search(list(param.values)) if grid else tune.choice(list(param.values))
+    if kind == "int_uniform":
+        return tune.randint(int(param.min), int(param.max) + 1)
+    if kind == "uniform":
+        return tune.uniform(param.min, param.max)
+    if kind == "q_uniform":
+        return tune.quniform(param.min, param.max, param.q)
+    if kind == "log_uniform":
+        return tune.loguniform(math.exp(param.min), math.exp(param.max))
+    if kind == "log_uniform_values":
+        return tune.loguniform(param.min, param.max)
+    if kind == "q_log_uniform_values":
+        return tune.qloguniform(param.min, param.max, param.q)
+    if kind == "normal":
+        return tune.randn(param.mu, param.sigma)
+    if kind == "q_normal":
+        return tune.qrandn(param.mu, param.sigma, param.q)
+    raise ValueError(f"unsupported distribution {kind!r}")  # unreachable: SweepSpec validates names
+
+
+def param_space(spec: SweepSpec) -> dict[str, Any]:
+    """The Tune `param_space` of a sweep."""
+    grid = spec.searcher_kind == "grid"
+    return {key: to_tune_domain(param, grid=grid) for key, param in spec.parameters.items()}
+
+
+def build_searcher(spec: SweepSpec) -> Searcher | BasicVariantGenerator:
+    """Optuna's TPE for tpe/optuna/bayes; Tune's variant generator for random and grid."""
+    if spec.searcher_kind == "tpe":
+        import optuna  # only a TPE sweep pays for importing Optuna
+        from ray.tune.search.optuna import OptunaSearch
+
+        # Optuna's INFO lines ("A new study created in memory") are noise beside hpo's progress
+        # lines; its warnings still show.
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        sampler = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=spec.tpe_startup_trials)
+        searcher = OptunaSearch(metric=spec.metric.name, mode=spec.metric.mode, sampler=sampler)
+        if spec.max_concurrent_trials:
+            return ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent_trials)
+        return searcher
+    return BasicVariantGenerator(random_state=spec.seed, max_concurrent=spec.max_concurrent_trials or 0)
+
+
+def build_scheduler(spec: SweepSpec) -> TrialScheduler:
+    """ASHA or HyperBand over training iterations; FIFO (run everything) without early_terminate."""
+    terminate = spec.early_terminate
+    if terminate is None:
+        return FIFOScheduler()
+    max_t = terminate.max_iter or spec.max_iterations
+    if terminate.type == "asha":
+        return ASHAScheduler(
+            time_attr="training_iteration",
+            grace_period=terminate.min_iter,
+            max_t=max_t,
+            reduction_factor=terminate.eta,
+        )
+    return HyperBandScheduler(time_attr="training_iteration", max_t=max_t, reduction_factor=terminate.eta)
 
 
 def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
+    """The Tuner a loaded sweep file describes (what `hpo run FILE` fits)."""
     spec = loaded.spec
     callbacks = [ProgressCallback(spec.metric.name, spec.metric.mode, spec.num_samples if spec.method != "grid" else None)]
     stop = {"training_iteration": spec.max_iterations, **(spec.stop or {})}
@@ -45,3 +132,83 @@ def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
         checkpoint=spec.checkpoint,
         search_seed=spec.seed,
     )
+
+
+def sweep_run_config(
+    name: str | None,
+    storage_path: str | None,
+    stop: Mapping[str, Any] | None,
+    max_failures: int,
+    callbacks: Sequence[tune.Callback] | None = None,
+    **options: Any,
+) -> tune.RunConfig:
+    """Every sweep's run config: where it is stored, when trials stop, how often a failing trial
+    is retried, and the two newest checkpoints kept per trial (enough to resume either way).
+    Local storage is written file by file atomically (`hpo.atomic_storage`): a killed driver or a
+    full disk never leaves a torn tuner.pkl or experiment state behind."""
+    if is_local_path(storage_path) and "storage_filesystem" not in options:
+        options["storage_filesystem"] = atomic_local_filesystem()
+    return tune.RunConfig(
+        name=name,
+        storage_path=str(Path(storage_path).resolve()) if storage_path else None,
+        stop=dict(stop) if stop else None,
+        callbacks=list(callbacks or []),
+        failure_config=tune.FailureConfig(max_failures=max_failures),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+        **options,
+    )
+
+
+def run(
+    trainable: Trainable,
+    config: Mapping[str, Any] | None = None,
+    metric: str | None = None,
+    mode: str | None = None,
+    num_samples: int = 1,
+    search_alg: Any = None,
+    scheduler: Any = None,
+    resources_per_trial: Mapping[str, float] | None = None,
+    stop: Mapping[str, Any] | None = None,
+    storage_path: str | None = None,
+    name: str | None = None,
+    max_concurrent_trials: int | None = None,
+    time_budget_s: float | None = None,
+    max_failures: int = 0,
+    callbacks: Sequence[tune.Callback] | None = None,
+    scaling: Any = None,
+    fusion: FusionConfig | None = None,
+    checkpoint: CheckpointPolicy | Mapping[str, Any] | None = None,
+    reuse_actors: bool = True,
+    logging: Mapping[str, Any] | None = None,
+) -> SweepResult:
+    """`tune.run`'s common arguments, returning a `SweepResult`.
+
+    `checkpoint` (`{"every": N, "at_end": True}`) bounds what a crash costs: a trial loses at most
+    N iterations. Trial processes are reused between trials unless `reuse_actors=False`.
+    `logging` is a sweep file's `logging:` block as a dict (`{"tensorboard": True, "mlflow":
+    {"tracking_uri": ...}, "wandb": {"project": ..., "mode": "offline"}}`): Tune's own logger
+    callbacks, added to `callbacks`.
+    """
+    if logging is not None:
+        experiment = Path(storage_path or "~/ray_results").expanduser().resolve() / (name or "sweep")
+        callbacks = [*(callbacks or []), *logger_callbacks(as_logging_spec(logging), name or "sweep", experiment)]
+    tune_config = tune.TuneConfig(
+        metric=metric,
+        mode=mode,
+        num_samples=num_samples,
+        search_alg=search_alg,
+        scheduler=scheduler,
+        max_concurrent_trials=max_concurrent_trials,
+        time_budget_s=time_budget_s,
+        reuse_actors=reuse_actors,
+    )
+    return Tuner(
+        trainable,
+        param_space=config,
+        tune_config=tune_config,
+        run_config=sweep_run_config(name, storage_path, stop, max_failures, callbacks),
+        resources=resources_per_trial,
+        scaling=scaling,
+        fusion=fusion,
+        checkpoint=checkpoint,
+    ).fit()

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from hpo.cli import EXIT_STORAGE_FULL
-from hpo.run_dirs import verify_run_state
+from hpo.api import verify_run_state
 
 pytestmark = pytest.mark.slow
 

@@ -17,6 +17,7 @@ import hpo
 from hpo.cli import main
 from hpo.errors import SweepConfigError
 from hpo.spec import SweepSpec
+from hpo.sweep_file import YamlSource
 
 X_VALUES = (0.0, 2.5)
 ITERATIONS = 2
@@ -157,7 +158,7 @@ def test_a_missing_logging_library_is_a_one_line_error_naming_the_extra(tmp_path
     monkeypatch.setitem(sys.modules, "wandb", None)  # what `import wandb` sees where it is not installed
     path = sweep_file(tmp_path, "logging:\n  wandb: {project: p}\n")
     with pytest.raises(SweepConfigError) as caught:
-        SweepSpec.from_yaml(path)
+        SweepSpec.from_source(YamlSource.from_file(path))
     assert str(caught.value) == (
         f"{path}:10: logging.wandb: needs the wandb package, which is not installed: pip install 'hydro-hpo[logging]'"
     )
@@ -166,7 +167,7 @@ def test_a_missing_logging_library_is_a_one_line_error_naming_the_extra(tmp_path
 def test_an_unknown_key_in_the_logging_block_names_its_line_and_a_suggestion(tmp_path):
     path = sweep_file(tmp_path, "logging:\n  mlflow:\n    tracking_url: sqlite:///m.db\n")
     with pytest.raises(SweepConfigError) as caught:
-        SweepSpec.from_yaml(path)
+        SweepSpec.from_source(YamlSource.from_file(path))
     assert str(caught.value) == f"{path}:11: logging.mlflow.tracking_url: unknown key 'tracking_url' (did you mean 'tracking_uri'?)"
 
 

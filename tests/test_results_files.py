@@ -11,7 +11,7 @@ import pytest
 
 from hpo.cli import EXIT_BAD_INPUT, main
 from hpo.results import RESULTS_FILE, SUMMARY_FILE, TrialRecord, best_record, records_from_trial_dirs, write_run_files
-from hpo.run_dirs import RunStateError, fresh_run_name, latest_run, verify_run_state
+from hpo.api import RunStateError, fresh_run_name, latest_run, verify_run_state
 
 
 def record(trial_id, loss, iterations=3, **kwargs):

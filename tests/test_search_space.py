@@ -7,9 +7,9 @@ import random
 
 from ray import tune
 
-from hpo.search_space import to_tune_domain
+from hpo.sweep import to_tune_domain
 from hpo.spec import ParameterSpec
-from hpo.yaml_source import YamlSource
+from hpo.sweep_file import YamlSource
 
 
 def samples(spec: dict, n: int = 2000) -> list:
