@@ -16,8 +16,6 @@ import asyncio
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-import torch
-
 from fusion.trainer import FusedTrainer
 from hpo.trial_state import trial_state_bytes, trial_state_from_bytes
 from hpo.workload import Workload
