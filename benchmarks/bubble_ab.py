@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpo.trial_state import PrivateRNG
 from pipeline_bubble.executor import SAFETY, WINDOW_QUANTILE
 from pipeline_bubble.guests import GuestWork, TorchGuest, workload_guest
 from pipeline_bubble.timeline import GUEST, WAIT, StageTimeline, summarize
@@ -150,27 +151,6 @@ def fused_digits_guest(stage: int, device: torch.device):
 
 
 # ---- one rank of the A/B run ------------------------------------------------------------------
-class _RngSwap:
-    """Gives one engine its own global-RNG stream while two engines alternate in one process."""
-
-    def __init__(self, seed: int, device: torch.device):
-        self.cuda = device if device.type == "cuda" else None
-        with torch.random.fork_rng(devices=[self.cuda] if self.cuda else []):
-            torch.manual_seed(seed)
-            self.state = self._get()
-
-    def _get(self) -> list[torch.Tensor]:
-        return [torch.get_rng_state()] + ([torch.cuda.get_rng_state(self.cuda)] if self.cuda else [])
-
-    def __enter__(self):
-        torch.set_rng_state(self.state[0])
-        if self.cuda:
-            torch.cuda.set_rng_state(self.state[1], self.cuda)
-
-    def __exit__(self, *exc):
-        self.state = self._get()
-
-
 def run_rank(rank: int, world_size: int, spec: ABSpec) -> dict[str, Any]:
     """One rank: train the baseline and the harvested engine in turn; return timelines and checks."""
     import deepspeed
@@ -213,7 +193,7 @@ def run_rank(rank: int, world_size: int, spec: ABSpec) -> dict[str, Any]:
         attach_guest(harvested, executor)
 
     runs = {
-        name: (engine, _RngSwap(spec.seed + 2, engine.device))
+        name: (engine, PrivateRNG(spec.seed + 2, engine.device))
         for name, engine in [("baseline", baseline), ("harvested", harvested)]
     }
     trials: list[dict[str, Any]] = []
@@ -225,14 +205,14 @@ def run_rank(rank: int, world_size: int, spec: ABSpec) -> dict[str, Any]:
             executor.request_evict()  # as a signal handler would: honoured before the next guest step
         order = list(runs.items()) if batch % 2 == 0 else list(runs.items())[::-1]  # ABBA: no order bias
         for name, (engine, rng) in order:
-            with rng:
+            with rng.active():
                 losses[name].append(float(engine.train_batch(data[name])))
     trials = trials or guest_results(harvested)
     return {
         "stage": stage,
         "losses": losses,
         "digests": {name: parameter_digest(engine) for name, (engine, _) in runs.items()},
-        "rng_equal": all(map(torch.equal, runs["baseline"][1].state, runs["harvested"][1].state)),
+        "rng_equal": all(map(torch.equal, runs["baseline"][1].state_dict(), runs["harvested"][1].state_dict())),
         "timelines": {name: engine.bubble_recorder.timeline.to_dict() for name, (engine, _) in runs.items()},
         "guest_losses": executor.stats.losses,
         "trials": trials,  # per-trial rows (`guest_results`), taken before any eviction

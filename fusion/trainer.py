@@ -23,7 +23,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from collections.abc import Hashable, Mapping, Sequence
@@ -38,6 +37,7 @@ from fusion.grouping import FUSIBLE_KEYS, check_fusible
 from fusion.model import FusedModel, build_member, fuse_models
 from fusion.optim import FusedOptimizer
 from hpo.hparams import OptimHParams
+from hpo.training import iteration_result
 from hpo.trial_state import ResumableBatches, load_trial_state, save_trial_state, trial_optimizer, trial_state
 from hpo.workload import Workload
 
@@ -166,12 +166,7 @@ class FusedTrainer:
         """
         self.iteration += 1
         train_losses = (loss_sums / self.steps_per_iteration).tolist()
-        results = []
-        for train_loss, evaluation in zip(train_losses, self.evaluate()):
-            metrics = {"train_loss": train_loss, **evaluation, "step": self.step}
-            metrics["diverged"] = not math.isfinite(train_loss) or not math.isfinite(metrics["val_loss"])
-            results.append(metrics)
-        return results
+        return [iteration_result(loss, evaluation, self.step) for loss, evaluation in zip(train_losses, self.evaluate())]
 
     @torch.no_grad()
     def evaluate(self) -> list[dict[str, float]]:
@@ -266,8 +261,7 @@ class FusedTrainer:
     def _template_model(self) -> torch.nn.Module:
         """One unfused model of the group's architecture (on CPU), reused to write member checkpoints."""
         if getattr(self, "_template", None) is None:
-            with torch.random.fork_rng(devices=[]):
-                self._template = build_member(self.workload, self.configs[0])
+            self._template = _member_model(self.workload, self.configs[0])
         return self._template
 
     def save_member(self, member_id: Hashable, directory: str) -> None:
@@ -287,8 +281,7 @@ class FusedTrainer:
         trainer = cls(workload, configs, **kwargs)
         for index, (config, state) in enumerate(zip(trainer.configs, states)):
             hp = trainer.hparams[index]
-            with torch.random.fork_rng(devices=[]):
-                model = build_member(workload, config)
+            model = _member_model(workload, config)
             optimizer, _ = trial_optimizer(workload, model, hp)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
@@ -347,6 +340,13 @@ class FusedTrainer:
         return trainer
 
 
+def _member_model(workload: Workload, config: Mapping[str, Any]) -> torch.nn.Module:
+    """A member's unfused model, to read or write its state: built as `TrialTrainer` builds it,
+    but leaving the global RNG where it was, which the group's training goes on drawing from."""
+    with torch.random.fork_rng(devices=[]):
+        return build_member(workload, config)
+
+
 def _advance_schedule(schedule: torch.optim.lr_scheduler.LambdaLR, step: int) -> None:
     """Put a fresh LambdaLR where `step` optimizer steps would have left it."""
     if step > 0:
@@ -359,7 +359,6 @@ def _advance_schedule(schedule: torch.optim.lr_scheduler.LambdaLR, step: int) ->
 def _fresh_state(workload: Workload, config: Mapping[str, Any]) -> dict[str, Any]:
     """A step-0 member checkpoint, as a new `TrialTrainer` would save it."""
     hp = OptimHParams.from_config(config)
-    with torch.random.fork_rng(devices=[]):
-        model = build_member(workload, config)
+    model = _member_model(workload, config)
     optimizer, schedule = trial_optimizer(workload, model, hp)
     return trial_state(model.state_dict(), optimizer, schedule, 0, 0)

@@ -50,21 +50,10 @@ class TrialTrainer:
             self.step += 1
             train_loss += loss.item()
         self.iteration += 1
-        metrics = {"train_loss": train_loss / self.steps_per_iteration, **self.evaluate(), "step": self.step}
-        metrics["diverged"] = not math.isfinite(metrics["train_loss"]) or not math.isfinite(metrics["val_loss"])
-        return metrics
+        return iteration_result(train_loss / self.steps_per_iteration, self.evaluate(), self.step)
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        self.model.eval()
-        totals: dict[str, float] = {}
-        count = 0
-        for inputs, targets in self.workload.eval_batches(self.config):
-            n = inputs.shape[0]
-            for key, value in self.workload.batch_metrics(self.model(inputs), targets).items():
-                totals[key] = totals.get(key, 0.0) + value.item() * n
-            count += n
-        return {f"val_{key}": value / count for key, value in totals.items()}
+        return evaluate_model(self.workload, self.config, self.model)
 
     def state_dict(self) -> dict[str, Any]:
         return trial_state(self.model.state_dict(), self.optimizer, self.schedule, self.iteration, self.step)
@@ -82,6 +71,33 @@ class TrialTrainer:
 
     def restore(self, directory: str) -> None:
         self.load_state_dict(load_trial_state(directory))
+
+
+def iteration_result(train_loss: float, evaluation: Mapping[str, float], step: int) -> dict[str, Any]:
+    """One iteration's result, as every engine reports it for one configuration: a non-finite
+    loss marks the trial diverged, so the sweep stops it instead of training NaNs on."""
+    metrics = {"train_loss": train_loss, **evaluation, "step": step}
+    metrics["diverged"] = not math.isfinite(train_loss) or not math.isfinite(metrics["val_loss"])
+    return metrics
+
+
+@torch.no_grad()
+def evaluate_model(
+    workload: Workload, config: Mapping[str, Any], model: torch.nn.Module, device: torch.device | None = None
+) -> dict[str, float]:
+    """`val_<metric>`: the workload's batch metrics averaged over its validation set, weighted by
+    batch size, whichever engine trained `model` (the unfused trainer, a bubble guest)."""
+    model.eval()
+    totals: dict[str, float] = {}
+    count = 0
+    for inputs, targets in workload.eval_batches(config):
+        if device is not None:
+            inputs, targets = inputs.to(device), targets.to(device)
+        n = inputs.shape[0]
+        for key, value in workload.batch_metrics(model(inputs), targets).items():
+            totals[key] = totals.get(key, 0.0) + value.item() * n
+        count += n
+    return {f"val_{key}": value / count for key, value in totals.items()}
 
 
 def workload_trainable(

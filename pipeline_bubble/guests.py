@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from hpo.hparams import OptimHParams
+from hpo.training import evaluate_model
 from hpo.trial_state import PrivateRNG, ResumableBatches, trial_optimizer
 from hpo.workload import Batch
 
@@ -170,21 +171,9 @@ def workload_guest(
         scheduler=schedule,
         grad_clip=hparams.grad_clip,
         device=device,
-        evaluate=lambda model: _evaluate_workload(workload, config, model, torch.device(device)),
+        evaluate=lambda model: evaluate_model(workload, config, model, torch.device(device)),
         config=config,
     )
-
-
-def _evaluate_workload(workload: Any, config: Mapping[str, Any], model: nn.Module, device: torch.device):
-    """`val_<metric>` means over the workload's validation set, as `TrialTrainer.evaluate` reports them."""
-    totals: dict[str, float] = {}
-    count = 0
-    for inputs, targets in workload.eval_batches(config):
-        inputs, targets = inputs.to(device), targets.to(device)
-        for key, value in workload.batch_metrics(model(inputs), targets).items():
-            totals[key] = totals.get(key, 0.0) + float(value) * inputs.shape[0]
-        count += inputs.shape[0]
-    return {f"val_{key}": value / count for key, value in totals.items()}
 
 
 class GuestGroup:
