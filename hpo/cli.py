@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -86,7 +87,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except RunStateError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
+    started = time.perf_counter()
     _start_ray(loaded, args.address, args.dashboard)
+    ray_up = time.perf_counter()
     tuning_job = _submit_to_allocator(loaded.spec) if args.allocator else None
     try:
         tuner = build_tuner(loaded, show_progress=True)
@@ -96,7 +99,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             from scheduler_bridge import jobs_api
 
             jobs_api.cancel(tuning_job)  # the allocator withdraws the sweep's idle GPUs and bubbles
-    return _report(result)
+    status = _report(result)
+    # what the sweep cost, apart from Ray's start (`benchmarks/quickstart_run.py` reads this line)
+    print(f"time:    sweep {time.perf_counter() - ray_up:.1f} s (Ray started in {ray_up - started:.1f} s)")
+    return status
 
 
 def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
