@@ -235,20 +235,35 @@ def _reap_when_driver_exits(driver_pid: int, ray_roots: Sequence[int]) -> None:
     watched: dict[int, psutil.Process] = {}
 
     def look() -> None:
-        for process in [*roots, *watched.values()]:
+        # One read of the process table per look: psutil's children(recursive=True) reads all of
+        # it per call, and calling it for each of dozens of watched processes every half second
+        # kept a watchdog at several percent of a core.
+        by_parent: dict[int, list[psutil.Process]] = {}
+        for process in psutil.process_iter():
             try:
-                for found in [process, *process.children(recursive=True)]:
+                by_parent.setdefault(process.ppid(), []).append(process)
+            except psutil.NoSuchProcess:
+                pass
+
+        def descendants(pid: int) -> list[psutil.Process]:
+            found, stack = [], [pid]
+            while stack:
+                for child in by_parent.get(stack.pop(), []):
+                    found.append(child)
+                    stack.append(child.pid)
+            return found
+
+        for process in [*roots, *watched.values()]:
+            for found in [process, *descendants(process.pid)]:
+                watched.setdefault(found.pid, found)
+        # Ray processes the driver starts after `ray.init` (runtime-env and log helpers) hang
+        # from the driver, not from the processes `ray.init` started.
+        for found in descendants(driver.pid) if driver is not None else []:
+            try:
+                if found.pid not in watched and found.pid != os.getpid() and _is_ray_process(found):
                     watched.setdefault(found.pid, found)
             except psutil.NoSuchProcess:
                 pass
-        # Ray processes the driver starts after `ray.init` (runtime-env and log helpers) hang
-        # from the driver, not from the processes `ray.init` started.
-        try:
-            for found in driver.children(recursive=True) if driver is not None else []:
-                if found.pid != os.getpid() and _is_ray_process(found):
-                    watched.setdefault(found.pid, found)
-        except psutil.NoSuchProcess:
-            pass
 
     while _alive(driver):
         look()
