@@ -32,6 +32,7 @@ from hpo.run_dirs import fresh_run_name, verify_run_state
 from hpo.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
 from hpo.trainables import resolve_trainable
 from hpo.training import workload_trainable
+from hpo.trial_output import with_trial_output
 from hpo.workload import Workload
 
 Trainable = Workload | Callable[..., Any] | str
@@ -118,7 +119,7 @@ class Tuner:
                 trainable, self.max_iterations, threads=threads,
                 checkpoint_every=self.checkpoint.every, checkpoint_at_end=self.checkpoint.at_end,
             )
-        return tune.with_resources(trainable, dict(self.resources))
+        return with_trial_output(tune.with_resources(trainable, dict(self.resources)))
 
     def _run_config(self) -> tune.RunConfig:
         metric = self.tune_config.metric

@@ -14,6 +14,7 @@ import ray
 from hpo.fused_members import GROUP_DIR_PREFIX, MemberBook
 from hpo.fused_scheduler import GroupScheduler
 from hpo.spec import CheckpointPolicy, FusionConfig
+from hpo.trial_output import with_trial_output
 from hpo.workload import Workload
 
 logger = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ def fused_sweep(
     )
     return FusedSweep(
         book=book,
-        trainable=tune.with_resources(trainable, dict(resources)),
+        trainable=with_trial_output(tune.with_resources(trainable, dict(resources))),
         search_alg=searcher,
         scheduler=GroupScheduler(tune_config.scheduler, book, max_iterations),
         checkpoint_config=group_checkpoint_config(checkpoint.every, checkpoint.at_end),
