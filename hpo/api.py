@@ -127,14 +127,16 @@ class Tuner:
         if metric and not any(isinstance(cb, ControllerCallback) for cb in callbacks):
             callbacks.append(ControllerCallback(self.name, metric, self.mode))
         if self.fused is not None:
-            # Progress, the dashboard and the results files count configurations: they hear of
-            # each member's events, not of the groups Tune runs.
+            # Progress, the dashboard, the results files and the loggers count configurations:
+            # they hear of each member's events, not of the groups Tune runs.
+            from ray.tune.logger import LoggerCallback
+
             from hpo.fused_sweep import member_callbacks
             from hpo.progress import ProgressCallback
 
-            per_member = [cb for cb in callbacks if isinstance(cb, (ControllerCallback, ProgressCallback))]
+            per_member = [cb for cb in callbacks if isinstance(cb, (ControllerCallback, ProgressCallback, LoggerCallback))]
             callbacks = [cb for cb in callbacks if all(cb is not p for p in per_member)]
-            callbacks.append(member_callbacks(self.fused.book, [*per_member, self.fused.callback]))
+            callbacks += member_callbacks(self.fused.book, [*per_member, self.fused.callback])
         elif metric:
             callbacks.append(results_file_callback(self.storage / self.name, metric, self.mode, self._iterations()))
         if self.fusion is not None and self.fused is None:

@@ -104,8 +104,10 @@ def trial_output(trial_id: str, ray_log_level: str | None = None) -> Iterator[No
         ray_logger.setLevel(saved_level)
 
 
-#: The `tune.Trainable` methods a class trainable's own code runs in.
-TRAINABLE_HOOKS = ("setup", "step", "save_checkpoint", "load_checkpoint", "reset_config", "cleanup")
+#: The `tune.Trainable` methods a class trainable's code runs in: `setup` (from `__init__`), the ones
+#: Tune calls (whose own log lines, such as Tune's after a checkpoint, fall inside too) and
+#: `reset_config`, which a reused process runs under the next trial's id.
+TRAINABLE_HOOKS = ("setup", "train", "save", "restore", "reset_config", "stop")
 
 
 def with_trial_output(trainable: Any) -> Any:
