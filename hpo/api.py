@@ -32,6 +32,7 @@ from hpo.run_dirs import fresh_run_name, verify_run_state
 from hpo.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
 from hpo.trainables import resolve_trainable
 from hpo.training import workload_trainable
+from hpo.trial_output import with_trial_output
 from hpo.workload import Workload
 
 Trainable = Workload | Callable[..., Any] | str
@@ -118,7 +119,7 @@ class Tuner:
                 trainable, self.max_iterations, threads=threads,
                 checkpoint_every=self.checkpoint.every, checkpoint_at_end=self.checkpoint.at_end,
             )
-        return tune.with_resources(trainable, dict(self.resources))
+        return with_trial_output(tune.with_resources(trainable, dict(self.resources)))
 
     def _run_config(self) -> tune.RunConfig:
         metric = self.tune_config.metric
@@ -126,14 +127,16 @@ class Tuner:
         if metric and not any(isinstance(cb, ControllerCallback) for cb in callbacks):
             callbacks.append(ControllerCallback(self.name, metric, self.mode))
         if self.fused is not None:
-            # Progress, the dashboard and the results files count configurations: they hear of
-            # each member's events, not of the groups Tune runs.
+            # Progress, the dashboard, the results files and the loggers count configurations:
+            # they hear of each member's events, not of the groups Tune runs.
+            from ray.tune.logger import LoggerCallback
+
             from hpo.fused_sweep import member_callbacks
             from hpo.progress import ProgressCallback
 
-            per_member = [cb for cb in callbacks if isinstance(cb, (ControllerCallback, ProgressCallback))]
+            per_member = [cb for cb in callbacks if isinstance(cb, (ControllerCallback, ProgressCallback, LoggerCallback))]
             callbacks = [cb for cb in callbacks if all(cb is not p for p in per_member)]
-            callbacks.append(member_callbacks(self.fused.book, [*per_member, self.fused.callback]))
+            callbacks += member_callbacks(self.fused.book, [*per_member, self.fused.callback])
         elif metric:
             callbacks.append(results_file_callback(self.storage / self.name, metric, self.mode, self._iterations()))
         if self.fusion is not None and self.fused is None:

@@ -113,11 +113,13 @@ def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
     from ray.exceptions import RuntimeEnvSetupError
 
     from hpo.ray_runtime import code_runtime_env, ensure_ray
+    from hpo.trial_output import quiet_ray_on_workers
 
+    quiet_ray_on_workers()  # Tune's INFO lines stay off the console among the trials' prints
     folder = loaded.code_folder
     code = code_runtime_env(folder, exclude=[loaded.spec.storage_path]) if folder is not None else None
     try:
-        ensure_ray(address=address, dashboard=dashboard, runtime_env=code, worker_log_level="WARNING")
+        ensure_ray(address=address, dashboard=dashboard, runtime_env=code)
     except RuntimeEnvSetupError as exc:
         ray.shutdown()  # the local Ray had started; its agents would otherwise linger
         reason = str(exc.__cause__ or exc).strip().splitlines()[-1]

@@ -14,6 +14,7 @@ import ray
 from hpo.fused_members import GROUP_DIR_PREFIX, MemberBook
 from hpo.fused_scheduler import GroupScheduler
 from hpo.spec import CheckpointPolicy, FusionConfig
+from hpo.trial_output import with_trial_output
 from hpo.workload import Workload
 
 logger = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ def fused_sweep(
     from hpo.fused_search import ConfigList, GroupSearcher
 
     metric, mode = tune_config.metric, tune_config.mode or "min"
-    book = MemberBook(experiment)
+    book = MemberBook(experiment, workload.name)
     search_alg = tune_config.search_alg
     if search_alg is None or isinstance(search_alg, BasicVariantGenerator):
         inner, num_samples = ConfigList(param_space, tune_config.num_samples, seed), None
@@ -138,7 +139,7 @@ def fused_sweep(
     )
     return FusedSweep(
         book=book,
-        trainable=tune.with_resources(trainable, dict(resources)),
+        trainable=with_trial_output(tune.with_resources(trainable, dict(resources))),
         search_alg=searcher,
         scheduler=GroupScheduler(tune_config.scheduler, book, max_iterations),
         checkpoint_config=group_checkpoint_config(checkpoint.every, checkpoint.at_end),
@@ -147,16 +148,28 @@ def fused_sweep(
     )
 
 
-def member_callbacks(book: MemberBook, callbacks: list[Any]) -> Any:
-    """A Tune callback that replays each group event as its members' events to `callbacks`
-    (the progress line, the dashboard's controller, the results files), so they count and show
+def member_callbacks(book: MemberBook, callbacks: list[Any]) -> list[Any]:
+    """The Tune callbacks that replay each group event as its members' events to `callbacks`
+    (the progress line, the dashboard's controller, the results files, and Tune's logger
+    callbacks: TensorBoard, MLflow, W&B, a user's own), so they count, show and log
     configurations, not groups. Each member's end is announced once, whichever group event
-    follows it."""
+    follows it.
+
+    Tune adds a TensorBoard logger of its own unless it is given one, and that one would log each
+    group as a run; so a `MemberTensorBoard`, which logs only members, takes the place of any
+    plain `TBXLoggerCallback` and is given to Tune beside the replaying callback.
+    """
     from ray.tune import Callback
+    from ray.tune.logger import LoggerCallback, TBXLoggerCallback
+
+    callbacks = [cb for cb in callbacks if type(cb) is not TBXLoggerCallback]
+    tensorboard = _member_tensorboard()
+    if tensorboard is not None:
+        callbacks.append(tensorboard)
 
     class MemberCallbacks(Callback):
         def __init__(self) -> None:
-            self.announced: set[str] = set()
+            self.started: set[str] = set()  # members whose start the loggers heard of
 
         def setup(self, **info: Any) -> None:
             for callback in callbacks:
@@ -175,11 +188,13 @@ def member_callbacks(book: MemberBook, callbacks: list[Any]) -> Any:
 
         def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             for member in book.group(trial.trial_id):
-                if member.live and member.trial_id not in self.announced:
+                if member.live:
+                    self.started.add(member.trial_id)
                     for callback in callbacks:
                         callback.on_trial_start(iteration, self._members(), member, **info)
 
         def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+            book.record_group_result(result)  # the group's last result reaches no scheduler first
             members = self._members()
             for member in book.group(trial.trial_id):
                 if member.last_result.get("training_iteration") == result.get("training_iteration"):
@@ -194,12 +209,12 @@ def member_callbacks(book: MemberBook, callbacks: list[Any]) -> Any:
             self._announce_ended(iteration)
 
         def _announce_ended(self, iteration: int) -> None:
-            members = self._members()
-            for member in members:
-                if member.live or member.trial_id in self.announced:
-                    continue
-                self.announced.add(member.trial_id)
+            ended = book.take_ended()
+            members = self._members() if ended else []
+            for member in ended:
                 for callback in callbacks:
+                    if isinstance(callback, LoggerCallback) and member.trial_id not in self.started:
+                        continue  # ended in an earlier run of a resumed sweep: no run to close here
                     if member.ended == "error":
                         callback.on_trial_error(iteration, members, member)
                     else:
@@ -209,7 +224,33 @@ def member_callbacks(book: MemberBook, callbacks: list[Any]) -> Any:
             for callback in callbacks:
                 callback.on_experiment_end(self._members(), **info)
 
-    return MemberCallbacks()
+    return [MemberCallbacks(), *([tensorboard] if tensorboard is not None else [])]
+
+
+def _member_tensorboard() -> Any:
+    """Tune's TensorBoard logger for members only (None where tensorboardX is not installed, as
+    Tune then adds none either): event files in each member's folder, none in the groups'."""
+    from ray.tune.logger import TBXLoggerCallback
+
+    from hpo.fused_members import MemberTrial
+
+    class MemberTensorBoard(TBXLoggerCallback):
+        def log_trial_start(self, trial: Any) -> None:
+            if isinstance(trial, MemberTrial):
+                super().log_trial_start(trial)
+
+        def log_trial_result(self, iteration: int, trial: Any, result: dict) -> None:
+            if isinstance(trial, MemberTrial):
+                super().log_trial_result(iteration, trial, result)
+
+        def log_trial_end(self, trial: Any, failed: bool = False) -> None:
+            if isinstance(trial, MemberTrial):
+                super().log_trial_end(trial, failed)
+
+    try:
+        return MemberTensorBoard()
+    except ImportError:
+        return None
 
 
 def member_results_callback(book: MemberBook, experiment: Path, metric: str, mode: str, max_iterations: int) -> Any:

@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,24 +57,21 @@ logger = logging.getLogger(__name__)
 
 def ensure_ray(
     address: str | None = None, dashboard: bool = False, num_gpus: int | None = None,
-    runtime_env: Mapping[str, Any] | None = None, worker_log_level: str | None = None,
+    runtime_env: Mapping[str, Any] | None = None,
 ) -> None:
     """Connect to `address` (or `RAY_ADDRESS`), else start a local Ray using every core here.
 
     `runtime_env` is the job's (`code_runtime_env`: the user's code folder). What trials print
     reaches this terminal, prefixed by Ray with the trainable's name and pid, as under plain Ray
-    Tune; Ray's own INFO lines here do not, except with `dashboard`, where Ray's start-up line
-    gives the dashboard's address. `worker_log_level` (`"WARNING"`) quiets Ray's loggers on the
-    workers too (`worker_log_hook`). A Ray that is already up (a test fixture, a notebook) is
-    used as it is.
+    Tune (and with the trial's id: `hpo.trial_output`, which also quiets Ray on the workers);
+    Ray's own INFO lines here do not, except with `dashboard`, where Ray's start-up line gives the
+    dashboard's address. A Ray that is already up (a test fixture, a notebook) is used as it is.
     """
     import ray
 
     if ray.is_initialized():
         return
     runtime_env = dict(runtime_env or {})
-    if worker_log_level is not None:
-        runtime_env["worker_process_setup_hook"] = worker_log_hook(worker_log_level)
     logging_level = logging.INFO if dashboard else logging.WARNING
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
@@ -90,26 +87,6 @@ def ensure_ray(
         runtime_env=runtime_env or None,
         logging_level=logging_level,
     )
-
-
-def worker_log_hook(level: str) -> Callable[[], None]:
-    """A `worker_process_setup_hook` that sets Ray's loggers on every worker to `level`, so that
-    Ray's INFO lines, such as Tune's "Checkpoint successfully created at ..." after every
-    checkpoint, stay off the terminal among the user's prints. The user's loggers are left as
-    they are, and so are the "(name pid=...)" prefixes (`ray.LoggingConfig` would drop them).
-
-    Any runtime env makes Ray start workers through its runtime-env agent, which costs start-up
-    time, so `hpo run` asks for it (its console is the user's view of the sweep) and `hpo.run`
-    does not. The hook is a local function, which cloudpickle ships by value: a cluster's
-    workers need no hydro-hpo to run it (a function trainable's sweep needs none there).
-    """
-
-    def set_ray_log_level() -> None:
-        import logging
-
-        logging.getLogger("ray").setLevel(level)
-
-    return set_ray_log_level
 
 
 def code_runtime_env(folder: str | Path, exclude: Sequence[str | Path] = ()) -> dict[str, Any]:
