@@ -13,9 +13,9 @@ from .policy_qssf import QSSF
 from .policy_queue import FIFO, SJF, SRTF, QueuePolicy
 from .policy_tiresias import Tiresias
 from .policy_tuning import TuningAware
-from .power import PowerModel
+from .power_model import PowerModel
 from .predictor import DurationPredictor
-from .profiles import AppProfile, load_profiles
+from .app_profiles import AppProfile, load_profiles
 from .simulator import POLICIES, make_policy, simulate
 from .synthetic import add_tuning_work, random_trace
 from .data_files import TraceError, default_traces_dir

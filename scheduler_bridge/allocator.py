@@ -53,7 +53,7 @@ from .live_state import JobSpec, LiveJob
 from .policy_ces import CES
 from .policy_lucid import Lucid
 from .policy_tiresias import Tiresias
-from .power import PowerModel
+from .power_model import PowerModel
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class Allocator:
                  start_timeout_s: float = 120.0, cpus_per_bundle: float = 0.0,
                  runtime_env: dict | None = None, tiresias: dict | None = None,
                  ces: dict | None = None, lucid: dict | None = None):
-        from .profiles import load_profiles
+        from .app_profiles import load_profiles
         from .simulator import make_policy
 
         packing = None

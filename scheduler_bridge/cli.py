@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .cluster import ClusterSpec
 from .interference import InterferenceTable
-from .power import PowerModel
+from .power_model import PowerModel
 from .simulator import POLICIES, check_policy_name, make_policy, simulate
 from .synthetic import add_tuning_work
 from .traces import FORMATS, TraceError, load_trace
@@ -188,7 +188,7 @@ def run_sim(args) -> int:
                                     bubble_fraction=args.bubble_fraction, seed=args.seed)
         profiles = None
         if args.format == "pollux":
-            from .profiles import load_profiles
+            from .app_profiles import load_profiles
             profiles = load_profiles(args.profiles or Path(args.trace).parent.parent / "traces")
         deadline = args.deadline if args.deadline is not None else (
             8 * 3600.0 if args.format == "pollux" else None)

@@ -132,7 +132,7 @@ class LiveDriver:
         self.elastic = isinstance(policy, ElasticPolicy)
         self.tuning = isinstance(policy, TuningAware)
         if self.elastic and profiles is None:
-            from .profiles import load_profiles
+            from .app_profiles import load_profiles
             profiles = load_profiles()
         self.profiles = profiles or {}
         if isinstance(policy, Lucid) and packing is None:

@@ -28,7 +28,7 @@ from .forecast import DemandForecaster
 from .jobs import Job
 from .policy_queue import QueuePolicy
 from .policy_tuning import TuningAware
-from .power import PowerModel
+from .power_model import PowerModel
 
 
 class CES(QueuePolicy):

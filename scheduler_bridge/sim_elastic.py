@@ -14,7 +14,7 @@ from array import array
 from .cluster import ClusterSpec
 from .jobs import Trace
 from .policy_elastic import ElasticJobState, ElasticPolicy
-from .profiles import AppProfile
+from .app_profiles import AppProfile
 from .result import RunLog
 
 INF = math.inf

@@ -20,7 +20,7 @@ from .policy_qssf import QSSF
 from .policy_queue import FIFO, SJF, SRTF, QueuePolicy
 from .policy_tiresias import Tiresias
 from .policy_tuning import TuningAware
-from .power import PowerModel
+from .power_model import PowerModel
 from .sim_elastic import run_elastic
 from .sim_lucid import run_lucid
 from .sim_rigid import run_rigid
@@ -83,7 +83,7 @@ def simulate(trace: Trace, policy, cluster: ClusterSpec, *, restart_cost: float 
     t = time.perf_counter()
     if isinstance(policy, ElasticPolicy):
         if profiles is None:
-            from .profiles import load_profiles
+            from .app_profiles import load_profiles
             profiles = load_profiles()
         log = run_elastic(trace, cluster, policy, profiles, restart_cost)
     elif isinstance(policy, Lucid):

@@ -117,7 +117,7 @@ def test_ces_never_keeps_a_runnable_job_waiting_on_a_powered_down_node_past_the_
         trace, base, boot, interval):
     from scheduler_bridge.forecast import DemandForecaster
     from scheduler_bridge.policy_ces import CES
-    from scheduler_bridge.power import PowerModel
+    from scheduler_bridge.power_model import PowerModel
     inner = Tiresias(thresholds=(300.0,)) if base == "tiresias" else make_policy(base)
     ces = CES(inner, power=PowerModel(boot_delay=boot), spare_nodes=0, margin=0.0,
               interval=interval, forecaster=DemandForecaster(bin_s=30, lookback=30, horizon=0, days=0))
