@@ -3,20 +3,21 @@
 from .cluster import ClusterSpec, FreeGPUs, Placement
 from .jobs import ElasticSpec, Job, Trace, TuningJob, make_trace
 from .metrics import SimResult
-from .pending import PendingQueue, select_starts
-from .forecast import DemandForecaster
+from .policies.pending_queue import PendingQueue, select_starts
+from .policies.demand_forecast import DemandForecaster
 from .interference import InterferenceTable
-from .policy_ces import CES
-from .policy_elastic import ElasticDecision, ElasticJobState, ElasticPolicy
-from .policy_lucid import Lucid
-from .policy_qssf import QSSF
-from .policy_queue import FIFO, SJF, SRTF, QueuePolicy
-from .policy_tiresias import Tiresias
-from .policy_tuning import TuningAware
+from .policies.ces import CES
+from .policies.elastic import ElasticDecision, ElasticJobState, ElasticPolicy
+from .policies.lucid import Lucid
+from .policies.qssf import QSSF
+from .policies.queue import FIFO, SJF, SRTF, QueuePolicy
+from .policies.tiresias import Tiresias
+from .policies.tuning_aware import TuningAware
 from .power_model import PowerModel
-from .predictor import DurationPredictor
+from .policies.duration_predictor import DurationPredictor
 from .app_profiles import AppProfile, load_profiles
-from .simulator import POLICIES, make_policy, simulate
+from .policies.registry import POLICIES, make_policy
+from .simulator import simulate
 from .synthetic import add_tuning_work, random_trace
 from .data_files import TraceError, default_traces_dir
 from .traces import FORMATS, load_helios, load_philly, load_pollux, load_trace

@@ -46,13 +46,13 @@ from . import placement
 from .actor_names import NAMESPACE
 from .journal import Journal
 from .live_driver import FAULTS, LiveDriver
-from .forecast import DemandForecaster
+from .policies.demand_forecast import DemandForecaster
 from .interference import InterferenceTable
 from .live_packing import SHARE, LivePacking
 from .live_state import JobSpec, LiveJob
-from .policy_ces import CES
-from .policy_lucid import Lucid
-from .policy_tiresias import Tiresias
+from .policies.ces import CES
+from .policies.lucid import Lucid
+from .policies.tiresias import Tiresias
 from .power_model import PowerModel
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class Allocator:
                  runtime_env: dict | None = None, tiresias: dict | None = None,
                  ces: dict | None = None, lucid: dict | None = None):
         from .app_profiles import load_profiles
-        from .simulator import make_policy
+        from .policies.registry import make_policy
 
         packing = None
         if policy == "lucid":

@@ -25,7 +25,8 @@ from pathlib import Path
 from .cluster import ClusterSpec
 from .interference import InterferenceTable
 from .power_model import PowerModel
-from .simulator import POLICIES, check_policy_name, make_policy, simulate
+from .policies.registry import POLICIES, check_policy_name, make_policy
+from .simulator import simulate
 from .synthetic import add_tuning_work
 from .traces import FORMATS, TraceError, load_trace
 

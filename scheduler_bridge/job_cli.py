@@ -91,7 +91,7 @@ def _config(pairs: list[str]) -> dict:
 @_guarded
 def _cmd_start(args) -> int:
     from . import jobs_api
-    from .policy_tiresias import Tiresias
+    from .policies.tiresias import Tiresias
 
     env = {"env_vars": {"PYTHONPATH": args.pythonpath}} if args.pythonpath else None
     tiresias = {}

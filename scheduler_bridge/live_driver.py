@@ -7,7 +7,7 @@ the current GPU inventory into ``Decisions`` with the simulator's machinery:
 
 - queue policies (FIFO, SJF, SRTF, QSSF, tuning-aware): ``policy.priority`` when a
   job (re-)enters the queue, ``policy.observe`` when one finishes (``priorities``
-  after a refit), ``pending.select_starts`` on the cluster's ``FreeGPUs`` for who
+  after a refit), ``pending_queue.select_starts`` on the cluster's ``FreeGPUs`` for who
   starts where, ``policy.victims`` for preemptive policies;
 - the elastic policy: ``ElasticPolicy.allocate`` over the active elastic jobs;
   a running job whose decided placement differs is stopped (checkpoint) and
@@ -34,7 +34,7 @@ epoch whose gradient statistics set the elastic policy's GPU count and batch siz
 Nodes are Ray node ids; the policies see them as indices 0..n-1 of the alive
 GPU nodes (``ClusterView``), in the order the allocator first saw them.
 
->>> from scheduler_bridge.policy_queue import FIFO
+>>> from scheduler_bridge.policies.queue import FIFO
 >>> d = LiveDriver(FIFO(backfill=True))
 >>> d.apply({"ev": "submit", "t": 0.0, "job_id": 0, "spec": {"entrypoint": "m:f", "gpus": 2}})
 >>> d.decide({"n1": 4}, ["n1"], now=1.0).starts
@@ -52,12 +52,12 @@ from .live_packing import LivePacking, measured_slowdown, ranks
 from .live_power import CapacityPlan
 from .live_profiling import LiveProfiling
 from .live_state import TERMINAL, JobSpec, LiveJob, Where
-from .pending import PendingQueue, select_starts
-from .policy_ces import CES
-from .policy_elastic import ElasticJobState, ElasticPolicy
-from .policy_lucid import Lucid
-from .policy_queue import QueuePolicy
-from .policy_tuning import TuningAware
+from .policies.pending_queue import PendingQueue, select_starts
+from .policies.ces import CES
+from .policies.elastic import ElasticJobState, ElasticPolicy
+from .policies.lucid import Lucid
+from .policies.queue import QueuePolicy
+from .policies.tuning_aware import TuningAware
 
 FAULTS = ("fault", "node-lost", "lost")   # requeue reasons that count against max_attempts
 

@@ -1,6 +1,6 @@
 """Lucid's packing in the live allocator: which running job hosts a waiting one, and when to part them.
 
-Which pairs may share a GPU is the ``policy_lucid.Lucid`` object's rule
+Which pairs may share a GPU is the ``policies.lucid.Lucid`` object's rule
 (``pack_check``: both measured in its interference table, slowdowns under its
 limit, memory fits, priorities close), the same the simulator applies. What
 only a live cluster adds is here:
@@ -22,7 +22,7 @@ one bundle, and a rank of several GPUs cannot hold half of each of them. Its
 partner's rank i then shares GPU i with its rank i.
 
 >>> from scheduler_bridge.interference import InterferenceTable
->>> from scheduler_bridge.policy_lucid import Lucid
+>>> from scheduler_bridge.policies.lucid import Lucid
 >>> p = LivePacking(Lucid(InterferenceTable({("a", "b"): 1.2, ("b", "a"): 1.1}, {"a": 900.0, "b": 500.0})))
 >>> p.cost("a", 10.0, "b", 12.0)
 2.3
@@ -36,7 +36,7 @@ import math
 
 from .live_state import Where
 
-from .policy_lucid import Lucid
+from .policies.lucid import Lucid
 
 SHARE = 0.5   # the fraction of a GPU each job of a packed pair holds
 

@@ -13,7 +13,7 @@ from array import array
 
 from .cluster import ClusterSpec
 from .jobs import Trace
-from .policy_elastic import ElasticJobState, ElasticPolicy
+from .policies.elastic import ElasticJobState, ElasticPolicy
 from .app_profiles import AppProfile
 from .result import RunLog
 

@@ -1,4 +1,4 @@
-"""Event-driven replay under the Lucid-style policy (``policy_lucid.Lucid``).
+"""Event-driven replay under the Lucid-style policy (``policies.lucid.Lucid``).
 
 Two partitions of one cluster: the first ``profile_nodes`` nodes profile new
 jobs, the rest run them. Events are arrivals, ends of profiling runs and job
@@ -19,8 +19,8 @@ from array import array
 
 from .cluster import ClusterSpec, FreeGPUs
 from .jobs import Trace
-from .pending import PendingQueue, select_starts
-from .policy_lucid import Lucid
+from .policies.pending_queue import PendingQueue, select_starts
+from .policies.lucid import Lucid
 from .result import RunLog
 
 INF = math.inf

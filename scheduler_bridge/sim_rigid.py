@@ -14,10 +14,10 @@ from collections import deque
 
 from .cluster import ClusterSpec, FreeGPUs
 from .jobs import Trace
-from .pending import PendingQueue, select_starts
-from .policy_ces import CES
-from .policy_queue import QueuePolicy
-from .policy_tuning import TuningAware
+from .policies.pending_queue import PendingQueue, select_starts
+from .policies.ces import CES
+from .policies.queue import QueuePolicy
+from .policies.tuning_aware import TuningAware
 from .result import RunLog
 from .sim_power import PowerLayer
 

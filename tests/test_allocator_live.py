@@ -154,7 +154,7 @@ def pg_row(jid, attempt):
 def test_jobs_land_in_groups_on_exactly_the_nodes_the_policy_chose(allocator, tmp_path):
     from scheduler_bridge import jobs_api
     from scheduler_bridge.live_driver import ClusterView
-    from scheduler_bridge.pending import PendingQueue, select_starts
+    from scheduler_bridge.policies.pending_queue import PendingQueue, select_starts
 
     allocator("fifo")
     demands = [2, 4, 6]   # 2 and 4 fit a node (STRICT_PACK); 6 spans two (STRICT_SPREAD)

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cluster import ClusterSpec, FreeGPUs, Placement
-from .app_profiles import AppProfile
+from ..cluster import ClusterSpec, FreeGPUs, Placement
+from ..app_profiles import AppProfile
 
 
 @dataclass(frozen=True, slots=True)
