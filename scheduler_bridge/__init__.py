@@ -2,7 +2,7 @@
 
 from .cluster import ClusterSpec, FreeGPUs, Placement
 from .jobs import ElasticSpec, Job, Trace, TuningJob, make_trace
-from .metrics import SimResult
+from .simulation.metrics import SimResult
 from .policies.pending_queue import PendingQueue, select_starts
 from .policies.demand_forecast import DemandForecaster
 from .interference import InterferenceTable
@@ -17,10 +17,10 @@ from .power_model import PowerModel
 from .policies.duration_predictor import DurationPredictor
 from .app_profiles import AppProfile, load_profiles
 from .policies.registry import POLICIES, make_policy
-from .simulator import simulate
-from .synthetic import add_tuning_work, random_trace
+from .simulation.simulator import simulate
+from .simulation.synthetic import add_tuning_work, random_trace
 from .data_files import TraceError, default_traces_dir
-from .traces import FORMATS, load_helios, load_philly, load_pollux, load_trace
+from .simulation.traces import FORMATS, load_helios, load_philly, load_pollux, load_trace
 
 __all__ = [
     "AppProfile", "CES", "ClusterSpec", "DemandForecaster", "DurationPredictor",

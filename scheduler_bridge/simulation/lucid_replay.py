@@ -17,11 +17,11 @@ import heapq
 import math
 from array import array
 
-from .cluster import ClusterSpec, FreeGPUs
-from .jobs import Trace
-from .policies.pending_queue import PendingQueue, select_starts
-from .policies.lucid import Lucid
-from .result import RunLog
+from ..cluster import ClusterSpec, FreeGPUs
+from ..jobs import Trace
+from ..policies.pending_queue import PendingQueue, select_starts
+from ..policies.lucid import Lucid
+from .run_log import RunLog
 
 INF = math.inf
 SCAN = 64  # lone running jobs looked at per workload class when packing one job

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .jobs import Trace
-from .power_model import energy_summary
-from .result import RunLog
+from ..jobs import Trace
+from ..power_model import energy_summary
+from .run_log import RunLog
 
 
 @dataclass

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import time
 
-from .cluster import ClusterSpec
-from .jobs import Trace
+from ..cluster import ClusterSpec
+from ..jobs import Trace
 from .metrics import SimResult
-from .policies.elastic import ElasticPolicy
-from .policies.lucid import Lucid
-from .policies.queue import QueuePolicy
-from .sim_elastic import run_elastic
-from .sim_lucid import run_lucid
-from .sim_rigid import run_rigid
+from ..policies.elastic import ElasticPolicy
+from ..policies.lucid import Lucid
+from ..policies.queue import QueuePolicy
+from .elastic_replay import run_elastic
+from .lucid_replay import run_lucid
+from .rigid_replay import run_rigid
 
 
 def simulate(trace: Trace, policy, cluster: ClusterSpec, *, restart_cost: float = 30.0,
@@ -28,7 +28,7 @@ def simulate(trace: Trace, policy, cluster: ClusterSpec, *, restart_cost: float 
     t = time.perf_counter()
     if isinstance(policy, ElasticPolicy):
         if profiles is None:
-            from .app_profiles import load_profiles
+            from ..app_profiles import load_profiles
             profiles = load_profiles()
         log = run_elastic(trace, cluster, policy, profiles, restart_cost)
     elif isinstance(policy, Lucid):
