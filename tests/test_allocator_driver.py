@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from scheduler_bridge import ClusterSpec, Job, make_policy, make_trace, simulate
-from scheduler_bridge.journal import Journal
-from scheduler_bridge.live_driver import LiveDriver
-from scheduler_bridge.live_state import JobSpec
+from scheduler_bridge.live.journal import Journal
+from scheduler_bridge.live.driver import LiveDriver
+from scheduler_bridge.live.job_state import JobSpec
 
 NODES = ["n0", "n1", "n2"]
 INV = {n: 4 for n in NODES}
@@ -330,7 +330,7 @@ MEMORY = {"mlp": 500.0, "gpt": 3000.0}
 
 def packing_driver(margin=0.25, **knobs):
     from scheduler_bridge.interference import InterferenceTable
-    from scheduler_bridge.live_packing import LivePacking
+    from scheduler_bridge.live.packing import LivePacking
     from scheduler_bridge.policies.lucid import Lucid
 
     knobs.setdefault("profile_nodes", 0)   # every job names its workload: nothing to profile

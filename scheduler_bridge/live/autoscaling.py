@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 
-from .policies.ces import CES
+from ..policies.ces import CES
 
 
 def bundles(nodes: int, gpus_per_node: int) -> list[dict]:

@@ -8,7 +8,7 @@ only a live cluster adds is here:
 - a waiting job whose ``workload`` is known goes beside the allowed running
   host of as many GPUs with the smallest predicted slowdown of the pair; the host keeps
   running untouched (Lucid is non-intrusive), and the packed job runs in the
-  other half of the host's GPU (``placement``: a shareable job's group holds its
+  other half of the host's GPU (``placement_groups``: a shareable job's group holds its
   whole GPU and its rank ``SHARE`` of it; the partner's rank takes the rest in
   the same bundle, so Ray gives both that GPU, and the group stays while either
   runs: the one left may host a new partner there);
@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import math
 
-from .live_state import Where
+from .job_state import Where
 
-from .policies.lucid import Lucid
+from ..policies.lucid import Lucid
 
 SHARE = 0.5   # the fraction of a GPU each job of a packed pair holds
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 
-from .policies.lucid import Lucid
+from ..policies.lucid import Lucid
 
 
 class LiveProfiling:
