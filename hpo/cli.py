@@ -47,11 +47,11 @@ def _submit_to_allocator(spec) -> int:
     pipeline jobs' bubbles."""
     import math
 
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as allocator
 
     in_flight = spec.max_concurrent_trials or spec.run_cap or 10
     groups = max(1, math.ceil(in_flight / int(spec.fusion.max_members)))
-    job_id = jobs_api.submit_sweep(spec.name, groups)
+    job_id = allocator.submit_sweep(spec.name, groups)
     print(f"sweep {spec.name!r} is tuning job {job_id} of the allocator ({groups} groups)")
     return job_id
 
@@ -96,9 +96,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         result = tuner.resume(str(run_path)) if run_path is not None else tuner.fit()
     finally:
         if tuning_job is not None:
-            from scheduler_bridge import jobs_api
+            from scheduler_bridge.live import client as allocator
 
-            jobs_api.cancel(tuning_job)  # the allocator withdraws the sweep's idle GPUs and bubbles
+            allocator.cancel(tuning_job)  # the allocator withdraws the sweep's idle GPUs and bubbles
     status = _report(result)
     # what the sweep cost, apart from Ray's start (`benchmarks/quickstart_run.py` reads this line)
     print(f"time:    sweep {time.perf_counter() - ray_up:.1f} s (Ray started in {ray_up - started:.1f} s)")
