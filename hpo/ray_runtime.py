@@ -234,7 +234,10 @@ def _reap_when_driver_exits(driver_pid: int, ray_roots: Sequence[int]) -> None:
             for found in [process, *descendants(process.pid)]:
                 watched.setdefault(found.pid, found)
         # Ray processes the driver starts after `ray.init` (runtime-env and log helpers) hang
-        # from the driver, not from the processes `ray.init` started.
+        # from the driver, not from the processes `ray.init` started. Once this Ray is shut down
+        # (its roots gone), the driver's Ray processes belong to its next Ray, and its own watchdog.
+        if not any(_alive(root) for root in roots):
+            return
         for found in descendants(driver.pid) if driver is not None else []:
             try:
                 if found.pid not in watched and found.pid != os.getpid() and _is_ray_process(found):
@@ -258,12 +261,15 @@ def _reap_when_driver_exits(driver_pid: int, ray_roots: Sequence[int]) -> None:
 
 
 def _is_ray_process(process: Any) -> bool:
+    """A watchdog (this file run as a script) is not one: the watchdogs of a driver's successive
+    Rays (a test process starts one per module) would follow each other and none would ever end."""
     import psutil
 
     try:
-        return any("ray" in part for part in process.cmdline())
+        cmdline = process.cmdline()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
+    return os.path.abspath(__file__) not in cmdline and any("ray" in part for part in cmdline)
 
 
 def _alive(process: Any) -> bool:
