@@ -10,10 +10,14 @@ setup: $(STAMP)
 # One reproducible install of every extra: constraints.txt is the lock (the whole resolved set,
 # torch pinned to the CPU build so mup's torchvision requirement cannot drag in a multi-GB CUDA
 # torch); DS_BUILD_OPS=0 builds DeepSpeed without CUDA (its small CPU ops are JIT-built on first use).
+# The one CPU op every DeepSpeed pipeline loads (shared-memory comm, on a process's first
+# init_distributed: 40-60 s on 2 cores, under a lock a killed build leaves behind) is built here once.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	DS_BUILD_OPS=0 $(VENV)/bin/python -m pip install -q -c constraints.txt -e '.[all,test]'
+	$(VENV)/bin/python -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load()" >/dev/null \
+	|| echo "note: DeepSpeed's CPU op did not build here (a C++ compiler?); pipeline-bubble runs build it on first use"
 	touch $(STAMP)
 
 # Re-resolve the lock after changing dependencies in pyproject.toml or the hand pins in constraints.in.

@@ -13,8 +13,11 @@ seed 0, K iterations each, no early stopping):
 5. `hpo_run_checkpoint_at_end` (with `--rows`): `hpo.run` unfused checkpointing only the last
    iteration; its difference with `hpo_run` is what persisting checkpoints costs.
 
-Ray starts once (`ray_init_s`, then `RAY_SETTLE_S` for its own processes to finish starting) and
-is excluded from every sweep's seconds. For each Ray row the
+Each Ray row runs on a fresh local Ray started as `hpo run` starts it (`hpo.ray_runtime.ensure_ray`:
+loopback only, idle workers importing torch and Ray Tune while they wait), so every row starts from
+the same state and no row inherits another's warm or spent worker processes. Ray's start
+(`ray_init_s`, per row) and `RAY_SETTLE_S` after it, while its own processes and those imports
+finish, are excluded from every sweep's seconds. For each Ray row the
 profile splits wall time by what the driver sees (start-up until the first result, the stream of
 results, tear-down after the last) and by what the trials report they spent (training, checkpoint
 persistence); `peak_worker_rss_gb` sums the RSS of every Ray worker process, sampled while the
@@ -29,7 +32,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import threading
@@ -43,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hpo  # noqa: E402  before anything imports ray: the embedded Ray then listens on loopback only
 
 
-#: Seconds given to Ray's own start-up (dashboard, agents) before the first Ray row is timed.
+#: Seconds given to each fresh Ray (its dashboard and agents, its workers' imports) before a row is timed.
 RAY_SETTLE_S = 5.0
 
 
@@ -233,10 +235,7 @@ def main() -> None:
         # Before Ray starts: it needs no Ray, and Ray's own processes still start up for seconds
         # after `ray.init` returns, which would bill this row for them.
         rows["in_process"] = in_process(lrs, iterations)
-    start = time.perf_counter()
-    ensure_ray()
-    ray_init_s = time.perf_counter() - start
-    time.sleep(RAY_SETTLE_S)
+    ray_init_s: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as storage:
         runs = {
             "plain_tune": lambda: plain_tune(lrs, iterations, storage),
@@ -250,16 +249,20 @@ def main() -> None:
         for label, sweep in runs.items():
             if label not in rows_wanted:
                 continue
+            start = time.perf_counter()
+            ensure_ray()
+            ray_init_s[label] = round(time.perf_counter() - start, 2)
+            time.sleep(RAY_SETTLE_S)
             with WorkerMemory() as memory:
                 rows[label] = sweep()
             rows[label]["peak_worker_rss_gb"] = round(memory.peak_rss / 1024**3, 2)
             rows[label]["peak_worker_pss_gb"] = round(memory.peak_pss / 1024**3, 2)
             rows[label]["peak_worker_processes"] = memory.peak_processes
-    ray.shutdown()
+            ray.shutdown()
 
     best_lrs = {row["best_lr"] for row in rows.values()}
     reference = rows.get("plain_tune", {}).get("seconds")
-    print(f"{count} configs x {iterations} iterations; ray_init_s {ray_init_s:.2f} (excluded)")
+    print(f"{count} configs x {iterations} iterations; ray_init_s per row {ray_init_s} (excluded)")
     print(f"{'row':<15} {'seconds':>8} {'/plain':>7} {'best lr':>9} {'workers RSS GB':>15} {'PSS GB':>7} {'procs':>6}  profile")
     for label, row in rows.items():
         row["seconds"] = round(row["seconds"], 2)
@@ -271,7 +274,8 @@ def main() -> None:
                    f"load average {os.getloadavg()[0]:.1f} at the end (the box is shared)",
         "configs": count,
         "iterations": iterations,
-        "ray_init_s": round(ray_init_s, 2),
+        "ray_init_s": ray_init_s,
+        "ray_settle_s": RAY_SETTLE_S,
         "same_best_config": len(best_lrs) == 1,
         "rows": rows,
         "ratios": {

@@ -40,6 +40,7 @@ from hpo.results import SweepResult, results_file_callback
 from hpo.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
 from hpo.trainables import resolve_trainable
 from hpo.training import workload_trainable
+from hpo.trial_output import with_trial_output
 from hpo.workload import Workload
 
 Trainable = Workload | Callable[..., Any] | str
@@ -105,7 +106,7 @@ class PlainEngine:
                 trainable, self.max_iterations, threads=max(1, int(self.resources.get("cpu", 1))),
                 checkpoint_every=self.checkpoint.every, checkpoint_at_end=self.checkpoint.at_end,
             )
-        return tune.with_resources(trainable, dict(self.resources))
+        return with_trial_output(tune.with_resources(trainable, dict(self.resources)))
 
     def param_space(self) -> dict[str, Any]:
         return self.user_space

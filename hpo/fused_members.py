@@ -6,9 +6,11 @@ its own Tune trial cost a Ray worker (about 1 s of CPU and 195 MB) and a trip th
 controller per iteration. Here Tune runs the *groups* (`hpo.fused_group_trial`), and the members
 live in the driver:
 
-- `MemberTrial` is what Tune's searchers and schedulers are handed for a member: it has the
-  attributes they read of a `Trial` (`trial_id`, `config`, `status`, `last_result`), so ASHA,
-  HyperBand and median stopping decide for each member exactly as for an unfused trial.
+- `MemberTrial` is what Tune's searchers, schedulers and logger callbacks are handed for a member:
+  it has the attributes they read of a `Trial` (`trial_id`, `config`, `status`, `last_result`;
+  the loggers' `local_path`, `experiment_dir_name`, `evaluated_params` and its name), so ASHA,
+  HyperBand and median stopping decide for each member, and TensorBoard, MLflow and W&B log one
+  run per member, exactly as for an unfused trial.
 - `MemberBook` writes each member's folder under `<experiment>/members/<member_id>/` as Tune writes
   a trial's: `params.json`, `result.json` (one line per iteration) and the member's own
   checkpoints (written by the group), plus `status.json` once the member has ended. A resumed
@@ -45,14 +47,21 @@ GROUP_DIR_PREFIX = "group_"
 
 
 class MemberTrial:
-    """A member as Tune's searchers and schedulers see a trial."""
+    """A member as Tune's searchers, schedulers and logger callbacks see a trial."""
 
     PENDING, RUNNING, PAUSED, TERMINATED, ERROR = "PENDING", "RUNNING", "PAUSED", "TERMINATED", "ERROR"
 
-    def __init__(self, trial_id: str, config: Mapping[str, Any], group_id: str):
+    def __init__(self, trial_id: str, config: Mapping[str, Any], group_id: str, folder: Path, trainable_name: str):
         self.trial_id = trial_id
         self.config = dict(config)
         self.group_id = group_id
+        # What Tune's logger callbacks read: a TensorBoard run, an MLflow or W&B run per member,
+        # named, filed and grouped as an unfused trial's would be.
+        self.local_path = self.path = str(folder)
+        self.experiment_dir_name = folder.parent.parent.name
+        self.evaluated_params = dict(config)
+        self.trial_name = f"{trainable_name}_{trial_id}"
+        self.checkpoint = None  # the member's checkpoints are its group's to write, not the loggers' to upload
         # A member is RUNNING as soon as its group exists: schedulers only ever pause, resume and
         # stop it; when its group's trial runs is Tune's concern.
         self.status = self.RUNNING
@@ -62,6 +71,13 @@ class MemberTrial:
 
     def __repr__(self) -> str:
         return f"MemberTrial({self.trial_id}, {self.status})"
+
+    def __str__(self) -> str:
+        """The run name MLflow and W&B show, as `str(trial)` is for a Tune trial."""
+        return self.trial_name
+
+    def init_local_path(self) -> None:
+        """TensorBoard's logger asks a trial to create its folder; a member's exists from the start."""
 
     @property
     def live(self) -> bool:
@@ -77,9 +93,12 @@ class MemberTrial:
 class MemberBook:
     """Every member of one fused sweep, kept by the driver (see the module docstring)."""
 
-    def __init__(self, experiment: Path):
+    def __init__(self, experiment: Path, trainable_name: str):
         self.folder = experiment / MEMBERS_DIR
+        self.trainable_name = trainable_name
         self.members: dict[str, MemberTrial] = {}
+        self._groups: dict[str, list[MemberTrial]] = {}
+        self._ended: list[MemberTrial] = []  # ended since `take_ended` last handed them out
 
     def add_group(self, group_id: str, configs: list[Mapping[str, Any]]) -> list[MemberTrial]:
         """The members of a group trial Tune just added (or restored)."""
@@ -87,8 +106,9 @@ class MemberBook:
         for member_id, config in zip(member_ids(group_id, len(configs)), configs):
             member = self.members.get(member_id)
             if member is None:
-                member = self.members[member_id] = MemberTrial(member_id, config, group_id)
                 folder = self.folder / member_id
+                member = self.members[member_id] = MemberTrial(member_id, config, group_id, folder, self.trainable_name)
+                self._groups.setdefault(group_id, []).append(member)
                 folder.mkdir(parents=True, exist_ok=True)
                 # A resumed sweep's member goes on from what its folder holds.
                 member.last_result = _last_result(folder)
@@ -96,6 +116,7 @@ class MemberBook:
                 if status.exists():
                     member.ended = json.loads(status.read_text())["status"]
                     member.status = MemberTrial.TERMINATED
+                    self._ended.append(member)
                 elif not (folder / "params.json").exists():
                     text = json.dumps(member.config, default=str)
                     write_atomically(folder / "params.json", lambda temporary: Path(temporary).write_text(text))
@@ -104,13 +125,16 @@ class MemberBook:
 
     def groups(self) -> list[list[str]]:
         """Every group's member ids, in the order the groups were formed."""
-        groups: dict[str, list[str]] = {}
-        for member in self.members.values():
-            groups.setdefault(member.group_id, []).append(member.trial_id)
-        return list(groups.values())
+        return [[member.trial_id for member in group] for group in self._groups.values()]
 
     def group(self, group_id: str) -> list[MemberTrial]:
-        return [m for m in self.members.values() if m.group_id == group_id]
+        return list(self._groups.get(group_id, []))
+
+    def take_ended(self) -> list[MemberTrial]:
+        """The members that ended (or were found ended on resume) since the last call, each
+        handed out once: announcing ends costs what ended, not a walk over every member per result."""
+        ended, self._ended = self._ended, []
+        return ended
 
     def record_result(self, member: MemberTrial, result: Mapping[str, Any]) -> dict[str, Any]:
         """Append one iteration of `member` to its `result.json`; returns the result as Tune's
@@ -121,6 +145,21 @@ class MemberBook:
             handle.write(json.dumps(full, default=str) + "\n")
         return full
 
+    def record_group_result(self, result: Mapping[str, Any]) -> list[tuple[MemberTrial, dict[str, Any]]]:
+        """Each live member's result in a group's `result`, written to its folder, the first time
+        it is seen: the scheduler records it, or, for the result Tune's stop condition ends the
+        group on (which Tune gives no scheduler), the callbacks that log it. A group retried from
+        its checkpoint trains again the iterations since; their results are not new."""
+        recorded = []
+        for member_result in json.loads(result.get("member_results") or "[]"):
+            member = self.members.get(member_result["member_id"])
+            if member is None or not member.live:
+                continue
+            if member_result["training_iteration"] <= member.last_result.get("training_iteration", 0):
+                continue
+            recorded.append((member, self.record_result(member, member_result)))
+        return recorded
+
     def end(self, member: MemberTrial, status: str, error: str = "") -> None:
         """`member` ended (`status`: completed, early_stopped, diverged or error); its status file
         makes that survive a resume, and the group's error, if it failed, goes where Tune puts a
@@ -129,6 +168,7 @@ class MemberBook:
             return
         member.ended = status
         member.status = MemberTrial.ERROR if status == "error" else MemberTrial.TERMINATED
+        self._ended.append(member)
         folder = self.folder / member.trial_id
         if error:
             write_atomically(folder / "error.txt", lambda temporary: Path(temporary).write_text(error))

@@ -16,7 +16,6 @@ member by member exactly as for unfused trials. What that means for the group's 
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -72,17 +71,7 @@ class GroupScheduler(TrialScheduler):
         self.book.end(member, status, error)
 
     def _record(self, result: dict) -> list[tuple[MemberTrial, dict]]:
-        """Each live member's result of this iteration, written to its folder. A group retried
-        from its checkpoint trains again the iterations since; their results are not new."""
-        recorded = []
-        for member_result in json.loads(result.get("member_results") or "[]"):
-            member = self.book.members.get(member_result["member_id"])
-            if member is None or not member.live:
-                continue
-            if member_result["training_iteration"] <= member.last_result.get("training_iteration", 0):
-                continue
-            recorded.append((member, self.book.record_result(member, member_result)))
-        return recorded
+        return self.book.record_group_result(result)
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
         for member, member_result in self._record(result):

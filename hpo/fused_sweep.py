@@ -13,16 +13,18 @@ from typing import Any
 
 import ray
 from ray import tune
+from ray.tune.logger import LoggerCallback, TBXLoggerCallback
 
 from fusion.broker import start_broker
 from hpo.controller import ControllerCallback
-from hpo.fused_members import GROUP_DIR_PREFIX, MemberBook
+from hpo.fused_members import GROUP_DIR_PREFIX, MemberBook, MemberTrial
 from hpo.fused_scheduler import GroupScheduler
 from hpo.member_trial import MEMBER_TRIAL_RESOURCES, FusionCallback, broker_name, fused_member_trainable
 from hpo.progress import ProgressCallback
 from hpo.ray_runtime import NAMESPACE
 from hpo.results import SweepResult, results_file_callback
 from hpo.spec import CheckpointPolicy, FusionConfig
+from hpo.trial_output import with_trial_output
 from hpo.workload import Workload
 
 logger = logging.getLogger(__name__)
@@ -122,7 +124,7 @@ def fused_sweep(
     from hpo.fused_search import ConfigList, GroupSearcher
 
     metric, mode = tune_config.metric, tune_config.mode or "min"
-    book = MemberBook(experiment)
+    book = MemberBook(experiment, workload.name)
     search_alg = tune_config.search_alg
     if search_alg is None or isinstance(search_alg, BasicVariantGenerator):
         inner, num_samples = ConfigList(param_space, tune_config.num_samples, seed), None
@@ -147,7 +149,7 @@ def fused_sweep(
     )
     return FusedSweep(
         book=book,
-        trainable=tune.with_resources(trainable, dict(resources)),
+        trainable=with_trial_output(tune.with_resources(trainable, dict(resources))),
         search_alg=searcher,
         scheduler=GroupScheduler(tune_config.scheduler, book, max_iterations),
         checkpoint_config=group_checkpoint_config(checkpoint.every, checkpoint.at_end),
@@ -156,16 +158,27 @@ def fused_sweep(
     )
 
 
-def member_callbacks(book: MemberBook, callbacks: list[Any]) -> Any:
-    """A Tune callback that replays each group event as its members' events to `callbacks`
-    (the progress line, the dashboard's controller, the results files), so they count and show
+def member_callbacks(book: MemberBook, callbacks: list[Any]) -> list[Any]:
+    """The Tune callbacks that replay each group event as its members' events to `callbacks`
+    (the progress line, the dashboard's controller, the results files, and Tune's logger
+    callbacks: TensorBoard, MLflow, W&B, a user's own), so they count, show and log
     configurations, not groups. Each member's end is announced once, whichever group event
-    follows it."""
+    follows it.
+
+    Tune adds a TensorBoard logger of its own unless it is given one, and that one would log each
+    group as a run; so a `MemberTensorBoard`, which logs only members, takes the place of any
+    plain `TBXLoggerCallback` and is given to Tune beside the replaying callback.
+    """
     from ray.tune import Callback
+
+    callbacks = [cb for cb in callbacks if type(cb) is not TBXLoggerCallback]
+    tensorboard = _member_tensorboard()
+    if tensorboard is not None:
+        callbacks.append(tensorboard)
 
     class MemberCallbacks(Callback):
         def __init__(self) -> None:
-            self.announced: set[str] = set()
+            self.started: set[str] = set()  # members whose start the loggers heard of
 
         def setup(self, **info: Any) -> None:
             for callback in callbacks:
@@ -184,11 +197,13 @@ def member_callbacks(book: MemberBook, callbacks: list[Any]) -> Any:
 
         def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             for member in book.group(trial.trial_id):
-                if member.live and member.trial_id not in self.announced:
+                if member.live:
+                    self.started.add(member.trial_id)
                     for callback in callbacks:
                         callback.on_trial_start(iteration, self._members(), member, **info)
 
         def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+            book.record_group_result(result)  # the group's last result reaches no scheduler first
             members = self._members()
             for member in book.group(trial.trial_id):
                 if member.last_result.get("training_iteration") == result.get("training_iteration"):
@@ -203,12 +218,12 @@ def member_callbacks(book: MemberBook, callbacks: list[Any]) -> Any:
             self._announce_ended(iteration)
 
         def _announce_ended(self, iteration: int) -> None:
-            members = self._members()
-            for member in members:
-                if member.live or member.trial_id in self.announced:
-                    continue
-                self.announced.add(member.trial_id)
+            ended = book.take_ended()
+            members = self._members() if ended else []
+            for member in ended:
                 for callback in callbacks:
+                    if isinstance(callback, LoggerCallback) and member.trial_id not in self.started:
+                        continue  # ended in an earlier run of a resumed sweep: no run to close here
                     if member.ended == "error":
                         callback.on_trial_error(iteration, members, member)
                     else:
@@ -218,25 +233,63 @@ def member_callbacks(book: MemberBook, callbacks: list[Any]) -> Any:
             for callback in callbacks:
                 callback.on_experiment_end(self._members(), **info)
 
-    return MemberCallbacks()
+    return [MemberCallbacks(), *([tensorboard] if tensorboard is not None else [])]
+
+
+def _member_tensorboard() -> Any:
+    """Tune's TensorBoard logger for members only (None where tensorboardX is not installed, as
+    Tune then adds none either): event files in each member's folder, none in the groups'."""
+    class MemberTensorBoard(TBXLoggerCallback):
+        def log_trial_start(self, trial: Any) -> None:
+            if isinstance(trial, MemberTrial):
+                super().log_trial_start(trial)
+
+        def log_trial_result(self, iteration: int, trial: Any, result: dict) -> None:
+            if isinstance(trial, MemberTrial):
+                super().log_trial_result(iteration, trial, result)
+
+        def log_trial_end(self, trial: Any, failed: bool = False) -> None:
+            if isinstance(trial, MemberTrial):
+                super().log_trial_end(trial, failed)
+
+    try:
+        return MemberTensorBoard()
+    except ImportError:
+        return None
 
 
 def member_results_callback(book: MemberBook, experiment: Path, metric: str, mode: str, max_iterations: int) -> Any:
-    """Rewrites `results.csv` and `summary.json` (one row per member) whenever a member ended
-    (a per-member callback: see `member_callbacks`)."""
+    """Rewrites `results.csv` and `summary.json` (one row per member) after each step of Tune's
+    controller in which members ended (a per-member callback: see `member_callbacks`).
+
+    Once per step, not once per member: a group's members mostly end together, and each rewrite
+    reads every member's folder, so writing per member cost a sweep of N configurations N times N
+    folder reads and 2N fsyncs on the driver's thread, between the groups' steps."""
     from ray.tune import Callback
 
     from hpo.results import write_run_files
 
     class MemberResultsCallback(Callback):
+        def __init__(self) -> None:
+            self.members_ended = False
+
         def _write(self) -> None:
+            self.members_ended = False
             write_run_files(experiment, book.records(), metric, mode, max_iterations)
 
         def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            self._write()
+            self.members_ended = True
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            self._write()
+            self.members_ended = True
+
+        def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+            if self.members_ended:
+                self._write()
+
+        def on_experiment_end(self, trials: list, **info: Any) -> None:
+            if self.members_ended:
+                self._write()
 
     return MemberResultsCallback()
 
@@ -302,9 +355,9 @@ class FusedEngine:
         """Progress, the dashboard and the results files count configurations: they hear of each
         member's events, not of the groups Tune runs."""
         callbacks = list(run_config.callbacks or [])
-        per_member = [cb for cb in callbacks if isinstance(cb, (ControllerCallback, ProgressCallback))]
+        per_member = [cb for cb in callbacks if isinstance(cb, (ControllerCallback, ProgressCallback, LoggerCallback))]
         callbacks = [cb for cb in callbacks if all(cb is not p for p in per_member)]
-        callbacks.append(member_callbacks(self.sweep.book, [*per_member, self.sweep.callback]))
+        callbacks += member_callbacks(self.sweep.book, [*per_member, self.sweep.callback])
         return replace(run_config, callbacks=callbacks, checkpoint_config=self.sweep.checkpoint_config)
 
     def result(self, grid: Any, metric: str, mode: str, iterations: int | None) -> SweepResult:

@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,30 +43,35 @@ LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
 WATCH_INTERVAL_S = 0.5
 #: How long the processes of a dead driver's Ray get to exit on SIGTERM before SIGKILL.
 TERM_GRACE_S = 2.0
+#: What every trial process imports before its first step: about 3.5 s of CPU (torch 1.4 s, Ray Tune
+#: 1.4 s, and torch._dynamo 0.7 s, which the first optimizer call imports). A local Ray started for a
+#: sweep has its idle workers import them while they wait for work (Ray's
+#: `RAY_preload_python_modules`, read by the raylet when it starts), so the first trial starts
+#: training instead of importing.
+TRIAL_MODULES = ("torch", "ray.tune", "torch._dynamo")
+#: Ray's setting: modules its new Python workers import before they accept work, comma-separated.
+PRELOAD_ENV = "RAY_preload_python_modules"
 
 logger = logging.getLogger(__name__)
 
 
 def ensure_ray(
     address: str | None = None, dashboard: bool = False, num_gpus: int | None = None,
-    runtime_env: Mapping[str, Any] | None = None, worker_log_level: str | None = None,
+    runtime_env: Mapping[str, Any] | None = None,
 ) -> None:
     """Connect to `address` (or `RAY_ADDRESS`), else start a local Ray using every core here.
 
     `runtime_env` is the job's (`code_runtime_env`: the user's code folder). What trials print
     reaches this terminal, prefixed by Ray with the trainable's name and pid, as under plain Ray
-    Tune; Ray's own INFO lines here do not, except with `dashboard`, where Ray's start-up line
-    gives the dashboard's address. `worker_log_level` (`"WARNING"`) quiets Ray's loggers on the
-    workers too (`worker_log_hook`). A Ray that is already up (a test fixture, a notebook) is
-    used as it is.
+    Tune (and with the trial's id: `hpo.trial_output`, which also quiets Ray on the workers);
+    Ray's own INFO lines here do not, except with `dashboard`, where Ray's start-up line gives the
+    dashboard's address. A Ray that is already up (a test fixture, a notebook) is used as it is.
     """
     import ray
 
     if ray.is_initialized():
         return
     runtime_env = dict(runtime_env or {})
-    if worker_log_level is not None:
-        runtime_env["worker_process_setup_hook"] = worker_log_hook(worker_log_level)
     logging_level = logging.INFO if dashboard else logging.WARNING
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
@@ -78,29 +83,10 @@ def ensure_ray(
         num_gpus=num_gpus,
         dashboard=dashboard,
         object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+        preload=TRIAL_MODULES,
         runtime_env=runtime_env or None,
         logging_level=logging_level,
     )
-
-
-def worker_log_hook(level: str) -> Callable[[], None]:
-    """A `worker_process_setup_hook` that sets Ray's loggers on every worker to `level`, so that
-    Ray's INFO lines, such as Tune's "Checkpoint successfully created at ..." after every
-    checkpoint, stay off the terminal among the user's prints. The user's loggers are left as
-    they are, and so are the "(name pid=...)" prefixes (`ray.LoggingConfig` would drop them).
-
-    Any runtime env makes Ray start workers through its runtime-env agent, which costs start-up
-    time, so `hpo run` asks for it (its console is the user's view of the sweep) and `hpo.run`
-    does not. The hook is a local function, which cloudpickle ships by value: a cluster's
-    workers need no hydro-hpo to run it (a function trainable's sweep needs none there).
-    """
-
-    def set_ray_log_level() -> None:
-        import logging
-
-        logging.getLogger("ray").setLevel(level)
-
-    return set_ray_log_level
 
 
 def code_runtime_env(folder: str | Path, exclude: Sequence[str | Path] = ()) -> dict[str, Any]:
@@ -136,11 +122,14 @@ def _beside_submitted_job(runtime_env: Mapping[str, Any] | None) -> dict[str, An
 
 
 def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool = False,
-                    object_store_memory: int = LOCAL_OBJECT_STORE_BYTES, **init_kwargs: Any) -> None:
+                    object_store_memory: int = LOCAL_OBJECT_STORE_BYTES, preload: Sequence[str] = (),
+                    **init_kwargs: Any) -> None:
     """Start a new Ray on this machine that listens on loopback only and dies with this process.
 
     A new Ray even when `ray start` runs a cluster on this machine (`address="local"`). Token
     authentication stays as Ray sets it (on for a new local Ray); it is never turned off here.
+    `preload` names modules every Python worker of this Ray imports before it takes work
+    (`TRIAL_MODULES` for a sweep; a `RAY_preload_python_modules` already in the environment wins).
     `init_kwargs` go to `ray.init` (a test's `runtime_env`, `_system_config`). Workers' output
     reaches this process (Ray's `log_to_driver`, on by default).
     """
@@ -155,16 +144,23 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
             node_ip, LOOPBACK_ONLY_ENV)
     me = psutil.Process()
     before = {child.pid for child in me.children()}
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        include_dashboard=dashboard,
-        dashboard_host="127.0.0.1",  # Ray's default; stated, as it is the one server Ray lets us place
-        object_store_memory=object_store_memory,
-        namespace=NAMESPACE,
-        **init_kwargs,
-    )
+    preset = os.environ.get(PRELOAD_ENV)
+    if preload and preset is None:
+        os.environ[PRELOAD_ENV] = ",".join(preload)  # the raylet inherits it; Ray reads no other source
+    try:
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            include_dashboard=dashboard,
+            dashboard_host="127.0.0.1",  # Ray's default; stated, as it is the one server Ray lets us place
+            object_store_memory=object_store_memory,
+            namespace=NAMESPACE,
+            **init_kwargs,
+        )
+    finally:
+        if preset is None:
+            os.environ.pop(PRELOAD_ENV, None)  # this process's later children (other Rays) start bare
     ray_roots = [child.pid for child in me.children() if child.pid not in before]
     _start_watchdog(ray_roots)
     keep_token_private()
@@ -216,20 +212,38 @@ def _reap_when_driver_exits(driver_pid: int, ray_roots: Sequence[int]) -> None:
     watched: dict[int, psutil.Process] = {}
 
     def look() -> None:
-        for process in [*roots, *watched.values()]:
+        # One read of the process table per look: psutil's children(recursive=True) reads all of
+        # it per call, and calling it for each of dozens of watched processes every half second
+        # kept a watchdog at several percent of a core.
+        by_parent: dict[int, list[psutil.Process]] = {}
+        for process in psutil.process_iter():
             try:
-                for found in [process, *process.children(recursive=True)]:
+                by_parent.setdefault(process.ppid(), []).append(process)
+            except psutil.NoSuchProcess:
+                pass
+
+        def descendants(pid: int) -> list[psutil.Process]:
+            found, stack = [], [pid]
+            while stack:
+                for child in by_parent.get(stack.pop(), []):
+                    found.append(child)
+                    stack.append(child.pid)
+            return found
+
+        for process in [*roots, *watched.values()]:
+            for found in [process, *descendants(process.pid)]:
+                watched.setdefault(found.pid, found)
+        # Ray processes the driver starts after `ray.init` (runtime-env and log helpers) hang
+        # from the driver, not from the processes `ray.init` started. Once this Ray is shut down
+        # (its roots gone), the driver's Ray processes belong to its next Ray, and its own watchdog.
+        if not any(_alive(root) for root in roots):
+            return
+        for found in descendants(driver.pid) if driver is not None else []:
+            try:
+                if found.pid not in watched and found.pid != os.getpid() and _is_ray_process(found):
                     watched.setdefault(found.pid, found)
             except psutil.NoSuchProcess:
                 pass
-        # Ray processes the driver starts after `ray.init` (runtime-env and log helpers) hang
-        # from the driver, not from the processes `ray.init` started.
-        try:
-            for found in driver.children(recursive=True) if driver is not None else []:
-                if found.pid != os.getpid() and _is_ray_process(found):
-                    watched.setdefault(found.pid, found)
-        except psutil.NoSuchProcess:
-            pass
 
     while _alive(driver):
         look()
@@ -247,12 +261,15 @@ def _reap_when_driver_exits(driver_pid: int, ray_roots: Sequence[int]) -> None:
 
 
 def _is_ray_process(process: Any) -> bool:
+    """A watchdog (this file run as a script) is not one: the watchdogs of a driver's successive
+    Rays (a test process starts one per module) would follow each other and none would ever end."""
     import psutil
 
     try:
-        return any("ray" in part for part in process.cmdline())
+        cmdline = process.cmdline()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
+    return os.path.abspath(__file__) not in cmdline and any("ray" in part for part in cmdline)
 
 
 def _alive(process: Any) -> bool:

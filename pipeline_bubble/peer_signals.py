@@ -37,7 +37,6 @@ can only misjudge one window).
 
 from __future__ import annotations
 
-import math
 import mmap
 import os
 import secrets

@@ -24,10 +24,11 @@ from pathlib import Path
 
 from .cluster import ClusterSpec
 from .interference import InterferenceTable
-from .power import PowerModel
-from .simulator import POLICIES, check_policy_name, make_policy, simulate
-from .synthetic import add_tuning_work
-from .traces import FORMATS, TraceError, load_trace
+from .power_model import PowerModel
+from .policies.registry import POLICIES, check_policy_name, make_policy
+from .simulation.simulator import simulate
+from .simulation.synthetic import add_tuning_work
+from .simulation.traces import FORMATS, TraceError, load_trace
 
 TABLE_KEYS = ("policy", "completed", "avg_jct", "p50_jct", "p99_jct", "avg_queue", "p999_queue",
               "makespan", "utilization", "on_utilization", "energy_kwh", "wall_s")
@@ -188,7 +189,7 @@ def run_sim(args) -> int:
                                     bubble_fraction=args.bubble_fraction, seed=args.seed)
         profiles = None
         if args.format == "pollux":
-            from .profiles import load_profiles
+            from .app_profiles import load_profiles
             profiles = load_profiles(args.profiles or Path(args.trace).parent.parent / "traces")
         deadline = args.deadline if args.deadline is not None else (
             8 * 3600.0 if args.format == "pollux" else None)
@@ -215,7 +216,7 @@ def run_sim(args) -> int:
         for r in results:
             r.to_csv(_per_policy_path(args.csv, r.policy, len(results) > 1))
     if args.plot:
-        from .plots import plot_results
+        from .simulation.plots import plot_results
         plot_results(results, args.plot)
     return 0
 

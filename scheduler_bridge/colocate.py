@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from .interference import write_table
-from .memory_probe import PeakMemory
+from .live.memory_probe import PeakMemory
 
 WORKER_TIMEOUT = 600.0  # seconds a worker may take to start up and report
 # name -> (module with a ``workload``, config overrides)

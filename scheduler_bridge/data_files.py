@@ -3,7 +3,7 @@ shipped ones live, how their text is read, and the one error every reader raises
 
 Every reader reports a bad file as a ``TraceError`` naming the file, line and column, which the
 CLIs print as one line with exit status 2. It lives below the readers so that each imports it
-one way (``traces`` builds Pollux jobs from ``profiles``, and both raise it).
+one way (``simulation.traces`` builds Pollux jobs from ``app_profiles``, and both raise it).
 """
 
 from __future__ import annotations

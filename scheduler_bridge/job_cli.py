@@ -90,8 +90,8 @@ def _config(pairs: list[str]) -> dict:
 
 @_guarded
 def _cmd_start(args) -> int:
-    from . import jobs_api
-    from .policy_tiresias import Tiresias
+    from .live import client
+    from .policies.tiresias import Tiresias
 
     env = {"env_vars": {"PYTHONPATH": args.pythonpath}} if args.pythonpath else None
     tiresias = {}
@@ -117,38 +117,38 @@ def _cmd_start(args) -> int:
         raise ValueError(f"--interference, --pack-* and --profile-* options need --policy lucid, "
                          f"got --policy {args.policy}")
     if args.policy == "lucid":
-        from .allocator import _live_lucid
+        from .live.allocator import _live_lucid
         _live_lucid(dict(lucid), True, 0)   # a bad table or knob fails here, naming the row and column
     _connect(args.address)
-    jobs_api.start_allocator(args.journal, args.storage, args.policy, base_policy=args.base_policy,
+    client.start_allocator(args.journal, args.storage, args.policy, base_policy=args.base_policy,
                              backfill=args.backfill, runtime_env=env, tiresias=tiresias, ces=ces,
                              lucid=lucid)
-    print(json.dumps(jobs_api.status(), indent=2))
+    print(json.dumps(client.status(), indent=2))
     return 0
 
 
 @_guarded
 def _cmd_submit(args) -> int:
-    from . import jobs_api
+    from .live import client
 
     fields = dict(name=args.name, user=args.user, vc=args.vc, config=_config(args.set),
                   batch_size=args.batch_size, min_batch=args.min_batch, max_batch=args.max_batch,
                   application=args.application, min_gpus=args.min_gpus, max_gpus=args.max_gpus,
                   expected_seconds=args.expected_seconds, bubble_fraction=args.bubble_fraction,
                   workload=args.workload)
-    from .live_state import JobSpec
+    from .live.job_state import JobSpec
     JobSpec(entrypoint=args.entrypoint, gpus=args.gpus, **fields)   # bad input fails before connecting
     _connect(args.address)
-    print(jobs_api.submit(args.entrypoint, args.gpus, **fields))
+    print(client.submit(args.entrypoint, args.gpus, **fields))
     return 0
 
 
 @_guarded
 def _cmd_list(args) -> int:
-    from . import jobs_api
+    from .live import client
 
     _connect(args.address)
-    jobs = jobs_api.list_jobs()
+    jobs = client.list_jobs()
     if args.json:
         print(json.dumps(jobs, indent=2, default=str))
         return 0
@@ -162,20 +162,20 @@ def _cmd_list(args) -> int:
 
 @_guarded
 def _cmd_cancel(args) -> int:
-    from . import jobs_api
+    from .live import client
 
     _connect(args.address)
-    ok = jobs_api.cancel(args.job_id)
+    ok = client.cancel(args.job_id)
     print("cancelled" if ok else "already ended")
     return 0
 
 
 @_guarded
 def _cmd_stop(args) -> int:
-    from . import jobs_api
+    from .live import client
 
     _connect(args.address)
-    jobs_api.stop_allocator(release_jobs=True)
+    client.stop_allocator(release_jobs=True)
     print("allocator stopped; its journal keeps the queue for the next start")
     return 0
 

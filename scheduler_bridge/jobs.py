@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 class ElasticSpec:
     """What an elastic job may be given.
 
-    ``application`` names a measured profile (``profiles.AppProfile``);
+    ``application`` names a measured profile (``app_profiles.AppProfile``);
     ``batch_size`` is the global batch the user asked for (kept by the
     fixed-batch baseline); ``min_gpus`` / ``max_gpus`` bound the GPU count.
     """

@@ -11,7 +11,7 @@ import stat
 import pytest
 import torch
 
-from scheduler_bridge.live_job import CHECKPOINT_FILE, JobContext
+from scheduler_bridge.live.job_runner import CHECKPOINT_FILE, JobContext
 
 
 class Planted:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from scheduler_bridge import ClusterSpec, Job, make_policy, make_trace, simulate
-from scheduler_bridge.journal import Journal
-from scheduler_bridge.live_driver import LiveDriver
-from scheduler_bridge.live_state import JobSpec
+from scheduler_bridge.live.journal import Journal
+from scheduler_bridge.live.driver import LiveDriver
+from scheduler_bridge.live.job_state import JobSpec
 
 NODES = ["n0", "n1", "n2"]
 INV = {n: 4 for n in NODES}
@@ -215,7 +215,7 @@ def test_policies_refuse_jobs_they_cannot_run():
 
 
 def tiresias(thresholds=(100.0,)):
-    from scheduler_bridge.policy_tiresias import Tiresias
+    from scheduler_bridge.policies.tiresias import Tiresias
 
     return Tiresias(thresholds=thresholds)
 
@@ -249,9 +249,9 @@ def test_tiresias_ranks_a_preempted_job_by_the_service_it_ran_which_replay_rebui
 
 
 def ces_driver(days: int = 0, lookback: float = 5.0) -> LiveDriver:
-    from scheduler_bridge.forecast import DemandForecaster
-    from scheduler_bridge.policy_ces import CES
-    from scheduler_bridge.policy_queue import FIFO
+    from scheduler_bridge.policies.demand_forecast import DemandForecaster
+    from scheduler_bridge.policies.ces import CES
+    from scheduler_bridge.policies.queue import FIFO
 
     return LiveDriver(CES(FIFO(), spare_nodes=0, interval=60.0,
                           forecaster=DemandForecaster(bin_s=1.0, lookback=lookback, horizon=0.0, days=days)))
@@ -330,8 +330,8 @@ MEMORY = {"mlp": 500.0, "gpt": 3000.0}
 
 def packing_driver(margin=0.25, **knobs):
     from scheduler_bridge.interference import InterferenceTable
-    from scheduler_bridge.live_packing import LivePacking
-    from scheduler_bridge.policy_lucid import Lucid
+    from scheduler_bridge.live.packing import LivePacking
+    from scheduler_bridge.policies.lucid import Lucid
 
     knobs.setdefault("profile_nodes", 0)   # every job names its workload: nothing to profile
     lucid = Lucid(InterferenceTable(SLOWDOWN, MEMORY), gpu_memory_mb=4096.0, min_gain=0.0, **knobs)

@@ -13,8 +13,8 @@ import stat
 import pytest
 
 from scheduler_bridge import make_policy
-from scheduler_bridge.journal import Journal, frame, scan
-from scheduler_bridge.live_driver import LiveDriver
+from scheduler_bridge.live.journal import Journal, frame, scan
+from scheduler_bridge.live.driver import LiveDriver
 
 
 def events(n: int) -> list[dict]:

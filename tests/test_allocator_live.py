@@ -115,7 +115,7 @@ def cluster():
 @pytest.fixture
 def allocator(cluster, tmp_path):
     """start(policy, **kw) -> the allocator handle; stopped (jobs released) afterwards."""
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
 
     def start(policy="fifo", **kw):
         kw.setdefault("tick_s", 0.1)
@@ -131,7 +131,7 @@ def allocator(cluster, tmp_path):
 
 
 def job(jid):
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
 
     return jobs_api.get_job(jid)
 
@@ -152,9 +152,9 @@ def pg_row(jid, attempt):
 
 # ---- tests ----------------------------------------------------------------------
 def test_jobs_land_in_groups_on_exactly_the_nodes_the_policy_chose(allocator, tmp_path):
-    from scheduler_bridge import jobs_api
-    from scheduler_bridge.live_driver import ClusterView
-    from scheduler_bridge.pending import PendingQueue, select_starts
+    from scheduler_bridge.live import client as jobs_api
+    from scheduler_bridge.live.driver import ClusterView
+    from scheduler_bridge.policies.pending_queue import PendingQueue, select_starts
 
     allocator("fifo")
     demands = [2, 4, 6]   # 2 and 4 fit a node (STRICT_PACK); 6 spans two (STRICT_SPREAD)
@@ -183,7 +183,7 @@ def test_jobs_land_in_groups_on_exactly_the_nodes_the_policy_chose(allocator, tm
 
 
 def test_qssf_starts_the_job_with_the_shorter_predicted_gpu_time_first(allocator, tmp_path):
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
 
     allocator("qssf")
     # Teach QSSF: user "long" runs ~3 s on 8 GPUs, user "short" a fraction of that.
@@ -204,7 +204,7 @@ def test_qssf_starts_the_job_with_the_shorter_predicted_gpu_time_first(allocator
 
 
 def test_elastic_job_is_resized_and_continues_from_its_checkpoint(allocator, tmp_path):
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
 
     allocator("elastic")
     log = tmp_path / "a.log"
@@ -232,7 +232,7 @@ def test_elastic_job_is_resized_and_continues_from_its_checkpoint(allocator, tmp
 
 
 def test_srtf_preempts_a_long_job_which_resumes_from_its_checkpoint(allocator, tmp_path):
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
 
     allocator("srtf")
     log = tmp_path / "big.log"
@@ -253,7 +253,7 @@ def test_srtf_preempts_a_long_job_which_resumes_from_its_checkpoint(allocator, t
 
 def test_tiresias_preempts_a_demoted_job_for_a_newcomer_and_it_resumes_from_its_checkpoint(
         allocator, tmp_path):
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
 
     # 60 GPU-s: 12 GPUs are demoted after 5 s (start-up included), 1 GPU only after a minute
     allocator("tiresias", tiresias={"thresholds": (60.0,)})
@@ -276,8 +276,8 @@ def test_tiresias_preempts_a_demoted_job_for_a_newcomer_and_it_resumes_from_its_
 
 def test_an_allocator_starts_on_a_damaged_journal_keeps_every_valid_job_and_names_the_damage(
         allocator, tmp_path):
-    from scheduler_bridge import jobs_api
-    from scheduler_bridge.journal import frame
+    from scheduler_bridge.live import client as jobs_api
+    from scheduler_bridge.live.journal import frame
 
     good = [frame({"ev": "submit", "t": 1.0, "job_id": i, "request_id": f"r{i}",
                    "spec": {"entrypoint": ENTRY, "gpus": 16, "config": {"steps": 1}}}) for i in range(3)]
@@ -309,7 +309,7 @@ def requested_capacity() -> list[dict]:
 
 
 def test_ces_asks_the_autoscaler_to_scale_down_and_boots_for_a_waiting_job_at_once(allocator):
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
 
     boot = 30.0
     allocator("ces:fifo", ces={"spare_nodes": 1, "interval": 1.0, "boot_delay": boot,
@@ -327,7 +327,7 @@ def test_ces_asks_the_autoscaler_to_scale_down_and_boots_for_a_waiting_job_at_on
 
 def test_a_restarted_ces_allocator_keeps_the_capacity_its_journaled_demand_history_forecasts(allocator):
     import ray
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
 
     actor = allocator("ces:fifo", ces={"spare_nodes": 1, "interval": 1.0,
                                        "forecast": {"bin_s": 1.0, "lookback": 600.0, "horizon": 0.0, "days": 0}})
@@ -352,7 +352,7 @@ def pg_by_name(name):
 def test_lucid_packs_a_waiting_job_into_the_half_gpu_its_host_reserved_and_they_share_that_gpu(
         allocator, tmp_path):
     import ray
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
 
     table = tmp_path / "interference.csv"
     table.write_text("# measured for this test\nworkload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
@@ -394,7 +394,7 @@ def test_lucid_packs_a_waiting_job_into_the_half_gpu_its_host_reserved_and_they_
 def test_lucid_packs_a_two_gpu_job_beside_a_two_gpu_host_rank_by_rank_on_the_same_two_gpus(
         allocator, tmp_path):
     import ray
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
 
     table = tmp_path / "interference.csv"
     table.write_text("# measured for this test\nworkload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
@@ -426,7 +426,7 @@ def test_lucid_packs_a_two_gpu_job_beside_a_two_gpu_host_rank_by_rank_on_the_sam
 
 def test_lucid_unpacks_a_partner_whose_measured_slowdown_exceeds_the_table_and_it_resumes_alone(
         allocator, tmp_path):
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
 
     table = tmp_path / "interference.csv"     # predicts 1.1x; time-sharing the GPU costs 2x
     table.write_text("# measured for this test\nworkload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
@@ -462,7 +462,7 @@ def test_lucid_unpacks_a_partner_whose_measured_slowdown_exceeds_the_table_and_i
 
 def test_lucid_profiles_a_job_without_a_workload_alone_on_its_partition_then_packs_it_as_measured(
         allocator, tmp_path):
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
 
     table = tmp_path / "interference.csv"
     table.write_text("# measured for this test\nworkload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
@@ -501,7 +501,7 @@ def test_lucid_profiles_a_job_without_a_workload_alone_on_its_partition_then_pac
 def test_allocator_killed_restarts_from_its_journal_without_losing_or_duplicating_jobs(
         allocator, tmp_path):
     import ray
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
 
     actor = allocator("fifo")
     logs = [tmp_path / f"{i}.log" for i in range(4)]
@@ -530,7 +530,7 @@ def test_allocator_killed_restarts_from_its_journal_without_losing_or_duplicatin
 def test_a_killed_job_actor_goes_back_to_the_queue_resumes_from_its_checkpoint_and_finishes_once(
         allocator, tmp_path):
     import ray
-    from scheduler_bridge import jobs_api, placement
+    from scheduler_bridge.live import client as jobs_api, placement_groups as placement
 
     allocator("fifo")
     log = tmp_path / "k.log"
@@ -560,7 +560,7 @@ def test_a_sweep_trains_on_idle_gpu_hosts_then_in_granted_bubbles_until_reclaime
 
     from examples.mlp_digits import workload as digits
     from pipeline_bubble.bubble_pool import bubble_group_launcher, bubble_pool
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
 
     allocator("tuning-aware", base_policy="fifo")
     sweep = jobs_api.submit_sweep("lr_sweep", groups=2)
@@ -596,7 +596,7 @@ def _named(name: str):
 
 
 def test_job_cli_starts_the_allocator_submits_lists_and_cancels(cluster, tmp_path, capsys):
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
     from scheduler_bridge.job_cli import main
 
     c, _ = cluster
@@ -640,7 +640,7 @@ def test_job_cli_with_an_explicit_address_uses_the_clusters_token_without_ray_au
 
 def test_node_removed_jobs_go_back_to_the_queue_and_resume_from_checkpoint(
         cluster, allocator, tmp_path):
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
 
     c, workers = cluster
     allocator("fifo")

@@ -149,7 +149,7 @@ def test_bubble_trained_trials_match_training_each_config_alone(bubble_sweep):
 def test_hpo_run_via_the_allocator_trains_only_in_the_bubbles_it_granted(pipeline_job, tmp_path):
     from hpo.cli import main
     from pipeline_bubble.bubble_pool import bubble_pool
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client as jobs_api
 
     jobs_api.start_allocator(str(tmp_path / "journal.jsonl"), str(tmp_path / "ckpt"), "tuning-aware", tick_s=0.1)
     try:

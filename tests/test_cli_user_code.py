@@ -29,6 +29,7 @@ def run_from_root(tmp_path_factory):
     (project / "scoring.py").write_text("def score(x):\n    return (x - 0.3) ** 2\n")
     (project / "my_trainable.py").write_text(textwrap.dedent(f"""\
         import json
+        import sys
         import tempfile
         from pathlib import Path
 
@@ -39,6 +40,8 @@ def run_from_root(tmp_path_factory):
 
         def train(config):
             print("{MARKER}", config["x"], flush=True)
+            print("{MARKER}-err", end="", file=sys.stderr)  # a partial line, ended by the next print
+            print("", config["x"], file=sys.stderr, flush=True)
             for _ in range(2):
                 with tempfile.TemporaryDirectory() as folder:
                     Path(folder, "state.json").write_text(json.dumps(config))
@@ -54,6 +57,7 @@ def run_from_root(tmp_path_factory):
         parameters:
           x: {{min: 0.0, max: 1.0}}
         run_cap: 2
+        max_concurrent_trials: 1
         max_iterations: 2
         seed: 0
         storage_path: {storage}
@@ -82,6 +86,20 @@ def test_what_a_trainable_prints_reaches_the_terminal(run_from_root):
     xs = pd.read_csv(run / "results.csv")["config/x"]
     printed = re.findall(rf"{MARKER} ([\d.e-]+)", proc.stdout)
     assert sorted(float(x) for x in printed) == pytest.approx(sorted(xs)), proc.stdout
+
+
+@pytest.mark.slow
+def test_every_line_a_trial_prints_carries_that_trials_id_when_one_process_serves_both(run_from_root):
+    """One trial at a time, trial processes reused: Ray's `(train pid=...)` prefix is the same on
+    both trials' lines, the trial id tells them apart."""
+    proc, run = run_from_root
+    x_of = dict(zip(*pd.read_csv(run / "results.csv")[["trial_id", "config/x"]].T.values))
+    for stream, marker in ((proc.stdout, MARKER), (proc.stderr, f"{MARKER}-err")):
+        plain = re.sub(r"\x1b\[[\d;]*m", "", stream)  # Ray colours its prefix on a terminal and in CI
+        printed = re.findall(rf"^\(train pid=(\d+)\) \[trial (\w+)\] {marker} ([\d.e-]+)$", plain, re.M)
+        assert sorted(trial_id for _, trial_id, _ in printed) == sorted(x_of), stream
+        assert all(float(x) == pytest.approx(x_of[trial_id]) for _, trial_id, x in printed), printed
+        assert len({pid for pid, _, _ in printed}) == 1, "one reused process served both trials"
 
 
 @pytest.mark.slow

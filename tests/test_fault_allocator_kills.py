@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from scheduler_bridge import jobs_api, make_policy
-from scheduler_bridge.journal import Journal
-from scheduler_bridge.live_driver import LiveDriver
+from scheduler_bridge import make_policy
+from scheduler_bridge.live import client as jobs_api
+from scheduler_bridge.live.journal import Journal
+from scheduler_bridge.live.driver import LiveDriver
 
 pytestmark = pytest.mark.slow
 

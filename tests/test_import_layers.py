@@ -3,7 +3,9 @@ every third-party package imported is declared in pyproject.toml and locked in c
 
 `LAYERS` is the one definition of the layering (issue 12): the base that every engine shares,
 the engines, and the Tune/CLI layer on top. A module may import its own layer and the layers
-below it. Every import statement counts, function-local and `TYPE_CHECKING` ones included: an
+below it; `INDEPENDENT` names parts of one layer that still may not import each other
+(`scheduler_bridge`'s simulator and live allocator share its policies, and neither needs the
+other). Every import statement counts, function-local and `TYPE_CHECKING` ones included: an
 import hidden in a function to dodge a cycle is still a dependency a reader has to follow.
 
 The walk reads the source with `ast` and imports nothing. import-linter's layer contracts take
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 #: The project's packages (pyproject's `packages.find`); imports of anything else are not checked.
 PACKAGES = ("hpo", "fusion", "pipeline_bubble", "scheduler_bridge")
@@ -30,9 +34,19 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("hpo.workload", "hpo.hparams", "hpo.trial_state", "hpo.training", "hpo.checkpointing", "hpo.ray_runtime")),
     ("engine: fusion", ("fusion",)),
     ("engine: pipeline_bubble", ("pipeline_bubble",)),  # bubble guests train fused groups
-    ("engine: scheduler_bridge", ("scheduler_bridge",)),  # the allocator lends pipeline bubbles
+    # scheduler_bridge, bottom up: the model of jobs and cluster that both sides share, the policies
+    # (pure decisions), the trace simulator beside the live allocator (it lends pipeline bubbles),
+    # and on top its CLIs and public names
+    ("engine: scheduler_bridge model", tuple(f"scheduler_bridge.{m}" for m in (
+        "jobs", "cluster", "app_profiles", "interference", "power_model", "data_files", "actor_names"))),
+    ("engine: scheduler_bridge.policies", ("scheduler_bridge.policies",)),
+    ("engine: scheduler_bridge simulation, live", ("scheduler_bridge.simulation", "scheduler_bridge.live")),
+    ("engine: scheduler_bridge", ("scheduler_bridge",)),
     ("tune", ("hpo",)),  # the Tuner, the CLI, the sweep spec: composes the engines
 )
+#: Groups of module prefixes none of which may import another of its group, whatever their layers:
+#: the simulator and the live allocator share the policies, and either can be read without the other.
+INDEPENDENT: tuple[tuple[str, ...], ...] = (("scheduler_bridge.simulation", "scheduler_bridge.live"),)
 
 
 @dataclass(frozen=True)
@@ -86,12 +100,16 @@ def _nearest_module(target: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
+def _in_prefix(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
 def layer_of(module: str, layers=LAYERS) -> int | None:
     """Index in `layers` of the layer whose longest prefix names `module` (or a package above it)."""
     best: tuple[int, int] | None = None
     for index, (_, prefixes) in enumerate(layers):
         for prefix in prefixes:
-            if module == prefix or module.startswith(prefix + "."):
+            if _in_prefix(module, prefix):
                 if best is None or len(prefix) > best[0]:
                     best = (len(prefix), index)
     return None if best is None else best[1]
@@ -104,6 +122,18 @@ def layer_violations(imports: list[Import], layers=LAYERS) -> list[str]:
         low, high = layer_of(edge.importer, layers), layer_of(edge.imported, layers)
         if low is not None and high is not None and low < high:
             found.append(f"{edge} ({layers[low][0]} -> {layers[high][0]})")
+    return sorted(set(found))
+
+
+def independence_violations(imports: list[Import], independent=INDEPENDENT) -> list[str]:
+    """The imports from one member of an independent group into another, one line each."""
+    found = []
+    for group in independent:
+        for edge in imports:
+            importer = next((p for p in group if _in_prefix(edge.importer, p)), None)
+            imported = next((p for p in group if _in_prefix(edge.imported, p)), None)
+            if importer is not None and imported is not None and importer != imported:
+                found.append(f"{edge} ({importer} and {imported} are independent)")
     return sorted(set(found))
 
 
@@ -146,10 +176,15 @@ def import_cycles(imports: list[Import]) -> list[list[str]]:
     return sorted(cycles)
 
 
-def import_report(root: Path, packages: tuple[str, ...] = PACKAGES, layers=LAYERS) -> list[str]:
+def import_report(root: Path, packages: tuple[str, ...] = PACKAGES, layers=LAYERS,
+                  independent=INDEPENDENT) -> list[str]:
     """Everything wrong with the imports under `root`, one line each (empty: one-way layers, no cycles)."""
     imports = project_imports(root, packages)
-    return [*layer_violations(imports, layers), *(f"import cycle: {' <-> '.join(c)}" for c in import_cycles(imports))]
+    return [
+        *layer_violations(imports, layers),
+        *independence_violations(imports, independent),
+        *(f"import cycle: {' <-> '.join(c)}" for c in import_cycles(imports)),
+    ]
 
 
 # ---- the checker's own specs, on small package trees ---------------------------------------------
@@ -222,6 +257,24 @@ def test_a_ring_of_modules_is_reported_as_one_cycle(tmp_path):
     assert import_report(root, ("engine",), TOY_LAYERS) == ["import cycle: engine.a <-> engine.b <-> engine.c"]
 
 
+def test_members_of_an_independent_group_may_not_import_each_other_though_their_layers_allow_it(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "engine/__init__.py": "",
+            "engine/shared.py": "",
+            "engine/sim/__init__.py": "",
+            "engine/sim/run.py": "from ..shared import x\n",
+            "engine/live/__init__.py": "",
+            "engine/live/run.py": "from ..shared import x\nfrom ..sim.run import y\n",
+        },
+    )
+    independent = (("engine.sim", "engine.live"),)
+    assert import_report(root, ("engine",), TOY_LAYERS, independent) == [
+        "engine.live.run:2 imports engine.sim.run (engine.live and engine.sim are independent)"
+    ]
+
+
 def test_the_longest_prefix_decides_a_modules_layer():
     assert layer_of("core.types.sub", TOY_LAYERS) == 0
     assert layer_of("core.typesetting", TOY_LAYERS) == 2
@@ -237,6 +290,46 @@ def test_every_project_module_is_in_a_layer():
 def test_the_project_imports_go_one_way_without_cycles():
     problems = import_report(REPO)
     assert not problems, f"{len(problems)} import problems:\n" + "\n".join(problems)
+
+
+@pytest.fixture(scope="module")
+def bridge_imports() -> list[Import]:
+    return project_imports(REPO, ("scheduler_bridge",))
+
+
+def _bridge_problems(imports: list[Import], importer: str, imported: str) -> tuple[Import, list[str]]:
+    """`imports` with one more, from `scheduler_bridge.importer` to `scheduler_bridge.imported`."""
+    added = Import(f"scheduler_bridge.{importer}", f"scheduler_bridge.{imported}", 1)
+    edges = [*imports, added]
+    return added, [*layer_violations(edges), *independence_violations(edges)]
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported", "layers"),
+    [
+        ("policies.queue", "simulation.metrics",
+         "scheduler_bridge.policies -> engine: scheduler_bridge simulation, live"),
+        ("policies.lucid", "live.client", "scheduler_bridge.policies -> engine: scheduler_bridge simulation, live"),
+        ("jobs", "policies.queue", "scheduler_bridge model -> engine: scheduler_bridge.policies"),
+    ],
+)
+def test_scheduler_bridge_model_sits_below_its_policies_which_import_neither_simulator_nor_live_allocator(
+    bridge_imports, importer, imported, layers
+):
+    added, problems = _bridge_problems(bridge_imports, importer, imported)
+    assert problems == [f"{added} (engine: {layers})"]
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported", "pair"),
+    [
+        ("simulation.traces", "live.journal", "scheduler_bridge.simulation and scheduler_bridge.live"),
+        ("live.driver", "simulation.metrics", "scheduler_bridge.live and scheduler_bridge.simulation"),
+    ],
+)
+def test_the_simulator_and_the_live_allocator_import_not_each_other(bridge_imports, importer, imported, pair):
+    added, problems = _bridge_problems(bridge_imports, importer, imported)
+    assert problems == [f"{added} ({pair} are independent)"]
 
 
 # ---- third-party imports are declared and locked -------------------------------------------------

@@ -179,3 +179,90 @@ def test_a_tracking_store_mlflow_refuses_fails_before_any_trial_with_exit_status
     assert len(errors) == 1, errors
     assert errors[0].startswith(f"error: {path}:10: logging.mlflow.tracking_uri: MLflow cannot use tracking store")
     assert not (tmp_path / "runs" / "logged").exists(), "no trial ran"
+
+
+FUSED_LRS = (1e-3, 1e-2, 1e-1)
+
+
+@pytest.fixture(scope="module")
+def fused_logged_sweep(ray_local, tmp_path_factory):
+    """Three configurations fused into two groups on the fixture's two CPU slots, every logger on."""
+    folder = tmp_path_factory.mktemp("fused_logged")
+    path = folder / "fused.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: fused_logged
+        trainable: mlp_digits
+        method: grid
+        metric: {{name: val_loss, goal: minimize}}
+        parameters:
+          lr: {{values: {list(FUSED_LRS)}}}
+          width: {{value: 16}}
+        max_iterations: {ITERATIONS}
+        storage_path: {folder / 'runs'}
+        fusion: {{enabled: true, max_members: 3}}
+        logging:
+          tensorboard: true
+          mlflow: {{tracking_uri: "file://{folder / 'mlruns'}"}}
+          wandb: {{project: hpo-fused-tests, mode: offline}}
+        """))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+        env.setenv("WANDB_MODE", "offline")
+        assert main(["run", str(path)]) == 0
+    experiment = folder / "runs" / "fused_logged"
+    members = {}  # member id -> (its config, its val_loss per iteration), as the member folders hold them
+    for member in (experiment / "members").iterdir():
+        history = [json.loads(line) for line in (member / "result.json").read_text().splitlines()]
+        members[member.name] = (json.loads((member / "params.json").read_text()), [h["val_loss"] for h in history])
+    groups = [p for p in experiment.iterdir() if p.name.startswith("group_")]
+    assert len(members) == len(FUSED_LRS) and len(groups) == 2, (members, groups)
+    return folder, experiment, members
+
+
+@pytest.mark.slow
+def test_a_fused_sweep_logs_one_mlflow_run_per_configuration_not_per_group(fused_logged_sweep):
+    from mlflow.tracking import MlflowClient
+
+    folder, _, members = fused_logged_sweep
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+        client = MlflowClient(tracking_uri=f"file://{folder / 'mlruns'}")
+        runs = client.search_runs([client.get_experiment_by_name("fused_logged").experiment_id])
+        assert sorted(run.info.run_name for run in runs) == sorted(f"mlp_digits_{m}" for m in members)
+        for run in runs:
+            config, losses = members[run.info.run_name.removeprefix("mlp_digits_")]
+            assert float(run.data.params["lr"]) == config["lr"] and run.data.params["width"] == "16"
+            history = client.get_metric_history(run.info.run_id, "val_loss")
+            assert [m.value for m in sorted(history, key=lambda m: m.step)] == pytest.approx(losses)
+            assert [m.step for m in sorted(history, key=lambda m: m.step)] == list(range(1, ITERATIONS + 1))
+            assert run.info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_a_fused_sweep_writes_tensorboard_events_per_configuration_and_none_per_group(fused_logged_sweep):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, experiment, members = fused_logged_sweep
+    runs = {path.parent for path in experiment.rglob("events.out.tfevents.*")}
+    assert runs == {experiment / "members" / m for m in members}, "TensorBoard shows configurations, not groups"
+    for member, (_, losses) in members.items():
+        events = EventAccumulator(str(experiment / "members" / member)).Reload()
+        assert [e.value for e in events.Scalars("ray/tune/val_loss")] == pytest.approx(losses)
+
+
+@pytest.mark.slow
+def test_a_fused_sweep_writes_one_wandb_offline_run_per_configuration(fused_logged_sweep):
+    _, experiment, members = fused_logged_sweep
+    runs = sorted((experiment / "wandb").glob("offline-run-*"))
+    assert len(runs) == len(members), "one offline W&B run per configuration, none per group"
+    seen = {}
+    for run in runs:
+        shown = subprocess.run(
+            [str(Path(sys.executable).with_name("wandb")), "leet", "inspect", "--summary", "--json", str(run)],
+            capture_output=True, text=True, check=True, timeout=120,
+        )
+        summary = json.loads(shown.stdout)
+        assert summary["project"] == "hpo-fused-tests" and summary["state"] == "finished"
+        assert summary["summary"]["training_iteration"] == ITERATIONS
+        seen[run.name.rsplit("-", 1)[1]] = summary["summary"]["val_loss"]  # offline-run-<time>-<run id = member id>
+    assert seen == pytest.approx({member: losses[-1] for member, (_, losses) in members.items()})

@@ -7,6 +7,7 @@ trials run, then its driver is SIGKILLed.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import signal
 import subprocess
@@ -107,3 +108,50 @@ def test_the_generated_ray_token_is_readable_by_its_owner_only(running_sweep):
     from hpo.ray_runtime import RAY_TOKEN_FILE
 
     assert RAY_TOKEN_FILE.exists() and RAY_TOKEN_FILE.stat().st_mode & 0o077 == 0, oct(RAY_TOKEN_FILE.stat().st_mode)
+
+
+WATCHDOGS_AFTER_TWO_RAYS = """
+import json, time
+from hpo.ray_runtime import start_local_ray   # before ray: loopback only
+import psutil
+import ray
+
+me = psutil.Process()
+
+
+def watchdogs():
+    found = []
+    for child in me.children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "--reap" in child.cmdline():
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def settled(most, timeout=20.0):
+    deadline = time.time() + timeout
+    while len(watchdogs()) > most and time.time() < deadline:
+        time.sleep(0.2)
+    return len(watchdogs())
+
+
+start_local_ray(num_cpus=1)
+ray.shutdown()
+start_local_ray(num_cpus=1)   # at once, as the next test module's Ray starts
+while_second_runs = settled(1)
+ray.shutdown()
+print(json.dumps([while_second_runs, settled(0)]))
+"""
+
+
+@pytest.mark.slow
+def test_a_driver_that_starts_ray_again_keeps_one_watchdog_for_the_running_ray_and_none_after(tmp_path):
+    """A test process starts a Ray per module: the watchdogs of the Rays it shut down must end,
+    not follow the next Ray (each polls the process table: dozens of them slowed the suite)."""
+    (tmp_path / "two_rays.py").write_text(WATCHDOGS_AFTER_TWO_RAYS)
+    done = subprocess.run([sys.executable, str(tmp_path / "two_rays.py")], env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == [1, 0], "watchdogs (while the second Ray runs, after it)"

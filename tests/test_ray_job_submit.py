@@ -57,8 +57,11 @@ def cluster():
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
-        time.sleep(2)  # the raylet's workers leave after their parent
+        deadline = time.monotonic() + 2  # the raylet's workers leave after their parent
         try:
+            while time.monotonic() < deadline:
+                os.killpg(head.pid, 0)  # raises once the whole group is gone
+                time.sleep(0.1)
             os.killpg(head.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
@@ -89,7 +92,7 @@ def wait_for_dashboard(cluster: dict, deadline_s: float = 120) -> None:
         if listed.returncode == 0:
             return
         assert time.monotonic() < deadline, f"the cluster's job server never answered: {listed.stderr[-2000:]}"
-        time.sleep(2)
+        time.sleep(0.5)
 
 
 @pytest.mark.slow

@@ -3,10 +3,10 @@
 import pytest
 
 from scheduler_bridge import ClusterSpec, Job, make_policy, make_trace, simulate
-from scheduler_bridge.forecast import DemandForecaster
-from scheduler_bridge.policy_ces import CES
-from scheduler_bridge.policy_queue import FIFO
-from scheduler_bridge.power import PowerModel
+from scheduler_bridge.policies.demand_forecast import DemandForecaster
+from scheduler_bridge.policies.ces import CES
+from scheduler_bridge.policies.queue import FIFO
+from scheduler_bridge.power_model import PowerModel
 
 
 def _ces(**kw):

@@ -4,7 +4,7 @@ import pytest
 
 from scheduler_bridge import ClusterSpec, Job, TraceError, make_trace, simulate
 from scheduler_bridge.interference import InterferenceTable
-from scheduler_bridge.policy_lucid import DEFAULT_TABLE, Lucid
+from scheduler_bridge.policies.lucid import DEFAULT_TABLE, Lucid
 
 TABLE = InterferenceTable({("a", "a"): 1.25, ("a", "b"): 3.0, ("b", "a"): 3.0, ("b", "b"): 1.9},
                           {"a": 1000.0, "b": 9000.0})

@@ -115,9 +115,9 @@ def test_every_policy_conserves_work(name, trace):
        boot=st.sampled_from([5.0, 60.0, 400.0]), interval=st.sampled_from([30.0, 200.0]))
 def test_ces_never_keeps_a_runnable_job_waiting_on_a_powered_down_node_past_the_boot_delay(
         trace, base, boot, interval):
-    from scheduler_bridge.forecast import DemandForecaster
-    from scheduler_bridge.policy_ces import CES
-    from scheduler_bridge.power import PowerModel
+    from scheduler_bridge.policies.demand_forecast import DemandForecaster
+    from scheduler_bridge.policies.ces import CES
+    from scheduler_bridge.power_model import PowerModel
     inner = Tiresias(thresholds=(300.0,)) if base == "tiresias" else make_policy(base)
     ces = CES(inner, power=PowerModel(boot_delay=boot), spare_nodes=0, margin=0.0,
               interval=interval, forecaster=DemandForecaster(bin_s=30, lookback=30, horizon=0, days=0))
@@ -133,7 +133,7 @@ table_st = st.tuples(st.floats(1.0, 2.5), st.floats(1.0, 2.5), st.floats(1.0, 2.
 
 def _lucid_policy(params, gpu_memory_mb):
     from scheduler_bridge.interference import InterferenceTable
-    from scheduler_bridge.policy_lucid import Lucid
+    from scheduler_bridge.policies.lucid import Lucid
     s_aa, s_ab, s_bb, m_a, m_b = params
     table = InterferenceTable({("a", "a"): s_aa, ("a", "b"): s_ab, ("b", "a"): s_ab, ("b", "b"): s_bb},
                               {"a": m_a, "b": m_b})

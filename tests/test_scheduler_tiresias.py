@@ -3,7 +3,7 @@
 import pytest
 
 from scheduler_bridge import ClusterSpec, Job, make_policy, make_trace, simulate
-from scheduler_bridge.policy_tiresias import Tiresias
+from scheduler_bridge.policies.tiresias import Tiresias
 
 
 def _frame(specs, policy, gpus=1, gpn=1, restart_cost=0.0):

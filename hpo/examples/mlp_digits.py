@@ -7,10 +7,13 @@ muP knobs (config keys, defaults = the plain model): `output_mult` and `init_std
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator, Mapping
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -47,20 +50,35 @@ class MLP(nn.Module):
 @lru_cache(maxsize=1)
 def load_digits_split() -> tuple[Batch, Batch]:
     """Standardised digits, split 80/20 with a fixed permutation (the same for every trial)."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError:
-        raise ImportError("the mlp_digits example loads scikit-learn's digits: pip install 'hydro-hpo[examples]'") from None
-
-    data = load_digits()
-    x = torch.tensor(data.data, dtype=torch.float32)
-    y = torch.tensor(data.target, dtype=torch.long)
+    features, labels = _digits_arrays()
+    x = torch.tensor(features, dtype=torch.float32)
+    y = torch.tensor(labels, dtype=torch.long)
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
     x, y = x[order], y[order]
     cut = int(0.8 * len(x))
     mean, std = x[:cut].mean(dim=0), x[:cut].std(dim=0).clamp_min(1e-3)
     x = (x - mean) / std
     return (x[:cut], y[:cut]), (x[cut:], y[cut:])
+
+
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The digits as scikit-learn ships them, read from its bundled file without importing it.
+
+    Importing `sklearn.datasets` costs a trial process over a second (scipy and the estimator
+    stack), several times the whole first epoch; the data are one small CSV in the package. If a
+    scikit-learn release moves that file, its own loader is used.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    bundled = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz" if spec else None
+    if bundled is not None and bundled.is_file():
+        table = np.loadtxt(bundled, delimiter=",")
+        return table[:, :-1], table[:, -1].astype(np.int64)
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ImportError("the mlp_digits example loads scikit-learn's digits: pip install 'hydro-hpo[examples]'") from None
+    data = load_digits()
+    return data.data, data.target
 
 
 class DigitsMLP(Workload):

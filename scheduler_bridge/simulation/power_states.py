@@ -20,9 +20,9 @@ from __future__ import annotations
 import math
 from array import array
 
-from .cluster import FreeGPUs
-from .pending import PendingQueue, select_starts
-from .policy_ces import CES
+from ..cluster import FreeGPUs
+from ..policies.pending_queue import PendingQueue, select_starts
+from ..policies.ces import CES
 
 OFF, BOOTING, ON = 0, 1, 2
 

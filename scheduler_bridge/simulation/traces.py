@@ -17,9 +17,9 @@ import math
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .data_files import TraceError, read_text
-from .jobs import ElasticSpec, Job, Trace, make_trace
-from .profiles import load_profiles
+from ..data_files import TraceError, read_text
+from ..jobs import ElasticSpec, Job, Trace, make_trace
+from ..app_profiles import load_profiles
 
 FORMATS = ("philly", "pollux", "helios")
 MAX_SECONDS = 1e9      # a job duration of ~31 years or more is a broken row, not a job

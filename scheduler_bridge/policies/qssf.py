@@ -15,9 +15,9 @@ finished jobs (the history part moves with every finish). Non-preemptive. ``back
 from __future__ import annotations
 
 
-from .jobs import Job
-from .policy_queue import QueuePolicy
-from .predictor import DurationPredictor
+from ..jobs import Job
+from .queue import QueuePolicy
+from .duration_predictor import DurationPredictor
 
 
 class QSSF(QueuePolicy):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from .jobs import Job, Trace, TuningJob, make_trace
+from ..jobs import Job, Trace, TuningJob, make_trace
 
 
 def random_trace(seed: int, n_jobs: int = 50, max_gpus: int = 8, span: float = 3600.0,

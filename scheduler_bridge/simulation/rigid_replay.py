@@ -12,14 +12,14 @@ import math
 from array import array
 from collections import deque
 
-from .cluster import ClusterSpec, FreeGPUs
-from .jobs import Trace
-from .pending import PendingQueue, select_starts
-from .policy_ces import CES
-from .policy_queue import QueuePolicy
-from .policy_tuning import TuningAware
-from .result import RunLog
-from .sim_power import PowerLayer
+from ..cluster import ClusterSpec, FreeGPUs
+from ..jobs import Trace
+from ..policies.pending_queue import PendingQueue, select_starts
+from ..policies.ces import CES
+from ..policies.queue import QueuePolicy
+from ..policies.tuning_aware import TuningAware
+from .run_log import RunLog
+from .power_states import PowerLayer
 
 INF = math.inf
 

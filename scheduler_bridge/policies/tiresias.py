@@ -32,8 +32,8 @@ from __future__ import annotations
 import bisect
 import math
 
-from .jobs import Job
-from .policy_queue import QueuePolicy
+from ..jobs import Job
+from .queue import QueuePolicy
 
 QUEUE_SPAN = 1e10  # priority = queue x QUEUE_SPAN + entry time; exceeds any submit time (Unix ones too)
 

@@ -1,7 +1,7 @@
 """The peak memory a workload adds to its process: the one yardstick of Lucid's memory feature.
 
 ``hpo profile colocate`` writes it into the interference table (``memory_mb``), and a live
-Lucid profiling run measures a job with it (``live_job.JobRunner``), so the allocator
+Lucid profiling run measures a job with it (``job_runner.JobRunner``), so the allocator
 classifies the job against the table by like-for-like numbers. On a GPU it is the peak
 torch allocated on the device; elsewhere, how far the process's peak resident set grew
 since the probe was made (a job that never imported torch allocated nothing through it).

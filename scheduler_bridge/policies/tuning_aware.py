@@ -8,14 +8,14 @@ a GPU, the group on it is evicted at once and keeps the progress of its last
 checkpoint (every ``checkpoint_interval`` seconds), so ordinary jobs are never
 delayed. The work groups finish this way is the tuning work done for free.
 
->>> from scheduler_bridge.policy_queue import FIFO
+>>> from scheduler_bridge.policies.queue import FIFO
 >>> TuningAware(FIFO()).name
 'tuning-aware'
 """
 
 from __future__ import annotations
 
-from .policy_queue import QueuePolicy
+from .queue import QueuePolicy
 
 
 class TuningAware(QueuePolicy):

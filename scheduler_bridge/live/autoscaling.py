@@ -2,7 +2,7 @@
 
 The simulator powers nodes down itself; a real cluster's nodes belong to Ray's
 autoscaler, which adds nodes for what is requested and removes nodes that stay
-idle. So the live allocator turns the ``policy_ces.CES`` decision into a
+idle. So the live allocator turns the ``policies.ces.CES`` decision into a
 standing request (``ray.autoscaler.sdk.request_resources``, Ray's public API):
 one ``{"GPU": gpus_per_node}`` bundle per node to keep on. The autoscaler then
 keeps that many GPU nodes and lets the rest scale down.
@@ -19,8 +19,8 @@ the live driver calls for the journaled ``demand`` and ``capacity`` events, so a
 allocator that restarts from its journal forecasts from the same history and
 keeps the same quiet interval instead of starting blind.
 
->>> from scheduler_bridge.policy_ces import CES
->>> from scheduler_bridge.policy_queue import FIFO
+>>> from scheduler_bridge.policies.ces import CES
+>>> from scheduler_bridge.policies.queue import FIFO
 >>> plan = CapacityPlan(CES(FIFO(), spare_nodes=1))
 >>> plan.wanted(now=0.0, gpus_per_node=4, max_nodes=3, busy_gpus=0, queued_gpus=[])
 [{'GPU': 4.0}]
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 
-from .policy_ces import CES
+from ..policies.ces import CES
 
 
 def bundles(nodes: int, gpus_per_node: int) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Event-driven replay under the Lucid-style policy (``policy_lucid.Lucid``).
+"""Event-driven replay under the Lucid-style policy (``policies.lucid.Lucid``).
 
 Two partitions of one cluster: the first ``profile_nodes`` nodes profile new
 jobs, the rest run them. Events are arrivals, ends of profiling runs and job
@@ -17,11 +17,11 @@ import heapq
 import math
 from array import array
 
-from .cluster import ClusterSpec, FreeGPUs
-from .jobs import Trace
-from .pending import PendingQueue, select_starts
-from .policy_lucid import Lucid
-from .result import RunLog
+from ..cluster import ClusterSpec, FreeGPUs
+from ..jobs import Trace
+from ..policies.pending_queue import PendingQueue, select_starts
+from ..policies.lucid import Lucid
+from .run_log import RunLog
 
 INF = math.inf
 SCAN = 64  # lone running jobs looked at per workload class when packing one job

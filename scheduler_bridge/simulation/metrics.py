@@ -1,7 +1,7 @@
 """Metrics of a run: JCT, queueing delay, makespan, utilisation, deadline hits,
 finish-time fairness; per-job table and summary dict.
 
-Energy (``power.energy_summary``): powered node-hours, kWh and the
+Energy (``power_model.energy_summary``): powered node-hours, kWh and the
 utilisation of powered-on GPUs; without CES every node is on throughout.
 
 Finish-time fairness is Themis' rho = JCT / (run time alone on the job's
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .jobs import Trace
-from .power import energy_summary
-from .result import RunLog
+from ..jobs import Trace
+from ..power_model import energy_summary
+from .run_log import RunLog
 
 
 @dataclass

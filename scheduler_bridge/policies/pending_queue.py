@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 from itertools import count
 
-from .cluster import FreeGPUs, Placement
+from ..cluster import FreeGPUs, Placement
 
 
 class PendingQueue:

@@ -2,7 +2,7 @@
 
 ``JobSpec`` is validated once, at submit; everything inward takes it as typed.
 ``LiveJob`` is the allocator's mutable record; it only changes by applying
-journal events (``live_driver.LiveDriver.apply``), so a replayed journal gives
+journal events (``driver.LiveDriver.apply``), so a replayed journal gives
 back the same records.
 
 >>> JobSpec(entrypoint="pkg.mod:train", gpus=2).kind
@@ -30,7 +30,7 @@ class JobSpec:
     """A job as submitted.
 
     ``entrypoint``: ``"package.module:function"``, called as ``function(ctx)`` with a
-    ``live_job.JobContext``. ``gpus``: the GPUs it asks for (queue policies run it on
+    ``job_runner.JobContext``. ``gpus``: the GPUs it asks for (queue policies run it on
     exactly these). ``application`` / ``min_gpus`` / ``max_gpus`` make it elastic
     (the elastic policy picks its GPU count from the named measured profile).
     ``batch_size`` (``min_batch`` .. ``max_batch``): the global batch; an elastic
@@ -41,7 +41,7 @@ class JobSpec:
     --allocator``), whose fused groups wait in the bubble pool and run where the
     allocator places them as guests: on idle GPUs (an ``IdleGpuHost`` each) and in
     pipeline jobs' bubbles. ``workload``: its name in the interference table, which
-    makes a job eligible for packing (``live_packing``); under Lucid a job
+    makes a job eligible for packing (``packing``); under Lucid a job
     without one is profiled first, and classified by what that run measured.
     """
 

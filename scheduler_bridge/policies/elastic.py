@@ -6,7 +6,7 @@ job's GPU count to maximise the total normalised goodput
 
     sum_j goodput_j(n_j) / goodput_j(1)         # speedup of job j on n_j GPUs
 
-where goodput is throughput x statistical efficiency (``profiles.AppProfile``)
+where goodput is throughput x statistical efficiency (``app_profiles.AppProfile``)
 at the batch size the policy chooses: the goodput-maximising one
 (``ElasticPolicy``), or the job's own fixed batch size
 (``ElasticPolicy(fixed_batch=True)``, the baseline that only scales GPUs).
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cluster import ClusterSpec, FreeGPUs, Placement
-from .profiles import AppProfile
+from ..cluster import ClusterSpec, FreeGPUs, Placement
+from ..app_profiles import AppProfile
 
 
 @dataclass(frozen=True, slots=True)

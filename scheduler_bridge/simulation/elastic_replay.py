@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from array import array
 
-from .cluster import ClusterSpec
-from .jobs import Trace
-from .policy_elastic import ElasticJobState, ElasticPolicy
-from .profiles import AppProfile
-from .result import RunLog
+from ..cluster import ClusterSpec
+from ..jobs import Trace
+from ..policies.elastic import ElasticJobState, ElasticPolicy
+from ..app_profiles import AppProfile
+from .run_log import RunLog
 
 INF = math.inf
 

@@ -1,6 +1,6 @@
 """Lucid's packing in the live allocator: which running job hosts a waiting one, and when to part them.
 
-Which pairs may share a GPU is the ``policy_lucid.Lucid`` object's rule
+Which pairs may share a GPU is the ``policies.lucid.Lucid`` object's rule
 (``pack_check``: both measured in its interference table, slowdowns under its
 limit, memory fits, priorities close), the same the simulator applies. What
 only a live cluster adds is here:
@@ -8,7 +8,7 @@ only a live cluster adds is here:
 - a waiting job whose ``workload`` is known goes beside the allowed running
   host of as many GPUs with the smallest predicted slowdown of the pair; the host keeps
   running untouched (Lucid is non-intrusive), and the packed job runs in the
-  other half of the host's GPU (``placement``: a shareable job's group holds its
+  other half of the host's GPU (``placement_groups``: a shareable job's group holds its
   whole GPU and its rank ``SHARE`` of it; the partner's rank takes the rest in
   the same bundle, so Ray gives both that GPU, and the group stays while either
   runs: the one left may host a new partner there);
@@ -22,7 +22,7 @@ one bundle, and a rank of several GPUs cannot hold half of each of them. Its
 partner's rank i then shares GPU i with its rank i.
 
 >>> from scheduler_bridge.interference import InterferenceTable
->>> from scheduler_bridge.policy_lucid import Lucid
+>>> from scheduler_bridge.policies.lucid import Lucid
 >>> p = LivePacking(Lucid(InterferenceTable({("a", "b"): 1.2, ("b", "a"): 1.1}, {"a": 900.0, "b": 500.0})))
 >>> p.cost("a", 10.0, "b", 12.0)
 2.3
@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import math
 
-from .live_state import Where
+from .job_state import Where
 
-from .policy_lucid import Lucid
+from ..policies.lucid import Lucid
 
 SHARE = 0.5   # the fraction of a GPU each job of a packed pair holds
 

@@ -2,7 +2,7 @@
 
 A queue policy only ranks jobs (``priority``: lower runs first) and, if
 preemptive, picks victims; *where* a job goes is the cluster's placement rule
-and *which* jobs start is ``pending.select_starts``. Both drivers (the
+and *which* jobs start is ``pending_queue.select_starts``. Both drivers (the
 simulator and the live allocator) call the same methods:
 
 - ``reset(t0)`` once before a run (``t0``: absolute time of time 0);
@@ -23,7 +23,7 @@ driver then preempts a running job whenever a queued one outranks it.
 
 from __future__ import annotations
 
-from .jobs import Job
+from ..jobs import Job
 
 
 class QueuePolicy:

@@ -1,29 +1,19 @@
-"""Run one policy on one trace: ``simulate(trace, policy, cluster)``.
+"""Policies by name: the one place ``hpo sim``, ``hpo job start`` and the Python API turn a name into a policy.
 
->>> from scheduler_bridge import ClusterSpec, Job, make_trace, make_policy, simulate
->>> trace = make_trace([Job(0, 0.0, 1, 10.0), Job(1, 0.0, 1, 5.0)])
->>> simulate(trace, make_policy("sjf"), ClusterSpec(1, 1)).summary()["avg_jct"]
-10.0
+>>> make_policy("ces:sjf").name
+'ces:sjf'
 """
 
 from __future__ import annotations
 
-import time
-
-from .cluster import ClusterSpec
-from .jobs import Trace
-from .metrics import SimResult
-from .policy_ces import CES
-from .policy_elastic import ElasticPolicy
-from .policy_lucid import Lucid
-from .policy_qssf import QSSF
-from .policy_queue import FIFO, SJF, SRTF, QueuePolicy
-from .policy_tiresias import Tiresias
-from .policy_tuning import TuningAware
-from .power import PowerModel
-from .sim_elastic import run_elastic
-from .sim_lucid import run_lucid
-from .sim_rigid import run_rigid
+from ..power_model import PowerModel
+from .ces import CES
+from .elastic import ElasticPolicy
+from .lucid import Lucid
+from .qssf import QSSF
+from .queue import FIFO, SJF, SRTF
+from .tiresias import Tiresias
+from .tuning_aware import TuningAware
 
 POLICIES = ("fifo", "sjf", "srtf", "qssf", "tiresias", "lucid", "elastic", "elastic-fixed-batch",
             "tuning-aware", "ces:<base>")
@@ -74,25 +64,3 @@ def check_policy_name(name: str) -> None:
     if name not in POLICIES or name == "ces:<base>":
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)} "
                          f"(<base>: {', '.join(QUEUE_BASES)})")
-
-
-def simulate(trace: Trace, policy, cluster: ClusterSpec, *, restart_cost: float = 30.0,
-             profiles=None, deadline: float | None = None) -> SimResult:
-    """Replay ``trace`` on ``cluster`` under ``policy`` (from ``make_policy``).
-    Elastic policies need ``profiles`` (``load_profiles()``; default: the shipped ones)."""
-    t = time.perf_counter()
-    if isinstance(policy, ElasticPolicy):
-        if profiles is None:
-            from .profiles import load_profiles
-            profiles = load_profiles()
-        log = run_elastic(trace, cluster, policy, profiles, restart_cost)
-    elif isinstance(policy, Lucid):
-        log = run_lucid(trace, cluster, policy)
-    elif isinstance(policy, QueuePolicy):
-        log = run_rigid(trace, cluster, policy, restart_cost)
-    else:
-        raise TypeError(f"not a scheduling policy: {policy!r}")
-    params = {"backfill": getattr(policy, "backfill", None),
-              "gpus_per_node": cluster.gpus_per_node, "restart_cost": restart_cost}
-    return SimResult(policy=policy.name, trace=trace, num_gpus=cluster.num_gpus, log=log,
-                     wall_s=time.perf_counter() - t, deadline=deadline, params=params)

@@ -7,7 +7,7 @@ the current GPU inventory into ``Decisions`` with the simulator's machinery:
 
 - queue policies (FIFO, SJF, SRTF, QSSF, tuning-aware): ``policy.priority`` when a
   job (re-)enters the queue, ``policy.observe`` when one finishes (``priorities``
-  after a refit), ``pending.select_starts`` on the cluster's ``FreeGPUs`` for who
+  after a refit), ``pending_queue.select_starts`` on the cluster's ``FreeGPUs`` for who
   starts where, ``policy.victims`` for preemptive policies;
 - the elastic policy: ``ElasticPolicy.allocate`` over the active elastic jobs;
   a running job whose decided placement differs is stopped (checkpoint) and
@@ -17,11 +17,11 @@ the current GPU inventory into ``Decisions`` with the simulator's machinery:
 - Tiresias ranks by the service a job has actually run (``_ranked``), counted
   from when its ranks are up (``ready`` events);
 - Lucid profiles jobs that name no workload on its profiling partition first
-  (``live_profiling``), then packs waiting jobs beside running ones of as many
-  GPUs (``live_packing``); a packed job's GPUs are its host's, so the pair counts once;
+  (``profiling``), then packs waiting jobs beside running ones of as many
+  GPUs (``packing``); a packed job's GPUs are its host's, so the pair counts once;
 - CES keeps its demand history and its last autoscaler request in the journal too
   (``demand`` and ``capacity`` events), so a restarted allocator forecasts from
-  the same past (``live_power``).
+  the same past (``autoscaling``).
 
 Events that cannot be applied (a damaged or foreign journal record) are refused
 whole by ``check_event``; ``replay`` skips them and says which, by offset.
@@ -34,7 +34,7 @@ epoch whose gradient statistics set the elastic policy's GPU count and batch siz
 Nodes are Ray node ids; the policies see them as indices 0..n-1 of the alive
 GPU nodes (``ClusterView``), in the order the allocator first saw them.
 
->>> from scheduler_bridge.policy_queue import FIFO
+>>> from scheduler_bridge.policies.queue import FIFO
 >>> d = LiveDriver(FIFO(backfill=True))
 >>> d.apply({"ev": "submit", "t": 0.0, "job_id": 0, "spec": {"entrypoint": "m:f", "gpus": 2}})
 >>> d.decide({"n1": 4}, ["n1"], now=1.0).starts
@@ -46,18 +46,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import count
 
-from .cluster import ClusterSpec, FreeGPUs, Placement
-from .jobs import Job
-from .live_packing import LivePacking, measured_slowdown, ranks
-from .live_power import CapacityPlan
-from .live_profiling import LiveProfiling
-from .live_state import TERMINAL, JobSpec, LiveJob, Where
-from .pending import PendingQueue, select_starts
-from .policy_ces import CES
-from .policy_elastic import ElasticJobState, ElasticPolicy
-from .policy_lucid import Lucid
-from .policy_queue import QueuePolicy
-from .policy_tuning import TuningAware
+from ..cluster import ClusterSpec, FreeGPUs, Placement
+from ..jobs import Job
+from .packing import LivePacking, measured_slowdown, ranks
+from .autoscaling import CapacityPlan
+from .profiling import LiveProfiling
+from .job_state import TERMINAL, JobSpec, LiveJob, Where
+from ..policies.pending_queue import PendingQueue, select_starts
+from ..policies.ces import CES
+from ..policies.elastic import ElasticJobState, ElasticPolicy
+from ..policies.lucid import Lucid
+from ..policies.queue import QueuePolicy
+from ..policies.tuning_aware import TuningAware
 
 FAULTS = ("fault", "node-lost", "lost")   # requeue reasons that count against max_attempts
 
@@ -132,7 +132,7 @@ class LiveDriver:
         self.elastic = isinstance(policy, ElasticPolicy)
         self.tuning = isinstance(policy, TuningAware)
         if self.elastic and profiles is None:
-            from .profiles import load_profiles
+            from ..app_profiles import load_profiles
             profiles = load_profiles()
         self.profiles = profiles or {}
         if isinstance(policy, Lucid) and packing is None:
@@ -359,7 +359,7 @@ class LiveDriver:
         return None if gpus is None else {"ev": "demand", "t": now, "gpus": gpus}
 
     def capacity_event(self, now: float, gpus_per_node: int, max_nodes: int) -> dict | None:
-        """CES: the new autoscaler request to journal (and then make), or None (``live_power``)."""
+        """CES: the new autoscaler request to journal (and then make), or None (``autoscaling``)."""
         want = self.capacity.wanted(now, gpus_per_node, max_nodes, *self._demand())
         return None if want is None else {"ev": "capacity", "t": now, "nodes": len(want),
                                           "gpus_per_node": gpus_per_node}
@@ -412,12 +412,12 @@ class LiveDriver:
         return None
 
     def shareable(self, job: LiveJob) -> bool:
-        """Runs on half its GPU so that a partner can join it later (``live_packing``)."""
+        """Runs on half its GPU so that a partner can join it later (``packing``)."""
         return self.packing is not None and self.packing.shareable(self.workload_of(job))
 
     def ranks(self, job: LiveJob) -> Where:
         """Where ``job``'s ranks run: one per bundle of its placement, or one per GPU for a job
-        that may be packed (``live_packing.ranks``)."""
+        that may be packed (``packing.ranks``)."""
         return ranks(job.where) if self.shareable(job) else job.where
 
     def workload_of(self, job: LiveJob) -> str:
@@ -460,7 +460,7 @@ class LiveDriver:
 
     def _decide_profiling(self, view: ClusterView, holding: list[LiveJob], queued: list[LiveJob],
                           out: Decisions, now: float) -> tuple[FreeGPUs, list[LiveJob]]:
-        """Lucid's partition (``live_profiling``): stop profiling runs whose time is up, start
+        """Lucid's partition (``profiling``): stop profiling runs whose time is up, start
         unprofiled jobs there first come first served, and return the main partition's free
         GPUs with the jobs that queue for it (the profiled, and those too big to profile)."""
         for job in holding:

@@ -6,14 +6,14 @@ power down. Which jobs run, and where, is the base policy's business
 
     target = ceil(forecast x (1 + margin) / GPUs per node) + spare_nodes
 
-with ``forecast`` from ``forecast.DemandForecaster`` (the cluster's own
+with ``forecast`` from ``demand_forecast.DemandForecaster`` (the cluster's own
 demand history). Drivers power down idle nodes above the target, but only
 while no job is waiting, boot nodes up to it, and boot at once whatever a
 waiting job could use if it were on: a runnable job never waits for a
 powered-down node longer than the boot delay of ``power``.
 Re-evaluated every ``interval`` seconds.
 
->>> from scheduler_bridge.policy_queue import FIFO
+>>> from scheduler_bridge.policies.queue import FIFO
 >>> ces = CES(FIFO(backfill=True)); ces.name
 'ces:fifo'
 >>> ces.target_nodes(now=0.0, gpus_per_node=8, num_nodes=10)   # nothing seen yet: spare only
@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import math
 
-from .forecast import DemandForecaster
-from .jobs import Job
-from .policy_queue import QueuePolicy
-from .policy_tuning import TuningAware
-from .power import PowerModel
+from .demand_forecast import DemandForecaster
+from ..jobs import Job
+from .queue import QueuePolicy
+from .tuning_aware import TuningAware
+from ..power_model import PowerModel
 
 
 class CES(QueuePolicy):

@@ -34,11 +34,11 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from .interference import InterferenceTable
-from .jobs import Job
-from .policy_qssf import QSSF
+from ..interference import InterferenceTable
+from ..jobs import Job
+from .qssf import QSSF
 
-DEFAULT_TABLE = Path(__file__).resolve().parent / "data" / "interference_cpu.csv"
+DEFAULT_TABLE = Path(__file__).resolve().parents[1] / "data" / "interference_cpu.csv"
 
 
 class Lucid(QSSF):

@@ -4,13 +4,13 @@ Connect to Ray first (``ray.init(address=...)``); every call finds the named
 actor ``hpo:allocator`` in namespace ``hpo``.
 
     import ray
-    from scheduler_bridge import jobs_api
+    from scheduler_bridge.live import client
 
     ray.init(address="auto")
-    jobs_api.start_allocator("/var/lib/hpo/journal.jsonl", "/shared/hpo", policy="qssf")
-    jid = jobs_api.submit("mypkg.train:main", gpus=4, batch_size=256, user="ana")
-    jobs_api.list_jobs()
-    jobs_api.cancel(jid)
+    client.start_allocator("/var/lib/hpo/journal.jsonl", "/shared/hpo", policy="qssf")
+    jid = client.submit("mypkg.train:main", gpus=4, batch_size=256, user="ana")
+    client.list_jobs()
+    client.cancel(jid)
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import uuid
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .actor_names import ALLOCATOR_NAME, NAMESPACE
+from ..actor_names import ALLOCATOR_NAME, NAMESPACE
 from .allocator import Allocator
-from .live_state import JobSpec
+from .job_state import JobSpec
 
 
 def get_allocator():
@@ -32,7 +32,7 @@ def get_allocator():
         return ray.get_actor(ALLOCATOR_NAME, namespace=NAMESPACE)
     except ValueError:
         raise ValueError(f"no allocator running (named actor {ALLOCATOR_NAME!r} in namespace {NAMESPACE!r}); "
-                         "start one with jobs_api.start_allocator(...) or `hpo job start`") from None
+                         "start one with scheduler_bridge.live.client.start_allocator(...) or `hpo job start`") from None
 
 
 def start_allocator(journal_path: str, storage_path: str, policy: str = "fifo", *,
@@ -54,8 +54,8 @@ def start_allocator(journal_path: str, storage_path: str, policy: str = "fifo", 
     of attained service, ``starvation``); preempted jobs checkpoint through ``ctx.should_stop``.
     ``policy="ces:<base>"`` keeps the forecast GPU capacity through Ray's autoscaler
     (``request_resources``); ``ces``: its knobs (``allocator._live_ces``). ``policy="lucid"``
-    profiles jobs that name no ``workload`` first (``live_profiling``) and packs waiting jobs beside
-    running ones of as many GPUs (``live_packing``);
+    profiles jobs that name no ``workload`` first (``profiling``) and packs waiting jobs beside
+    running ones of as many GPUs (``packing``);
     ``lucid``: its knobs (``allocator._live_lucid``: table, margin, Lucid's own). ``runtime_env``: for the allocator and the jobs it starts
     (e.g. ``{"env_vars": {"PYTHONPATH": ...}}`` so entry points import).
     """

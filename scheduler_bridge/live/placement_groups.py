@@ -7,7 +7,7 @@ so Ray puts it on exactly the node the policy chose (Ray only checks that it
 fits; the allocator created the group because its own accounting said so).
 Groups and actors are detached and named after the job and attempt
 (``hpo-job-<id>-a<attempt>``, ranks ``...-r<i>``), so a restarted allocator
-finds them again by name. A job that may be packed (``live_packing``) holds its
+finds them again by name. A job that may be packed (``packing``) holds its
 whole GPU in its group, and its rank takes half of it (``share``); a packed
 partner's rank takes the other half inside the same bundle, so Ray gives both
 the bundle's one GPU. The group lives as long as either job runs in it.
@@ -25,9 +25,9 @@ from ray.util.placement_group import (get_placement_group, placement_group,
                                       remove_placement_group)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from .actor_names import NAMESPACE
-from .live_job import JobRunner
-from .live_state import Where
+from ..actor_names import NAMESPACE
+from .job_runner import JobRunner
+from .job_state import Where
 
 NODE_LABEL = "ray.io/node-id"   # Ray's default per-node label: the node's hex id
 

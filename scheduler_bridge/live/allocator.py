@@ -2,13 +2,13 @@
 
 It owns the GPU inventory (alive nodes' ``GPU`` resources from ``ray.nodes()``,
 refreshed every second), the job table and the policy, driven through
-``live_driver.LiveDriver`` (the simulator's policy objects). A background
+``driver.LiveDriver`` (the simulator's policy objects). A background
 thread ticks every ``tick_s``:
 
 1. collect finished, stopped, failed and dead jobs (``JobRunner.wait``);
 2. ``driver.decide`` against the inventory: lost jobs (a node is gone) go back
    to the queue; stops (resize, preemption) ask the job to checkpoint and return;
-   starts become placement groups (``placement.py``) created only now that the
+   starts become placement groups (``placement_groups``) created only now that the
    allocator's own accounting says they fit, so Ray never reorders the queue;
    tuning groups become guest placements; for a sweep submitted as a tuning job
    (``hpo run --allocator``) they become real: an ``IdleGpuHost`` actor holds each
@@ -18,9 +18,9 @@ thread ticks every ``tick_s``:
 3. every change is appended to the journal (``journal``: a checksummed write-ahead
    log) before it is acted on;
 4. Lucid: jobs that name no workload run on its profiling partition first, and
-   what they measured classifies them (``live_profiling``); a packed job runs in
+   what they measured classifies them (``profiling``); a packed job runs in
    its host's group, which stays until neither runs in it (``_end``);
-   CES: the capacity to keep is asked of Ray's autoscaler (``live_power``).
+   CES: the capacity to keep is asked of Ray's autoscaler (``autoscaling``).
 
 A restarted allocator (Ray restarts it, ``max_restarts``) replays the journal
 through the same driver (CES's demand history and last autoscaler request
@@ -29,7 +29,7 @@ the running jobs' detached actors by name and waits on them again; a job whose
 actors are gone goes back to the queue and resumes from its checkpoint. Submits
 carry a request id, so a client retry after a crash never makes a second job.
 
-Start it with ``jobs_api.start_allocator``; talk to it with ``jobs_api``.
+Start it with ``client.start_allocator``; talk to it with ``client``.
 """
 
 from __future__ import annotations
@@ -42,18 +42,18 @@ from pathlib import Path
 
 import ray
 
-from . import placement
-from .actor_names import NAMESPACE
+from . import placement_groups
+from ..actor_names import NAMESPACE
 from .journal import Journal
-from .live_driver import FAULTS, LiveDriver
-from .forecast import DemandForecaster
-from .interference import InterferenceTable
-from .live_packing import SHARE, LivePacking
-from .live_state import JobSpec, LiveJob
-from .policy_ces import CES
-from .policy_lucid import Lucid
-from .policy_tiresias import Tiresias
-from .power import PowerModel
+from .driver import FAULTS, LiveDriver
+from ..policies.demand_forecast import DemandForecaster
+from ..interference import InterferenceTable
+from .packing import SHARE, LivePacking
+from .job_state import JobSpec, LiveJob
+from ..policies.ces import CES
+from ..policies.lucid import Lucid
+from ..policies.tiresias import Tiresias
+from ..power_model import PowerModel
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def _live_ces(pol: CES, options: dict) -> tuple[CES, int | None]:
 
 def _live_lucid(options: dict, backfill: bool, seed: int) -> LivePacking:
     """Lucid with the operator's knobs: table (an interference CSV from ``hpo profile colocate``;
-    default: the shipped one), margin (``live_packing``) and ``Lucid``'s own (max_slowdown,
+    default: the shipped one), margin (``packing``) and ``Lucid``'s own (max_slowdown,
     min_gain, priority_ratio, gpu_memory_mb)."""
     table, margin = options.pop("table", None), options.pop("margin", 0.25)
     lucid = Lucid(InterferenceTable.load(table) if table else None, backfill, seed=seed, **options)
@@ -99,8 +99,8 @@ class Allocator:
                  start_timeout_s: float = 120.0, cpus_per_bundle: float = 0.0,
                  runtime_env: dict | None = None, tiresias: dict | None = None,
                  ces: dict | None = None, lucid: dict | None = None):
-        from .profiles import load_profiles
-        from .simulator import make_policy
+        from ..app_profiles import load_profiles
+        from ..policies.registry import make_policy
 
         packing = None
         if policy == "lucid":
@@ -263,11 +263,11 @@ class Allocator:
         for job in list(self.driver.jobs.values()):
             if job.state not in ("running", "stopping"):
                 continue
-            name = placement.group_name(job.job_id, job.attempt)
+            name = placement_groups.group_name(job.job_id, job.attempt)
             n = len(self.driver.ranks(job))
-            workers = placement.find_ranks(name, n)
+            workers = placement_groups.find_ranks(name, n)
             if len(workers) < n or any(node not in self.inventory for node, _ in job.where):
-                placement.release(name, n, workers)
+                placement_groups.release(name, n, workers)
                 self._requeue(job, "lost")
                 continue
             run = _Run(name, workers, [w.wait.remote() for w in workers],
@@ -327,7 +327,7 @@ class Allocator:
 
     def _request_capacity(self) -> None:
         """CES: journal the demand sample, then ask Ray's autoscaler for the GPU nodes to keep on
-        (``live_power``); the request is journaled before it is made, like every change."""
+        (``autoscaling``); the request is journaled before it is made, like every change."""
         from ray.autoscaler.sdk import request_resources
 
         self._gpus_per_node = max([self._gpus_per_node, *self.inventory.values()])
@@ -401,16 +401,16 @@ class Allocator:
         attempt = job.attempt + 1
         self._emit({"ev": "start", "job_id": jid, "attempt": attempt, "where": [list(w) for w in where],
                     "gpus": gpus, "batch_size": batch, **({"profiling": True} if profiling else {})})
-        name = placement.group_name(jid, attempt)
+        name = placement_groups.group_name(jid, attempt)
         ranks = self.driver.ranks(job)
-        placement.release(name, len(ranks))   # leftovers of an attempt whose journal record was lost
+        placement_groups.release(name, len(ranks))   # leftovers of an attempt whose journal record was lost
         share = SHARE if self.driver.shareable(job) else 1.0
         try:
-            pg = placement.create_group(name, ranks, self.cpus_per_bundle)
-            workers = placement.launch_ranks(pg, name, ranks, job.spec.entrypoint, self._contexts(job),
+            pg = placement_groups.create_group(name, ranks, self.cpus_per_bundle)
+            workers = placement_groups.launch_ranks(pg, name, ranks, job.spec.entrypoint, self._contexts(job),
                                              self.runtime_env, share)
         except Exception as exc:  # noqa: BLE001  -- Ray refused: back to the queue
-            placement.release(name, len(ranks))
+            placement_groups.release(name, len(ranks))
             self._requeue(job, "fault", repr(exc))
             return
         self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready(),
@@ -421,17 +421,17 @@ class Allocator:
         job, host = self.driver.jobs[jid], self.driver.jobs[host_id]
         attempt = job.attempt + 1
         self._emit({"ev": "start-packed", "job_id": jid, "attempt": attempt, "host": host_id})
-        name = placement.group_name(jid, attempt)
+        name = placement_groups.group_name(jid, attempt)
         ranks = self.driver.ranks(job)
-        placement.release(name, len(ranks))
-        pg = placement.find_group(placement.group_name(*host.gpu_group))
+        placement_groups.release(name, len(ranks))
+        pg = placement_groups.find_group(placement_groups.group_name(*host.gpu_group))
         try:
             if pg is None:
                 raise RuntimeError(f"host {host_id}'s placement group is gone")
-            workers = placement.launch_ranks(pg, name, ranks, job.spec.entrypoint, self._contexts(job),
+            workers = placement_groups.launch_ranks(pg, name, ranks, job.spec.entrypoint, self._contexts(job),
                                              self.runtime_env, SHARE)
         except Exception as exc:  # noqa: BLE001  -- back to the queue
-            placement.release(name, len(ranks))
+            placement_groups.release(name, len(ranks))
             self._requeue(job, "fault", repr(exc))
             return
         self.runs[jid] = _Run(name, workers, [w.wait.remote() for w in workers], ready=pg.ready(),
@@ -490,18 +490,18 @@ class Allocator:
 
     def _end(self, jid: int, run: _Run) -> None:
         self.runs.pop(jid, None)
-        placement.release(run.name, len(run.workers), run.workers, self._group_left(self.driver.jobs[jid]))
+        placement_groups.release(run.name, len(run.workers), run.workers, self._group_left(self.driver.jobs[jid]))
 
     def _release(self, job: LiveJob, shared_too: bool = False) -> None:
         """Kill the current attempt's actors (found by name if this allocator never held their
         handles) and remove the group holding its GPUs, unless a packed partner still runs
         there (``shared_too``: remove it anyway, when every job goes)."""
         run = self.runs.pop(job.job_id, None)
-        group = placement.group_name(*job.gpu_group) if shared_too and job.gpu_group else self._group_left(job)
-        placement.release(placement.group_name(job.job_id, job.attempt), len(self.driver.ranks(job)),
+        group = placement_groups.group_name(*job.gpu_group) if shared_too and job.gpu_group else self._group_left(job)
+        placement_groups.release(placement_groups.group_name(job.job_id, job.attempt), len(self.driver.ranks(job)),
                           run.workers if run else None, group)
 
     def _group_left(self, job: LiveJob) -> str:
         """The name of the group to remove with ``job``'s ranks ("": none, a partner runs there)."""
         left = self.driver.group_left_by(job)
-        return "" if left is None else placement.group_name(*left)
+        return "" if left is None else placement_groups.group_name(*left)

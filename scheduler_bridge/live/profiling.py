@@ -19,7 +19,7 @@ Memory is the one feature measured here: Lucid also profiles GPU utilisation, wh
 fake-GPU test cluster cannot show, so two workloads of equal memory are not told apart.
 
 >>> from scheduler_bridge.interference import InterferenceTable
->>> from scheduler_bridge.policy_lucid import Lucid
+>>> from scheduler_bridge.policies.lucid import Lucid
 >>> p = LiveProfiling(Lucid(InterferenceTable({("a", "a"): 1.1}, {"light": 10.0, "heavy": 400.0}),
 ...                         profile_nodes=1))
 >>> p.classify(300.0), p.classify(2.0)
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 
-from .policy_lucid import Lucid
+from ..policies.lucid import Lucid
 
 
 class LiveProfiling:

@@ -1,0 +1,73 @@
+"""A trial's prints carry its id: the streams a trial runs under, and the trainables Tune is given.
+(Through a real `hpo run`, with one process serving two trials: tests/test_cli_user_code.py.)"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+
+import pytest
+from ray import tune
+
+from hpo.trial_output import trial_output, with_trial_output
+
+
+def test_lines_printed_in_a_trial_carry_its_id_on_stdout_and_stderr(capsys):
+    with trial_output("abc_00001"):
+        print("first")
+        print("partial", end="")
+        print(" line")
+        print("oops", file=sys.stderr)
+    print("after")
+    out, err = capsys.readouterr()
+    assert out == "[trial abc_00001] first\n[trial abc_00001] partial line\nafter\n"
+    assert err == "[trial abc_00001] oops\n"
+
+
+def test_the_streams_and_rays_log_level_come_back_when_the_trial_raises():
+    before = sys.stdout, sys.stderr, logging.getLogger("ray").level
+    with pytest.raises(ZeroDivisionError):
+        with trial_output("abc_00002", ray_log_level="WARNING"):
+            assert logging.getLogger("ray").level == logging.WARNING
+            1 / 0
+    assert (sys.stdout, sys.stderr, logging.getLogger("ray").level) == before
+
+
+def test_the_next_trial_on_a_reused_process_gets_its_own_prefix_and_nesting_prefixes_once(capsys):
+    with trial_output("first_trial"):
+        print("a")
+    with trial_output("next_trial"):
+        with trial_output("next_trial"):  # a class trainable's reset_config calling its setup
+            print("b")
+    assert capsys.readouterr().out == "[trial first_trial] a\n[trial next_trial] b\n"
+
+
+def test_a_wrapped_function_is_the_users_to_tune_name_signature_and_resources():
+    def my_train(config, extra=None):
+        """The user's docstring."""
+
+    wrapped = with_trial_output(tune.with_resources(my_train, {"cpu": 2}))
+    assert wrapped.__name__ == "my_train" and wrapped.__doc__ == "The user's docstring."
+    assert inspect.signature(wrapped) == inspect.signature(my_train)
+    assert wrapped._resources == my_train._resources  # tune.with_resources' request
+
+
+class Chatty(tune.Trainable):
+    def setup(self, config):
+        print("setting up")
+
+    def step(self):
+        print("stepping")
+        return {"done": True}
+
+
+def test_a_class_trainables_own_methods_print_under_its_trial_id(capsys):
+    wrapped = with_trial_output(tune.with_resources(Chatty, {"cpu": 1}))
+    assert wrapped.__name__ == "Chatty" and issubclass(wrapped, Chatty)
+    trainable = wrapped({})
+    trainable.train()
+    trainable.stop()
+    printed = [line for line in capsys.readouterr().out.splitlines() if "setting" in line or "stepping" in line]
+    # Outside Tune a Trainable's trial id is "default".
+    assert printed == ["[trial default] setting up", "[trial default] stepping"]
