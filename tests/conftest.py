@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from hpo.ray_runtime import RAY_TOKEN_FILE, keep_token_private, start_local_ray  # before ray: loopback only
+from hpo.ray_runtime import start_local_ray  # before anything imports ray: loopback only
 
 # Token authentication on, whatever the shell says: a test Ray is as reachable as any other, and
 # subprocess clients given `--address` inherit the mode (an explicit address never auto-enables it);
@@ -54,19 +53,6 @@ def ray_local():
     )
     yield ray
     ray.shutdown()
-
-
-def pytest_configure(config):
-    """Under pytest-xdist (pyproject's addopts), the controller makes Ray's token before any worker
-    starts a Ray: two first `ray.init`s at once would each write a token of their own to
-    ~/.ray/auth_token, and the subprocess clients of the cluster whose token was overwritten would
-    be refused. A worker (it has `workerinput`) finds the file there."""
-    if hasattr(config, "workerinput") or RAY_TOKEN_FILE.exists():
-        return
-    ray_cli = Path(sys.executable).with_name("ray")
-    subprocess.run([str(ray_cli), "get-auth-token", "--generate"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    keep_token_private()
 
 
 _SESSION: dict[str, int] = {}
