@@ -14,13 +14,7 @@ from typing import Any
 import ray
 from ray.tune import Callback
 
-from hpo.ray_runtime import NAMESPACE
-
-
-def controller_name(sweep: str) -> str:
-    """Sweeps' actors live under `hpo:sweep:`, apart from the cluster's (`hpo:allocator`,
-    `hpo:bubbles`), so no sweep name can take one of theirs."""
-    return f"hpo:sweep:{sweep}"
+from hpo.actor_names import NAMESPACE, controller_name
 
 
 def start_controller(sweep: str, metric: str, mode: str) -> Any:

@@ -19,9 +19,9 @@ from fusion.broker import start_broker
 from hpo.controller import ControllerCallback
 from hpo.fused_members import GROUP_DIR_PREFIX, MemberBook, MemberTrial
 from hpo.fused_scheduler import GroupScheduler
-from hpo.member_trial import MEMBER_TRIAL_RESOURCES, FusionCallback, broker_name, fused_member_trainable
+from hpo.actor_names import NAMESPACE, broker_name
+from hpo.member_trial import MEMBER_TRIAL_RESOURCES, FusionCallback, fused_member_trainable
 from hpo.progress import ProgressCallback
-from hpo.ray_runtime import NAMESPACE
 from hpo.results import SweepResult, results_file_callback
 from hpo.spec import CheckpointPolicy, FusionConfig
 from hpo.trial_output import with_trial_output

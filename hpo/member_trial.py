@@ -27,16 +27,11 @@ from typing import Any
 import ray
 from ray import tune
 
-from hpo.controller import controller_name
-from hpo.ray_runtime import NAMESPACE
+from hpo.actor_names import NAMESPACE, broker_name
 from hpo.checkpointing import CHECKPOINT_FILE, PROGRESS_FILE
 
 #: A member trial only relays results; the group actor holds the real resources.
 MEMBER_TRIAL_RESOURCES = {"cpu": 0.01}
-
-
-def broker_name(sweep: str) -> str:
-    return f"{controller_name(sweep)}:fusion"
 
 
 def fused_member_trainable(sweep: str, max_iterations: int) -> Callable[[dict[str, Any]], None]:

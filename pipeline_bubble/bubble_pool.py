@@ -29,10 +29,9 @@ import ray
 from fusion.broker import GroupLauncher
 from fusion.group_actor import MemberRelay
 from hpo.trial_state import trial_state_from_bytes
-from hpo.ray_runtime import NAMESPACE
+from hpo.actor_names import NAMESPACE, POOL_NAME
 from hpo.workload import Workload
 
-POOL_NAME = "hpo:bubbles"
 
 
 def bubble_pool() -> Any:

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpo.controller import controller_name
-from hpo.member_trial import broker_name
-from pipeline_bubble.bubble_pool import POOL_NAME
-from scheduler_bridge.actor_names import ALLOCATOR_NAME
+from hpo.actor_names import ALLOCATOR_NAME, POOL_NAME, broker_name, controller_name
 
 
 @pytest.mark.parametrize("sweep", ["allocator", "bubbles", "allocator:fusion", "sweep"])

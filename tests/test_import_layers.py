@@ -31,14 +31,15 @@ PACKAGES = ("hpo", "fusion", "pipeline_bubble", "scheduler_bridge")
 #: Lowest first: (layer, the module prefixes in it). A module is in the layer of its longest prefix.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the workload contract, hyperparameters, one trial state, actor names and the namespace
-    ("base", ("hpo.workload", "hpo.hparams", "hpo.trial_state", "hpo.training", "hpo.checkpointing", "hpo.ray_runtime")),
+    ("base", ("hpo.workload", "hpo.hparams", "hpo.trial_state", "hpo.training", "hpo.checkpointing", "hpo.ray_runtime",
+              "hpo.actor_names")),
     ("engine: fusion", ("fusion",)),
     ("engine: pipeline_bubble", ("pipeline_bubble",)),  # bubble guests train fused groups
     # scheduler_bridge, bottom up: the model of jobs and cluster that both sides share, the policies
     # (pure decisions), the trace simulator beside the live allocator (it lends pipeline bubbles),
     # and on top its CLIs and public names
     ("engine: scheduler_bridge model", tuple(f"scheduler_bridge.{m}" for m in (
-        "jobs", "cluster", "app_profiles", "interference", "power_model", "data_files", "actor_names"))),
+        "jobs", "cluster", "app_profiles", "interference", "power_model", "data_files"))),
     ("engine: scheduler_bridge.policies", ("scheduler_bridge.policies",)),
     ("engine: scheduler_bridge simulation, live", ("scheduler_bridge.simulation", "scheduler_bridge.live")),
     ("engine: scheduler_bridge", ("scheduler_bridge",)),

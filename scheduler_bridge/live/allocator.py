@@ -43,7 +43,7 @@ from pathlib import Path
 import ray
 
 from . import placement_groups
-from ..actor_names import NAMESPACE
+from hpo.actor_names import NAMESPACE, idle_gpu_host_name
 from .journal import Journal
 from .driver import FAULTS, LiveDriver
 from ..policies.demand_forecast import DemandForecaster
@@ -383,7 +383,7 @@ class Allocator:
 
         from pipeline_bubble.idle_gpu_host import IdleGpuHost
 
-        name = f"hpo:{host}"
+        name = idle_gpu_host_name(host)
         try:
             return ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:
