@@ -97,7 +97,8 @@ def test_a_fused_engine_gives_tune_groups_and_replays_their_events_per_member(tm
     assert config.max_concurrent_trials == math.ceil(4 / 2)
     controller = ControllerCallback("fused", "val_loss", "min")
     run_config = engine.run_config(tune.RunConfig(callbacks=[controller]))
-    assert [type(c).__name__ for c in run_config.callbacks] == ["MemberCallbacks"]  # the controller hears members
+    # the controller hears members; TensorBoard logs members, in place of Tune's logger of groups
+    assert [type(c).__name__ for c in run_config.callbacks] == ["MemberCallbacks", "MemberTensorBoard"]
     assert run_config.checkpoint_config is engine.sweep.checkpoint_config
 
 
