@@ -41,12 +41,7 @@ class TrialTrainer:
         for _ in range(self.steps_per_iteration):
             inputs, targets = self.batches.batch(self.step)
             loss = self.workload.loss(self.model(inputs), targets)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if self.hparams.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.hparams.grad_clip)
-            self.optimizer.step()
-            self.schedule.step()
+            optimizer_step(self.model, self.optimizer, loss, grad_clip=self.hparams.grad_clip, schedule=self.schedule)
             self.step += 1
             train_loss += loss.item()
         self.iteration += 1
@@ -71,6 +66,26 @@ class TrialTrainer:
 
     def restore(self, directory: str) -> None:
         self.load_state_dict(load_trial_state(directory))
+
+
+def optimizer_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss: torch.Tensor,
+    *,
+    grad_clip: float = 0.0,
+    schedule: torch.optim.lr_scheduler.LRScheduler | None = None,
+) -> None:
+    """One update from `loss`, written once for every unfused learner: a configuration trained as
+    a guest in another job's pipeline bubbles must follow the trajectory it would have followed
+    as an ordinary trial, so both take this step."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    if schedule is not None:
+        schedule.step()
 
 
 def iteration_result(train_loss: float, evaluation: Mapping[str, float], step: int) -> dict[str, Any]:

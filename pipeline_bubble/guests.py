@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from hpo.hparams import OptimHParams
-from hpo.training import evaluate_model
+from hpo.training import evaluate_model, optimizer_step
 from hpo.trial_state import PrivateRNG, ResumableBatches, trial_optimizer
 from hpo.workload import Batch
 
@@ -110,13 +110,7 @@ class TorchGuest:
         with self.rng.active():
             self.model.train()
             loss = self.loss_fn(self.model(inputs), targets)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if self.grad_clip > 0:
-                nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-            self.optimizer.step()
-            if self.scheduler is not None:
-                self.scheduler.step()
+            optimizer_step(self.model, self.optimizer, loss, grad_clip=self.grad_clip, schedule=self.scheduler)
         self.steps += 1
         return float(loss.detach())
 
