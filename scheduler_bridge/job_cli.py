@@ -18,10 +18,9 @@ import json
 import os
 import sys
 
+from .policies.registry import POLICY_NAMES
+
 EXIT_BAD_INPUT = 2
-QUEUE_POLICIES = ("fifo", "sjf", "srtf", "qssf", "tiresias")
-POLICY_CHOICES = (*QUEUE_POLICIES, "lucid", "elastic", "elastic-fixed-batch", "tuning-aware",
-                  *(f"ces:{p}" for p in QUEUE_POLICIES))
 
 
 def _guarded(cmd):
@@ -193,7 +192,7 @@ def add_job_parser(subparsers) -> None:
     st = common(sub.add_parser("start", help="start the allocator actor on this node"))
     st.add_argument("--journal", required=True, help="journal file on this node's local disk")
     st.add_argument("--storage", required=True, help="checkpoint folder every GPU node can reach")
-    st.add_argument("--policy", default="fifo", choices=POLICY_CHOICES, help="scheduling policy (default: fifo)")
+    st.add_argument("--policy", default="fifo", choices=POLICY_NAMES, help="scheduling policy (default: fifo)")
     st.add_argument("--base-policy", default="fifo", help="ordinary-job policy under tuning-aware")
     st.add_argument("--backfill", default=None, action=argparse.BooleanOptionalAction,
                     help="greedy backfill for queue policies (default: on)")

@@ -18,6 +18,8 @@ from .tuning_aware import TuningAware
 POLICIES = ("fifo", "sjf", "srtf", "qssf", "tiresias", "lucid", "elastic", "elastic-fixed-batch",
             "tuning-aware", "ces:<base>")
 QUEUE_BASES = ("fifo", "sjf", "srtf", "qssf", "tiresias")
+#: Every name ``make_policy`` accepts, ``ces:<base>`` spelled out: a command line's choices.
+POLICY_NAMES = (*(p for p in POLICIES if p != "ces:<base>"), *(f"ces:{base}" for base in QUEUE_BASES))
 
 
 def make_policy(name: str, *, backfill: bool | None = None, seed: int = 0,
@@ -59,8 +61,6 @@ def make_policy(name: str, *, backfill: bool | None = None, seed: int = 0,
 
 def check_policy_name(name: str) -> None:
     """Raise ValueError naming the choices unless ``make_policy`` knows ``name``."""
-    if name.startswith("ces:") and name[4:] in QUEUE_BASES:
-        return
-    if name not in POLICIES or name == "ces:<base>":
+    if name not in POLICY_NAMES:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)} "
                          f"(<base>: {', '.join(QUEUE_BASES)})")
