@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpo.trial_state import PrivateRNG
+from hpo.base.trial_state import PrivateRNG
 from pipeline_bubble.executor import SAFETY, WINDOW_QUANTILE
 from pipeline_bubble.guests import GuestWork, TorchGuest, workload_guest
 from pipeline_bubble.timeline import GUEST, WAIT, StageTimeline, summarize

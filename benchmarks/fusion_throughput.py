@@ -53,7 +53,7 @@ sys.path.insert(0, str(REPO))
 
 def _import_engine_without_sweep_dependencies() -> None:
     """`hpo/__init__` imports the Ray/pandas/pydantic sweep API; the engine needs only
-    `hpo.hparams` and `hpo.workload`. Where those dependencies are missing (the GPU machine),
+    `hpo.base.hparams` and `hpo.base.workload`. Where those dependencies are missing (the GPU machine),
     load the `hpo` package without running its `__init__`."""
     try:
         importlib.import_module("hpo")
@@ -70,8 +70,8 @@ _import_engine_without_sweep_dependencies()
 from examples.char_gpt import CharGPTWorkload, load_corpus  # noqa: E402
 from examples.mlp_digits import NUM_CLASSES, NUM_FEATURES, DigitsMLP  # noqa: E402
 from fusion import FusedTrainer, build_member  # noqa: E402
-from hpo.hparams import OptimHParams, build_torch_optimizer  # noqa: E402
-from hpo.workload import Batch  # noqa: E402
+from hpo.base.hparams import OptimHParams, build_torch_optimizer  # noqa: E402
+from hpo.base.workload import Batch  # noqa: E402
 
 MEMBERS = (1, 4, 16, 64, 128)
 QUICK_MEMBERS = (1, 4, 16)

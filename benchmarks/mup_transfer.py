@@ -23,7 +23,7 @@ run the transfer needs is reported separately as compute_ratio_with_target_run).
     python benchmarks/mup_transfer.py --device cuda --json results/mup_transfer_gpu.json
 
 Needs torch, mup, matplotlib; not Ray (nor pydantic): it trains in-process with the optimizer
-and muP factors the sweep uses (`hpo.hparams.build_torch_optimizer` + `lr_multipliers`).
+and muP factors the sweep uses (`hpo.base.hparams.build_torch_optimizer` + `lr_multipliers`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _ray_installed() -> bool:
 
 if not _ray_installed():
     # `hpo/__init__` loads the Ray-based sweep API; this benchmark needs only Ray-free modules
-    # (hpo.workload, hpo.hparams, hpo.scaling), so without Ray register the bare package.
+    # (hpo.base.workload, hpo.base.hparams, hpo.scaling), so without Ray register the bare package.
     _package = types.ModuleType("hpo")
     _package.__path__ = [str(ROOT / "hpo")]
     sys.modules["hpo"] = _package
@@ -58,7 +58,7 @@ if not _ray_installed():
 import torch  # noqa: E402
 
 from examples.char_gpt import workload as char_gpt  # noqa: E402
-from hpo.hparams import OptimHParams, build_torch_optimizer  # noqa: E402
+from hpo.base.hparams import OptimHParams, build_torch_optimizer  # noqa: E402
 from hpo.scaling import MuPWorkload, transfer_config  # noqa: E402
 
 PRESETS = {
@@ -107,7 +107,7 @@ def run_config(settings: dict, log2_lr: int, width: int, parametrization: str) -
 
 
 def train(workload, config: dict, steps: int, device: torch.device) -> dict:
-    """One run, as hpo.training.TrialTrainer trains it (without Ray, on `device`); final val loss."""
+    """One run, as hpo.base.training.TrialTrainer trains it (without Ray, on `device`); final val loss."""
     config = workload.resolve(config)
     torch.manual_seed(int(config["seed"]))
     model = workload.build_model(config).to(device)

@@ -13,7 +13,7 @@ seed 0, K iterations each, no early stopping):
 5. `hpo_run_checkpoint_at_end` (with `--rows`): `hpo.run` unfused checkpointing only the last
    iteration; its difference with `hpo_run` is what persisting checkpoints costs.
 
-Each Ray row runs on a fresh local Ray started as `hpo run` starts it (`hpo.ray_runtime.ensure_ray`:
+Each Ray row runs on a fresh local Ray started as `hpo run` starts it (`hpo.base.ray_runtime.ensure_ray`:
 loopback only, idle workers importing torch and Ray Tune while they wait), so every row starts from
 the same state and no row inherits another's warm or spent worker processes. Ray's start
 (`ray_init_s`, per row) and `RAY_SETTLE_S` after it, while its own processes and those imports
@@ -101,7 +101,7 @@ def in_process(lrs: list[float], iterations: int) -> dict[str, Any]:
     import torch
 
     from hpo.trainables import resolve_trainable
-    from hpo.training import TrialTrainer
+    from hpo.base.training import TrialTrainer
 
     workload = resolve_trainable("mlp_digits")
     torch.set_num_threads(1)
@@ -156,7 +156,7 @@ def plain_tune(lrs: list[float], iterations: int, storage: str) -> dict[str, Any
         import torch
 
         from hpo.trainables import resolve_trainable
-        from hpo.training import TrialTrainer
+        from hpo.base.training import TrialTrainer
 
         torch.set_num_threads(1)
         trainer = TrialTrainer(resolve_trainable("mlp_digits"), config)
@@ -228,7 +228,7 @@ def main() -> None:
 
     import ray
 
-    from hpo.ray_runtime import ensure_ray
+    from hpo.base.ray_runtime import ensure_ray
 
     rows: dict[str, dict[str, Any]] = {}
     if "in_process" in rows_wanted:

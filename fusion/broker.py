@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 if TYPE_CHECKING:
-    from hpo.workload import Workload
+    from hpo.base.workload import Workload
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from fusion.trainer import FusedTrainer
-from hpo.trial_state import trial_state_bytes, trial_state_from_bytes
-from hpo.workload import Workload
+from hpo.base.trial_state import trial_state_bytes, trial_state_from_bytes
+from hpo.base.workload import Workload
 
 
 class GroupFailed(RuntimeError):

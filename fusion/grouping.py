@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fusion.layers import FusionError
-from hpo.hparams import OptimHParams
+from hpo.base.hparams import OptimHParams
 
 #: muP's transferable keys that are neither optimizer settings nor structure (hpo.scaling.TRANSFERABLE
 #: minus the optimizer keys); a test keeps the two lists in step.

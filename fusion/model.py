@@ -51,7 +51,7 @@ from fusion.independence import check_member_independence, output_tensors, prese
 from fusion.layers import LEAF_CHECKS, LEAF_FUSERS, UNSUPPORTED, FusionError, NotStackedHere, ScaledLinear
 from fusion.stacked_attention import ATTENTION_FUSERS, FoldedAttentionCalls
 from fusion.stacked_rnn import RNN_FUSERS
-from hpo.workload import Workload
+from hpo.base.workload import Workload
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ which still launches per tensor), a member's state is one row, and removing memb
 index.
 
 The arithmetic follows `torch.optim.SGD/Adam/AdamW` (single-tensor path) operation by
-operation, so a member trains as `hpo.hparams.build_torch_optimizer` would train it alone:
+operation, so a member trains as `hpo.base.hparams.build_torch_optimizer` would train it alone:
 - learning rate of member b at its step s for parameter n: `lr_b * lr_multiplier_b[n] * lr_factor_b(s)`
   (`OptimHParams.lr_factor`, the same schedule `TrialTrainer` applies through LambdaLR);
 - per-member gradient clipping by each member's own global norm (`clip_grad_norm_`'s formula);
@@ -37,7 +37,7 @@ import torch
 # such views do not match its preferred layout is about speed, not correctness.
 warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
 
-from hpo.hparams import OptimHParams
+from hpo.base.hparams import OptimHParams
 
 #: Per-optimizer state matrices, named as in `torch.optim`'s own state.
 STATE_NAMES = {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq")}

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from fusion.trainer import FusedTrainer
-from hpo.workload import Workload
+from hpo.base.workload import Workload
 
 log = logging.getLogger(__name__)
 

@@ -36,10 +36,10 @@ from torch.nn import functional as F
 from fusion.grouping import FUSIBLE_KEYS, check_fusible
 from fusion.model import FusedModel, build_member, fuse_models
 from fusion.optim import FusedOptimizer
-from hpo.hparams import OptimHParams
-from hpo.training import iteration_result
-from hpo.trial_state import ResumableBatches, load_trial_state, save_trial_state, trial_optimizer, trial_state
-from hpo.workload import Workload
+from hpo.base.hparams import OptimHParams
+from hpo.base.training import iteration_result
+from hpo.base.trial_state import ResumableBatches, load_trial_state, save_trial_state, trial_optimizer, trial_state
+from hpo.base.workload import Workload
 
 #: The file a fused group saves into its checkpoint directory.
 FUSED_CHECKPOINT_FILE = "fused_state.pt"

@@ -4,17 +4,17 @@ Public entry points: `hpo.run` (like `tune.run`), `hpo.Tuner` (like `ray.tune.Tu
 schema `SweepSpec`, the `Workload` interface for model factories, `FusionConfig` and
 `ScalingConfig`.
 
-Every name loads on first use (PEP 562): the engines' pure-PyTorch modules (`hpo.workload`,
-`hpo.hparams`, `hpo.scaling`) import where Ray is not installed, such as a GPU box running the
+Every name loads on first use (PEP 562): the engines' pure-PyTorch modules (`hpo.base.workload`,
+`hpo.base.hparams`, `hpo.scaling`) import where Ray is not installed, such as a GPU box running the
 benchmarks, and the modules that must not import torch (`hpo --help`, `hpo validate`, fused member
 trials) import `hpo` without paying for torch or Ray.
 """
 
-import hpo.ray_runtime  # noqa: F401  first: Ray's loopback-only switch must be set before anything imports ray
+import hpo.base.ray_runtime  # noqa: F401  first: Ray's loopback-only switch must be set before anything imports ray
 
 _LAZY = {
-    "Workload": "hpo.workload",
-    "DatasetWorkload": "hpo.workload",
+    "Workload": "hpo.base.workload",
+    "DatasetWorkload": "hpo.base.workload",
     "Tuner": "hpo.api",
     "run": "hpo.sweep",
     "SweepConfigError": "hpo.errors",

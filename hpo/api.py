@@ -35,13 +35,13 @@ from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
 
 from hpo.controller import ControllerCallback, start_controller
 from hpo.fused_sweep import BubbleEngine, FusedEngine
-from hpo.ray_runtime import ensure_ray
+from hpo.base.ray_runtime import ensure_ray
 from hpo.results import SweepResult, results_file_callback
 from hpo.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
 from hpo.trainables import resolve_trainable
-from hpo.training import workload_trainable
+from hpo.workload_trial import workload_trainable
 from hpo.trial_output import with_trial_output
-from hpo.workload import Workload
+from hpo.base.workload import Workload
 
 Trainable = Workload | Callable[..., Any] | str
 
@@ -77,7 +77,7 @@ class SweepEngine(Protocol):
 
 
 class PlainEngine:
-    """Every configuration is a Tune trial of its own; a `Workload` trains as `hpo.training` says."""
+    """Every configuration is a Tune trial of its own; a `Workload` trains as `hpo.base.training` says."""
 
     def __init__(
         self,
@@ -106,7 +106,7 @@ class PlainEngine:
                 trainable, self.max_iterations, threads=max(1, int(self.resources.get("cpu", 1))),
                 checkpoint_every=self.checkpoint.every, checkpoint_at_end=self.checkpoint.at_end,
             )
-        return with_trial_output(tune.with_resources(trainable, dict(self.resources)))
+        return tune.with_resources(trainable, dict(self.resources))
 
     def param_space(self) -> dict[str, Any]:
         return self.user_space
@@ -202,8 +202,9 @@ class Tuner:
         return DEFAULT_MAX_ITERATIONS
 
     def _tune_trainable(self) -> Any:
-        """The Tune trainable this sweep runs, with its per-trial resources attached."""
-        return self.engine.trainable()
+        """The Tune trainable this sweep runs, with its per-trial resources attached; whichever
+        engine built it, every line a trial prints carries the trial's id."""
+        return with_trial_output(self.engine.trainable())
 
     def _run_config(self) -> tune.RunConfig:
         metric = self.tune_config.metric

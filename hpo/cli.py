@@ -112,7 +112,7 @@ def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
     import ray
     from ray.exceptions import RuntimeEnvSetupError
 
-    from hpo.ray_runtime import code_runtime_env, ensure_ray
+    from hpo.base.ray_runtime import code_runtime_env, ensure_ray
     from hpo.trial_output import quiet_ray_on_workers
 
     quiet_ray_on_workers()  # Tune's INFO lines stay off the console among the trials' prints
@@ -203,7 +203,7 @@ def _cmd_coord_check(args: argparse.Namespace) -> int:
     from hpo.scaling import coord_check
     from hpo.sweep_file import describe_exception
     from hpo.trainables import TrainableNotFound, resolve_trainable
-    from hpo.workload import Workload
+    from hpo.base.workload import Workload
 
     try:  # a module in the current folder is importable, as it is for `python -m`
         workload = resolve_trainable(args.trainable, search_dir=Path.cwd(), for_ray=False)

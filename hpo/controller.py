@@ -14,7 +14,7 @@ from typing import Any
 import ray
 from ray.tune import Callback
 
-from hpo.actor_names import NAMESPACE, controller_name
+from hpo.base.actor_names import NAMESPACE, controller_name
 
 
 def start_controller(sweep: str, metric: str, mode: str) -> Any:

@@ -7,7 +7,7 @@ Tune's metric check and the group's row in Tune's tables show.
 
 Checkpoints are the members' own: when the sweep's checkpoint policy says so, each member's state
 is written to its folder (`<experiment>/members/<id>/checkpoint_<iteration>/trial_state.pt`, the
-format `hpo.training.TrialTrainer` reads, so a member can be resumed or deployed unfused), and the
+format `hpo.base.training.TrialTrainer` reads, so a member can be resumed or deployed unfused), and the
 group's Tune checkpoint only names them. A group retried after a crash is rebuilt from those
 member states, so a member loses at most `checkpoint.every` iterations.
 """
@@ -25,11 +25,11 @@ import torch
 from ray import tune
 
 from fusion.trainer import FusedTrainer
-from hpo.checkpointing import checkpoint_due
+from hpo.base.checkpointing import checkpoint_due
 from hpo.fused_members import STATUS_FILE, member_ids
 from hpo.results import MEMBERS_DIR
-from hpo.trial_state import save_trial_state
-from hpo.workload import Workload
+from hpo.base.trial_state import save_trial_state
+from hpo.base.workload import Workload
 
 #: A group's Tune checkpoint: which member checkpoints hold its state.
 MANIFEST_FILE = "members.json"

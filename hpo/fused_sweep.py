@@ -19,13 +19,12 @@ from fusion.broker import start_broker
 from hpo.controller import ControllerCallback
 from hpo.fused_members import GROUP_DIR_PREFIX, MemberBook, MemberTrial
 from hpo.fused_scheduler import GroupScheduler
-from hpo.actor_names import NAMESPACE, broker_name
+from hpo.base.actor_names import NAMESPACE, broker_name
 from hpo.member_trial import MEMBER_TRIAL_RESOURCES, FusionCallback, fused_member_trainable
 from hpo.progress import ProgressCallback
 from hpo.results import SweepResult, results_file_callback
 from hpo.spec import CheckpointPolicy, FusionConfig
-from hpo.trial_output import with_trial_output
-from hpo.workload import Workload
+from hpo.base.workload import Workload
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +148,7 @@ def fused_sweep(
     )
     return FusedSweep(
         book=book,
-        trainable=with_trial_output(tune.with_resources(trainable, dict(resources))),
+        trainable=tune.with_resources(trainable, dict(resources)),
         search_alg=searcher,
         scheduler=GroupScheduler(tune_config.scheduler, book, max_iterations),
         checkpoint_config=group_checkpoint_config(checkpoint.every, checkpoint.at_end),

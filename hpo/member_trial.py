@@ -27,8 +27,8 @@ from typing import Any
 import ray
 from ray import tune
 
-from hpo.actor_names import NAMESPACE, broker_name
-from hpo.checkpointing import CHECKPOINT_FILE, PROGRESS_FILE
+from hpo.base.actor_names import NAMESPACE, broker_name
+from hpo.base.checkpointing import CHECKPOINT_FILE, PROGRESS_FILE
 
 #: A member trial only relays results; the group actor holds the real resources.
 MEMBER_TRIAL_RESOURCES = {"cpu": 0.01}

@@ -27,7 +27,7 @@ from hpo.errors import ConfigIssue, SweepConfigError
 from hpo.sweep_file import LoadedSweep, describe_exception
 from hpo.trainables import TrainableSource, is_workload, reported_metrics
 
-#: Config keys the trial trainer itself reads (`hpo.training.TrialTrainer`, `fusion.model`), and
+#: Config keys the trial trainer itself reads (`hpo.base.training.TrialTrainer`, `fusion.model`), and
 #: the Workload contract's `width` and `batch_size`, beyond the optimizer's (`OptimHParams`).
 TRAINER_KEYS = frozenset({"width", "batch_size", "seed", "data_seed", "steps_per_iteration"})
 #: Keys `hpo.scaling.MuPWorkload` reads when it builds a muP model.
@@ -73,7 +73,7 @@ def check_function(loaded: LoadedSweep) -> list[ConfigIssue]:
             issues.append(loaded.issue(block, (
                 f"{block} needs a Workload trainable (model factory, data and loss kept apart), but "
                 f"{loaded.spec.trainable!r} is a function; remove the {block} block or wrap the model in an "
-                "hpo.Workload (build_model, train_batches, eval_batches: see hpo/workload.py)"
+                "hpo.Workload (build_model, train_batches, eval_batches: see hpo/base/workload.py)"
             )))
     return issues
 
@@ -147,7 +147,7 @@ def check_workload_keys(loaded: LoadedSweep, notes: list[ConfigIssue]) -> list[C
     A workload reads its `defaults` and any key its own code names (`config["key"]`,
     `config.get("key")`); when its source cannot be read, an unknown key is only a warning.
     """
-    from hpo.hparams import OPTIMIZERS, SCHEDULES, OptimHParams
+    from hpo.base.hparams import OPTIMIZERS, SCHEDULES, OptimHParams
     from hpo.spec import did_you_mean
 
     workload = loaded.trainable
@@ -185,7 +185,7 @@ def check_workload_keys(loaded: LoadedSweep, notes: list[ConfigIssue]) -> list[C
 def keys_named_by(cls: type) -> set[str] | None:
     """String keys the code of `cls` and its user-written bases subscripts or `.get`s, found by
     parsing their source (nothing runs); None when some source is not available."""
-    from hpo.workload import Workload
+    from hpo.base.workload import Workload
 
     keys: set[str] = set()
     for klass in cls.__mro__:
@@ -264,7 +264,7 @@ def check_resources(loaded: LoadedSweep, address: str | None = None) -> list[Con
 
 
 def machine_capacity() -> dict[str, float]:
-    """What the embedded local Ray gets: every core (as `hpo.ray_runtime` sizes it) and the GPUs
+    """What the embedded local Ray gets: every core (as `hpo.base.ray_runtime` sizes it) and the GPUs
     Ray would detect, found without importing torch unless it already is."""
     return {"cpu": float(os.cpu_count() or 1), "gpu": float(local_gpu_count())}
 
@@ -282,7 +282,7 @@ def cluster_capacity(address: str) -> dict[str, float]:
     """The largest node of the Ray cluster at `address` (a trial runs on one node)."""
     import ray
 
-    from hpo.ray_runtime import ensure_ray
+    from hpo.base.ray_runtime import ensure_ray
 
     ensure_ray(address=address)
     nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]

@@ -17,7 +17,7 @@ from hpo.results import SweepResult
 from hpo.scaling import EagerTransferCallback, ScalingError, complete_transfer, coord_check, proxy_workload
 from hpo.scaling._config import ScalingConfig
 from hpo.scaling._transfer import TARGET_CHECKPOINT_DIR
-from hpo.workload import Workload
+from hpo.base.workload import Workload
 
 
 def as_scaling_config(scaling: ScalingConfig | Mapping[str, Any]) -> ScalingConfig:

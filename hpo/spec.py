@@ -182,7 +182,7 @@ class FusionConfig(_Strict):
 class CheckpointPolicy(_Strict):
     """How often a trial's state is persisted: after a crash a trial loses at most `every`
     iterations, and `at_end` keeps the final state (the one a user deploys or transfers). The
-    engines apply it through `hpo.checkpointing.checkpoint_due`."""
+    engines apply it through `hpo.base.checkpointing.checkpoint_due`."""
 
     every: int = Field(DEFAULT_CHECKPOINT_EVERY, ge=1)
     at_end: bool = True

@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hpo.workload import Workload
+    from hpo.base.workload import Workload
 
 BUILTIN = {
     "mlp_digits": "hpo.examples.mlp_digits:workload",
@@ -103,8 +103,8 @@ def resolve_trainable(
 
 def is_workload(trainable: object) -> bool:
     """`isinstance(trainable, Workload)` without importing torch for a function trainable:
-    nothing can be a Workload unless `hpo.workload` has been imported."""
-    module = sys.modules.get("hpo.workload")
+    nothing can be a Workload unless `hpo.base.workload` has been imported."""
+    module = sys.modules.get("hpo.base.workload")
     return module is not None and isinstance(trainable, module.Workload)
 
 
@@ -127,7 +127,7 @@ def _ship_by_value_if_local(module: ModuleType, search_dir: str | Path | None) -
 def reported_metrics(trainable: "Workload | Callable[..., Any]") -> frozenset[str] | None:
     """The metrics a trainable is known to report, or None when it does not say.
 
-    Workloads report what `hpo.training.TrialTrainer` reports; a function trainable may declare
+    Workloads report what `hpo.base.training.TrialTrainer` reports; a function trainable may declare
     `reported_metrics = (...)` to get the same up-front check.
     """
     if is_workload(trainable):

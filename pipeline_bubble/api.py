@@ -83,7 +83,7 @@ def run_guests_in_bubbles(
     trial_ids: Sequence[Any] | None = None,
     memory_cap_bytes: int | None = None,
 ) -> BubbleExecutor:
-    """Train tuning `configs` of `workload` (a `hpo.workload.Workload`) inside this rank's bubbles.
+    """Train tuning `configs` of `workload` (a `hpo.base.workload.Workload`) inside this rank's bubbles.
 
     Call on every rank of the pipeline job with the same arguments, after `harvest_bubbles`.
     Stage s trains configs[s::num_stages]: as one `fusion.FusedTrainer` group when they fuse,

@@ -28,9 +28,9 @@ import ray
 
 from fusion.broker import GroupLauncher
 from fusion.group_actor import MemberRelay
-from hpo.trial_state import trial_state_from_bytes
-from hpo.actor_names import NAMESPACE, POOL_NAME
-from hpo.workload import Workload
+from hpo.base.trial_state import trial_state_from_bytes
+from hpo.base.actor_names import NAMESPACE, POOL_NAME
+from hpo.base.workload import Workload
 
 
 

@@ -65,7 +65,7 @@ from typing import Any, Protocol
 
 import torch
 
-from hpo.trial_state import rng_devices
+from hpo.base.trial_state import rng_devices
 from pipeline_bubble.guests import GuestWork
 from pipeline_bubble.peer_signals import PeerArrival
 from pipeline_bubble.timeline import GUEST

@@ -2,7 +2,7 @@
 
 `FusedTrainer` seeds and restores the global RNG (as `TrialTrainer` does) when it builds its
 members and loads checkpoints; the adapter confines both, and every step, to a private RNG
-stream (`hpo.trial_state.PrivateRNG`), so the host pipeline job's RNG never moves. Data comes from
+stream (`hpo.base.trial_state.PrivateRNG`), so the host pipeline job's RNG never moves. Data comes from
 the trainer's own resumable stream (`FusedTrainer.batches`).
 
 Example::
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from hpo.trial_state import PrivateRNG, rng_devices
+from hpo.base.trial_state import PrivateRNG, rng_devices
 from pipeline_bubble.guests import tensor_bytes
 
 

@@ -2,11 +2,11 @@
 
 The executor only needs the small `GuestWork` protocol: one optimizer step at a time, a
 checkpointable state, and its memory footprint. `TorchGuest` trains any module/optimizer/data
-stream; `workload_guest` builds one from a `hpo.workload.Workload` config exactly the way the
-plain trainer does (same optimizer and LR schedule from `hpo.hparams`).
+stream; `workload_guest` builds one from a `hpo.base.workload.Workload` config exactly the way the
+plain trainer does (same optimizer and LR schedule from `hpo.base.hparams`).
 
 A guest must never touch the host job's math. Concretely it keeps its own RNG stream
-(`hpo.trial_state.PrivateRNG`), builds its own tensors, and never reads or writes the main job's
+(`hpo.base.trial_state.PrivateRNG`), builds its own tensors, and never reads or writes the main job's
 parameters.
 
 Example::
@@ -24,10 +24,10 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from hpo.hparams import OptimHParams
-from hpo.training import evaluate_model, optimizer_step
-from hpo.trial_state import PrivateRNG, ResumableBatches, trial_optimizer
-from hpo.workload import Batch
+from hpo.base.hparams import OptimHParams
+from hpo.base.training import evaluate_model, optimizer_step
+from hpo.base.trial_state import PrivateRNG, ResumableBatches, trial_optimizer
+from hpo.base.workload import Batch
 
 
 @runtime_checkable
@@ -65,7 +65,7 @@ class TorchGuest:
     """Trains `model` with `optimizer` on `batch_stream()` under a private RNG stream.
 
     `batch_stream` (or the function that opens it) is read by step as a
-    `hpo.trial_state.ResumableBatches`, so a restored guest sees the data it would have seen had
+    `hpo.base.trial_state.ResumableBatches`, so a restored guest sees the data it would have seen had
     it never stopped.
     """
 
@@ -144,7 +144,7 @@ class TorchGuest:
 def workload_guest(
     workload: Any, config: Mapping[str, Any], *, device: torch.device | str = "cpu", seed: int | None = None
 ) -> TorchGuest:
-    """A guest that trains one config of a `hpo.workload.Workload` like `hpo.training.TrialTrainer` does.
+    """A guest that trains one config of a `hpo.base.workload.Workload` like `hpo.base.training.TrialTrainer` does.
 
     Same model factory, data stream (`data_seed`), optimizer, muP LR multipliers and LR schedule;
     only the RNG is private (seeded from `config["seed"]` unless `seed` is given), so the host

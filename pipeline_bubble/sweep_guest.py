@@ -16,7 +16,7 @@ import ray
 import torch
 
 from fusion.group_actor import group_trainer, member_results
-from hpo.trial_state import rng_devices
+from hpo.base.trial_state import rng_devices
 from pipeline_bubble.fused_guest import FusedGroupGuest
 
 

@@ -48,7 +48,7 @@ def _train(name: str, device: str, cores: list[int], threads: int, warmup: float
     """Worker process: build the workload, warm up, wait for the partner, count steps."""
     import torch
 
-    from hpo.hparams import OptimHParams, workload_optimizer
+    from hpo.base.hparams import OptimHParams, workload_optimizer
 
     if device == "cpu":
         os.sched_setaffinity(0, cores)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpo.ray_runtime import start_local_ray  # before anything imports ray: loopback only
+from hpo.base.ray_runtime import start_local_ray  # before anything imports ray: loopback only
 
 # Token authentication on, whatever the shell says: a test Ray is as reachable as any other, and
 # subprocess clients given `--address` inherit the mode (an explicit address never auto-enables it);

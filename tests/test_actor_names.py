@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpo.actor_names import ALLOCATOR_NAME, POOL_NAME, broker_name, controller_name
+from hpo.base.actor_names import ALLOCATOR_NAME, POOL_NAME, broker_name, controller_name
 
 
 @pytest.mark.parametrize("sweep", ["allocator", "bubbles", "allocator:fusion", "sweep"])

@@ -22,7 +22,7 @@ from ray import tune
 
 import hpo
 from hpo.examples.mlp_digits import workload as digits
-from hpo.training import TrialTrainer
+from hpo.base.training import TrialTrainer
 from benchmarks.bubble_ab import ABSpec
 from pipeline_bubble.launch import free_port
 

@@ -7,7 +7,7 @@ import torch
 
 from examples.mlp_digits import workload as mlp_digits
 from fusion import FusedTrainer
-from hpo.training import TrialTrainer
+from hpo.base.training import TrialTrainer
 
 
 BASE = {"width": 32, "steps_per_iteration": 10}

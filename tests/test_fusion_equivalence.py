@@ -12,7 +12,7 @@ import torch
 from examples.char_gpt import workload as char_gpt
 from examples.mlp_digits import workload as mlp_digits
 from fusion import FusedTrainer
-from hpo.training import TrialTrainer
+from hpo.base.training import TrialTrainer
 
 
 

@@ -11,7 +11,7 @@ from torch import nn
 from examples.char_gpt import workload as char_gpt
 from examples.mlp_digits import workload as mlp_digits
 from fusion import FusedTrainer, FusionError, build_member, fuse_models
-from hpo.training import TrialTrainer
+from hpo.base.training import TrialTrainer
 
 
 def conv1d_net() -> nn.Module:

@@ -8,7 +8,7 @@ import torch
 
 from examples.mlp_digits import workload as mlp_digits
 from fusion import FUSIBLE_KEYS, MULTIPLIER_KEYS, FusedTrainer, FusionError, check_fusible, group_configs
-from hpo.hparams import OptimHParams
+from hpo.base.hparams import OptimHParams
 
 
 BASE = {"width": 32, "steps_per_iteration": 10}

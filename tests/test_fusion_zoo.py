@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fusion import FusedOptimizer, FusionError, fuse_models
-from hpo.hparams import OptimHParams, build_torch_optimizer
+from hpo.base.hparams import OptimHParams, build_torch_optimizer
 from tests.fusion_zoo import ZOO, ZooModel, loss
 
 MEMBERS = 3

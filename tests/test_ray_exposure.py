@@ -19,7 +19,7 @@ import psutil
 import pytest
 import yaml
 
-from hpo.ray_runtime import LOOPBACK_ONLY_ENV
+from hpo.base.ray_runtime import LOOPBACK_ONLY_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 #: A killed driver's watchdog polls every 0.5 s and gives SIGTERM 2 s; Ray alone needs over a minute.
@@ -105,14 +105,14 @@ def test_killed_driver_leaves_no_ray_process_behind(running_sweep):
 
 
 def test_the_generated_ray_token_is_readable_by_its_owner_only(running_sweep):
-    from hpo.ray_runtime import RAY_TOKEN_FILE
+    from hpo.base.ray_runtime import RAY_TOKEN_FILE
 
     assert RAY_TOKEN_FILE.exists() and RAY_TOKEN_FILE.stat().st_mode & 0o077 == 0, oct(RAY_TOKEN_FILE.stat().st_mode)
 
 
 WATCHDOGS_AFTER_TWO_RAYS = """
 import json, time
-from hpo.ray_runtime import start_local_ray   # before ray: loopback only
+from hpo.base.ray_runtime import start_local_ray   # before ray: loopback only
 import psutil
 import ray
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpo.checkpointing import CHECKPOINT_FILE
+from hpo.base.checkpointing import CHECKPOINT_FILE
 from hpo.cli import main
 from hpo.sweep import build_tuner, load_sweep
 

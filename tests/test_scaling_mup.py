@@ -10,9 +10,9 @@ from torch import nn
 
 from examples.char_gpt import workload as char_gpt
 from examples.mlp_digits import workload as mlp_digits
-from hpo.hparams import OptimHParams, workload_optimizer
+from hpo.base.hparams import OptimHParams, workload_optimizer
 from hpo.scaling import MuPWorkload, ScalingConfig, ScalingError, proxy_workload, target_workload
-from hpo.workload import Workload
+from hpo.base.workload import Workload
 
 SCALING = ScalingConfig(target_width=128, ratio=4)
 

@@ -67,8 +67,8 @@ def test_final_training_trains_the_target_with_the_transferred_config_and_report
 def test_the_trained_target_is_saved_and_loads_back_with_the_same_metric(tmp_path):
     import torch
 
-    from hpo.checkpointing import CHECKPOINT_FILE
-    from hpo.training import TrialTrainer
+    from hpo.base.checkpointing import CHECKPOINT_FILE
+    from hpo.base.training import TrialTrainer
 
     scaling = ScalingConfig(target_width=32, ratio=2, final_training=True)
     best = {"width": 16, "lr": 0.01, "steps_per_iteration": 3}

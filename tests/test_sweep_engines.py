@@ -14,9 +14,9 @@ from hpo.controller import ControllerCallback
 from hpo.fused_scheduler import GroupScheduler
 from hpo.fused_search import GroupSearcher
 from hpo.fused_sweep import BubbleEngine, FusedEngine
-from hpo.actor_names import broker_name
+from hpo.base.actor_names import broker_name
 from hpo.member_trial import FusionCallback
-from hpo.actor_names import NAMESPACE
+from hpo.base.actor_names import NAMESPACE
 from hpo.scaled_sweep import ScaledEngine
 from hpo.spec import CheckpointPolicy, FusionConfig
 

@@ -7,7 +7,7 @@ import itertools
 import torch
 
 from examples.mlp_digits import workload as mlp_digits
-from hpo.trial_state import (
+from hpo.base.trial_state import (
     PrivateRNG,
     ResumableBatches,
     load_trial_state,
@@ -15,7 +15,7 @@ from hpo.trial_state import (
     trial_state_bytes,
     trial_state_from_bytes,
 )
-from hpo.training import TrialTrainer
+from hpo.base.training import TrialTrainer
 
 
 def counting_stream(opened: list[int]):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hpo.ray_runtime import PRELOAD_ENV, TRIAL_MODULES
+from hpo.base.ray_runtime import PRELOAD_ENV, TRIAL_MODULES
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 PROBE = f"""
 import json
 import ray
-from hpo.ray_runtime import ensure_ray
+from hpo.base.ray_runtime import ensure_ray
 
 ensure_ray()
 

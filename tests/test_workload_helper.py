@@ -13,8 +13,8 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import hpo
-from hpo.training import TrialTrainer
-from hpo.workload import DatasetWorkload
+from hpo.base.training import TrialTrainer
+from hpo.base.workload import DatasetWorkload
 
 LRS = [3e-3, 3e-2]
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hpo.workload import Batch, Workload
+from hpo.base.workload import Batch, Workload
 
 EVAL_WINDOWS = 256
 

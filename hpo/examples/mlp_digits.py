@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpo.workload import Batch, Workload
+from hpo.base.workload import Batch, Workload
 
 NUM_FEATURES = 64
 NUM_CLASSES = 10

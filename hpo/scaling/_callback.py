@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 import ray
 from ray import tune
 
-from hpo.checkpointing import CHECKPOINT_FILE
+from hpo.base.checkpointing import CHECKPOINT_FILE
 from hpo.scaling._eager import Decision, EagerTransferPolicy
 from hpo.scaling._transfer import summarise_target_run, transfer_config
-from hpo.workload import Workload
+from hpo.base.workload import Workload
 
 if TYPE_CHECKING:
     from hpo.scaling._config import ScalingConfig
@@ -41,7 +41,7 @@ class _TargetTrainer:
     def __init__(self, workload: Workload, config: Mapping[str, Any], threads: int):
         import torch
 
-        from hpo.training import TrialTrainer
+        from hpo.base.training import TrialTrainer
 
         torch.set_num_threads(max(1, threads))
         self.trainer = TrialTrainer(workload, config)
@@ -137,7 +137,7 @@ class EagerTransferCallback(tune.Callback):
         return self.report()
 
     def save_target(self, directory: str | os.PathLike[str]) -> Path | None:
-        """Write the trained target into `directory` (`hpo.checkpointing.CHECKPOINT_FILE`, loadable
+        """Write the trained target into `directory` (`hpo.base.checkpointing.CHECKPOINT_FILE`, loadable
         with `TrialTrainer.restore`) once its run is complete; None when there is none to save (it
         diverged, or is still training)."""
         if self._actor is None or self._pending or len(self._history) < self.iterations:

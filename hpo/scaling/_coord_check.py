@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hpo.hparams import OptimHParams, workload_optimizer
+from hpo.base.hparams import OptimHParams, workload_optimizer
 from hpo.scaling._mup import MuPWorkload, ScalingError
-from hpo.workload import Workload
+from hpo.base.workload import Workload
 
 if TYPE_CHECKING:
     from hpo.scaling._config import ScalingConfig

@@ -34,7 +34,7 @@ import mup
 import torch
 from torch import nn
 
-from hpo.workload import Batch, Workload
+from hpo.base.workload import Batch, Workload
 
 if TYPE_CHECKING:
     from hpo.scaling._config import ScalingConfig

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpo.workload import Workload
+from hpo.base.workload import Workload
 
 if TYPE_CHECKING:
     from hpo.scaling._config import ScalingConfig
@@ -63,7 +63,7 @@ class TargetRun:
     seconds: float
     diverged: bool
     history: list[dict[str, Any]] = field(default_factory=list)
-    #: The folder holding the trained target (`hpo.training`'s checkpoint format); None if it diverged.
+    #: The folder holding the trained target (`hpo.base.training`'s checkpoint format); None if it diverged.
     checkpoint: str | None = None
 
 
@@ -155,7 +155,7 @@ def train_target(
     max_iterations: int,
     checkpoint_dir: str | os.PathLike[str] | None = None,
 ) -> TargetRun:
-    """Train the target with `transfer.target_config` (hpo.training.TrialTrainer, in this process).
+    """Train the target with `transfer.target_config` (hpo.base.training.TrialTrainer, in this process).
 
     `workload` is the user's workload; the target is built through `target_workload`, which is
     the user's own model when muP's base width is the target width. The trained target is saved
@@ -199,7 +199,7 @@ def run_target(
     in `checkpoint_dir`, in a trial checkpoint's format: `TrialTrainer(target, run.config)
     .restore(run.checkpoint)` loads it (with `torch.load(weights_only=True)`).
     """
-    from hpo.training import TrialTrainer  # imports Ray; kept off the import path of hpo.scaling
+    from hpo.base.training import TrialTrainer  # imports Ray; kept off the import path of hpo.scaling
 
     start = time.monotonic()
     trainer = TrialTrainer(target, config)

@@ -43,7 +43,7 @@ from pathlib import Path
 import ray
 
 from . import placement_groups
-from hpo.actor_names import NAMESPACE, idle_gpu_host_name
+from hpo.base.actor_names import NAMESPACE, idle_gpu_host_name
 from .journal import Journal
 from .driver import FAULTS, LiveDriver
 from ..policies.demand_forecast import DemandForecaster

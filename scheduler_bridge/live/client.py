@@ -21,7 +21,7 @@ import uuid
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from hpo.actor_names import ALLOCATOR_NAME, NAMESPACE
+from hpo.base.actor_names import ALLOCATOR_NAME, NAMESPACE
 from .allocator import Allocator
 from .job_state import JobSpec
 

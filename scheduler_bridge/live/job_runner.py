@@ -36,7 +36,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpo.actor_names import ALLOCATOR_NAME, NAMESPACE
+from hpo.base.actor_names import ALLOCATOR_NAME, NAMESPACE
 from .memory_probe import PeakMemory
 
 CHECKPOINT_FILE = "checkpoint.state"   # JSON, or a torch zip archive (tensors)

@@ -25,7 +25,7 @@ from ray.util.placement_group import (get_placement_group, placement_group,
                                       remove_placement_group)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from hpo.actor_names import NAMESPACE
+from hpo.base.actor_names import NAMESPACE
 from .job_runner import JobRunner
 from .job_state import Where
 

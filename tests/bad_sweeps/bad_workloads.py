@@ -7,7 +7,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from hpo.workload import Workload
+from hpo.base.workload import Workload
 
 
 class Tiny(Workload):

@@ -6,7 +6,7 @@ torch, read the names from here. `checkpoint_due` is the one rule of the sweep's
 policy (`checkpoint: {every, at_end}`), applied by whichever engine trains the trial.
 """
 
-#: A trial's state in `hpo.trial_state.trial_state`'s format, whichever engine wrote it (tensors and plain values
+#: A trial's state in `hpo.base.trial_state.trial_state`'s format, whichever engine wrote it (tensors and plain values
 #: only, so it loads with `torch.load(weights_only=True)`).
 CHECKPOINT_FILE = "trial_state.pt"
 #: A fused member's position (`{"iteration": i, "step": s}`), as JSON.

@@ -1,22 +1,21 @@
-"""Training one configuration of a workload, with checkpoints, as an ordinary Tune trainable.
+"""Training one configuration of a workload, unfused, with its state saved and restored.
 
 This is the unfused path and the reference the fused engine is tested against: it uses
-PyTorch's own optimizers and the schedule from `hpo.hparams`.
+PyTorch's own optimizers and the schedule from `hpo.base.hparams`. It knows nothing of Tune:
+`hpo.workload_trial` makes it a Tune trainable, and a bubble guest takes the same step.
 """
 
 from __future__ import annotations
 
 import math
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from hpo.checkpointing import checkpoint_due
-from hpo.hparams import OptimHParams
-from hpo.trial_state import ResumableBatches, load_trial_state, save_trial_state, trial_optimizer, trial_state
-from hpo.workload import Workload
+from hpo.base.hparams import OptimHParams
+from hpo.base.trial_state import ResumableBatches, load_trial_state, save_trial_state, trial_optimizer, trial_state
+from hpo.base.workload import Workload
 
 
 class TrialTrainer:
@@ -113,37 +112,3 @@ def evaluate_model(
             totals[key] = totals.get(key, 0.0) + value.item() * n
         count += n
     return {f"val_{key}": value / count for key, value in totals.items()}
-
-
-def workload_trainable(
-    workload: Workload, max_iterations: int, threads: int = 1, checkpoint_every: int = 1, checkpoint_at_end: bool = True
-) -> Callable[[dict[str, Any]], None]:
-    """A Tune function trainable that trains `workload`, checkpointing as the sweep's policy says.
-
-    A restarted trial (retry after a failure, `--resume` of a killed sweep) continues from its
-    last checkpoint, so it trains again at most `checkpoint_every` iterations.
-    """
-
-    from ray import tune
-
-    def train(config: dict[str, Any]) -> None:
-        torch.set_num_threads(threads)  # trials share the machine; one thread per reserved CPU
-        trainer = TrialTrainer(workload, config)
-        checkpoint = tune.get_checkpoint()
-        if checkpoint is not None:
-            with checkpoint.as_directory() as directory:
-                trainer.restore(directory)
-        while trainer.iteration < max_iterations:
-            metrics = trainer.train_iteration()
-            if not checkpoint_due(trainer.iteration, max_iterations, checkpoint_every, checkpoint_at_end):
-                tune.report(metrics)
-            else:
-                with tempfile.TemporaryDirectory() as directory:
-                    trainer.save(directory)
-                    tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
-            if metrics["diverged"]:
-                return
-
-    train.__name__ = workload.name
-    train.__qualname__ = workload.name
-    return train

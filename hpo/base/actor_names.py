@@ -8,7 +8,7 @@ cluster's, so that no sweep name can take one of theirs.
 
 from __future__ import annotations
 
-from hpo.ray_runtime import NAMESPACE
+from hpo.base.ray_runtime import NAMESPACE
 
 #: The live allocator (`scheduler_bridge.live`), one per cluster.
 ALLOCATOR_NAME = "hpo:allocator"

@@ -140,7 +140,7 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
     if not ipaddress.ip_address(node_ip).is_loopback:
         logger.warning(
             "the local Ray will listen on %s and on all interfaces: `ray` was imported before "
-            "hpo.ray_runtime; set %s=0 in the environment, or import hpo.ray_runtime first",
+            "hpo.base.ray_runtime; set %s=0 in the environment, or import hpo.base.ray_runtime first",
             node_ip, LOOPBACK_ONLY_ENV)
     me = psutil.Process()
     before = {child.pid for child in me.children()}

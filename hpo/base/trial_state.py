@@ -1,7 +1,7 @@
 """One trial's state, whichever engine trains it: the checkpoint format, the resumable data stream
 and a private RNG stream.
 
-A configuration moves between engines: trained unfused (`hpo.training.TrialTrainer`), as a member
+A configuration moves between engines: trained unfused (`hpo.base.training.TrialTrainer`), as a member
 of a fused group (`fusion.FusedTrainer`), or in a pipeline stage's bubbles (`pipeline_bubble`),
 and a crash or a re-formed group resumes it on whichever engine has room. It resumes bit-exactly
 only if every engine writes the same state, replays the same batches from the same step, and
@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from hpo.checkpointing import CHECKPOINT_FILE
-from hpo.hparams import OptimHParams, workload_optimizer
-from hpo.workload import Batch, Workload
+from hpo.base.checkpointing import CHECKPOINT_FILE
+from hpo.base.hparams import OptimHParams, workload_optimizer
+from hpo.base.workload import Batch, Workload
 
 Schedule = torch.optim.lr_scheduler.LambdaLR
 
