@@ -34,7 +34,6 @@ from ray import tune
 from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
 
 from hpo.controller import ControllerCallback, start_controller
-from hpo.fit_imports import importing_in_background
 from hpo.fused_sweep import BubbleEngine, FusedEngine
 from hpo.base.ray_runtime import ensure_ray
 from hpo.results import SweepResult, results_file_callback
@@ -238,8 +237,7 @@ class Tuner:
         if name != self.name:
             print(f"{self.storage / self.name} holds an earlier run; this run is {self.storage / name}", flush=True)
             self.run_config = replace(self.run_config, name=name)
-        with importing_in_background():  # what the sweep imports anyway, while Ray starts
-            ensure_ray()
+        ensure_ray()
         actors = self._start_actors()
         tuner = tune.Tuner(
             self._tune_trainable(),
@@ -257,8 +255,7 @@ class Tuner:
         verify_run_state(Path(path))
         _snapshot_state_promptly()
         self.run_config = replace(self.run_config, name=Path(path).name, storage_path=str(Path(path).parent))
-        with importing_in_background():  # what the sweep imports anyway, while Ray starts
-            ensure_ray()
+        ensure_ray()
         actors = self._start_actors()
         tuner = tune.Tuner.restore(
             path,

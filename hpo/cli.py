@@ -67,7 +67,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(describe_plan(loaded))
         return 0
-    from hpo.fit_imports import importing_in_background
     from hpo.sweep import build_tuner
 
     fusion = loaded.spec.fusion
@@ -89,8 +88,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
     started = time.perf_counter()
-    with importing_in_background():  # what the sweep imports anyway, while Ray starts
-        _start_ray(loaded, args.address, args.dashboard)
+    _start_ray(loaded, args.address, args.dashboard)
     ray_up = time.perf_counter()
     tuning_job = _submit_to_allocator(loaded.spec) if args.allocator else None
     try:
