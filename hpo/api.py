@@ -77,7 +77,7 @@ class SweepEngine(Protocol):
 
 
 class PlainEngine:
-    """Every configuration is a Tune trial of its own; a `Workload` trains as `hpo.base.training` says."""
+    """Every configuration is a Tune trial of its own; a `Workload` trains as `hpo.workload_trial` says."""
 
     def __init__(
         self,

@@ -158,15 +158,12 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
             namespace=NAMESPACE,
             **init_kwargs,
         )
-    except BaseException:
-        # A start that fails (Ray's node did not register within its 30 s) leaves what it had
-        # started running: those processes are watched as a started Ray's are, and end with this one.
-        _start_watchdog([child.pid for child in me.children() if child.pid not in before])
-        raise
     finally:
         if preset is None:
             os.environ.pop(PRELOAD_ENV, None)  # this process's later children (other Rays) start bare
-    _start_watchdog([child.pid for child in me.children() if child.pid not in before])
+        # Started or not: a start that fails (Ray's node did not register within its 30 s) leaves
+        # what it had started running, and that ends with this process too.
+        _start_watchdog([child.pid for child in me.children() if child.pid not in before])
     keep_token_private()
 
 
