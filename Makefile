@@ -11,12 +11,14 @@ setup: $(STAMP)
 # torch pinned to the CPU build so mup's torchvision requirement cannot drag in a multi-GB CUDA
 # torch); DS_BUILD_OPS=0 builds DeepSpeed without CUDA (its small CPU ops are JIT-built on first use).
 # The one CPU op every DeepSpeed pipeline loads (shared-memory comm, on a process's first
-# init_distributed: 40-60 s on 2 cores, under a lock a killed build leaves behind) is built here once.
+# init_distributed: 40-60 s on 2 cores) is built here once, into the venv (pipeline_bubble/cpu_ops.py:
+# never into the per-user cache, where a killed build's lock once hung CI for its whole 90 minutes),
+# and never for longer than 20 minutes: a pipeline builds it on first use if this step could not.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	DS_BUILD_OPS=0 $(VENV)/bin/python -m pip install -q -c constraints.txt -e '.[all,test]'
-	$(VENV)/bin/python -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load()" >/dev/null \
+	timeout 1200 $(VENV)/bin/python -c "from pipeline_bubble.cpu_ops import build_pipeline_op as b; print('DeepSpeed CPU op built in', b())" \
 	|| echo "note: DeepSpeed's CPU op did not build here (a C++ compiler?); pipeline-bubble runs build it on first use"
 	touch $(STAMP)
 

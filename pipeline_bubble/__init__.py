@@ -12,10 +12,16 @@
   set of configs in a job's bubbles without Ray;
 - `theoretical_bubble_fraction`, `save_timelines`, `plot_gantt`: measuring and showing bubbles.
 
-Names are imported lazily: `import pipeline_bubble` does not import DeepSpeed.
+Names are imported lazily: `import pipeline_bubble` does not import DeepSpeed. It does point
+torch's extension builds at this Python environment (`cpu_ops`) before any DeepSpeed process of
+this package builds its CPU op.
 """
 
 from importlib import import_module
+
+from pipeline_bubble.cpu_ops import use_environment_extensions_dir
+
+use_environment_extensions_dir()
 
 _EXPORTS = {
     "harvest_bubbles": "pipeline_bubble.api",
