@@ -1,5 +1,7 @@
 """How long the `hpo` commands that start no Ray take, and how much memory they use (issue 11:
-`hpo --help` <= 0.5 s; `hpo validate` and `hpo run --dry-run` import only what they need).
+`hpo --help` <= 0.5 s; `hpo validate` and `hpo run --dry-run` import only what they need), and
+what an `hpo run` of a plain Tune function imports before its Ray starts (no torch), which every
+`--resume` pays again.
 
     python benchmarks/cli_startup.py [--baseline CHECKOUT] [--repeats N] [--json PATH]
 
@@ -22,21 +24,25 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+HPO = ["-m", "hpo.cli"]
+#: What is timed: the arguments after `python`.
 COMMANDS = {
-    "hpo --help": ["--help"],
-    "hpo validate --no-exec": ["validate", "--no-exec", "configs/quickstart.yaml"],
-    "hpo validate": ["validate", "configs/quickstart.yaml"],
-    "hpo run --dry-run": ["run", "--dry-run", "configs/quickstart.yaml"],
-    "hpo sim --help": ["sim", "--help"],
+    "hpo --help": [*HPO, "--help"],
+    "hpo validate --no-exec": [*HPO, "validate", "--no-exec", "configs/quickstart.yaml"],
+    "hpo validate": [*HPO, "validate", "configs/quickstart.yaml"],
+    "hpo run --dry-run": [*HPO, "run", "--dry-run", "configs/quickstart.yaml"],
+    "hpo sim --help": [*HPO, "sim", "--help"],
+    # The modules `hpo run` of a function trainable loads before `ray.init` (Ray and Tune included).
+    "function sweep's imports": ["-c", "import hpo.cli, hpo.sweep_file, hpo.preflight, hpo.sweep"],
 }
 
 
 def measure(checkout: Path, argv: list[str]) -> tuple[float, float, int]:
-    """(wall seconds, peak RSS in MB, exit status) of one `python -m hpo.cli ARGV` in `checkout`."""
+    """(wall seconds, peak RSS in MB, exit status) of one `python ARGV` in `checkout`."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     started = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hpo.cli", *argv], cwd=checkout, env=env,
+        [sys.executable, *argv], cwd=checkout, env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     _, status, usage = os.wait4(proc.pid, 0)

@@ -28,22 +28,24 @@ import re
 from pathlib import Path
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
 
 from ray import tune
 from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
 
 from hpo.controller import ControllerCallback, start_controller
-from hpo.fused_sweep import BubbleEngine, FusedEngine
 from hpo.base.ray_runtime import ensure_ray
 from hpo.results import SweepResult, results_file_callback
 from hpo.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
-from hpo.trainables import resolve_trainable
-from hpo.workload_trial import workload_trainable
+from hpo.trainables import is_workload, resolve_trainable
 from hpo.trial_output import with_trial_output
-from hpo.base.workload import Workload
 
-Trainable = Workload | Callable[..., Any] | str
+if TYPE_CHECKING:
+    from hpo.base.workload import Workload
+
+# A sweep of a function trainable never imports torch in the driver (about 2 s on 2 cores, 20 s on a
+# loaded box, paid again by every `hpo run --resume`): the Workload engines load where they are used.
+Trainable = Union["Workload", Callable[..., Any], str]
 
 
 @runtime_checkable
@@ -101,7 +103,9 @@ class PlainEngine:
 
     def trainable(self) -> Any:
         trainable = self.user_trainable
-        if isinstance(trainable, Workload):
+        if is_workload(trainable):
+            from hpo.workload_trial import workload_trainable
+
             trainable = workload_trainable(
                 trainable, self.max_iterations, threads=max(1, int(self.resources.get("cpu", 1))),
                 checkpoint_every=self.checkpoint.every, checkpoint_at_end=self.checkpoint.at_end,
@@ -150,7 +154,7 @@ class Tuner:
         self.run_config = run_config or tune.RunConfig()
         self.resources = dict(resources or {"cpu": 1})
         fusion = fusion if fusion is None or fusion.enabled else None
-        if (scaling is not None or fusion is not None) and not isinstance(self.trainable, Workload):
+        if (scaling is not None or fusion is not None) and not is_workload(self.trainable):
             raise TypeError("scaling and fusion need a Workload trainable (model factory, data and loss kept apart)")
         if fusion is not None and isinstance(self.tune_config.scheduler, PopulationBasedTraining):
             raise ValueError("fusion does not support PopulationBasedTraining: its exploit step copies one trial's "
@@ -175,6 +179,8 @@ class Tuner:
                 self.trainable, self.resources, self.param_space, self.max_iterations, self.checkpoint,
                 metric, self.mode, self._iterations(),
             )
+        from hpo.fused_sweep import BubbleEngine, FusedEngine
+
         if fusion.placement == "bubbles":
             return BubbleEngine(self.trainable, fusion, self.resources, self.param_space, self.max_iterations, metric, self.mode)
         return FusedEngine(
@@ -212,7 +218,7 @@ class Tuner:
         if metric and not any(isinstance(cb, ControllerCallback) for cb in callbacks):
             callbacks.append(ControllerCallback(self.name, metric, self.mode))
         stop = self.run_config.stop
-        if isinstance(self.trainable, Workload) and stop is None:
+        if is_workload(self.trainable) and stop is None:
             stop = {"training_iteration": self.max_iterations}
         return self.engine.run_config(replace(self.run_config, name=self.name, callbacks=callbacks, stop=stop))
 
@@ -224,7 +230,7 @@ class Tuner:
 
     def _tune_config(self) -> tune.TuneConfig:
         tune_config = self.tune_config
-        if isinstance(self.trainable, Workload) and not tune_config.reuse_actors:
+        if is_workload(self.trainable) and not tune_config.reuse_actors:
             # hydro-hpo's own trainables reset cleanly, so a trial process (and its torch import)
             # serves trial after trial instead of being started anew for each configuration.
             tune_config = replace(tune_config, reuse_actors=True)
@@ -270,7 +276,7 @@ class Tuner:
     def _iterations(self) -> int | None:
         """Iterations a trial that was not stopped early runs (None when nothing says)."""
         stop = self.run_config.stop
-        if isinstance(self.trainable, Workload) or (isinstance(stop, Mapping) and "training_iteration" in stop):
+        if is_workload(self.trainable) or (isinstance(stop, Mapping) and "training_iteration" in stop):
             return self.max_iterations
         return None
 

@@ -1,5 +1,5 @@
-"""`hpo --help` is instant because it imports no engine; every argument explains itself; help
-shows no developer notes; `hpo --version` answers."""
+"""`hpo --help` is instant because it imports no engine; a sweep of a function trainable imports
+no torch; every argument explains itself; help shows no developer notes; `hpo --version` answers."""
 
 from __future__ import annotations
 
@@ -30,6 +30,14 @@ def modules_loaded_by(argv: list[str]) -> list[str]:
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["validate", "--help"], ["--version"]])
 def test_help_and_version_import_no_engine(argv):
     assert modules_loaded_by(argv) == "[]"
+
+
+def test_the_driver_of_a_function_trainable_sweep_imports_no_torch():
+    """Every `hpo run` and `--resume` of a plain Tune function would pay torch's import (seconds on
+    2 cores) for engines it never uses; a Workload's sweep loads them when it is built."""
+    probe = "import sys, hpo.cli, hpo.sweep, hpo.api\nprint('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.stdout.split() == ["False"], proc.stderr[-2000:]
 
 
 def test_version_names_the_installed_package(capsys):
