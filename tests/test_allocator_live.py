@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from patience import patience
+
 pytestmark = pytest.mark.slow   # a multi-node Ray cluster for the module
 
 ENTRY = "test_allocator_live:count_steps"
@@ -84,6 +86,7 @@ def read_log(path: Path) -> list[dict]:
 
 
 def wait_for(cond, timeout=60.0, what="condition", poll=0.2):
+    timeout = patience(timeout)
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = cond()
@@ -189,7 +192,7 @@ def test_qssf_starts_the_job_with_the_shorter_predicted_gpu_time_first(allocator
     # Teach QSSF: user "long" runs ~3 s on 8 GPUs, user "short" a fraction of that.
     for user, steps in (("long", 30), ("short", 1)):
         jid = jobs_api.submit(ENTRY, 8, user=user, config={"steps": steps, "step_s": 0.1})
-        assert jobs_api.wait_job(jid, 60)["state"] == "done"
+        assert jobs_api.wait_job(jid, patience(60))["state"] == "done"
     blocker = jobs_api.submit(ENTRY, 8, user="blocker", config={"steps": 10_000})
     wait_for(lambda: running(blocker), what="blocker running")
     long_id = jobs_api.submit(ENTRY, 8, user="long", config={"steps": 10_000})
@@ -213,7 +216,7 @@ def test_elastic_job_is_resized_and_continues_from_its_checkpoint(allocator, tmp
     wait_for(lambda: running(a) and len(job(a)["where"]) == 2 and
              any(r["ev"] == "step" and r["step"] >= 8 for r in read_log(log)), what="A on 8 GPUs")
     others = [jobs_api.submit(ENTRY, 4, config={"steps": 10_000}, **el) for _ in range(2)]
-    done = jobs_api.wait_job(a, 120)
+    done = jobs_api.wait_job(a, patience(120))
     for o in others:
         jobs_api.cancel(o)
 
@@ -240,7 +243,7 @@ def test_srtf_preempts_a_long_job_which_resumes_from_its_checkpoint(allocator, t
                           config={"steps": 40, "step_s": 0.1, "every": 100, "log": str(log)})
     wait_for(lambda: any(r["ev"] == "step" and r["step"] >= 8 for r in read_log(log)), what="big running")
     small = jobs_api.submit(ENTRY, 4, expected_seconds=1.0, config={"steps": 5})
-    fs, fb = jobs_api.wait_job(small, 120), jobs_api.wait_job(big, 120)
+    fs, fb = jobs_api.wait_job(small, patience(120)), jobs_api.wait_job(big, patience(120))
     assert fs["state"] == fb["state"] == "done", (fs["error"], fb["error"])
     assert fb["requeues"] == ["preempt"] and fs["requeues"] == []
     recs = read_log(log)
@@ -263,7 +266,7 @@ def test_tiresias_preempts_a_demoted_job_for_a_newcomer_and_it_resumes_from_its_
     wait_for(lambda: any(r["ev"] == "step" and r["step"] >= 55 for r in read_log(log)),
              what="big past its demotion")
     small = jobs_api.submit(ENTRY, 1, expected_seconds=1e6, config={"steps": 5})
-    fs, fb = jobs_api.wait_job(small, 120), jobs_api.wait_job(big, 120)
+    fs, fb = jobs_api.wait_job(small, patience(120)), jobs_api.wait_job(big, patience(120))
     assert fs["state"] == fb["state"] == "done", (fs["error"], fb["error"])
     assert fb["requeues"] == ["preempt"] and fs["requeues"] == []
     assert fs["first_start"] < fb["finish_t"], "the newcomer ran before the demoted job finished"
@@ -318,7 +321,7 @@ def test_ces_asks_the_autoscaler_to_scale_down_and_boots_for_a_waiting_job_at_on
     assert jobs_api.status()["capacity_request"] == [{"GPU": 4.0}]
     jid = jobs_api.submit(ENTRY, 12, config={"steps": 20, "step_s": 0.1})
     wait_for(lambda: len(requested_capacity()) == 3, timeout=5, what="three nodes asked for the waiting job")
-    done = jobs_api.wait_job(jid, 120)
+    done = jobs_api.wait_job(jid, patience(120))
     assert done["state"] == "done", done["error"]
     assert done["first_start"] - done["submit_t"] <= boot, "the job waited longer than a node takes to boot"
     wait_for(lambda: requested_capacity() == [{"GPU": 4.0}], timeout=30,
@@ -332,7 +335,7 @@ def test_a_restarted_ces_allocator_keeps_the_capacity_its_journaled_demand_histo
     actor = allocator("ces:fifo", ces={"spare_nodes": 1, "interval": 1.0,
                                        "forecast": {"bin_s": 1.0, "lookback": 600.0, "horizon": 0.0, "days": 0}})
     jid = jobs_api.submit(ENTRY, 12, config={"steps": 10, "step_s": 0.05})
-    assert jobs_api.wait_job(jid, 60)["state"] == "done"
+    assert jobs_api.wait_job(jid, patience(60))["state"] == "done"
     three = [{"GPU": 4.0}] * 3
     assert requested_capacity() == three, "the last 10 minutes needed 12 GPUs: all three nodes stay on"
 
@@ -482,7 +485,7 @@ def test_lucid_profiles_a_job_without_a_workload_alone_on_its_partition_then_pac
     debug = jobs_api.submit(ENTRY, 1, config={"steps": 5, "log": str(logs["debug"])})
     new = jobs_api.submit(ENTRY, 1, config={"steps": 10_000, "step_s": 0.1, "alloc_mb": 300,
                                             "log": str(logs["new"])})
-    done = jobs_api.wait_job(debug, 60)
+    done = jobs_api.wait_job(debug, patience(60))
     assert done["state"] == "done" and done["requeues"] == [] and done["attempt"] == 1, done
     assert done["runs"][0]["where"] == [[partition, 1]], "a debugging job ends on the profiling node"
 
@@ -517,7 +520,7 @@ def test_allocator_killed_restarts_from_its_journal_without_losing_or_duplicatin
     assert jobs_api.submit(ENTRY, 8, config=cfg[0], request_id="req-0") == ids[0], "dedup after restart"
     assert [j["job_id"] for j in jobs_api.list_jobs()] == ids, "jobs lost or duplicated by the restart"
 
-    final = [jobs_api.wait_job(j, 120) for j in ids]
+    final = [jobs_api.wait_job(j, patience(120)) for j in ids]
     assert [f["state"] for f in final] == ["done"] * 4, [f["error"] for f in final]
     for jid, f, p in zip(ids, final, logs):
         recs = read_log(p)
@@ -540,7 +543,7 @@ def test_a_killed_job_actor_goes_back_to_the_queue_resumes_from_its_checkpoint_a
     rank0 = placement.rank_name(placement.group_name(jid, job(jid)["attempt"]), 0)
     ray.kill(ray.get_actor(rank0, namespace=placement.NAMESPACE), no_restart=True)
 
-    final = jobs_api.wait_job(jid, 60)
+    final = jobs_api.wait_job(jid, patience(60))
     assert final["state"] == "done", final["error"]
     assert final["requeues"] == ["fault"] and final["attempt"] == 2, (final["requeues"], final["attempt"])
     recs = read_log(log)
@@ -573,7 +576,7 @@ def test_a_sweep_trains_on_idle_gpu_hosts_then_in_granted_bubbles_until_reclaime
         assert ray.get(actor.node_id.remote()) in on_gpus
 
     group = bubble_group_launcher("lr_sweep", digits, 1)([{"lr": 1e-2, "width": 16}], ["trial"], [None])
-    result = ray.get(group.fetch.remote("trial", 1), timeout=60)  # the member trial's first iteration
+    result = ray.get(group.fetch.remote("trial", 1), timeout=patience(60))  # the member trial's first iteration
     assert result["metrics"]["step"] == digits.steps_per_iteration, "a host trained the group"
 
     pipe = jobs_api.submit("test_allocator_live:pipeline_owner", 12, bubble_fraction=0.3,
@@ -582,7 +585,7 @@ def test_a_sweep_trains_on_idle_gpu_hosts_then_in_granted_bubbles_until_reclaime
     wait_for(lambda: not any(_named(f"hpo:{host}") for host in hosts), what="GPU hosts gone")
     wait_for(lambda: quotas() == {}, what="the grant withdrawn when the owner reclaims its memory")
     jobs_api.cancel(sweep)
-    assert jobs_api.wait_job(pipe, 60)["state"] == "done"
+    assert jobs_api.wait_job(pipe, patience(60))["state"] == "done"
     ray.kill(group)
 
 
@@ -633,7 +636,7 @@ def test_job_cli_with_an_explicit_address_uses_the_clusters_token_without_ray_au
     repo = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = f"{repo}:{repo / 'tests'}"
     out = subprocess.run([sys.executable, "-m", "scheduler_bridge.job_cli", "job", "list", "--json",
-                          "--address", c.address], env=env, capture_output=True, text=True, timeout=120)
+                          "--address", c.address], env=env, capture_output=True, text=True, timeout=patience(120))
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout) == []
 
@@ -654,7 +657,7 @@ def test_node_removed_jobs_go_back_to_the_queue_and_resume_from_checkpoint(
              what="job A past its second checkpoint")
     c.remove_node(next(w for w in workers if w.node_id == node_a))
 
-    fa, fb = jobs_api.wait_job(a, 120), jobs_api.wait_job(b, 120)
+    fa, fb = jobs_api.wait_job(a, patience(120)), jobs_api.wait_job(b, patience(120))
     assert fa["state"] == fb["state"] == "done", (fa["error"], fb["error"])
     assert fa["requeues"] and fa["requeues"][0] in ("node-lost", "fault"), fa["requeues"]
     assert fa["runs"][-1]["where"][0][0] != node_a, "A restarted on a live node"

@@ -20,6 +20,8 @@ import pytest
 import ray
 from ray import tune
 
+from patience import patience
+
 import hpo
 from hpo.examples.mlp_digits import workload as digits
 from hpo.base.training import TrialTrainer
@@ -106,7 +108,7 @@ def pipeline_job():
     driver.start()
     yield ranks
     done.set()
-    driver.join(timeout=120)
+    driver.join(timeout=patience(120))
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +180,7 @@ def test_hpo_run_via_the_allocator_trains_only_in_the_bubbles_it_granted(pipelin
         assert taken - groups_before == 2, "both groups ran in the granted job's bubbles"
         tuning = [j for j in jobs_api.list_jobs() if j.get("name") == "granted"]
         assert [j["state"] for j in tuning] == ["cancelled"], "the sweep's tuning job ended with the sweep"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + patience(30)
         while ray.get(bubble_pool().state.remote())["quotas"]["granted"] != {}:
             assert time.monotonic() < deadline, "the allocator withdraws the ended sweep's bubbles"
             time.sleep(0.2)
@@ -289,7 +291,7 @@ def test_a_lending_stage_gives_its_group_back_once_its_grant_is_withdrawn():
     lender = BubbleLender(stage, poll_interval_s=0.0, owner=5)
     stage.bubble_executor = executor = BubbleExecutor(None, profile_steps=2, guest_source=lender.next_guest)
     executor.start(stage.device)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + patience(30)
     while not executor.stats.losses:  # between batches the stage takes the group and profiles its step
         assert time.monotonic() < deadline, "the granted stage takes the group"
         executor.end_batch()

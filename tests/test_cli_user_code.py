@@ -15,6 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from patience import patience
+
 from hpo.base.ray_runtime import SUBMITTED_JOB_CONFIG_ENV, _beside_submitted_job, code_runtime_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,7 +68,7 @@ def run_from_root(tmp_path_factory):
     env["PYTHONPATH"] = str(REPO)  # this checkout, for the driver and for Ray's workers
     proc = subprocess.run(
         [sys.executable, "-m", "hpo.cli", "run", str(sweep)],
-        cwd="/", env=env, capture_output=True, text=True, timeout=300,
+        cwd="/", env=env, capture_output=True, text=True, timeout=patience(300),
     )
     return proc, storage / "from_root"
 
@@ -126,7 +128,7 @@ def test_a_folder_too_large_for_ray_to_ship_is_a_one_line_error_naming_it(tmp_pa
     # Ray's package limit is its largest gRPC message (512 MiB); 2 MiB makes a 3 MiB folder too large.
     env.update(PYTHONPATH=str(REPO), RAY_max_grpc_message_size=str(2 * 1024**2))
     proc = subprocess.run([sys.executable, "-m", "hpo.cli", "run", str(tmp_path / "sweep.yaml")],
-                          cwd="/", env=env, capture_output=True, text=True, timeout=300)
+                          cwd="/", env=env, capture_output=True, text=True, timeout=patience(300))
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]

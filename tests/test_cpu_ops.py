@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from torch.utils.file_baton import FileBaton
 
+from patience import patience
+
 from pipeline_bubble.cpu_ops import (
     EXTENSIONS_DIR_VAR,
     STALE_LOCK_S,
@@ -77,7 +79,7 @@ def test_setup_builds_the_op_past_a_lock_a_killed_setup_left():
     lock.touch()
     code = "from pipeline_bubble.cpu_ops import build_pipeline_op; build_pipeline_op()"
     try:
-        done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+        done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=patience(600))
     except subprocess.TimeoutExpired:
         lock.unlink(missing_ok=True)
         pytest.fail(f"the build waited on {lock}")

@@ -18,6 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from patience import patience
+
 pytestmark = pytest.mark.slow
 
 KILLS = 10
@@ -112,7 +114,7 @@ def test_a_driver_killed_at_10_random_moments_loses_and_reruns_no_finished_trial
 
     final_output = tmp_path / "driver-final.out"
     final = driver("--resume", output=final_output)
-    assert final.wait(timeout=300) == 0, final_output.read_text()[-3000:]
+    assert final.wait(timeout=patience(300)) == 0, final_output.read_text()[-3000:]
 
     rows = pd.read_csv(experiment / "results.csv")
     assert sorted(rows["config/x"]) == CONFIGS, "every configuration has exactly one row"

@@ -19,6 +19,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from patience import patience
+
 from hpo.cli import EXIT_STORAGE_FULL
 from hpo.api import verify_run_state
 
@@ -56,7 +58,7 @@ def on_small_disk(tmp_path: Path, size: str, script: str) -> tuple[subprocess.Co
                f"( {script} ); status=$?\ncp -a {shlex.quote(str(disk))}/. {shlex.quote(str(copy))}/\nexit $status")
     env = {**os.environ, "DISK": str(disk), "PY": sys.executable, "PYTHONPATH": str(REPO)}
     done = subprocess.run([*namespace_prefix(), "sh", "-c", wrapped], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=patience(300))
     assert done.returncode != 99, done.stderr
     return done, copy
 

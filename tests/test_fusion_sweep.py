@@ -18,6 +18,8 @@ from ray import tune
 from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
+from patience import patience
+
 import hpo
 from examples.mlp_digits import workload as digits
 from hpo.sweep import build_tuner, load_sweep
@@ -194,7 +196,7 @@ def test_a_resumed_fused_sweep_keeps_what_finished_and_trains_the_rest(ray_local
     command = [sys.executable, "-m", "hpo.cli", "run", str(sweep), "--address", address]
 
     driver = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 180
+    deadline = time.time() + patience(180)
     while len(ended := list(members.glob("*/status.json"))) < 2 and time.time() < deadline:
         assert driver.poll() is None, "the sweep ended before it could be killed"
         time.sleep(0.2)
@@ -203,7 +205,7 @@ def test_a_resumed_fused_sweep_keeps_what_finished_and_trains_the_rest(ray_local
     finished = {path.parent.name: (path.parent / "result.json").read_text() for path in ended}
     assert 2 <= len(finished) < 6, f"expected a half-finished sweep, finished: {sorted(finished)}"
 
-    resumed = subprocess.run(command + ["--resume"], env=env, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(command + ["--resume"], env=env, capture_output=True, text=True, timeout=patience(300))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     for member, history in finished.items():
         assert (members / member / "result.json").read_text() == history, f"{member} finished, and was trained again"

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from patience import patience
+
 from hpo.controller import start_controller
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "hpo_dashboard.json"
@@ -101,7 +103,7 @@ def test_every_metric_and_label_the_dashboard_queries_is_served_by_rays_promethe
     used = used_series(load_dashboard())
     assert set(used) == {"ray_hpo_trials_running", "ray_hpo_trials_finished", "ray_hpo_best_metric"}
 
-    deadline = time.monotonic() + 60  # metrics are exported every second (conftest), scraped on demand
+    deadline = time.monotonic() + patience(60)  # metrics are exported every second (conftest), scraped on demand
     served = served_series(sweep)
     while not set(used) <= set(served) and time.monotonic() < deadline:
         time.sleep(1)

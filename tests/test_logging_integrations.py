@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from ray import tune
 
+from patience import patience
+
 import hpo
 
 from hpo.cli import main
@@ -145,7 +147,7 @@ def test_wandb_offline_writes_a_run_per_trial_with_its_metrics(logged_sweep):
         # W&B's own reader of its offline transaction log.
         shown = subprocess.run(
             [str(Path(sys.executable).with_name("wandb")), "leet", "inspect", "--summary", "--json", str(run)],
-            capture_output=True, text=True, check=True, timeout=120,
+            capture_output=True, text=True, check=True, timeout=patience(120),
         )
         summary = json.loads(shown.stdout)
         assert summary["project"] == "hpo-tests" and summary["state"] == "finished"
@@ -259,7 +261,7 @@ def test_a_fused_sweep_writes_one_wandb_offline_run_per_configuration(fused_logg
     for run in runs:
         shown = subprocess.run(
             [str(Path(sys.executable).with_name("wandb")), "leet", "inspect", "--summary", "--json", str(run)],
-            capture_output=True, text=True, check=True, timeout=120,
+            capture_output=True, text=True, check=True, timeout=patience(120),
         )
         summary = json.loads(shown.stdout)
         assert summary["project"] == "hpo-fused-tests" and summary["state"] == "finished"

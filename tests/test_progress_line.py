@@ -82,7 +82,7 @@ def test_off_a_terminal_only_the_per_trial_lines_are_printed(printed):
 def test_on_a_terminal_a_live_line_shows_running_done_best_and_eta(printed):
     _, screen, result = printed
     redraws = [part for part in screen.replace("\n", "\r\x1b[K").split("\r\x1b[K") if part.startswith("sweep:")]
-    assert any(re.search(r"\d running, [1-3]/4 done, best loss=[\d.]+, elapsed \d+s, ETA \d+s", s) for s in redraws), redraws
+    assert any(re.search(r"\d running, [1-3]/4 done, best loss=[\d.]+, elapsed (\d+m)?\d+s, ETA (\d+m)?\d+s", s) for s in redraws), redraws
     trial_lines = [line.rsplit("\r\x1b[K", 1)[-1] for line in screen.split("\n") if "] trial " in line]
     assert len(trial_lines) == TRIALS and all(TRIAL_LINE.match(line) for line in trial_lines), trial_lines
     assert screen.endswith("\r\x1b[K"), "the live line is cleared when the sweep ends"

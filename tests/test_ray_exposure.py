@@ -19,10 +19,12 @@ import psutil
 import pytest
 import yaml
 
+from patience import patience
+
 from hpo.base.ray_runtime import LOOPBACK_ONLY_ENV
 
 REPO = Path(__file__).resolve().parents[1]
-#: A killed driver's watchdog polls every 0.5 s and gives SIGTERM 2 s; Ray alone needs over a minute.
+#: A killed driver's watchdog polls every 2 s and gives SIGTERM 2 s; Ray alone needs over a minute.
 REAP_TIMEOUT_S = 20
 
 
@@ -70,7 +72,7 @@ def running_sweep(tmp_path_factory):
     driver = subprocess.Popen([sys.executable, "-m", "hpo.cli", "run", str(tmp / "sweep.yaml")], env=env,
                               cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     process = psutil.Process(driver.pid)
-    deadline = time.time() + 180
+    deadline = time.time() + patience(180)
     while not any((tmp / "runs").glob("quickstart/*/result.json")) and driver.poll() is None:
         assert time.time() < deadline, "no trial reported a result within 180 s"
         time.sleep(0.5)
@@ -152,6 +154,6 @@ def test_a_driver_that_starts_ray_again_keeps_one_watchdog_for_the_running_ray_a
     not follow the next Ray (each polls the process table: dozens of them slowed the suite)."""
     (tmp_path / "two_rays.py").write_text(WATCHDOGS_AFTER_TWO_RAYS)
     done = subprocess.run([sys.executable, str(tmp_path / "two_rays.py")], env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=patience(300))
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1]) == [1, 0], "watchdogs (while the second Ray runs, after it)"

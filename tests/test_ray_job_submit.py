@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from patience import patience
+
 REPO = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -71,7 +73,7 @@ def cluster():
 def ray_job(cluster: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [RAY, "job", args[0], "--address", cluster["address"], *args[1:]],
-        env=cluster["env"], capture_output=True, text=True, timeout=timeout,
+        env=cluster["env"], capture_output=True, text=True, timeout=patience(timeout),
     )
 
 
@@ -80,13 +82,13 @@ def job_status(cluster: dict, submission_id: str) -> str:
     asked = subprocess.run(
         [sys.executable, "-c", "import sys; from ray.job_submission import JobSubmissionClient; "
          "print(JobSubmissionClient(sys.argv[1]).get_job_status(sys.argv[2]).value)", cluster["address"], submission_id],
-        env=cluster["env"], capture_output=True, text=True, timeout=120, check=True,
+        env=cluster["env"], capture_output=True, text=True, timeout=patience(120), check=True,
     )
     return asked.stdout.strip().splitlines()[-1]
 
 
 def wait_for_dashboard(cluster: dict, deadline_s: float = 120) -> None:
-    deadline = time.monotonic() + deadline_s
+    deadline = time.monotonic() + patience(deadline_s)
     while True:
         listed = ray_job(cluster, "list", timeout=60)
         if listed.returncode == 0:
@@ -121,7 +123,7 @@ def test_a_sweep_submitted_as_a_ray_job_succeeds_and_writes_its_results(cluster,
     # Where hydro-hpo is installed on the cluster the entrypoint is `hpo run sweep.yaml`; here the
     # checkout under test runs, with the interpreter of this environment.
     runtime_env = json.dumps({"env_vars": {"PYTHONPATH": str(REPO)}})
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + patience(120)
     while True:
         submitted = ray_job(
             cluster, "submit", "--submission-id", "hpo-sweep", "--working-dir", str(project),

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from ray import tune
 
+from patience import patience
+
 import hpo
 from examples.mlp_digits import workload as digits
 
@@ -100,7 +102,7 @@ def test_sweep_has_a_named_controller_and_exports_metrics_to_prometheus(ray_loca
     assert summary["best"] == pytest.approx(result.best_result.metrics["val_loss"])
 
     port = ray_local.nodes()[0]["MetricsExportPort"]
-    deadline = time.time() + 30
+    deadline = time.time() + patience(30)
     finished: list[float] = []
     while 2.0 not in finished and time.time() < deadline:
         time.sleep(1)

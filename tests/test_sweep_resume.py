@@ -14,6 +14,8 @@ import pandas as pd
 import pytest
 from ray import tune
 
+from patience import patience
+
 pytestmark = pytest.mark.slow
 
 WORKLOAD = '''
@@ -79,7 +81,7 @@ def test_resume_after_sigkill_does_not_rerun_finished_trials(ray_local, tmp_path
 
     driver = subprocess.Popen(hpo_command(str(sweep), "--address", address), env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 180
+    deadline = time.time() + patience(180)
     while len(done_before := finished_trials(experiment)) < 2 and time.time() < deadline:
         assert driver.poll() is None, "the sweep ended before it could be killed"
         time.sleep(0.5)
@@ -88,7 +90,7 @@ def test_resume_after_sigkill_does_not_rerun_finished_trials(ray_local, tmp_path
     assert 2 <= len(done_before) < 6, f"expected a half-finished sweep, finished: {done_before}"
 
     resumed = subprocess.run(hpo_command(str(sweep), "--resume", "--address", address), env=env,
-                             capture_output=True, text=True, timeout=300)
+                             capture_output=True, text=True, timeout=patience(300))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     starts = log.read_text().split()

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from patience import patience
+
 from hpo.base.ray_runtime import PRELOAD_ENV, TRIAL_MODULES
 
 pytestmark = pytest.mark.slow
@@ -34,7 +36,7 @@ ray.shutdown()
 
 
 def modules_in_worker(env: dict[str, str]) -> list[str]:
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=240, check=True)
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=patience(240), check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
