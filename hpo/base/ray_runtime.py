@@ -39,10 +39,21 @@ os.environ.setdefault(LOOPBACK_ONLY_ENV, "0")
 NAMESPACE = "hpo"
 #: The object store only carries checkpoints and small results; a small one starts fast.
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
-#: How often the watchdog re-reads the local Ray's process tree, which grows as workers start.
-WATCH_INTERVAL_S = 0.5
+#: How often the watchdog re-reads the local Ray's process tree, which grows as workers start. Each
+#: look reads the whole process table: every 0.5 s that kept a watchdog at 16% of a core on a
+#: loaded 2-core box, beside the sweep it guards. What it must catch lives long (Ray's agents start
+#: with the node), so a look every 2 s loses nothing, and a dead driver's Ray ends 2 s later at most.
+WATCH_INTERVAL_S = 2.0
 #: How long the processes of a dead driver's Ray get to exit on SIGTERM before SIGKILL.
 TERM_GRACE_S = 2.0
+#: How many times a local Ray is started before its failure to register is the sweep's error. Ray
+#: gives a new raylet a fixed 30 s to register with the GCS, and the raylet its agents a fixed 15 s
+#: to come up (ray-project/ray#65983, #62883; neither is configurable); on a loaded machine a start
+#: runs out of one or the other now and then, and a second start, after the first one's processes
+#: are ended, costs less than a failed sweep.
+START_ATTEMPTS = 2
+#: How Ray's `Node` words that failure, the only one that is worth a second start.
+NODE_START_TIMEOUT = "timed out during startup"
 #: What every trial process imports before its first step: about 3.5 s of CPU (torch 1.4 s, Ray Tune
 #: 1.4 s, and torch._dynamo 0.7 s, which the first optimizer call imports). A local Ray started for a
 #: sweep has its idle workers import them while they wait for work (Ray's
@@ -148,16 +159,25 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
     if preload and preset is None:
         os.environ[PRELOAD_ENV] = ",".join(preload)  # the raylet inherits it; Ray reads no other source
     try:
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            num_gpus=num_gpus,
-            include_dashboard=dashboard,
-            dashboard_host="127.0.0.1",  # Ray's default; stated, as it is the one server Ray lets us place
-            object_store_memory=object_store_memory,
-            namespace=NAMESPACE,
-            **init_kwargs,
-        )
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                ray.init(
+                    address="local",
+                    num_cpus=num_cpus,
+                    num_gpus=num_gpus,
+                    include_dashboard=dashboard,
+                    dashboard_host="127.0.0.1",  # Ray's default; stated, as it is the one server Ray lets us place
+                    object_store_memory=object_store_memory,
+                    namespace=NAMESPACE,
+                    **init_kwargs,
+                )
+                break
+            except Exception as error:
+                if attempt == START_ATTEMPTS or NODE_START_TIMEOUT not in str(error):
+                    raise
+                logger.warning("the local Ray did not come up in time (%s); starting it again", error)
+                _end([process for child in me.children() if child.pid not in before
+                      for process in _with_descendants(child)])
     finally:
         if preset is None:
             os.environ.pop(PRELOAD_ENV, None)  # this process's later children (other Rays) start bare
@@ -253,7 +273,23 @@ def _reap_when_driver_exits(driver_pid: int, ray_roots: Sequence[int]) -> None:
             return  # the driver shut its Ray down and lives on: nothing left to watch
         time.sleep(WATCH_INTERVAL_S)
     look()  # once more: a worker the raylet started since the last look is not in `watched` yet
-    survivors = [process for process in watched.values() if _alive(process)]
+    _end(list(watched.values()))
+
+
+def _with_descendants(process: Any) -> list[Any]:
+    import psutil
+
+    try:
+        return [process, *process.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _end(processes: Sequence[Any]) -> None:
+    """SIGTERM, then SIGKILL for what is still running after TERM_GRACE_S."""
+    import psutil
+
+    survivors = [process for process in processes if _alive(process)]
     for process in survivors:
         _signal(process, signal.SIGTERM)
     _, still_alive = psutil.wait_procs(survivors, timeout=TERM_GRACE_S)
