@@ -1,9 +1,12 @@
-"""Shared fixtures: a real local Ray per test module, and where the shipped traces live."""
+"""Shared fixtures: one real local Ray for the modules that use it, and where the shipped traces live."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
+import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -42,21 +45,91 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+class SharedRay:
+    """One real Ray for every test module that asks for `ray_local` (fake GPUs schedule like real
+    ones), started when the first such module runs and reused by the next, unless a module left
+    something behind in it.
+
+    A Ray start costs some 30 s on a loaded 2-core box, and Ray gives its raylet a fixed 30 s to
+    register, so each start is also a chance of "node timed out during startup": one start for
+    the whole suite instead of one per module removes both. Isolation is kept by checking, after
+    each module, that its named actors are gone and every CPU and GPU is free again; a Ray that
+    still holds either is shut down (with a warning naming what was left), and the next module
+    starts a fresh one, as it would have with a Ray per module."""
+
+    #: How long a module's actors get to release their resources after its last test.
+    RELEASE_S = 30.0
+
+    def get(self):
+        import ray
+
+        if not ray.is_initialized():
+            start_local_ray(
+                num_cpus=2,
+                num_gpus=4,
+                object_store_memory=128 * 1024**2,
+                # Trainables defined in test modules must import on Ray's workers too.
+                runtime_env={"env_vars": {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}},
+                # Ray's own metrics interval (10 s), not 1 s: at 1 s every Ray process spent 40-70 ms
+                # of each second recording metrics on a loaded 2-core box (4-7% of a core each).
+            )
+        return ray
+
+    def release(self, module: str) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        gc.collect()  # a sweep's result in a reference cycle still holds its controller's handle
+        left = self.leftovers(ray)
+        if left:
+            warnings.warn(f"{module} left {left} in the shared test Ray: it is restarted for the next module")
+            ray.shutdown()
+
+    def leftovers(self, ray) -> str:
+        """What a module still holds in this Ray once RELEASE_S has passed; empty if nothing."""
+        deadline = time.monotonic() + self.RELEASE_S
+        while True:
+            named = ray.util.list_named_actors(all_namespaces=True)
+            total, free = ray.cluster_resources(), ray.available_resources()
+            held = {key: total[key] - free.get(key, 0.0) for key in ("CPU", "GPU")
+                    if total.get(key, 0.0) - free.get(key, 0.0) > 1e-6}
+            if not named and not held:
+                return ""
+            if time.monotonic() > deadline:
+                return f"named actors {named}, held resources {held}"
+            time.sleep(0.5)
+
+
+_SHARED_RAY = SharedRay()
+
+
 @pytest.fixture(scope="module")
-def ray_local():
-    """One real Ray per test module (fake GPUs schedule like real ones)."""
+def ray_local(request):
+    """The suite's shared real Ray (`SharedRay`), checked for leftovers after this module."""
+    yield _SHARED_RAY.get()
+    _SHARED_RAY.release(request.module.__name__)
+
+
+def uses_shared_ray(item: pytest.Item) -> bool:
+    return "ray_local" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Modules that use the shared Ray run after all others, one after another, so that it starts
+    once, and modules that start their own Ray, or check that none is running, never meet it.
+    Tests keep their order within a module, and modules within each part."""
+    shared = {item.module.__name__ for item in items if uses_shared_ray(item)}
+    items.sort(key=lambda item: item.module.__name__ in shared)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_ray_ends_with_the_session():
+    yield
     import ray
 
-    start_local_ray(
-        num_cpus=2,
-        num_gpus=4,
-        object_store_memory=128 * 1024**2,
-        # Trainables defined in test modules must import on Ray's workers too.
-        runtime_env={"env_vars": {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}},
-        _system_config={"metrics_report_interval_ms": 1000},
-    )
-    yield ray
-    ray.shutdown()
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 _SESSION: dict[str, int] = {}

@@ -103,7 +103,7 @@ def test_every_metric_and_label_the_dashboard_queries_is_served_by_rays_promethe
     used = used_series(load_dashboard())
     assert set(used) == {"ray_hpo_trials_running", "ray_hpo_trials_finished", "ray_hpo_best_metric"}
 
-    deadline = time.monotonic() + patience(60)  # metrics are exported every second (conftest), scraped on demand
+    deadline = time.monotonic() + patience(60)  # Ray exports metrics every 10 s; they are scraped on demand
     served = served_series(sweep)
     while not set(used) <= set(served) and time.monotonic() < deadline:
         time.sleep(1)

@@ -102,7 +102,7 @@ def test_sweep_has_a_named_controller_and_exports_metrics_to_prometheus(ray_loca
     assert summary["best"] == pytest.approx(result.best_result.metrics["val_loss"])
 
     port = ray_local.nodes()[0]["MetricsExportPort"]
-    deadline = time.time() + patience(30)
+    deadline = time.time() + patience(60)  # Ray exports metrics every 10 s
     finished: list[float] = []
     while 2.0 not in finished and time.time() < deadline:
         time.sleep(1)
