@@ -6,9 +6,11 @@ Ray's `Node` gives its raylet a fixed 30 s to register; on a loaded machine that
 starts a process that starts another, as the raylet starts its agents, then raises as Ray does.
 """
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -27,15 +29,8 @@ calls = []
 def init_that_times_out(**kwargs):
     calls.append(kwargs)
     if FAIL_FIRST_ONLY and len(calls) == 2:
-        import psutil
-        left = []
-        for process in psutil.process_iter():
-            try:
-                if process.status() != psutil.STATUS_ZOMBIE and process.cmdline()[-1:] in (["fake-raylet"], ["fake-ray-agent"]):
-                    left.append(process.cmdline()[-1])
-            except psutil.Error:
-                pass
-        print("second start; left by the first:", left, flush=True)
+        from test_failed_ray_start import _fakes
+        print("second start; left by the first:", [p.cmdline()[-1] for p in _fakes()], flush=True)
         return
     subprocess.Popen([sys.executable, "-c", RAYLET, "fake-raylet"])
     time.sleep(3)  # the raylet has started its agent
@@ -76,7 +71,8 @@ def test_what_a_failed_start_left_running_ends_with_its_driver():
 
 @pytest.mark.slow
 def test_a_start_that_timed_out_is_tried_again_once_what_it_started_is_ended():
-    driver = subprocess.run([sys.executable, "-c", DRIVER, "once"], capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}  # the driver looks with `_fakes`
+    driver = subprocess.run([sys.executable, "-c", DRIVER, "once"], capture_output=True, text=True, timeout=120, env=env)
     assert "second start; left by the first: []" in driver.stdout, driver.stdout + driver.stderr
     assert "started after 2 starts" in driver.stdout
     assert "did not come up in time" in driver.stderr
