@@ -479,3 +479,18 @@ def test_a_two_gpu_job_is_packed_rank_by_rank_beside_a_two_gpu_host_never_beside
     assert rec.driver.ranks(jobs[a]) == rec.driver.ranks(jobs[packs[a]]) == ((node, 1), (node, 1)), \
         "one rank per GPU, so rank i of each shares GPU i"
     assert rec.driver.ranks(jobs[a]) != jobs[a].where
+
+
+def test_a_job_rank_and_a_restarted_allocator_load_no_scikit_learn():
+    """Every rank of every job imports the job runner, and every allocator (re)start the policies;
+    neither may pay for QSSF's regressor (scikit-learn, SciPy, pandas: 27 s of imports per rank on
+    CI's slow box, before the job's first step) until a policy fits one."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    probe = ("import sys, scheduler_bridge.live.job_runner, scheduler_bridge.live.allocator\n"
+             "print(sorted(m for m in ('sklearn', 'scipy', 'pandas', 'torch') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.stdout.split("\n")[0] == "[]", proc.stdout + proc.stderr[-2000:]

@@ -23,7 +23,6 @@ import math
 from collections import deque
 
 import numpy as np
-from sklearn.ensemble import HistGradientBoostingRegressor
 from threadpoolctl import threadpool_limits
 
 
@@ -116,6 +115,10 @@ class DurationPredictor:
         return True
 
     def _fit(self) -> None:
+        # scikit-learn loads at the first fit (after `first_fit` finished jobs), not with QSSF: the
+        # live allocator imports every policy, and a restarted allocator would pay 2-25 s for it
+        from sklearn.ensemble import HistGradientBoostingRegressor
+
         X, y = np.asarray(self._X), np.asarray(self._y)
         model = HistGradientBoostingRegressor(
             max_iter=self.max_iter, learning_rate=0.1, max_leaf_nodes=31,
