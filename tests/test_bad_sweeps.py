@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from patience import patience
+
 from hpo.cli import main
 
 CORPUS = Path(__file__).resolve().parent / "bad_sweeps"
@@ -69,7 +71,7 @@ def test_non_utf8_file_names_the_line_of_the_bad_byte(corpus, capsys):
 @pytest.mark.parametrize("name", ["billion-laughs.yaml", "not-utf8.yaml", "trainable-syntax-error.yaml"])
 def test_a_real_process_prints_no_traceback(corpus, name):
     proc = subprocess.run(
-        [sys.executable, "-m", "hpo.cli", "validate", str(corpus / name)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "hpo.cli", "validate", str(corpus / name)], capture_output=True, text=True, timeout=patience(60)
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr

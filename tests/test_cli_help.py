@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from patience import patience
+
 from hpo.cli import ENGINE_COMMANDS, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +25,7 @@ def modules_loaded_by(argv: list[str]) -> list[str]:
         "import sys\nfrom hpo.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     )
-    proc = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=ROOT, timeout=patience(120))
     return proc.stdout.strip().splitlines()[-1]
 
 
@@ -36,7 +38,7 @@ def test_the_driver_of_a_function_trainable_sweep_imports_no_torch():
     """Every `hpo run` and `--resume` of a plain Tune function would pay torch's import (seconds on
     2 cores) for engines it never uses; a Workload's sweep loads them when it is built."""
     probe = "import sys, hpo.cli, hpo.sweep, hpo.api\nprint('torch' in sys.modules)"
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=patience(300))
     assert proc.stdout.split() == ["False"], proc.stderr[-2000:]
 
 

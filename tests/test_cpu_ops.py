@@ -52,7 +52,7 @@ def test_a_build_in_progress_keeps_its_lock(tmp_path):
 
 def _extensions_dir_after_import(env: dict[str, str]) -> str:
     code = f"import os, pipeline_bubble; print(os.environ[{EXTENSIONS_DIR_VAR!r}])"
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=patience(60))
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from patience import patience
+
 DRIVER = r"""
 import subprocess, sys, time
 import ray
@@ -59,7 +61,7 @@ def _fakes() -> list[psutil.Process]:
 @pytest.mark.slow
 def test_what_a_failed_start_left_running_ends_with_its_driver():
     assert _fakes() == []
-    driver = subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True, timeout=120)
+    driver = subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True, timeout=patience(120))
     assert "ray.init raised after 2 starts: The current node timed out" in driver.stdout, driver.stderr
     deadline = time.monotonic() + 30
     while (left := _fakes()) and time.monotonic() < deadline:
@@ -72,7 +74,7 @@ def test_what_a_failed_start_left_running_ends_with_its_driver():
 @pytest.mark.slow
 def test_a_start_that_timed_out_is_tried_again_once_what_it_started_is_ended():
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}  # the driver looks with `_fakes`
-    driver = subprocess.run([sys.executable, "-c", DRIVER, "once"], capture_output=True, text=True, timeout=120, env=env)
+    driver = subprocess.run([sys.executable, "-c", DRIVER, "once"], capture_output=True, text=True, timeout=patience(120), env=env)
     assert "second start; left by the first: []" in driver.stdout, driver.stdout + driver.stderr
     assert "started after 2 starts" in driver.stdout
     assert "did not come up in time" in driver.stderr

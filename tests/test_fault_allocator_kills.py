@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from patience import patience
 from scheduler_bridge import make_policy
 from scheduler_bridge.live import client as jobs_api
 from scheduler_bridge.live.journal import Journal
@@ -33,7 +34,8 @@ def test_an_allocator_killed_at_10_random_moments_recovers_every_job_from_its_jo
     ray = ray_local
     rng = random.Random(1412)
     journal = tmp_path / "journal.jsonl"
-    jobs_api.start_allocator(str(journal), str(tmp_path / "ckpt"), "fifo", tick_s=0.1, stop_grace_s=20.0)
+    jobs_api.start_allocator(str(journal), str(tmp_path / "ckpt"), "fifo", tick_s=0.1,
+                             stop_grace_s=patience(20.0))
     submitted: dict[str, int] = {}          # request id -> job id
     steps: dict[int, int] = {}              # job id -> steps it must count
     ended: dict[int, dict] = {}             # job id -> its summary when first seen ended
@@ -64,7 +66,7 @@ def test_an_allocator_killed_at_10_random_moments_recovers_every_job_from_its_jo
             request = rng.choice(sorted(submitted))   # a client retrying a submit it never heard back from
             assert submit(request, 1, {"steps": 1}) == submitted[request], f"kill {kill}: a retried submit queued twice"
 
-        final = {jid: jobs_api.wait_job(jid, 120) for jid in sorted(submitted.values())}
+        final = {jid: jobs_api.wait_job(jid, patience(120)) for jid in sorted(submitted.values())}
         status = jobs_api.status()
         live = jobs_api.list_jobs()
     finally:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from patience import patience
+
 from hpo.cli import main
 from hpo.preflight import machine_capacity
 
@@ -114,7 +116,7 @@ def test_no_exec_imports_neither_torch_nor_ray(user_dir):
         "import sys; from hpo.cli import main; code = main(['validate', '--no-exec', sys.argv[1]]); "
         "print(code, sorted(m for m in ('torch', 'ray', 'sklearn', 'pandas') if m in sys.modules))"
     )
-    proc = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=patience(60))
     assert proc.stdout.strip().splitlines()[-1] == "0 []", proc.stdout + proc.stderr
 
 
@@ -147,7 +149,7 @@ def test_run_refuses_before_ray_starts(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env, start_new_session=True,
     )
     try:
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=patience(60))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # it started Ray: take every process it made with it
         proc.communicate()
