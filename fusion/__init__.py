@@ -14,7 +14,7 @@ Names load on first use (PEP 562): `fusion.broker`, whose actor every fused memb
 must import without torch, and importing a submodule runs this file first.
 """
 
-import importlib
+from hpo.base.lazy_names import lazy_names
 
 _LAZY = {
     "FUSIBLE_KEYS": "fusion.grouping",
@@ -35,10 +35,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'fusion' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = sorted(_LAZY)

@@ -11,6 +11,7 @@ trials) import `hpo` without paying for torch or Ray.
 """
 
 import hpo.base.ray_runtime  # noqa: F401  first: Ray's loopback-only switch must be set before anything imports ray
+from hpo.base.lazy_names import lazy_names
 
 _LAZY = {
     "Workload": "hpo.base.workload",
@@ -25,12 +26,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'hpo' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = ["DatasetWorkload", "FusionConfig", "ScalingConfig", "SweepConfigError", "SweepResult", "SweepSpec", "Tuner", "Workload", "run"]

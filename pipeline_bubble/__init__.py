@@ -17,8 +17,7 @@ torch's extension builds at this Python environment (`cpu_ops`) before any DeepS
 this package builds its CPU op.
 """
 
-from importlib import import_module
-
+from hpo.base.lazy_names import lazy_names
 from pipeline_bubble.cpu_ops import use_environment_extensions_dir
 
 use_environment_extensions_dir()
@@ -49,7 +48,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'pipeline_bubble' has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_names(__name__, _EXPORTS)

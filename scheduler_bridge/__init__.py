@@ -9,7 +9,7 @@ needs none of the policies. Loaded eagerly, they cost each rank scikit-learn, Sc
 (QSSF's duration predictor): 27 s of imports per rank on CI's slow box, before the job's first step.
 """
 
-import importlib
+from hpo.base.lazy_names import lazy_names
 
 _LAZY = {
     # the model both sides share
@@ -59,10 +59,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'scheduler_bridge' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = sorted(_LAZY)

@@ -13,6 +13,8 @@ pydantic, the rest torch and mup; so the muP engine runs where Ray is not instal
 schema (`ScalingConfig`) loads without torch.
 """
 
+from hpo.base.lazy_names import lazy_names
+
 _LAZY = {
     "CoordCheckReport": "hpo.scaling._coord_check",
     "coord_check": "hpo.scaling._coord_check",
@@ -35,12 +37,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'hpo.scaling' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [
