@@ -11,7 +11,7 @@ use this.
 
 Slowness is measured two ways, and the worse one counts, because a box can be slow in either: a
 busy CPU shows in a pure Python loop; a box whose new processes are slow does not. CI's box was
-the second kind: its loop ran faster than the reference, while a Ray actor took 35-160 s to start,
+the second kind: its loop ran faster than the reference, while a Ray actor took 30-300 s to start,
 because every page a new process touches cost about 44 us there (first touch of 1 GiB: 12.5 s,
 against well under a second on an ordinary box). So the probe also starts a fresh interpreter that
 imports a few standard modules, which is what every awaited worker does first.
