@@ -175,11 +175,14 @@ def _jsonable(value):
 
 
 class JobRunner:
-    """One rank of a job. ``start`` is idempotent (a restarted allocator calls it again);
-    ``wait`` blocks until the entry point returns: {"status": "done" | "stopped" |
-    "error", "value" | "error": ..., "elapsed": seconds the entry point ran,
-    "peak_memory_mb": the memory it added (``memory_probe``; what a Lucid profiling run
-    classifies the job by, measured from outside the job's code)}."""
+    """One rank of a job. ``start`` returns once the entry point is imported and running, so
+    the allocator's "ready" (all ranks started) is when the job's code runs: its service time,
+    and a Lucid profiling window, never include a slow node importing the job's modules
+    (a profiling run stopped before its code ran would measure nothing). ``start`` is
+    idempotent (a restarted allocator calls it again); ``wait`` blocks until the entry point
+    returns: {"status": "done" | "stopped" | "error", "value" | "error": ..., "elapsed":
+    seconds the entry point ran, "peak_memory_mb": the memory it added (``memory_probe``;
+    what a Lucid profiling run classifies the job by, measured from outside the job's code)}."""
 
     def __init__(self, entrypoint: str, context: dict):
         self._entrypoint = entrypoint
@@ -187,26 +190,34 @@ class JobRunner:
         self._stop = threading.Event()
         self._done = threading.Event()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._started = False
         self._outcome: dict | None = None
 
     def start(self) -> bool:
         with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, daemon=True)
-                self._thread.start()
+            if not self._started:
+                self._started = True
+                try:
+                    fn = resolve_entrypoint(self._entrypoint)
+                except BaseException:  # noqa: BLE001  -- the job's error, reported by wait()
+                    self._fail()
+                else:
+                    threading.Thread(target=self._run, args=(fn,), daemon=True).start()
         return True
 
-    def _run(self) -> None:
+    def _fail(self) -> None:
+        self._outcome = {"status": "error", "error": traceback.format_exc(limit=20)}
+        self._done.set()
+
+    def _run(self, fn) -> None:
         try:
-            fn = resolve_entrypoint(self._entrypoint)
             memory, t0 = PeakMemory(), time.monotonic()
             value = fn(JobContext(**self._context, _stop=self._stop))
             status = "stopped" if self._stop.is_set() else "done"
             self._outcome = {"status": status, "value": _jsonable(value),
                              "elapsed": time.monotonic() - t0, "peak_memory_mb": memory.mb()}
         except BaseException:  # noqa: BLE001  -- reported to the allocator, which fails the job
-            self._outcome = {"status": "error", "error": traceback.format_exc(limit=20)}
+            self._fail()
         finally:
             self._done.set()
 
