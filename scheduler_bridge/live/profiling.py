@@ -9,8 +9,9 @@ live, the measurement is real:
 - a job submitted without a ``workload`` that fits on one node starts alone (whole GPUs,
   never packed) on the partition: the first ``Lucid.profile_nodes`` GPU nodes in the
   order the allocator first saw them, always leaving one node to run jobs on;
-- after ``Lucid.profile_s`` seconds of running (counted from when its ranks are up) it is
-  stopped like any other stop: it checkpoints, and resumes on the main partition;
+- after ``Lucid.profile_s`` seconds of running (counted from when every rank has imported
+  the job's code and runs it) it is stopped like any other stop: it checkpoints, and
+  resumes on the main partition;
 - its ranks report the peak memory it added (``memory_probe``, the yardstick
   ``hpo profile colocate`` wrote into the table), and ``classify`` names the table's
   workload nearest to it; that class makes it a packing candidate like a named workload.
