@@ -476,12 +476,17 @@ def test_lucid_profiles_a_job_without_a_workload_alone_on_its_partition_then_pac
     # the debugging run (well under a second) teaches the duration model that jobs are short, which
     # puts the newcomer's priority far from its host's: priorities are not what this test is about.
     # The window is not under test, only that the debugging run fits in it: on CI's slow box its
-    # five steps (its first imports the entry's module) once took longer than a fixed 2 s.
+    # five steps once took longer than a fixed 2 s.
     allocator("lucid", lucid={"table": str(table), "gpu_memory_mb": 1000.0, "profile_nodes": 1,
                               "profile_s": patience(3.0), "priority_ratio": 1e9})
-    named = [jobs_api.submit(ENTRY, g, workload="light", config={"steps": 10_000}) for g in (4, 3, 1)]
+    named_logs = [tmp_path / f"named-{g}.log" for g in (4, 3, 1)]
+    named = [jobs_api.submit(ENTRY, g, workload="light", config={"steps": 10_000, "log": str(log)})
+             for g, log in zip((4, 3, 1), named_logs)]
     host = named[-1]
-    wait_for(lambda: all(running(j) for j in named), what="the main partition full")
+    # The main partition full, its jobs' code running: the debugging run below must not share a
+    # 2-core box with their eight ranks still starting (it once took 37 s for its five steps so).
+    wait_for(lambda: all(any(r["ev"] == "start" for r in read_log(log)) for log in named_logs),
+             timeout=120, what="the main partition's jobs running")
     partition = jobs_api.status()["nodes"][0]
     assert all(job(j)["where"][0][0] != partition for j in named), "named jobs skip the profiling node"
 
