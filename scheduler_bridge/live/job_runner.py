@@ -200,14 +200,14 @@ class JobRunner:
                 try:
                     fn = resolve_entrypoint(self._entrypoint)
                 except BaseException:  # noqa: BLE001  -- the job's error, reported by wait()
-                    self._fail()
+                    self._record_error()
+                    self._done.set()
                 else:
                     threading.Thread(target=self._run, args=(fn,), daemon=True).start()
         return True
 
-    def _fail(self) -> None:
+    def _record_error(self) -> None:
         self._outcome = {"status": "error", "error": traceback.format_exc(limit=20)}
-        self._done.set()
 
     def _run(self, fn) -> None:
         try:
@@ -217,7 +217,7 @@ class JobRunner:
             self._outcome = {"status": status, "value": _jsonable(value),
                              "elapsed": time.monotonic() - t0, "peak_memory_mb": memory.mb()}
         except BaseException:  # noqa: BLE001  -- reported to the allocator, which fails the job
-            self._fail()
+            self._record_error()
         finally:
             self._done.set()
 
