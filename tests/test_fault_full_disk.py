@@ -67,13 +67,28 @@ FILL = """
 def fill(folder):
     '''Write a ballast file into `folder` until the disk is full.'''
     import os
-    with open(os.path.join(folder, "ballast"), "wb") as ballast:
+    with open(os.path.join(folder, "ballast"), "ab") as ballast:
         try:
             while True:
                 ballast.write(b"\\0" * 65536)
                 ballast.flush()
         except OSError:
             pass
+
+
+def keep_full(folder):
+    '''Fill the disk and keep it full while this process lives, as a disk that filled up stays:
+    space that Tune frees later (a state file it replaces) is taken again at once, so whichever
+    results file is written next finds no room, not a page that happened to come free.'''
+    import threading, time
+
+    def refill():
+        while True:
+            time.sleep(0.01)
+            fill(folder)
+
+    fill(folder)
+    threading.Thread(target=refill, daemon=True).start()
 """
 
 STORAGE_LAYER = FILL + """
@@ -142,7 +157,7 @@ def train(config):
         time.sleep(0.1)
         if config["x"] == config["fill"] and step == 2:
             time.sleep(2.5)  # the trials before it are in Tune's saved state (saved each second)
-            fill(config["disk"])
+            keep_full(config["disk"])
         tune.report({"score": float(config["x"]) + 1.0 / step})
 '''
 
