@@ -10,6 +10,8 @@ steps ran in which attempt. The node-removal test runs last (it shrinks the clus
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -97,11 +99,27 @@ def wait_for(cond, timeout=60.0, what="condition", poll=0.2):
 
 
 # ---- fixtures -------------------------------------------------------------------
+def ensure_ray_token() -> None:
+    """Give this user a cluster token if none is set (`ray get-auth-token --generate`).
+
+    `ray.init` writes ~/.ray/auth_token when it starts a local Ray, but a `Cluster`'s head is
+    started without it: on a fresh machine (CI's), with token authentication on and no token
+    yet, its GCS exits at once ("Ray couldn't find an authentication token") and the start
+    times out 30 s later."""
+    from hpo.base.ray_runtime import keep_token_private
+
+    ray_cli = Path(sys.executable).with_name("ray")
+    subprocess.run([str(ray_cli), "get-auth-token", "--generate"], check=True, capture_output=True,
+                   timeout=patience(120))
+    keep_token_private()
+
+
 @pytest.fixture(scope="module")
 def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
+    ensure_ray_token()
     repo = Path(__file__).resolve().parents[1]
     small = dict(object_store_memory=80 * 1024**2)
     c = Cluster(initialize_head=True,
@@ -636,8 +654,6 @@ def test_job_cli_starts_the_allocator_submits_lists_and_cancels(cluster, tmp_pat
 def test_job_cli_with_an_explicit_address_uses_the_clusters_token_without_ray_auth_mode(
         cluster, allocator):
     import os
-    import subprocess
-    import sys
 
     c, _ = cluster
     allocator("fifo")
