@@ -14,7 +14,8 @@ Two things Ray does not do for a local `ray.init()` are done here:
   them when it dies), but not the dashboard agent and runtime-env agent that the raylet starts: after
   a SIGKILLed driver they wait a minute or more on the dead GCS. A small watchdog process (this
   file run as a script: `ray_runtime.py --reap DRIVER_PID RAY_PIDS...`) follows the local Ray's
-  process tree while the driver lives and ends whatever of it the driver leaves behind.
+  process tree while the driver lives and ends whatever of it the driver leaves behind, down to a
+  worker the raylet started just before both died, found by the session name in its command line.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -230,6 +232,7 @@ def _reap_when_driver_exits(driver_pid: int, ray_roots: Sequence[int]) -> None:
             roots.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
             pass
+    session = _session_name(roots)
     watched: dict[int, psutil.Process] = {}
 
     def look() -> None:
@@ -273,7 +276,41 @@ def _reap_when_driver_exits(driver_pid: int, ray_roots: Sequence[int]) -> None:
             return  # the driver shut its Ray down and lives on: nothing left to watch
         time.sleep(WATCH_INTERVAL_S)
     look()  # once more: a worker the raylet started since the last look is not in `watched` yet
+    # The raylet ends with its driver, often before that look: a worker it started since the last
+    # look is then an orphan, no one's descendant, but its command line still names this Ray's session.
+    for process in _processes_of_session(session) if session else []:
+        watched.setdefault(process.pid, process)
     _end(list(watched.values()))
+
+
+#: The name Ray gives one Ray instance (its folder under the temp dir), in its processes' command lines.
+_SESSION_NAME = re.compile(r"session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_\d+")
+
+
+def _session_name(processes: Sequence[Any]) -> str | None:
+    """The Ray session these processes (the ones a Ray start left running) belong to."""
+    for process in processes:
+        try:
+            found = _SESSION_NAME.search(" ".join(process.cmdline()))
+        except Exception:  # psutil.NoSuchProcess, AccessDenied
+            continue
+        if found:
+            return found.group()
+    return None
+
+
+def _processes_of_session(session: str) -> list[Any]:
+    """The Ray processes running whose command line names `session`."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if session in " ".join(process.cmdline()) and _is_ray_process(process):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
 
 
 def _with_descendants(process: Any) -> list[Any]:
