@@ -92,6 +92,16 @@ def hold_gpus(ctx) -> None:
         time.sleep(0.1)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def pool_ends_with_the_module(ray_local):
+    """The bubble pool is detached (the cluster's, outliving any one sweep or job): the module
+    ends it, so that the shared Ray's next module starts without it."""
+    yield
+    from pipeline_bubble.bubble_pool import bubble_pool
+
+    ray.kill(bubble_pool())
+
+
 @pytest.fixture(scope="module")
 def pipeline_job():
     """The main job's two ranks, training in the background until the module's tests are done."""

@@ -66,7 +66,10 @@ def printed(ray_local, tmp_path_factory):
     reader.join(timeout=10)
     os.close(master)
     screen = b"".join(chunks).decode().replace("\r\n", "\n")  # the terminal turns \n into \r\n
-    return (folder / "progress.log").read_text(), screen, result
+    yield (folder / "progress.log").read_text(), screen, result
+    # The last test still holds this value while the module's shared Ray is checked for leftovers.
+    for actor in result.actors:
+        ray_local.kill(actor)
 
 
 @pytest.mark.slow
