@@ -62,6 +62,8 @@ NODE_START_TIMEOUT = "timed out during startup"
 #: `RAY_preload_python_modules`, read by the raylet when it starts), so the first trial starts
 #: training instead of importing.
 TRIAL_MODULES = ("torch", "ray.tune", "torch._dynamo")
+#: What a trial of a sweep whose code never imported torch in the driver imports first.
+TORCH_FREE_TRIAL_MODULES = ("ray.tune",)
 #: Ray's setting: modules its new Python workers import before they accept work, comma-separated.
 PRELOAD_ENV = "RAY_preload_python_modules"
 
@@ -96,10 +98,18 @@ def ensure_ray(
         num_gpus=num_gpus,
         dashboard=dashboard,
         object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-        preload=TRIAL_MODULES,
+        preload=trial_modules(),
         runtime_env=runtime_env or None,
         logging_level=logging_level,
     )
+
+
+def trial_modules() -> tuple[str, ...]:
+    """What this sweep's trials will import first, as far as its driver can tell: torch only where
+    the sweep's code imported it here (a Workload always does; the driver imports no torch of its
+    own). A Tune function that never imports torch should not cost every idle worker 1.4 s and
+    200-300 MB for it."""
+    return TRIAL_MODULES if "torch" in sys.modules else TORCH_FREE_TRIAL_MODULES
 
 
 def code_runtime_env(folder: str | Path, exclude: Sequence[str | Path] = ()) -> dict[str, Any]:
@@ -142,7 +152,7 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
     A new Ray even when `ray start` runs a cluster on this machine (`address="local"`). Token
     authentication stays as Ray sets it (on for a new local Ray); it is never turned off here.
     `preload` names modules every Python worker of this Ray imports before it takes work
-    (`TRIAL_MODULES` for a sweep; a `RAY_preload_python_modules` already in the environment wins).
+    (`trial_modules()` for a sweep; a `RAY_preload_python_modules` already in the environment wins).
     `init_kwargs` go to `ray.init` (a test's `runtime_env`, `_system_config`). Workers' output
     reaches this process (Ray's `log_to_driver`, on by default).
     """
