@@ -154,7 +154,8 @@ def _cmd_list(args) -> int:
     print(f"{'id':>4}  {'state':<9} {'gpus':>4} {'asked':>5} {'batch':>6} {'tries':>5}  {'name':<16} entrypoint")
     for j in jobs:
         batch = "" if j["batch_size"] is None else j["batch_size"]
-        print(f"{j['job_id']:>4}  {j['state']:<9} {j['gpus']:>4} {j['requested_gpus']:>5} {batch!s:>6} "
+        state = "starting" if j["state"] == "running" and not j["ready"] else j["state"]  # ranks not all up
+        print(f"{j['job_id']:>4}  {state:<9} {j['gpus']:>4} {j['requested_gpus']:>5} {batch!s:>6} "
               f"{j['attempt']:>5}  {j['name'][:16]:<16} {j['entrypoint']}")
     return 0
 

@@ -418,13 +418,16 @@ def test_run_time_and_tiresias_service_count_from_when_every_rank_is_up_not_from
     rec = Recorder(LiveDriver(tiresias()))
     a = rec.submit(12)
     rec.start_decided()
+    assert not rec.driver.jobs[a].summary()["ready"], "placed, its ranks still starting"
     rec.emit({"ev": "ready", "job_id": a, "attempt": 1}, dt=30.0)      # 30 s of actor start-up
+    assert rec.driver.jobs[a].summary()["ready"]
     ready_t = rec.t
     rec.submit(4)
     assert rec.driver.decide(INV, NODES, rec.t + 7).stops == [], "7 s x 12 GPUs = 84 GPU-s: not yet demoted"
     rec.emit({"ev": "ready", "job_id": a, "attempt": 1}, dt=5.0)       # a restarted allocator's repeat
     rec.emit({"ev": "requeue", "job_id": a, "reason": "fault"}, dt=5.0)
     assert rec.driver.jobs[a].run_s == rec.t - ready_t, "ran from its first ready, not from the start event"
+    assert not rec.driver.jobs[a].summary()["ready"], "requeued: ready again only once its next run's ranks are up"
 
 
 def test_lucid_profiles_an_unnamed_job_alone_on_its_partition_then_packs_it_by_what_it_measured(tmp_path):

@@ -153,10 +153,16 @@ class LiveJob:
     def active(self) -> bool:
         return self.state in ACTIVE
 
+    @property
+    def ready(self) -> bool:
+        """Running, and every rank of this run is up (its code runs): a placed job's ranks may take
+        seconds to a minute to start, and its run time counts from here."""
+        return self.state == "running" and self.ready_attempt == self.attempt
+
     def summary(self) -> dict:
         return {
             "job_id": self.job_id, "name": self.spec.name, "kind": self.spec.kind,
-            "state": self.state, "gpus": self.gpus, "requested_gpus": self.spec.gpus,
+            "state": self.state, "ready": self.ready, "gpus": self.gpus, "requested_gpus": self.spec.gpus,
             "batch_size": self.batch_size, "where": [list(w) for w in self.where],
             "attempt": self.attempt, "progress": self.progress, "priority": self.priority,
             "submit_t": self.submit_t, "first_start": self.first_start, "finish_t": self.finish_t,
