@@ -14,7 +14,7 @@ seed 0, K iterations each, no early stopping):
    iteration; its difference with `hpo_run` is what persisting checkpoints costs.
 
 Each Ray row runs on a fresh local Ray started as `hpo run` starts it (`hpo.base.ray_runtime.ensure_ray`:
-loopback only, idle workers importing torch and Ray Tune while they wait), so every row starts from
+loopback only), so every row starts from
 the same state and no row inherits another's warm or spent worker processes. Ray's start
 (`ray_init_s`, per row) and `RAY_SETTLE_S` after it, while its own processes and those imports
 finish, are excluded from every sweep's seconds. For each Ray row the

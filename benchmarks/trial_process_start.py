@@ -11,7 +11,7 @@ torch and Ray Tune before the trainable's `__init__` runs. Measured here, on hpo
 - `warmed`: the same after warming workers with tasks given the same runtime env Tune gives its
   actors (`ray.remote(runtime_env=...)`; Ray has no public way to hand a warm worker to an actor):
   does the actor land in a process that was already running (`warm_process`)?
-- `imports`: a fresh Python process importing what a trial imports first (`hpo.base.ray_runtime.TRIAL_MODULES`).
+- `imports`: a fresh Python process importing what such a trial imports first (`TRIAL_MODULES`).
 
     python benchmarks/trial_process_start.py [--repeats N] [--json PATH]
 """
@@ -32,13 +32,14 @@ from typing import Any
 #: The runtime env Ray Tune gives every trial actor (its `DEFAULT_ENV_VARS`), written out: the point
 #: is whether a worker warmed under the very same env is reused.
 TUNE_ACTOR_ENV = {"env_vars": {"PL_DISABLE_FORK": "1"}}
-#: Ray's own start-up work (its workers' preloads) finishes before anything is timed.
+#: Ray's own start-up work finishes before anything is timed.
 SETTLE_S = 5.0
+#: What a trial of a torch workload imports before its first step (`torch._dynamo`: at its first
+#: optimizer step).
+TRIAL_MODULES = ("torch", "ray.tune", "torch._dynamo")
 
 
 def import_seconds() -> float:
-    from hpo.base.ray_runtime import TRIAL_MODULES
-
     code = f"import time; t = time.perf_counter(); import {', '.join(TRIAL_MODULES)}; print(time.perf_counter() - t)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from hpo.base.ray_runtime import ensure_ray  # before ray: the local Ray listens on loopback only
 
-    import torch  # noqa: F401  (as a Workload sweep's driver has it: the workers preload torch too)
+    import torch  # noqa: F401  (as a Workload sweep's driver has it)
     import ray
 
     imports = [import_seconds() for _ in range(args.repeats)]

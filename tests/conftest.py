@@ -19,10 +19,6 @@ from hpo.base.ray_runtime import start_local_ray  # before anything imports ray:
 os.environ["RAY_AUTH_MODE"] = "token"
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-# The sweeps that tests start (`hpo run` subprocesses among them) get Ray's cold workers: the fault
-# tests start and kill sweeps dozens of times, and warming two workers with torch at each start cost
-# the driver-kill test 23 s of its 130 s. tests/test_warm_workers.py checks the warm start itself.
-os.environ.setdefault("RAY_preload_python_modules", "")
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -56,16 +56,6 @@ TERM_GRACE_S = 2.0
 START_ATTEMPTS = 2
 #: How Ray's `Node` words that failure, the only one that is worth a second start.
 NODE_START_TIMEOUT = "timed out during startup"
-#: What every trial process imports before its first step: about 3.5 s of CPU (torch 1.4 s, Ray Tune
-#: 1.4 s, and torch._dynamo 0.7 s, which the first optimizer call imports). A local Ray started for a
-#: sweep has its idle workers import them while they wait for work (Ray's
-#: `RAY_preload_python_modules`, read by the raylet when it starts), so the first trial starts
-#: training instead of importing.
-TRIAL_MODULES = ("torch", "ray.tune", "torch._dynamo")
-#: What a trial of a sweep whose code never imported torch in the driver imports first.
-TORCH_FREE_TRIAL_MODULES = ("ray.tune",)
-#: Ray's setting: modules its new Python workers import before they accept work, comma-separated.
-PRELOAD_ENV = "RAY_preload_python_modules"
 
 logger = logging.getLogger(__name__)
 
@@ -98,18 +88,9 @@ def ensure_ray(
         num_gpus=num_gpus,
         dashboard=dashboard,
         object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-        preload=trial_modules(),
         runtime_env=runtime_env or None,
         logging_level=logging_level,
     )
-
-
-def trial_modules() -> tuple[str, ...]:
-    """What this sweep's trials will import first, as far as its driver can tell: torch only where
-    the sweep's code imported it here (a Workload always does; the driver imports no torch of its
-    own). A Tune function that never imports torch should not cost every idle worker 1.4 s and
-    200-300 MB for it."""
-    return TRIAL_MODULES if "torch" in sys.modules else TORCH_FREE_TRIAL_MODULES
 
 
 def code_runtime_env(folder: str | Path, exclude: Sequence[str | Path] = ()) -> dict[str, Any]:
@@ -145,14 +126,11 @@ def _beside_submitted_job(runtime_env: Mapping[str, Any] | None) -> dict[str, An
 
 
 def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool = False,
-                    object_store_memory: int = LOCAL_OBJECT_STORE_BYTES, preload: Sequence[str] = (),
-                    **init_kwargs: Any) -> None:
+                    object_store_memory: int = LOCAL_OBJECT_STORE_BYTES, **init_kwargs: Any) -> None:
     """Start a new Ray on this machine that listens on loopback only and dies with this process.
 
     A new Ray even when `ray start` runs a cluster on this machine (`address="local"`). Token
     authentication stays as Ray sets it (on for a new local Ray); it is never turned off here.
-    `preload` names modules every Python worker of this Ray imports before it takes work
-    (`trial_modules()` for a sweep; a `RAY_preload_python_modules` already in the environment wins).
     `init_kwargs` go to `ray.init` (a test's `runtime_env`, `_system_config`). Workers' output
     reaches this process (Ray's `log_to_driver`, on by default).
     """
@@ -167,9 +145,6 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
             node_ip, LOOPBACK_ONLY_ENV)
     me = psutil.Process()
     before = {child.pid for child in me.children()}
-    preset = os.environ.get(PRELOAD_ENV)
-    if preload and preset is None:
-        os.environ[PRELOAD_ENV] = ",".join(preload)  # the raylet inherits it; Ray reads no other source
     try:
         for attempt in range(1, START_ATTEMPTS + 1):
             try:
@@ -191,8 +166,6 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
                 _end([process for child in me.children() if child.pid not in before
                       for process in _with_descendants(child)])
     finally:
-        if preset is None:
-            os.environ.pop(PRELOAD_ENV, None)  # this process's later children (other Rays) start bare
         # Started or not: a start that fails (Ray's node did not register within its 30 s) leaves
         # what it had started running, and that ends with this process too.
         _start_watchdog([child.pid for child in me.children() if child.pid not in before])
