@@ -1,17 +1,17 @@
 """What a Tune trial pays before its first line of training: a new worker process and its imports.
 
 Issue 11 asks a fused 16x8 sweep to finish within the in-process loop's time (no Ray, torch already
-imported: 2.8 s on the 2-core box) and a fused 64x8 sweep to be 3x faster than plain Ray Tune. Both
-meet a cost that no engine of ours sets: Ray Tune creates every trial's actor with a runtime env of its
-own (`PL_DISABLE_FORK`), and Ray starts a dedicated worker process for such an actor, which imports
-torch and Ray Tune before the trainable's `__init__` runs. Measured here, on hpo's local Ray:
+imported) and a fused 64x8 sweep to be 3x faster than plain Ray Tune. Both meet a cost that no engine
+of ours sets: Ray Tune creates every trial's actor with a runtime env of its own (`PL_DISABLE_FORK`),
+and Ray starts a dedicated worker process for such an actor, in which a torch trial then imports
+torch and Ray Tune. Measured here, on hpo's local Ray:
 
-- `cold`: `Tuner(Probe).fit()`; seconds from `fit` to the worker process's creation and to
-  `Probe.__init__`;
+- `cold`: `Tuner(Probe).fit()` of a trainable that imports nothing; seconds from `fit` to the
+  worker process's creation and to `Probe.__init__`;
 - `warmed`: the same after warming workers with tasks given the same runtime env Tune gives its
   actors (`ray.remote(runtime_env=...)`; Ray has no public way to hand a warm worker to an actor):
   does the actor land in a process that was already running (`warm_process`)?
-- `imports`: a fresh Python process importing what such a trial imports first (`TRIAL_MODULES`).
+- `imports`: a fresh Python process importing what a torch trial imports first (`TRIAL_MODULES`).
 
     python benchmarks/trial_process_start.py [--repeats N] [--json PATH]
 """
