@@ -151,13 +151,20 @@ def _cmd_list(args) -> int:
     if args.json:
         print(json.dumps(jobs, indent=2, default=str))
         return 0
-    print(f"{'id':>4}  {'state':<9} {'gpus':>4} {'asked':>5} {'batch':>6} {'tries':>5}  {'name':<16} entrypoint")
+    print(job_table(jobs))
+    return 0
+
+
+def job_table(jobs: list[dict]) -> str:
+    """`hpo job list`'s table of job summaries. A placed job whose ranks are not all up yet shows as
+    "starting": a rank can take a minute to start, and its run time counts only from then."""
+    lines = [f"{'id':>4}  {'state':<9} {'gpus':>4} {'asked':>5} {'batch':>6} {'tries':>5}  {'name':<16} entrypoint"]
     for j in jobs:
         batch = "" if j["batch_size"] is None else j["batch_size"]
-        state = "starting" if j["state"] == "running" and not j["ready"] else j["state"]  # ranks not all up
-        print(f"{j['job_id']:>4}  {state:<9} {j['gpus']:>4} {j['requested_gpus']:>5} {batch!s:>6} "
-              f"{j['attempt']:>5}  {j['name'][:16]:<16} {j['entrypoint']}")
-    return 0
+        state = "starting" if j["state"] == "running" and not j["ready"] else j["state"]
+        lines.append(f"{j['job_id']:>4}  {state:<9} {j['gpus']:>4} {j['requested_gpus']:>5} {batch!s:>6} "
+                     f"{j['attempt']:>5}  {j['name'][:16]:<16} {j['entrypoint']}")
+    return "\n".join(lines)
 
 
 @_guarded

@@ -1,12 +1,14 @@
 """``hpo job start`` refuses bad policy options with one line and exit status 2, before it
 connects to any cluster (no Ray here: a refused start never reaches ``ray.init``; the
-address is one where no cluster listens, so a start that got through could join no one's)."""
+address is one where no cluster listens, so a start that got through could join no one's); and
+``hpo job list``'s table says which placed jobs are still starting."""
 
 from __future__ import annotations
 
 import pytest
 
-from scheduler_bridge.job_cli import main
+from scheduler_bridge.job_cli import job_table, main
+from scheduler_bridge.live.job_state import JobSpec, LiveJob
 
 NOWHERE = "127.0.0.1:9"
 
@@ -39,3 +41,12 @@ def test_a_bad_interference_table_names_its_line_and_column(tmp_path, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert f"{table}:2" in err and "'slowdown'" in err and err.count("\n") == 1, err
+
+
+def test_the_job_table_shows_a_placed_job_whose_ranks_are_not_all_up_as_starting():
+    def job(job_id: int, state: str, ready_attempt: int) -> dict:
+        return LiveJob(job_id, JobSpec(entrypoint="pkg.train:main", gpus=2, name=f"job{job_id}"), submit_t=0.0,
+                       state=state, attempt=1, ready_attempt=ready_attempt).summary()
+
+    rows = job_table([job(1, "running", 0), job(2, "running", 1), job(3, "queued", 0)]).splitlines()[1:]
+    assert [row.split()[1] for row in rows] == ["starting", "running", "queued"]
