@@ -52,8 +52,12 @@ def run_once(hpo: Path, workdir: Path, env: dict[str, str] | None = None) -> dic
     }
 
 
+def succeeded(run: dict) -> bool:
+    return run["exit_status"] == 0 and run["sweep_s"] is not None
+
+
 def medians_of(runs: list[dict]) -> dict[str, float]:
-    good = [run for run in runs if run["exit_status"] == 0 and run["sweep_s"] is not None]
+    good = [run for run in runs if succeeded(run)]
     return {key: statistics.median(run[key] for run in good) for key in ("process_s", "sweep_s", "ray_start_s")} if good else {}
 
 
@@ -94,7 +98,7 @@ def main() -> None:
         report["versus"] = {"env": versus, "runs": versus_runs, "median": medians_of(versus_runs)}
         print_table(args.versus[:12], versus_runs, report["versus"]["median"])
     report["load_average_after"] = os.getloadavg()
-    failed = sum(run["exit_status"] != 0 or run["sweep_s"] is None for run in runs + versus_runs)
+    failed = sum(not succeeded(run) for run in runs + versus_runs)
     report["failed_runs"] = failed
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -272,10 +272,12 @@ _SESSION_NAME = re.compile(r"session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_\d+")
 
 def _session_name(processes: Sequence[Any]) -> str | None:
     """The Ray session these processes (the ones a Ray start left running) belong to."""
+    import psutil
+
     for process in processes:
         try:
             found = _SESSION_NAME.search(" ".join(process.cmdline()))
-        except Exception:  # psutil.NoSuchProcess, AccessDenied
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
         if found:
             return found.group()
