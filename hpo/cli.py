@@ -20,6 +20,8 @@ EXIT_BAD_INPUT = 2
 EXIT_NO_RESULT = 1
 #: The sweep ran, and at least one trial errored (its best, if any, is still printed).
 EXIT_TRIALS_ERRORED = 3
+#: The sweep was stopped (Ctrl-C) before every trial ended: what finished is kept, `--resume` goes on.
+EXIT_INTERRUPTED = 130
 #: The disk holding the run is full: like bad input, the user must act before running again.
 EXIT_STORAGE_FULL = 2
 
@@ -99,7 +101,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             from scheduler_bridge.live import client as allocator
 
             allocator.cancel(tuning_job)  # the allocator withdraws the sweep's idle GPUs and bubbles
-    status = _report(result)
+    status = _report(result, args.file)
     # what the sweep cost, apart from Ray's start (`benchmarks/quickstart_run.py` reads this line)
     print(f"time:    sweep {time.perf_counter() - ray_up:.1f} s (Ray started in {ray_up - started:.1f} s)")
     return status
@@ -126,9 +128,10 @@ def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
         raise loaded.fail("trainable", f"Ray cannot ship the trainable's folder {folder} to its workers: {reason}") from None
 
 
-def _report(result) -> int:
+def _report(result, sweep_file: str) -> int:
     """Print the table, the best configuration and the files; the exit status says whether every
-    trial ran (0), some trial errored (EXIT_TRIALS_ERRORED), or none reported the metric (1)."""
+    trial ran (0), the sweep was interrupted (EXIT_INTERRUPTED), some trial errored
+    (EXIT_TRIALS_ERRORED), or none reported the metric (1)."""
     print()
     print(result.summary_table())
     print()
@@ -145,6 +148,10 @@ def _report(result) -> int:
     for label, value in result.extras.items():
         print(f"{label}: {value}")
     print(f"results: {result.paths['results']}\nplot:    {result.paths['plot']}")
+    if result.interrupted:
+        print(f"error: the sweep was interrupted before every trial ended; what finished is kept in "
+              f"{result.paths['results']}; continue it with: hpo run {sweep_file} --resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if errored:
         first = errored[0]
         where = f" (error file: {first.error_file})" if first.error_file else ""

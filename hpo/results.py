@@ -172,6 +172,12 @@ def write_run_files(
 # -- sources --------------------------------------------------------------------------------------
 
 
+def ended(result: Any) -> bool:
+    """Whether Tune ended this trial: it errored, or its last result carries Tune's `done`. A sweep
+    stopped by Ctrl-C returns from `fit` as if finished, with its running trials' results short."""
+    return result.error is not None or bool((result.metrics or {}).get("done"))
+
+
 def record_from_result(result: Any) -> TrialRecord:
     """A trial of a finished sweep (`ray.tune.Result`)."""
     path = Path(result.path) if result.path else None
@@ -336,6 +342,9 @@ class SweepResult:
         #: With muP scaling: the folder of the trained target (`hpo.scaled_sweep.finish`), if trained.
         self.target_checkpoint: str | None = None
         self.records = [record_from_result(result) for result in self.results]
+        if results is None:  # Tune's own trials: one stopped before it ended is a running row
+            for record, result in zip(self.records, self.results):
+                record.running = not ended(result)
 
     # ResultGrid's API
     @property
@@ -358,6 +367,11 @@ class SweepResult:
     @property
     def num_errors(self) -> int:
         return len(self.errors)
+
+    @property
+    def interrupted(self) -> bool:
+        """The sweep was stopped (Ctrl-C, SIGUSR1) before every Tune trial ended; `--resume` goes on."""
+        return not all(ended(result) for result in self.result_grid)
 
     @property
     def num_terminated(self) -> int:

@@ -1,4 +1,5 @@
-"""A sweep whose driver is SIGKILLed resumes with `hpo run --resume` without re-running finished trials."""
+"""A sweep whose driver is SIGKILLed, or stopped with Ctrl-C, resumes with `hpo run --resume` without
+re-running finished trials; a stopped sweep says so and exits non-zero."""
 
 from __future__ import annotations
 
@@ -100,3 +101,36 @@ def test_resume_after_sigkill_does_not_rerun_finished_trials(ray_local, tmp_path
     assert len(results) == 6
     assert (results["status"] == "completed").all(), results[["trial_id", "status"]]
     assert "Best configuration" in resumed.stdout
+
+
+def test_a_sweep_stopped_with_ctrl_c_exits_130_keeps_what_finished_and_resumes(ray_local, tmp_path):
+    (tmp_path / "logged_workload.py").write_text(WORKLOAD)
+    log = tmp_path / "starts.log"
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(textwrap.dedent(SWEEP.format(log=log, storage=tmp_path / "runs")))
+    address = ray_local.get_runtime_context().gcs_address
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    experiment = tmp_path / "runs" / "killed"
+
+    driver = subprocess.Popen(hpo_command(str(sweep), "--address", address), env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + patience(180)
+    while len(finished_trials(experiment)) < 2 and time.time() < deadline:
+        assert driver.poll() is None, "the sweep ended before it could be stopped"
+        time.sleep(0.5)
+    driver.send_signal(signal.SIGINT)  # Ctrl-C: Tune ends the run and returns as if it were done
+    out, err = driver.communicate(timeout=patience(120))
+    assert driver.returncode == 130, err[-3000:]
+    assert "interrupted before every trial ended" in err and f"hpo run {sweep} --resume" in err
+    stopped = pd.read_csv(experiment / "results.csv").set_index("trial_id")
+    finished = stopped[stopped["status"] == "completed"]
+    assert len(finished) >= 2 and "early_stopped" not in set(stopped["status"]), stopped[["status", "iterations"]]
+
+    resumed = subprocess.run(hpo_command(str(sweep), "--resume", "--address", address), env=env,
+                             capture_output=True, text=True, timeout=patience(300))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    results = pd.read_csv(experiment / "results.csv").set_index("trial_id")
+    assert len(results) == 6 and (results["status"] == "completed").all(), results[["status"]]
+    pd.testing.assert_frame_equal(results.loc[finished.index, finished.columns], finished, check_dtype=False)
+    starts = log.read_text().split()
+    assert all(starts.count(trial) == 1 for trial in finished.index), "a finished trial ran again"
