@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
+from datetime import timedelta
 from pathlib import Path
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -35,7 +37,7 @@ from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
 
 from hpo.controller import ControllerCallback, start_controller
 from hpo.base.ray_runtime import ensure_ray
-from hpo.results import SweepResult, results_file_callback
+from hpo.results import SweepResult, ended, results_file_callback
 from hpo.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
 from hpo.trainables import is_workload, resolve_trainable
 from hpo.trial_output import with_trial_output
@@ -251,7 +253,8 @@ class Tuner:
             tune_config=self._tune_config(),
             run_config=self._run_config(),
         )
-        return self._wrap(tuner.fit(), actors)
+        started = time.monotonic()
+        return self._wrap(tuner.fit(), actors, started)
 
     def resume(self, path: str) -> SweepResult:
         """Continue an interrupted sweep stored at `path`: finished trials are kept, not re-run.
@@ -271,7 +274,8 @@ class Tuner:
             resume_unfinished=True,
             resume_errored=True,
         )
-        return self._wrap(tuner.fit(), actors)
+        started = time.monotonic()
+        return self._wrap(tuner.fit(), actors, started)
 
     def _iterations(self) -> int | None:
         """Iterations a trial that was not stopped early runs (None when nothing says)."""
@@ -280,9 +284,15 @@ class Tuner:
             return self.max_iterations
         return None
 
-    def _wrap(self, grid: tune.ResultGrid, actors: list[Any]) -> SweepResult:
+    def _wrap(self, grid: tune.ResultGrid, actors: list[Any], started: float) -> SweepResult:
         metric = self.tune_config.metric or ""
         result = self.engine.result(grid, metric, self.mode, self._iterations())
+        budget = self.tune_config.time_budget_s
+        if isinstance(budget, timedelta):
+            budget = budget.total_seconds()
+        out_of_time = budget is not None and time.monotonic() - started >= budget
+        if not out_of_time and not all(ended(trial) for trial in grid):
+            result.stopped_early()  # Tune returns from a Ctrl-C as if the sweep had finished
         # Holding the handle keeps `hpo:sweep:<name>` alive (and in the dashboard) while the result lives.
         result.controller = actors[0]
         result.actors = actors

@@ -174,7 +174,7 @@ def write_run_files(
 
 def ended(result: Any) -> bool:
     """Whether Tune ended this trial: it errored, or its last result carries Tune's `done`. A sweep
-    stopped by Ctrl-C returns from `fit` as if finished, with its running trials' results short."""
+    stopped by Ctrl-C, or by its time budget, returns from `fit` with such trials short."""
     return result.error is not None or bool((result.metrics or {}).get("done"))
 
 
@@ -342,9 +342,9 @@ class SweepResult:
         #: With muP scaling: the folder of the trained target (`hpo.scaled_sweep.finish`), if trained.
         self.target_checkpoint: str | None = None
         self.records = [record_from_result(result) for result in self.results]
-        if results is None:  # Tune's own trials: one stopped before it ended is a running row
-            for record, result in zip(self.records, self.results):
-                record.running = not ended(result)
+        self.rows_are_tune_trials = results is None  # not a fused sweep's members
+        #: Stopped (Ctrl-C, SIGUSR1) before every Tune trial ended; `--resume` goes on (`stopped_early`).
+        self.interrupted = False
 
     # ResultGrid's API
     @property
@@ -368,10 +368,12 @@ class SweepResult:
     def num_errors(self) -> int:
         return len(self.errors)
 
-    @property
-    def interrupted(self) -> bool:
-        """The sweep was stopped (Ctrl-C, SIGUSR1) before every Tune trial ended; `--resume` goes on."""
-        return not all(ended(result) for result in self.result_grid)
+    def stopped_early(self) -> None:
+        """Mark the sweep as interrupted: a row whose Tune trial had not ended says `running`."""
+        self.interrupted = True
+        if self.rows_are_tune_trials:
+            for record, result in zip(self.records, self.results):
+                record.running = not ended(result)
 
     @property
     def num_terminated(self) -> int:

@@ -1,5 +1,6 @@
 """A sweep whose driver is SIGKILLed, or stopped with Ctrl-C, resumes with `hpo run --resume` without
-re-running finished trials; a stopped sweep says so and exits non-zero."""
+re-running finished trials; a stopped sweep says so and exits non-zero (one whose time budget ran
+out is not stopped: it ended as asked)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from ray import tune
+
+import hpo
 
 from patience import patience
 
@@ -134,3 +137,16 @@ def test_a_sweep_stopped_with_ctrl_c_exits_130_keeps_what_finished_and_resumes(r
     pd.testing.assert_frame_equal(results.loc[finished.index, finished.columns], finished, check_dtype=False)
     starts = log.read_text().split()
     assert all(starts.count(trial) == 1 for trial in finished.index), "a finished trial ran again"
+
+
+def slow_trial(config):
+    for iteration in range(1, 100):
+        time.sleep(0.3)
+        tune.report({"loss": config["x"] / iteration})
+
+
+def test_a_sweep_whose_time_budget_ran_out_is_not_interrupted(ray_local, tmp_path):
+    result = hpo.run(slow_trial, config={"x": tune.grid_search([1.0, 2.0, 3.0, 4.0])}, metric="loss", mode="min",
+                     storage_path=str(tmp_path), name="budget", time_budget_s=4)
+    assert not result.interrupted
+    assert "running" not in set(pd.read_csv(tmp_path / "budget" / "results.csv")["status"])
