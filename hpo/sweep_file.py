@@ -26,7 +26,7 @@ import yaml
 
 from hpo.errors import ConfigIssue, SweepConfigError
 from hpo.spec import ParameterSpec, SweepSpec
-from hpo.trainables import TrainableNotFound, TrainableSource, locate_trainable, resolve_trainable
+from hpo.trainables import TrainableNotFound, TrainableSource, found_in, locate_trainable, resolve_trainable
 
 #: Values (scalars, lists and mappings) a sweep file may expand to once aliases are followed.
 #: Real sweeps have a few hundred; the bound only stops alias bombs.
@@ -232,11 +232,13 @@ class LoadedSweep:
 
     @property
     def code_folder(self) -> Path | None:
-        """The sweep file's folder when the trainable's module lives under it: code Ray's workers
-        cannot import unless it travels to them. None for a built-in or installed trainable."""
+        """The sweep file's folder when the trainable's module was imported from it: code Ray's
+        workers cannot import unless it travels to them. None for a built-in or installed
+        trainable, even one that lies below the folder (a sweep file in the home that holds the
+        user's checkout would otherwise ship the whole home)."""
         folder = Path(self.source.name).resolve().parent
-        module = self.located.path if self.located is not None else None
-        return folder if module is not None and module.resolve().is_relative_to(folder) else None
+        located = self.located
+        return folder if located is not None and found_in(folder, located.module, located.path) else None
 
     def issue(self, path: str, message: str) -> ConfigIssue:
         """A problem at `path` of this sweep file, with its line."""

@@ -113,12 +113,24 @@ def _make_importable(search_dir: str | Path | None) -> None:
         sys.path.append(str(search_dir))
 
 
+def found_in(folder: str | Path, module: str, origin: str | Path | None) -> bool:
+    """Whether `module` (whose file is `origin`) was imported from `folder` itself: a module or
+    package that sits in the sweep file's folder, which Ray's workers cannot import unless it travels
+    to them. A module that merely lies somewhere below it is not: a built-in example, or the user's
+    installed package, when the sweep file is in a folder above their checkout (their home)."""
+    if origin is None:
+        return False
+    root = Path(origin).resolve().parent
+    if Path(origin).name == "__init__.py":
+        root = root.parent
+    for _ in module.split(".")[1:]:
+        root = root.parent
+    return root == Path(folder).resolve()
+
+
 def _ship_by_value_if_local(module: ModuleType, search_dir: str | Path | None) -> None:
     """A module next to the sweep file is not importable on Ray workers: pickle its code instead."""
-    origin = getattr(module, "__file__", None)
-    if search_dir is None or origin is None:
-        return
-    if Path(origin).resolve().is_relative_to(Path(search_dir).resolve()):
+    if search_dir is not None and found_in(search_dir, module.__name__, getattr(module, "__file__", None)):
         from ray import cloudpickle
 
         cloudpickle.register_pickle_by_value(module)

@@ -18,6 +18,8 @@ import pytest
 from patience import patience
 
 from hpo.base.ray_runtime import SUBMITTED_JOB_CONFIG_ENV, _beside_submitted_job, code_runtime_env
+from hpo.sweep_file import load_sweep
+from hpo.trainables import found_in
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "USER-PRINT-7f3a"
@@ -150,3 +152,33 @@ def test_under_ray_job_submit_the_jobs_own_working_dir_wins(monkeypatch, tmp_pat
     assert _beside_submitted_job(ours) == ours
     monkeypatch.delenv(SUBMITTED_JOB_CONFIG_ENV)
     assert _beside_submitted_job(ours) == ours
+
+
+def test_only_a_module_imported_from_the_sweep_files_folder_travels(tmp_path, monkeypatch):
+    """A package installed from a checkout below the sweep file's folder (a sweep file in the home
+    that holds the checkout) is importable on the workers already; shipping its folder would zip
+    the whole home."""
+    checkout = tmp_path / "checkout"
+    (checkout / "mypkg").mkdir(parents=True)
+    (checkout / "mypkg" / "__init__.py").write_text("")
+    (checkout / "mypkg" / "train.py").write_text("def train(config):\n    pass\n")
+    monkeypatch.syspath_prepend(str(checkout))
+    sweep = textwrap.dedent("""\
+        name: where
+        trainable: mypkg.train:train
+        metric: {name: loss, goal: minimize}
+        parameters:
+          x: {min: 0.0, max: 1.0}
+        """)
+    (tmp_path / "above.yaml").write_text(sweep)
+    (checkout / "beside.yaml").write_text(sweep)
+    assert load_sweep(tmp_path / "above.yaml", execute=False).code_folder is None
+    assert load_sweep(checkout / "beside.yaml", execute=False).code_folder == checkout.resolve()
+
+
+def test_a_built_in_trainable_never_takes_the_folder_above_its_checkout_along():
+    example = REPO / "hpo" / "examples" / "mlp_digits.py"
+    assert not found_in(REPO.parent, "hpo.examples.mlp_digits", example)
+    assert found_in(REPO, "hpo.examples.mlp_digits", example)
+    assert found_in(REPO / "hpo", "hpo", REPO / "hpo" / "__init__.py") is False
+    assert found_in(REPO, "hpo", REPO / "hpo" / "__init__.py")
