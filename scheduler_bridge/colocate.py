@@ -36,10 +36,10 @@ from .live.memory_probe import PeakMemory
 WORKER_TIMEOUT = 600.0  # seconds a worker may take to start up and report
 # name -> (module with a ``workload``, config overrides)
 WORKLOADS = {
-    "mlp-small": ("examples.mlp_digits", {"width": 64, "depth": 2, "batch_size": 64}),
-    "mlp-large": ("examples.mlp_digits", {"width": 512, "depth": 3, "batch_size": 128}),
-    "gpt-small": ("examples.char_gpt", {"width": 64, "n_layer": 2, "batch_size": 32}),
-    "gpt-large": ("examples.char_gpt", {"width": 128, "n_layer": 3, "block_size": 64, "batch_size": 32}),
+    "mlp-small": ("hpo.examples.mlp_digits", {"width": 64, "depth": 2, "batch_size": 64}),
+    "mlp-large": ("hpo.examples.mlp_digits", {"width": 512, "depth": 3, "batch_size": 128}),
+    "gpt-small": ("hpo.examples.char_gpt", {"width": 64, "n_layer": 2, "batch_size": 32}),
+    "gpt-large": ("hpo.examples.char_gpt", {"width": 128, "n_layer": 3, "block_size": 64, "batch_size": 32}),
 }
 
 
@@ -92,19 +92,29 @@ def _run(names: list[str], device: str, cores: list[int], threads: int, warmup: 
              for n in names]
     for p in procs:
         p.start()
+    out: list[tuple[str, float, float]] = []
+    deadline = time.monotonic() + WORKER_TIMEOUT + warmup + seconds
     try:
-        out = [results.get(timeout=WORKER_TIMEOUT + warmup + seconds) for _ in procs]
-    except queue.Empty:
+        while len(out) < len(procs):
+            try:
+                out.append(results.get(timeout=1.0))
+                continue
+            except queue.Empty:
+                pass
+            # a worker that died (its workload failed to import or build) sends nothing: say so now,
+            # not after the timeout; its partner waits at the barrier for it forever
+            dead = [p.exitcode for p in procs if p.exitcode]
+            if dead:
+                raise ProfileError(f"{'+'.join(names)}: profiling worker exited with {dead[0]} "
+                                   "(its traceback is above)")
+            if time.monotonic() > deadline:
+                raise ProfileError(f"{'+'.join(names)}: no result within {WORKER_TIMEOUT:.0f} s "
+                                   "(is the host overloaded?)")
+    finally:
         for p in procs:
-            p.terminate()
+            if len(out) < len(procs):
+                p.terminate()
             p.join()
-        raise ProfileError(f"{'+'.join(names)}: no result within {WORKER_TIMEOUT:.0f} s "
-                           "(is the host overloaded?)") from None
-    for p in procs:
-        p.join()
-    bad = [p.exitcode for p in procs if p.exitcode]
-    if bad:
-        raise ProfileError(f"{'+'.join(names)}: profiling worker exited with {bad[0]}")
     return out
 
 

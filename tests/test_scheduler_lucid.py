@@ -1,6 +1,10 @@
 """Lucid-style scheduling: profiling partition, packing by the interference table, and the table's reader."""
 
+import time
+
 import pytest
+
+from patience import patience
 
 from scheduler_bridge import ClusterSpec, Job, TraceError, make_trace, simulate
 from scheduler_bridge.interference import InterferenceTable
@@ -123,18 +127,33 @@ def test_profile_colocate_refuses_an_output_folder_that_does_not_exist(tmp_path,
 
 @pytest.mark.slow
 def test_colocation_measures_a_pair_alone_and_together_into_a_loadable_table(tmp_path):
+    """Through the command a user runs, from a folder outside the checkout: the workers import the
+    installed workloads, not the checkout's `examples`."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "t.csv"
+    proc = subprocess.run([sys.executable, "-m", "hpo.cli", "profile", "colocate", "--out", str(out),
+                           "--workloads", "mlp-small", "--seconds", "0.3", "--warmup", "0.2"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=patience(300))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = InterferenceTable.load(out)
+    slowdown = table.pair("mlp-small", "mlp-small")[0]
+    assert slowdown > 0 and table.memory_mb["mlp-small"] > 0
+    assert "device: cpu" in table.machine
+
+
+@pytest.mark.slow
+def test_a_profiling_worker_that_dies_is_reported_at_once_not_after_the_timeout():
+    """Its partner would wait at the barrier forever, and the table waited WORKER_TIMEOUT (600 s)."""
     import os
 
-    from scheduler_bridge.colocate import machine_lines, measure
-    from scheduler_bridge.interference import write_table
-    cores = sorted(os.sched_getaffinity(0))
-    rows = measure(["mlp-small"], "cpu", cores, seconds=0.3, warmup=0.2, log=lambda *_: None)
-    assert [(r["workload"], r["partner"]) for r in rows] == [("mlp-small", "mlp-small")]
-    assert rows[0]["alone_steps_s"] > 0 and rows[0]["together_steps_s"] > 0
-    write_table(tmp_path / "t.csv", rows, machine_lines("cpu", cores, 1, 0.3))
-    table = InterferenceTable.load(tmp_path / "t.csv")
-    assert table.pair("mlp-small", "mlp-small")[0] == pytest.approx(rows[0]["slowdown"], rel=1e-3)
-    assert "device: cpu" in table.machine
+    from scheduler_bridge.colocate import WORKER_TIMEOUT, ProfileError, _run
+
+    started = time.monotonic()
+    with pytest.raises(ProfileError, match=r"^no-such-workload\+mlp-small: profiling worker exited with 1"):
+        _run(["no-such-workload", "mlp-small"], "cpu", sorted(os.sched_getaffinity(0)), 1, 0.1, 0.1)
+    assert time.monotonic() - started < WORKER_TIMEOUT / 2
 
 
 def test_a_measured_slowdown_below_one_is_noise_and_never_speeds_a_packed_job_up():
