@@ -7,10 +7,12 @@ Bad input never produces a traceback: a `SweepConfigError` prints each problem a
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from hpo.errors import SweepConfigError
@@ -96,6 +98,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         tuner = build_tuner(loaded, show_progress=True)
         result = tuner.resume(str(run_path)) if run_path is not None else tuner.fit()
+    except Exception as exc:
+        reported = _unreported_metric(exc)
+        if reported is None:
+            raise
+        metric = loaded.spec.metric.name
+        raise loaded.fail("metric.name", f"a trial's result has no {metric!r} (it reported: {reported or 'see above'}); "
+                          "Tune stopped the sweep at that result: report it, or name a metric the trainable "
+                          "reports") from None
     finally:
         if tuning_job is not None:
             from scheduler_bridge.live import client as allocator
@@ -445,16 +455,41 @@ def entry() -> None:
     os._exit(status)
 
 
+def _causes(exc: BaseException | None) -> Iterator[BaseException]:
+    """`exc`, then what it was raised from or while handling, and so on (Tune wraps and re-raises)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
 def _storage_full(exc: BaseException | None) -> OSError | None:
     """The out-of-space OSError (ENOSPC, EDQUOT) that `exc` is or was caused by, if any."""
     import errno
 
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return exc
-        exc = exc.__cause__ or exc.__context__
+    return next((e for e in _causes(exc) if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)), None)
+
+
+#: What Tune's strict metric check raises in its controller, which stops the whole sweep.
+_TUNE_MISSING_METRIC = re.compile(r"did not include the specified metric\(s\) `([^`]*)`.*?Result: (\{.*?\})$", re.S | re.M)
+
+
+def _unreported_metric(exc: BaseException) -> str | None:
+    """When Tune stopped the sweep because a trial's result lacked the sweep's metric: what that
+    result held instead ('' when it cannot be read), so the user sees the name they meant."""
+    for cause in _causes(exc):
+        match = _TUNE_MISSING_METRIC.search(str(cause))
+        if match is None:
+            continue
+        from ray.tune.result import AUTO_RESULT_KEYS
+
+        try:
+            result = ast.literal_eval(match.group(2))
+        except (ValueError, SyntaxError):
+            return ""
+        tune_keys = {*AUTO_RESULT_KEYS, "done", "trial_id"}
+        return ", ".join(k for k in result if k not in tune_keys and not k.startswith("config/"))
     return None
 
 

@@ -138,6 +138,27 @@ def test_a_folder_too_large_for_ray_to_ship_is_a_one_line_error_naming_it(tmp_pa
     assert "'.rayignore'" in errors[0], "Ray's own advice: how to leave files behind"
 
 
+
+@pytest.mark.slow
+def test_a_metric_the_function_reports_under_another_name_is_one_line_naming_what_it_reported(tmp_path):
+    """Tune's strict metric check raises in its controller and stops the sweep; the user sees
+    one line with the names the trial did report, not Tune's traceback."""
+    (tmp_path / "my_trainable.py").write_text(
+        "from ray import tune\n\n\ndef train(config):\n    tune.report({'loss': config['x'], 'val_acc': 0.5})\n")
+    (tmp_path / "sweep.yaml").write_text(
+        "trainable: my_trainable:train\nmetric: {name: accuracy, goal: maximize}\nparameters:\n  x: {value: 1}\n"
+        f"storage_path: {tmp_path / 'runs'}\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-m", "hpo.cli", "run", str(tmp_path / "sweep.yaml")],
+                          cwd="/", env=env, capture_output=True, text=True, timeout=patience(300))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert errors[0].startswith(f"error: {tmp_path / 'sweep.yaml'}:2: metric.name: a trial's result has no 'accuracy' "
+                                "(it reported: loss, val_acc)"), errors[0]
+
 def test_the_code_folder_travels_without_the_sweeps_own_storage(tmp_path):
     env = code_runtime_env(tmp_path, exclude=[tmp_path / "runs", "/elsewhere/runs"])
     assert env == {"working_dir": str(tmp_path.resolve()), "excludes": ["/runs/"]}
