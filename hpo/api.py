@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
 
 from ray import tune
-from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
+from ray.tune.schedulers import FIFOScheduler, HyperBandScheduler, PopulationBasedTraining
 
 from hpo.controller import ControllerCallback, start_controller
 from hpo.base.ray_runtime import ensure_ray
@@ -278,11 +278,21 @@ class Tuner:
         return self._wrap(tuner.fit(), actors, started)
 
     def _iterations(self) -> int | None:
-        """Iterations a trial that was not stopped early runs (None when nothing says)."""
+        """Iterations a trial that was not stopped early runs; a trial with fewer is `early_stopped`.
+
+        None when nothing says, and for a function trainable when nothing but the function could
+        have ended it sooner (no scheduler that stops trials, no time budget, no other stop key):
+        a function's own loop that ends before `max_iterations` has completed, not stopped early.
+        """
         stop = self.run_config.stop
-        if is_workload(self.trainable) or (isinstance(stop, Mapping) and "training_iteration" in stop):
+        if is_workload(self.trainable):
             return self.max_iterations
-        return None
+        if not (isinstance(stop, Mapping) and "training_iteration" in stop):
+            return None
+        scheduler = self.tune_config.scheduler
+        stoppers = (scheduler is not None and type(scheduler) is not FIFOScheduler  # Tune's stopping ones subclass it
+                    or self.tune_config.time_budget_s is not None or set(stop) != {"training_iteration"})
+        return self.max_iterations if stoppers else None
 
     def _wrap(self, grid: tune.ResultGrid, actors: list[Any], started: float) -> SweepResult:
         metric = self.tune_config.metric or ""

@@ -39,6 +39,24 @@ def test_run_returns_best_config_and_one_row_per_configuration(tmp_path):
     assert paths["plot"].stat().st_size > 10_000
 
 
+def two_reports(config):
+    for _ in range(2):
+        tune.report({"loss": config["x"]})
+
+
+def test_a_function_that_ends_its_own_loop_early_has_completed_unless_something_could_stop_it(tmp_path):
+    """Two reports under a 5-iteration stop: with no scheduler, the function ended itself; under
+    ASHA, which stops trials, fewer iterations than the stop mean it was stopped early."""
+    from ray.tune.schedulers import ASHAScheduler
+
+    alone = hpo.run(two_reports, config={"x": tune.grid_search([1.0, 2.0])}, metric="loss", mode="min",
+                    stop={"training_iteration": 5}, storage_path=str(tmp_path), name="alone")
+    assert list(alone.get_dataframe()["status"]) == ["completed", "completed"]
+    asha = hpo.run(two_reports, config={"x": tune.grid_search([1.0, 2.0])}, metric="loss", mode="min",
+                   stop={"training_iteration": 5}, scheduler=ASHAScheduler(max_t=5, grace_period=1),
+                   storage_path=str(tmp_path), name="asha")
+    assert set(asha.get_dataframe()["status"]) == {"early_stopped"}
+
 def test_tuner_mirrors_ray_tuner(tmp_path):
     tuner = hpo.Tuner(
         "mlp_digits",
