@@ -212,7 +212,9 @@ def member_result(record: TrialRecord, folder: Path) -> Any:
         by_iteration[entry["training_iteration"]] = entry
     history = pd.DataFrame([by_iteration[i] for i in sorted(by_iteration)]) if by_iteration else None
     return tune.Result(
-        metrics=dict(record.metrics),
+        # `done` as on a Tune trial's last result: the member ended (a sweep stopped by Ctrl-C
+        # leaves the others short, and `hpo.results.ended` reads both kinds of row alike)
+        metrics={**record.metrics, "done": not record.running},
         checkpoint=tune.Checkpoint.from_directory(record.checkpoint) if record.checkpoint else None,
         error=RuntimeError(record.error) if record.error else None,
         path=str(folder),

@@ -173,8 +173,9 @@ def write_run_files(
 
 
 def ended(result: Any) -> bool:
-    """Whether Tune ended this trial: it errored, or its last result carries Tune's `done`. A sweep
-    stopped by Ctrl-C, or by its time budget, returns from `fit` with such trials short."""
+    """Whether Tune ended this trial (or a fused sweep its member): it errored, or its last result
+    carries Tune's `done`. A sweep stopped by Ctrl-C, or by its time budget, returns from `fit`
+    with such trials short."""
     return result.error is not None or bool((result.metrics or {}).get("done"))
 
 
@@ -342,7 +343,6 @@ class SweepResult:
         #: With muP scaling: the folder of the trained target (`hpo.scaled_sweep.finish`), if trained.
         self.target_checkpoint: str | None = None
         self.records = [record_from_result(result) for result in self.results]
-        self.rows_are_tune_trials = results is None  # not a fused sweep's members
         #: Stopped (Ctrl-C, SIGUSR1) before every Tune trial ended; `--resume` goes on (`stopped_early`).
         self.interrupted = False
 
@@ -369,11 +369,11 @@ class SweepResult:
         return len(self.errors)
 
     def stopped_early(self) -> None:
-        """Mark the sweep as interrupted: a row whose Tune trial had not ended says `running`."""
+        """Mark the sweep as interrupted: a row whose trial (or fused member) had not ended says
+        `running`."""
         self.interrupted = True
-        if self.rows_are_tune_trials:
-            for record, result in zip(self.records, self.results):
-                record.running = not ended(result)
+        for record, result in zip(self.records, self.results):
+            record.running = not ended(result)
 
     @property
     def num_terminated(self) -> int:

@@ -33,7 +33,7 @@ class LoggedDigits(DigitsMLP):
 
     def build_model(self, config):
         with open(config["log_path"], "a") as log:
-            log.write(tune.get_context().get_trial_id() + "\\n")
+            log.write(f"{tune.get_context().get_trial_id()}\\n")  # None in a fused group's process
         return super().build_model(config)
 
     def train_batches(self, config, seed):
@@ -138,6 +138,39 @@ def test_a_sweep_stopped_with_ctrl_c_exits_130_keeps_what_finished_and_resumes(r
     starts = log.read_text().split()
     assert all(starts.count(trial) == 1 for trial in finished.index), "a finished trial ran again"
 
+
+def test_a_fused_sweep_stopped_with_ctrl_c_says_its_unfinished_members_are_running_and_resumes_them(
+        ray_local, tmp_path):
+    """A fused sweep's rows are its members, not Tune's trials (the groups): a member cut short by
+    Ctrl-C is `running`, not `early_stopped`, and `--resume` trains it to the end."""
+    (tmp_path / "logged_workload.py").write_text(WORKLOAD)
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(textwrap.dedent(SWEEP.format(log=tmp_path / "starts.log", storage=tmp_path / "runs"))
+                     + "fusion: {max_members: 2}\nmax_concurrent_trials: 1\n")
+    address = ray_local.get_runtime_context().gcs_address
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    experiment = tmp_path / "runs" / "killed"
+
+    driver = subprocess.Popen(hpo_command(str(sweep), "--address", address), env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + patience(180)
+    while not finished_trials(experiment) and time.time() < deadline:  # the first group of two ended
+        assert driver.poll() is None, "the sweep ended before it could be stopped"
+        time.sleep(0.5)
+    driver.send_signal(signal.SIGINT)
+    out, err = driver.communicate(timeout=patience(120))
+    assert driver.returncode == 130, err[-3000:]
+    stopped = pd.read_csv(experiment / "results.csv").set_index("trial_id")
+    finished = stopped[stopped["status"] == "completed"]
+    assert len(finished) >= 2 and set(stopped["status"]) <= {"completed", "running"}, stopped[["status", "iterations"]]
+
+    resumed = subprocess.run(hpo_command(str(sweep), "--resume", "--address", address), env=env,
+                             capture_output=True, text=True, timeout=patience(300))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    results = pd.read_csv(experiment / "results.csv").set_index("trial_id")
+    assert len(results) == 6 and (results["status"] == "completed").all() and (results["iterations"] == 3).all(), \
+        results[["status", "iterations"]]
+    pd.testing.assert_frame_equal(results.loc[finished.index, finished.columns], finished, check_dtype=False)
 
 def slow_trial(config):
     for iteration in range(1, 100):
