@@ -74,68 +74,75 @@ def finished_trials(experiment: Path) -> set[str]:
     return {trial.trial_id for trial in analysis.trials if trial.status == "TERMINATED"}
 
 
-def test_resume_after_sigkill_does_not_rerun_finished_trials(ray_local, tmp_path):
-    (tmp_path / "logged_workload.py").write_text(WORKLOAD)
-    log = tmp_path / "starts.log"
-    sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(textwrap.dedent(SWEEP.format(log=log, storage=tmp_path / "runs")))
-    address = ray_local.get_runtime_context().gcs_address
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    experiment = tmp_path / "runs" / "killed"
+class StoppedSweep:
+    """The six-configuration sweep these tests stop part-way: `hpo run --address` on the module's
+    Ray, its workload logging every (re)start of a trial."""
 
-    driver = subprocess.Popen(hpo_command(str(sweep), "--address", address), env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + patience(180)
-    while len(done_before := finished_trials(experiment)) < 2 and time.time() < deadline:
-        assert driver.poll() is None, "the sweep ended before it could be killed"
-        time.sleep(0.5)
-    driver.send_signal(signal.SIGKILL)
+    def __init__(self, ray_local, tmp_path: Path, extra: str = ""):
+        (tmp_path / "logged_workload.py").write_text(WORKLOAD)
+        self.log = tmp_path / "starts.log"
+        self.file = tmp_path / "sweep.yaml"
+        self.file.write_text(textwrap.dedent(SWEEP.format(log=self.log, storage=tmp_path / "runs")) + extra)
+        self.address = ray_local.get_runtime_context().gcs_address
+        self.env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        self.experiment = tmp_path / "runs" / "killed"
+
+    def start(self, **output) -> subprocess.Popen:
+        return subprocess.Popen(hpo_command(str(self.file), "--address", self.address), env=self.env, **output)
+
+    def signal_after(self, driver: subprocess.Popen, trials: int, signum: int) -> set[str]:
+        """Send `signum` once `trials` of Tune's trials have ended; those trials."""
+        deadline = time.time() + patience(180)
+        while len(ended := finished_trials(self.experiment)) < trials and time.time() < deadline:
+            assert driver.poll() is None, "the sweep ended before it could be stopped"
+            time.sleep(0.5)
+        driver.send_signal(signum)
+        return ended
+
+    def resume(self) -> subprocess.CompletedProcess:
+        return subprocess.run(hpo_command(str(self.file), "--resume", "--address", self.address), env=self.env,
+                              capture_output=True, text=True, timeout=patience(300))
+
+    def results(self) -> pd.DataFrame:
+        return pd.read_csv(self.experiment / "results.csv").set_index("trial_id")
+
+
+def test_resume_after_sigkill_does_not_rerun_finished_trials(ray_local, tmp_path):
+    sweep = StoppedSweep(ray_local, tmp_path)
+    driver = sweep.start(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done_before = sweep.signal_after(driver, 2, signal.SIGKILL)
     driver.wait()
     assert 2 <= len(done_before) < 6, f"expected a half-finished sweep, finished: {done_before}"
 
-    resumed = subprocess.run(hpo_command(str(sweep), "--resume", "--address", address), env=env,
-                             capture_output=True, text=True, timeout=patience(300))
+    resumed = sweep.resume()
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
-    starts = log.read_text().split()
+    starts = sweep.log.read_text().split()
     for trial_id in done_before:
         assert starts.count(trial_id) == 1, f"finished trial {trial_id} was started again after resume"
-    results = pd.read_csv(experiment / "results.csv")
+    results = sweep.results()
     assert len(results) == 6
-    assert (results["status"] == "completed").all(), results[["trial_id", "status"]]
+    assert (results["status"] == "completed").all(), results[["status"]]
     assert "Best configuration" in resumed.stdout
 
 
 def test_a_sweep_stopped_with_ctrl_c_exits_130_keeps_what_finished_and_resumes(ray_local, tmp_path):
-    (tmp_path / "logged_workload.py").write_text(WORKLOAD)
-    log = tmp_path / "starts.log"
-    sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(textwrap.dedent(SWEEP.format(log=log, storage=tmp_path / "runs")))
-    address = ray_local.get_runtime_context().gcs_address
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    experiment = tmp_path / "runs" / "killed"
-
-    driver = subprocess.Popen(hpo_command(str(sweep), "--address", address), env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + patience(180)
-    while len(finished_trials(experiment)) < 2 and time.time() < deadline:
-        assert driver.poll() is None, "the sweep ended before it could be stopped"
-        time.sleep(0.5)
-    driver.send_signal(signal.SIGINT)  # Ctrl-C: Tune ends the run and returns as if it were done
+    sweep = StoppedSweep(ray_local, tmp_path)
+    driver = sweep.start(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sweep.signal_after(driver, 2, signal.SIGINT)  # Ctrl-C: Tune ends the run and returns as if it were done
     out, err = driver.communicate(timeout=patience(120))
     assert driver.returncode == 130, err[-3000:]
-    assert "interrupted before every trial ended" in err and f"hpo run {sweep} --resume" in err
-    stopped = pd.read_csv(experiment / "results.csv").set_index("trial_id")
+    assert "interrupted before every trial ended" in err and f"hpo run {sweep.file} --resume" in err
+    stopped = sweep.results()
     finished = stopped[stopped["status"] == "completed"]
     assert len(finished) >= 2 and "early_stopped" not in set(stopped["status"]), stopped[["status", "iterations"]]
 
-    resumed = subprocess.run(hpo_command(str(sweep), "--resume", "--address", address), env=env,
-                             capture_output=True, text=True, timeout=patience(300))
+    resumed = sweep.resume()
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    results = pd.read_csv(experiment / "results.csv").set_index("trial_id")
+    results = sweep.results()
     assert len(results) == 6 and (results["status"] == "completed").all(), results[["status"]]
     pd.testing.assert_frame_equal(results.loc[finished.index, finished.columns], finished, check_dtype=False)
-    starts = log.read_text().split()
+    starts = sweep.log.read_text().split()
     assert all(starts.count(trial) == 1 for trial in finished.index), "a finished trial ran again"
 
 
@@ -143,34 +150,22 @@ def test_a_fused_sweep_stopped_with_ctrl_c_says_its_unfinished_members_are_runni
         ray_local, tmp_path):
     """A fused sweep's rows are its members, not Tune's trials (the groups): a member cut short by
     Ctrl-C is `running`, not `early_stopped`, and `--resume` trains it to the end."""
-    (tmp_path / "logged_workload.py").write_text(WORKLOAD)
-    sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(textwrap.dedent(SWEEP.format(log=tmp_path / "starts.log", storage=tmp_path / "runs"))
-                     + "fusion: {max_members: 2}\nmax_concurrent_trials: 1\n")
-    address = ray_local.get_runtime_context().gcs_address
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    experiment = tmp_path / "runs" / "killed"
-
-    driver = subprocess.Popen(hpo_command(str(sweep), "--address", address), env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + patience(180)
-    while not finished_trials(experiment) and time.time() < deadline:  # the first group of two ended
-        assert driver.poll() is None, "the sweep ended before it could be stopped"
-        time.sleep(0.5)
-    driver.send_signal(signal.SIGINT)
+    sweep = StoppedSweep(ray_local, tmp_path, "fusion: {max_members: 2}\nmax_concurrent_trials: 1\n")
+    driver = sweep.start(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sweep.signal_after(driver, 1, signal.SIGINT)  # once the first group of two ended
     out, err = driver.communicate(timeout=patience(120))
     assert driver.returncode == 130, err[-3000:]
-    stopped = pd.read_csv(experiment / "results.csv").set_index("trial_id")
+    stopped = sweep.results()
     finished = stopped[stopped["status"] == "completed"]
     assert len(finished) >= 2 and set(stopped["status"]) <= {"completed", "running"}, stopped[["status", "iterations"]]
 
-    resumed = subprocess.run(hpo_command(str(sweep), "--resume", "--address", address), env=env,
-                             capture_output=True, text=True, timeout=patience(300))
+    resumed = sweep.resume()
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    results = pd.read_csv(experiment / "results.csv").set_index("trial_id")
+    results = sweep.results()
     assert len(results) == 6 and (results["status"] == "completed").all() and (results["iterations"] == 3).all(), \
         results[["status", "iterations"]]
     pd.testing.assert_frame_equal(results.loc[finished.index, finished.columns], finished, check_dtype=False)
+
 
 def slow_trial(config):
     for iteration in range(1, 100):
