@@ -472,7 +472,7 @@ def _storage_full(exc: BaseException | None) -> OSError | None:
 
 
 #: What Tune's strict metric check raises in its controller, which stops the whole sweep.
-_TUNE_MISSING_METRIC = re.compile(r"did not include the specified metric\(s\) `([^`]*)`.*?Result: (\{.*?\})$", re.S | re.M)
+_TUNE_MISSING_METRIC = re.compile(r"did not include the specified metric\(s\) `[^`]*`.*?Result: (\{.*?\})$", re.S | re.M)
 
 
 def _unreported_metric(exc: BaseException) -> str | None:
@@ -485,7 +485,7 @@ def _unreported_metric(exc: BaseException) -> str | None:
         from ray.tune.result import AUTO_RESULT_KEYS
 
         try:
-            result = ast.literal_eval(match.group(2))
+            result = ast.literal_eval(match.group(1))
         except (ValueError, SyntaxError):
             return ""
         tune_keys = {*AUTO_RESULT_KEYS, "done", "trial_id"}
