@@ -365,6 +365,19 @@ def test_a_restarted_ces_allocator_keeps_the_capacity_its_journaled_demand_histo
     assert jobs_api.status()["capacity_request"] == three and requested_capacity() == three
 
 
+def test_an_allocator_releases_at_its_start_the_group_of_an_attempt_no_running_job_holds(allocator):
+    """An attempt's end is journaled before its group is released, so an allocator killed between
+    the two leaves a group that holds GPUs for no job (here: job 99's). The next allocator removes
+    it when it starts; a running job's group is kept (the restart tests)."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    leftover = placement_group([{"GPU": 1.0}], name="hpo-job-99-a1", lifetime="detached")
+    ray.get(leftover.ready(), timeout=patience(60))
+    allocator("fifo")
+    wait_for(lambda: pg_by_name("hpo-job-99-a1") is None, what="the leftover group released")
+
+
 def pg_by_name(name):
     from ray.util.placement_group import placement_group_table
 

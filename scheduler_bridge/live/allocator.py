@@ -277,6 +277,21 @@ class Allocator:
                     w.stop.remote()
                 run.stop_deadline = time.time() + self.stop_grace_s
             self.runs[job.job_id] = run
+        self._release_ended_groups()
+
+    def _release_ended_groups(self) -> None:
+        """Remove the groups (and ranks) of attempts that no running job holds: an attempt's end
+        is journaled before its group is released (`_close_run`), so a kill in between leaves
+        the group to the next allocator, and GPUs held by no job would never be placed again."""
+        held = set()
+        for job in self.driver.jobs.values():
+            if job.state in ("running", "stopping"):
+                held.add(placement_groups.group_name(job.job_id, job.attempt))
+                if job.gpu_group:
+                    held.add(placement_groups.group_name(*job.gpu_group))
+        for name, bundles in placement_groups.groups_named_like_ours().items():
+            if name not in held:
+                placement_groups.release(name, bundles)
 
     def _requeue(self, job: LiveJob, reason: str, error: str = "") -> None:
         if reason in FAULTS and job.faults + 1 >= job.spec.max_attempts:
@@ -469,24 +484,35 @@ class Allocator:
                 continue
             errors = [o["error"] for o in outcomes if o["status"] == "error"]
             if errors:
-                self._end(jid, run)
-                self._emit({"ev": "finish", "job_id": jid, "status": "failed", "error": errors[0]})
+                self._close_run(jid, run, {"ev": "finish", "job_id": jid, "status": "failed", "error": errors[0]})
                 continue
             if len(done) == len(run.waits):
-                self._end(jid, run)
                 chief = ray.get(run.waits[0])
                 ran = {"ran_s": chief["elapsed"]} if "elapsed" in chief else {}
+                ends = []
                 if chief["status"] == "stopped" and job.profiling and job.stop_reason == "profiled":
-                    self._emit(self.driver.profile_event(job, max(o["peak_memory_mb"] for o in outcomes)))
+                    ends.append(self.driver.profile_event(job, max(o["peak_memory_mb"] for o in outcomes)))
                 if chief["status"] == "stopped":
-                    self._emit({"ev": "requeue", "job_id": jid, "reason": job.stop_reason or "stopped", **ran})
+                    ends.append({"ev": "requeue", "job_id": jid, "reason": job.stop_reason or "stopped", **ran})
                 else:
-                    self._emit({"ev": "finish", "job_id": jid, "status": "done",
-                                "result": chief.get("value"), **ran})
+                    ends.append({"ev": "finish", "job_id": jid, "status": "done", "result": chief.get("value"), **ran})
+                self._close_run(jid, run, *ends)
                 continue
             if run.stop_deadline is not None and now > run.stop_deadline:
                 self._end(jid, run)   # did not checkpoint in time: resumes from its last checkpoint
                 self._emit({"ev": "requeue", "job_id": jid, "reason": job.stop_reason or "stopped"})
+
+    def _close_run(self, jid: int, run: _Run, *events: dict) -> None:
+        """Journal what an attempt that returned came to, then release its ranks and group.
+
+        In this order, an allocator killed in between finds the outcome in its journal and
+        releases the group at its restart (`_release_ended_groups`); the other way round, it
+        found the job running with its ranks gone and ran a finished job again."""
+        group = self._group_left(self.driver.jobs[jid])   # before a requeue forgets the job's group
+        for event in events:
+            self._emit(event)
+        self.runs.pop(jid, None)
+        placement_groups.release(run.name, len(run.workers), run.workers, group)
 
     def _end(self, jid: int, run: _Run) -> None:
         self.runs.pop(jid, None)

@@ -97,6 +97,15 @@ def find_ranks(name: str, n: int) -> list:
     return out
 
 
+def groups_named_like_ours() -> dict[str, int]:
+    """Every placement group on the cluster named as this module names a job's, and not removed:
+    name -> its bundle count (the most ranks it can hold)."""
+    from ray.util.placement_group import placement_group_table
+
+    return {row["name"]: len(row["bundles"]) for row in placement_group_table().values()
+            if row["name"].startswith("hpo-job-") and row["state"] != "REMOVED"}
+
+
 def release(name: str, n: int, handles=None, group: str | None = None) -> None:
     """Kill the job's rank actors and remove ``group`` (default: its own; "" keeps every group,
     as for a packed pair's shared one while the other job runs in it); whatever is already gone
