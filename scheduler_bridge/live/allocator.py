@@ -461,7 +461,7 @@ class Allocator:
                 if done:
                     run.ready = None
                 elif now - run.started > self.start_timeout_s:
-                    self._end(jid, run)
+                    self._close_run(jid, run)
                     self._requeue(job, "fault", "placement group not ready in time")
                     continue
             if run.starting is not None:
@@ -477,7 +477,7 @@ class Allocator:
                 except Exception as exc:  # noqa: BLE001  -- actor died: node lost or killed
                     died = repr(exc)
             if died:
-                self._end(jid, run)
+                self._close_run(jid, run)
                 self._refresh_nodes(force=True)   # a dead node must not get the retry
                 lost = any(n not in self.inventory for n, _ in job.where)
                 self._requeue(job, "node-lost" if lost else "fault", died)
@@ -499,11 +499,12 @@ class Allocator:
                 self._close_run(jid, run, *ends)
                 continue
             if run.stop_deadline is not None and now > run.stop_deadline:
-                self._end(jid, run)   # did not checkpoint in time: resumes from its last checkpoint
-                self._emit({"ev": "requeue", "job_id": jid, "reason": job.stop_reason or "stopped"})
+                # did not checkpoint in time: resumes from its last checkpoint
+                self._close_run(jid, run, {"ev": "requeue", "job_id": jid, "reason": job.stop_reason or "stopped"})
 
     def _close_run(self, jid: int, run: _Run, *events: dict) -> None:
-        """Journal what an attempt that returned came to, then release its ranks and group.
+        """Journal what the attempt came to (`events`, if this call knows), then release its ranks
+        and group.
 
         In this order, an allocator killed in between finds the outcome in its journal and
         releases the group at its restart (`_release_ended_groups`); the other way round, it
@@ -513,10 +514,6 @@ class Allocator:
             self._emit(event)
         self.runs.pop(jid, None)
         placement_groups.release(run.name, len(run.workers), run.workers, group)
-
-    def _end(self, jid: int, run: _Run) -> None:
-        self.runs.pop(jid, None)
-        placement_groups.release(run.name, len(run.workers), run.workers, self._group_left(self.driver.jobs[jid]))
 
     def _release(self, job: LiveJob, shared_too: bool = False) -> None:
         """Kill the current attempt's actors (found by name if this allocator never held their

@@ -32,8 +32,11 @@ from .job_state import Where
 NODE_LABEL = "ray.io/node-id"   # Ray's default per-node label: the node's hex id
 
 
+GROUP_PREFIX = "hpo-job-"
+
+
 def group_name(job_id: int, attempt: int) -> str:
-    return f"hpo-job-{job_id}-a{attempt}"
+    return f"{GROUP_PREFIX}{job_id}-a{attempt}"
 
 
 def rank_name(group: str, rank: int) -> str:
@@ -103,7 +106,7 @@ def groups_named_like_ours() -> dict[str, int]:
     from ray.util.placement_group import placement_group_table
 
     return {row["name"]: len(row["bundles"]) for row in placement_group_table().values()
-            if row["name"].startswith("hpo-job-") and row["state"] != "REMOVED"}
+            if row["name"].startswith(GROUP_PREFIX) and row["state"] != "REMOVED"}
 
 
 def release(name: str, n: int, handles=None, group: str | None = None) -> None:
