@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
 from ray import tune
 from ray.tune.schedulers import FIFOScheduler, HyperBandScheduler, PopulationBasedTraining
 
+from hpo.base.checkpointing import checkpoints_to_keep
 from hpo.controller import ControllerCallback, start_controller
 from hpo.base.ray_runtime import ensure_ray
 from hpo.results import SweepResult, ended, results_file_callback
@@ -121,7 +122,11 @@ class PlainEngine:
         return tune_config
 
     def run_config(self, run_config: tune.RunConfig) -> tune.RunConfig:
-        """Every trial's row in `results.csv` as soon as it ends."""
+        """Every trial's row in `results.csv` as soon as it ends; a Workload's checkpoints kept as
+        `checkpoints_to_keep` says (a function trainable checkpoints as it likes)."""
+        if is_workload(self.user_trainable):
+            keep = checkpoints_to_keep(self.max_iterations, self.checkpoint.every, self.checkpoint.at_end)
+            run_config = replace(run_config, checkpoint_config=replace(run_config.checkpoint_config, num_to_keep=keep))
         if not self.metric:
             return run_config
         if self.experiment is None:

@@ -64,8 +64,35 @@ def test_a_plain_engine_gives_tune_the_users_space_and_a_results_file_per_trial(
 def test_a_plain_engine_without_a_metric_writes_no_results_files(tmp_path):
     engine = PlainEngine(mlp_digits, {"cpu": 1}, SPACE, 3, CheckpointPolicy(), None, "min", 3)
     engine.start(tmp_path)
-    run_config = tune.RunConfig(callbacks=[])
-    assert engine.run_config(run_config) is run_config
+    assert engine.run_config(tune.RunConfig(callbacks=[])).callbacks == []
+
+
+@pytest.mark.parametrize(
+    "iterations, every, kept",
+    [
+        (8, 4, 3),  # checkpoints at 4 and 8: both kept, and one more than written never forces a rewrite
+        (12, 4, 4),  # 4, 8, 12
+        (3, 4, 2),  # only the last one
+        (10, 1, 2),  # ten checkpoints: the two newest
+        (100, 4, 2),
+    ],
+)
+def test_a_workload_trial_keeps_the_checkpoints_of_a_short_run_and_the_two_newest_of_a_long_one(tmp_path, iterations, every, kept):
+    """Tune rewrites the whole sweep's state whenever a trial has written `num_to_keep` checkpoints
+    since the last rewrite; a short trial that keeps all it writes never makes it do so."""
+    engine = PlainEngine(mlp_digits, {"cpu": 1}, SPACE, iterations, CheckpointPolicy(every=every), "val_loss", "min", iterations)
+    engine.start(tmp_path)
+    assert engine.run_config(tune.RunConfig()).checkpoint_config.num_to_keep == kept
+
+
+def test_a_function_trainable_keeps_the_checkpoints_its_run_config_says(tmp_path):
+    def train(config):
+        tune.report({"val_loss": 0.0})
+
+    engine = PlainEngine(train, {"cpu": 1}, SPACE, 8, CheckpointPolicy(), "val_loss", "min", 8)
+    engine.start(tmp_path)
+    keep_five = tune.RunConfig(checkpoint_config=tune.CheckpointConfig(num_to_keep=5))
+    assert engine.run_config(keep_five).checkpoint_config.num_to_keep == 5
 
 
 def test_a_scaled_engine_tunes_through_its_inner_engine_and_adds_the_eager_transfer_last(tmp_path):
