@@ -25,7 +25,7 @@ import torch
 from ray import tune
 
 from fusion.trainer import FusedTrainer
-from hpo.base.checkpointing import checkpoint_due
+from hpo.base.checkpointing import KEEP_NEWEST, checkpoint_due
 from hpo.fused_members import STATUS_FILE, member_ids
 from hpo.results import MEMBERS_DIR
 from hpo.base.trial_state import save_trial_state
@@ -33,8 +33,6 @@ from hpo.base.workload import Workload
 
 #: A group's Tune checkpoint: which member checkpoints hold its state.
 MANIFEST_FILE = "members.json"
-#: Member checkpoints kept per member (the newest; a group restores from the latest).
-KEEP_MEMBER_CHECKPOINTS = 2
 
 
 def fused_group_trainable(
@@ -112,7 +110,7 @@ def fused_group_trainable(
                     save_trial_state(trainer.member_state_dict(member_id), staging)
                     shutil.rmtree(target, ignore_errors=True)
                     os.replace(staging, target)  # a checkpoint folder is whole or absent
-                    for old in sorted(folder.glob("checkpoint_*"))[:-KEEP_MEMBER_CHECKPOINTS]:
+                    for old in sorted(folder.glob("checkpoint_*"))[:-KEEP_NEWEST]:
                         shutil.rmtree(old, ignore_errors=True)
                 paths[member_id] = str(target)
             self.saved_at = trainer.iteration
@@ -142,7 +140,8 @@ def fused_group_trainable(
     return FusedGroupTrial
 
 
-def group_checkpoint_config(every: int, at_end: bool, keep: int = 2) -> tune.CheckpointConfig:
-    """Tune checkpoints a group on the sweep's policy; the members' states go with it."""
-    return tune.CheckpointConfig(num_to_keep=keep, checkpoint_frequency=every, checkpoint_at_end=at_end)
+def group_checkpoint_config(every: int, at_end: bool) -> tune.CheckpointConfig:
+    """Tune checkpoints a group on the sweep's policy; the members' states go with it. It keeps as
+    many group checkpoints as each member keeps checkpoint folders, so none names a deleted one."""
+    return tune.CheckpointConfig(num_to_keep=KEEP_NEWEST, checkpoint_frequency=every, checkpoint_at_end=at_end)
 

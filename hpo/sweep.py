@@ -30,6 +30,7 @@ from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Searcher
 
 from hpo.api import Trainable, Tuner
 from hpo.atomic_storage import atomic_local_filesystem, is_local_path
+from hpo.base.checkpointing import KEEP_NEWEST
 from hpo.logging_callbacks import as_logging_spec, logger_callbacks
 from hpo.progress import ProgressCallback
 from hpo.results import SweepResult
@@ -154,7 +155,7 @@ def sweep_run_config(
         stop=dict(stop) if stop else None,
         callbacks=list(callbacks or []),
         failure_config=tune.FailureConfig(max_failures=max_failures),
-        checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=KEEP_NEWEST),
         **options,
     )
 

@@ -19,6 +19,8 @@ def checkpoint_due(iteration: int, max_iterations: int, every: int, at_end: bool
     return iteration % every == 0 or (at_end and iteration >= max_iterations)
 
 
+#: Checkpoints a trial keeps when it writes many: the newest two, enough to resume either way.
+KEEP_NEWEST = 2
 #: The most checkpoints a trial keeps when it keeps every one it writes (see `checkpoints_to_keep`).
 KEEP_ALL_UP_TO = 4
 
@@ -28,11 +30,11 @@ def checkpoints_to_keep(max_iterations: int, every: int, at_end: bool) -> int:
 
     Tune rewrites the whole sweep's state (every trial's, so its cost grows with the sweep) each
     time any trial has written `num_to_keep` checkpoints since the last rewrite, so that the state
-    never names a checkpoint it has deleted. With a fixed `num_to_keep=2`, every trial of a short
-    sweep forced one: 1.7 s of a 64-trial, 8-iteration sweep on a 2-core box
+    never names a checkpoint it has deleted. With `num_to_keep=KEEP_NEWEST` always, every trial
+    of a short sweep forced one: 1.7 s of a 64-trial, 8-iteration sweep on a 2-core box
     (`benchmarks/sweep_overhead.py`). A trial that writes few checkpoints therefore keeps them all,
-    and one more than it writes never forces a rewrite; a longer trial keeps its two newest, and
+    and one more than it writes never forces a rewrite; a longer trial keeps `KEEP_NEWEST`, and
     the rewrites it forces are spread over its many iterations.
     """
     written = sum(checkpoint_due(i, max_iterations, every, at_end) for i in range(1, max_iterations + 1))
-    return written + 1 if written + 1 <= KEEP_ALL_UP_TO else 2
+    return written + 1 if written + 1 <= KEEP_ALL_UP_TO else KEEP_NEWEST
