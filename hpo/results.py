@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -93,8 +94,16 @@ def record_row(record: TrialRecord, metric: str, max_iterations: int | None) -> 
 
 
 def rows_frame(rows: Sequence[Mapping[str, Any]], metric: str, mode: str) -> pd.DataFrame:
-    """Rows sorted best first (trials without the metric last)."""
+    """Rows sorted best first (trials without the metric last).
+
+    A column of integers stays integer where some rows lack it (an interrupted sweep's trial
+    that Tune created but never started has no configuration yet): pandas would make the whole
+    column float, and results.csv would read `32.0` in every row until the sweep is resumed."""
     frame = pd.DataFrame(list(rows))
+    for column in frame.columns:
+        present = [row[column] for row in rows if row.get(column) is not None]
+        if 0 < len(present) < len(rows) and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in present):
+            frame[column] = frame[column].astype("Int64")
     if not frame.empty:
         frame = frame.sort_values(metric, ascending=mode == "min", na_position="last", kind="stable")
     return frame.reset_index(drop=True)

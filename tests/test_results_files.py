@@ -42,6 +42,19 @@ def test_run_files_hold_every_metric_status_and_checkpoint_and_leave_no_temporar
     assert sorted(p.name for p in tmp_path.iterdir()) == [RESULTS_FILE, SUMMARY_FILE]
 
 
+def test_integer_columns_stay_integer_beside_a_trial_that_never_started(tmp_path):
+    # An interrupted sweep's trial that Tune created but never started has no config or metrics.
+    started = TrialRecord("t1", {"width": 32, "lr": 0.01, "bn": True}, {"loss": 0.3, "training_iteration": 3, "epoch": 2})
+    unstarted = TrialRecord("t2", {}, {}, running=True)
+    write_run_files(tmp_path, [started, unstarted], "loss", "min", 3)
+    lines = (tmp_path / RESULTS_FILE).read_text().splitlines()
+    header, first, second = (line.split(",") for line in lines)
+    cells = dict(zip(header, first))
+    assert (cells["config/width"], cells["epoch"], cells["iterations"]) == ("32", "2", "3")
+    assert (cells["config/lr"], cells["config/bn"]) == ("0.01", "True")
+    assert dict(zip(header, second))["config/width"] == ""
+
+
 def test_a_second_run_of_a_name_gets_a_new_folder_and_resume_takes_the_newest(tmp_path):
     assert fresh_run_name(tmp_path, "sweep") == "sweep"
     (tmp_path / "sweep").mkdir()
