@@ -18,9 +18,12 @@ TRIAL_LINE = re.compile(r"^\[\s*\d+/4\] trial \w+ finished after 3 it: loss=[\d.
 
 
 def slow_trial(config):
-    """Three iterations of 0.3 s, so the live line is redrawn while trials run."""
+    """Three iterations of 0.3 s, so the live line is redrawn while trials run; the last two
+    trials (which start when the first two end, on the shared Ray's two CPUs) take 0.8 s each,
+    so that Tune saves its run state, about once a second, while they run: the first two trials'
+    lines wait for that save, and the live line after them shows trials done and still running."""
     for iteration in range(1, 4):
-        time.sleep(0.3)
+        time.sleep(0.3 if config["x"] <= 2 else 0.8)
         tune.report({"loss": config["x"] / iteration})
 
 
