@@ -134,18 +134,21 @@ class ProgressCallback(Callback):
         """A trial's line is printed once Tune's saved run state holds its end (within about a
         second): a driver killed before that would see `--resume` run it again, and what was
         printed as finished is final."""
+        self._print_saved_ends(trials)
+
+    def _print_saved_ends(self, trials: list, relist: bool = False) -> None:
         if not self._ending:
             return
         if self._saved is None:
             from hpo.results import SavedRunState
 
             self._saved = SavedRunState(Path(next(iter(self._ending.values()))[0].path).parent)
-        for trial_id in list(self._ending):
-            if trial_id in self._saved.ended():
-                trial, outcome = self._ending.pop(trial_id)
-                self._line(trials, trial, outcome)
+        saved = self._saved.ended(relist)
+        for trial_id in [t for t in self._ending if t in saved]:
+            trial, outcome = self._ending.pop(trial_id)
+            self._line(trials, trial, outcome)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
-        self.on_step_end(0, trials)  # Tune saved its last state, unless the sweep failed
+        self._print_saved_ends(trials, relist=True)  # Tune saved its last state, unless the sweep failed
         self._clear()
         self.stream.flush()

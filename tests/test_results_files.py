@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pandas as pd
 import pytest
 
 from hpo.cli import EXIT_BAD_INPUT, main
-from hpo.results import RESULTS_FILE, SUMMARY_FILE, TrialRecord, best_record, records_from_trial_dirs, write_run_files
+from hpo.results import RESULTS_FILE, SUMMARY_FILE, SavedRunState, TrialRecord, best_record, records_from_trial_dirs, write_run_files
 from hpo.api import RunStateError, fresh_run_name, latest_run, verify_run_state
 
 
@@ -64,6 +65,24 @@ def test_a_second_run_of_a_name_gets_a_new_folder_and_resume_takes_the_newest(tm
     assert fresh_run_name(tmp_path, "sweep") == "sweep-3"
     assert latest_run(tmp_path, "sweep") == tmp_path / "sweep-2"
     assert (tmp_path / "sweep" / RESULTS_FILE).read_text() == "kept\n"
+
+
+def write_state(run, session, ended):
+    entries = [[json.dumps({"trial_id": t, "status": "TERMINATED"}), json.dumps({})] for t in ended]
+    (run / f"experiment_state-{session}.json").write_text(json.dumps({"trial_data": entries}))
+
+
+def test_saved_run_state_sees_each_save_and_the_newest_session_at_a_sweeps_end(tmp_path, monkeypatch):
+    monkeypatch.setattr(SavedRunState, "LIST_EVERY_S", 3600.0)  # no listing but the first and the end's
+    write_state(tmp_path, "2026-01-01_00-00-00", ["old"])  # an interrupted run's state
+    saved = SavedRunState(tmp_path)
+    assert saved.ended() == {"old"}
+    write_state(tmp_path, "2026-01-01_00-00-00", ["old", "t1"])  # the same file saved again
+    os.utime(tmp_path / "experiment_state-2026-01-01_00-00-00.json", ns=(1, 10**18))
+    assert saved.ended() == {"old", "t1"}
+    write_state(tmp_path, "2026-02-01_00-00-00", ["t2"])  # a resumed run's own state
+    assert saved.ended() == {"old", "t1"}  # not listed yet
+    assert saved.ended(relist=True) == {"t2"}
 
 
 def stored_run(tmp_path, trials=2):
