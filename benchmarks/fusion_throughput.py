@@ -305,6 +305,8 @@ def matmul_peak(device: torch.device, dtype: str) -> float:
 # -- the fusion zoo (tests/fusion_zoo.py): models written as users write them -------------------
 
 ZOO_SAMPLES = 32
+#: Timed steps per round: with 5, run-to-run noise on the 2-core box (5-8%) decided which side of 3x a model fell.
+ZOO_STEPS = 30
 
 
 def zoo_configs(members: int) -> list[dict[str, Any]]:
@@ -364,7 +366,7 @@ def run_zoo(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     torch.set_num_threads(args.threads)
     members = tuple(int(b) for b in (args.members or "16").split(","))
-    steps, warmup = (args.steps or 5), 2
+    steps, warmup = (args.steps or ZOO_STEPS), 2
     rows = []
     names = [n for n, entry in ZOO.items() if entry.path != "refused"] if args.zoo == "all" else args.zoo.split(",")
     for name in names:
@@ -510,7 +512,7 @@ def main(argv: list[str] | None = None) -> None:
             "machine": {"device": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()},
             # a shared machine: the 1/5/15-minute load averages around the run say how shared
             "load_average": {"before": load_before, "after": os.getloadavg()},
-            "settings": {"steps": args.steps or 5, "repeats": REPEATS, "serial_cap": args.serial_cap, "samples_per_member": ZOO_SAMPLES, "units": "samples/s (members x batch x steps / s); ratio = fused / serial; *_cpu: by this process's CPU time (torch_threads=1) instead of wall clock"},
+            "settings": {"steps": args.steps or ZOO_STEPS, "repeats": REPEATS, "serial_cap": args.serial_cap, "samples_per_member": ZOO_SAMPLES, "units": "samples/s (members x batch x steps / s); ratio = fused / serial; *_cpu: by this process's CPU time (torch_threads=1) instead of wall clock"},
         }
         if args.json:
             args.json.write_text(json.dumps(results, indent=2))
