@@ -6,7 +6,10 @@ second, writing every file in place. A driver killed during that copy (or a disk
 leaves a truncated `tuner.pkl` or state file, and `--resume` must then refuse the run. On this
 filesystem each file Tune writes goes to a temporary file in the same folder that is flushed,
 fsynced and renamed over the target when complete: the storage holds the old file or the new one,
-never a torn one. A write that fails (ENOSPC) removes its temporary file and raises.
+never a torn one. A write that fails (ENOSPC) removes its temporary file and raises, and so does
+a stream closed while an exception raised after it was opened propagates (a second Ctrl-C while
+Tune saves its state, an error in the writer between two writes): pyarrow closes the stream on its
+way out, and the bytes written until then are not the file.
 
 It is `pyarrow.fs.LocalFileSystem` (which Tune uses for a local `storage_path`) with that one
 change, passed to Tune as `RunConfig(storage_filesystem=...)` and `Tuner.restore(...,
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 import tempfile
 from typing import Any
 
@@ -34,6 +38,9 @@ class _ReplacedWhenClosed(io.FileIO):
         super().__init__(handle, "wb")
         self._target = target
         self._failed = False
+        # An exception already being handled where the stream is opened (a file written in an
+        # `except` block) is the writer's context, not a failure of this write.
+        self._handling = sys.exc_info()[1]
 
     def write(self, data: Any) -> int:
         """All of `data`, or OSError: a raw write may stop short where the disk fills up."""
@@ -42,7 +49,7 @@ class _ReplacedWhenClosed(io.FileIO):
             rest = view
             while rest:
                 rest = rest[super().write(rest):]
-        except OSError:
+        except BaseException:  # a full disk, or a KeyboardInterrupt between two raw writes
             self._failed = True
             raise
         return len(view)
@@ -50,6 +57,8 @@ class _ReplacedWhenClosed(io.FileIO):
     def close(self) -> None:
         if self.closed:
             return
+        if sys.exc_info()[1] not in (None, self._handling):
+            self._failed = True  # closed by a `with` block (or pyarrow) that an exception is leaving
         try:
             if not self._failed:
                 os.fsync(self.fileno())
