@@ -160,6 +160,8 @@ class Tuner:
         self.tune_config = tune_config or tune.TuneConfig()
         self.run_config = run_config or tune.RunConfig()
         self.resources = dict(resources or {"cpu": 1})
+        #: The run folder of the last `fit` or `resume`, once it is chosen (before Tune starts).
+        self.run_path: Path | None = None
         fusion = fusion if fusion is None or fusion.enabled else None
         if (scaling is not None or fusion is not None) and not is_workload(self.trainable):
             raise TypeError("scaling and fusion need a Workload trainable (model factory, data and loss kept apart)")
@@ -250,6 +252,7 @@ class Tuner:
         if name != self.name:
             print(f"{self.storage / self.name} holds an earlier run; this run is {self.storage / name}", flush=True)
             self.run_config = replace(self.run_config, name=name)
+        self.run_path = self.storage / name
         ensure_ray()
         actors = self._start_actors()
         tuner = tune.Tuner(
@@ -267,6 +270,7 @@ class Tuner:
         A damaged run state is refused (`RunStateError`, naming the file) rather than started over.
         """
         verify_run_state(Path(path))
+        self.run_path = Path(path)
         _snapshot_state_promptly()
         self.run_config = replace(self.run_config, name=Path(path).name, storage_path=str(Path(path).parent))
         ensure_ray()
@@ -372,6 +376,9 @@ def verify_run_state(path: Path) -> None:
     """Refuse a run whose Tune state is missing or damaged, naming the file; see RunStateError."""
     rebuild = f"rebuild its results from the trials' own folders with: hpo results {path} --rebuild"
     states = sorted(path.glob("experiment_state-*.json"))
+    if not states and not any(path.glob("*/params.json")):
+        raise RunStateError(f"{path}: nothing ran in this run (it was stopped before Tune saved any state); "
+                            "start the sweep again, without --resume")
     if not states:
         raise RunStateError(f"{path}: no experiment_state-*.json; this is not a resumable run ({rebuild})")
     newest = states[-1]

@@ -22,7 +22,7 @@ EXIT_BAD_INPUT = 2
 EXIT_NO_RESULT = 1
 #: The sweep ran, and at least one trial errored (its best, if any, is still printed).
 EXIT_TRIALS_ERRORED = 3
-#: The sweep was stopped (Ctrl-C) before every trial ended: what finished is kept, `--resume` goes on.
+#: Stopped by Ctrl-C: a sweep before every trial ended (what finished is kept, `--resume` goes on), or any command.
 EXIT_INTERRUPTED = 130
 #: The disk holding the run is full: like bad input, the user must act before running again.
 EXIT_STORAGE_FULL = 2
@@ -92,12 +92,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
     started = time.perf_counter()
-    _start_ray(loaded, args.address, args.dashboard)
-    ray_up = time.perf_counter()
-    tuning_job = _submit_to_allocator(loaded.spec) if args.allocator else None
+    tuner = tuning_job = None
     try:
+        _start_ray(loaded, args.address, args.dashboard)
+        ray_up = time.perf_counter()
+        tuning_job = _submit_to_allocator(loaded.spec) if args.allocator else None
         tuner = build_tuner(loaded, show_progress=True)
         result = tuner.resume(str(run_path)) if run_path is not None else tuner.fit()
+    except KeyboardInterrupt:
+        # Tune turns a running sweep's first Ctrl-C into an orderly stop (reported below); this one
+        # came before Tune listened for it, or was a second one while Tune saved its last state.
+        print(_interrupted(getattr(tuner, "run_path", None) or run_path, args.file), file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as exc:
         reported = _unreported_metric(exc)
         if reported is None:
@@ -115,6 +121,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # what the sweep cost, apart from Ray's start (`benchmarks/quickstart_run.py` reads this line)
     print(f"time:    sweep {time.perf_counter() - ray_up:.1f} s (Ray started in {ray_up - started:.1f} s)")
     return status
+
+
+def _interrupted(run: Path | None, sweep_file: str) -> str:
+    """The line for a Ctrl-C that stopped `hpo run` outside Tune's own handling of it."""
+    if run is not None and any(run.glob("experiment_state-*.json")):
+        return f"error: interrupted; what finished is kept in {run}; continue it with: hpo run {sweep_file} --resume"
+    return f"error: interrupted before any trial ran; nothing was lost; start it again with: hpo run {sweep_file}"
 
 
 def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
@@ -420,6 +433,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _quiet_tune()
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # before `hpo run` started its sweep, or in any other command
+        print(f"error: interrupted ({args.command})", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except SweepConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -441,8 +457,10 @@ def entry() -> None:
     and Ray's shutdown together) and has nothing to save. Tests call `main`, which returns.
     """
     import os
+    import signal
 
     status = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # what ran is written; a Ctrl-C now would only leave Ray running
     if "ray" in sys.modules:
         import ray
 

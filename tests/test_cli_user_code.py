@@ -118,6 +118,25 @@ def test_the_console_shows_hpos_progress_lines_and_no_optuna_or_tune_chatter(run
     assert "Started a local Ray instance" not in console
 
 
+def test_a_ctrl_c_before_the_sweep_started_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    from hpo import cli
+
+    (tmp_path / "my_trainable.py").write_text("def train(config):\n    pass\n\n\ntrain.reported_metrics = ('loss',)\n")
+    (tmp_path / "sweep.yaml").write_text(
+        "trainable: my_trainable:train\nmetric: {name: loss, goal: minimize}\nparameters:\n  x: {value: 1}\n"
+        f"storage_path: {tmp_path / 'runs'}\n"
+    )
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt  # as while the local Ray starts
+
+    monkeypatch.setattr(cli, "_start_ray", ctrl_c)
+    assert cli.main(["run", str(tmp_path / "sweep.yaml")]) == cli.EXIT_INTERRUPTED
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: interrupted before any trial ran; nothing was lost; start it again with: hpo run {tmp_path / 'sweep.yaml'}"
+    ]
+
+
 @pytest.mark.slow
 def test_a_folder_too_large_for_ray_to_ship_is_a_one_line_error_naming_it(tmp_path):
     (tmp_path / "my_trainable.py").write_text("def train(config):\n    pass\n")

@@ -102,6 +102,12 @@ def stored_run(tmp_path, trials=2):
     return run
 
 
+def test_a_run_stopped_before_tune_saved_anything_is_refused_by_resume_as_nothing_ran(tmp_path):
+    (tmp_path / "tuner.pkl").write_bytes(b"x")  # all Tune writes before its first save
+    with pytest.raises(RunStateError, match="nothing ran in this run.*without --resume"):
+        verify_run_state(tmp_path)
+
+
 def test_a_torn_experiment_state_is_refused_naming_the_file(tmp_path):
     run = stored_run(tmp_path)
     verify_run_state(run)

@@ -146,6 +146,26 @@ def test_a_sweep_stopped_with_ctrl_c_exits_130_keeps_what_finished_and_resumes(r
     assert all(starts.count(trial) == 1 for trial in finished.index), "a finished trial ran again"
 
 
+def test_a_second_ctrl_c_while_the_sweep_stops_exits_130_in_one_line_and_loses_nothing(ray_local, tmp_path):
+    # Tune handles the first Ctrl-C; the second raises wherever the driver is while it saves and stops.
+    sweep = StoppedSweep(ray_local, tmp_path)
+    driver = sweep.start(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sweep.signal_after(driver, 2, signal.SIGINT)
+    time.sleep(0.2)
+    driver.send_signal(signal.SIGINT)
+    out, err = driver.communicate(timeout=patience(120))
+    assert driver.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and f"hpo run {sweep.file} --resume" in err, err[-3000:]
+    done = finished_trials(sweep.experiment)
+
+    resumed = sweep.resume()
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    results = sweep.results()
+    assert len(results) == 6 and (results["status"] == "completed").all(), results[["status"]]
+    starts = sweep.log.read_text().split()
+    assert all(starts.count(trial) == 1 for trial in done), "a finished trial ran again"
+
+
 def test_a_fused_sweep_stopped_with_ctrl_c_says_its_unfinished_members_are_running_and_resumes_them(
         ray_local, tmp_path):
     """A fused sweep's rows are its members, not Tune's trials (the groups): a member cut short by
