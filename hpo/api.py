@@ -269,10 +269,10 @@ class Tuner:
 
         A damaged run state is refused (`RunStateError`, naming the file) rather than started over.
         """
-        verify_run_state(Path(path))
         self.run_path = Path(path)
+        verify_run_state(self.run_path)
         _snapshot_state_promptly()
-        self.run_config = replace(self.run_config, name=Path(path).name, storage_path=str(Path(path).parent))
+        self.run_config = replace(self.run_config, name=self.run_path.name, storage_path=str(self.run_path.parent))
         ensure_ray()
         actors = self._start_actors()
         tuner = tune.Tuner.restore(
@@ -372,14 +372,20 @@ def latest_run(storage: Path, name: str) -> Path | None:
     return versions[-1][1] if versions else None
 
 
+def nothing_ran(path: Path) -> bool:
+    """Whether a run folder holds neither a saved Tune state nor a trial's folder: a run stopped
+    before it began, which loses nothing by being started again."""
+    return not any(path.glob("experiment_state-*.json")) and not any(path.glob("*/params.json"))
+
+
 def verify_run_state(path: Path) -> None:
     """Refuse a run whose Tune state is missing or damaged, naming the file; see RunStateError."""
     rebuild = f"rebuild its results from the trials' own folders with: hpo results {path} --rebuild"
     states = sorted(path.glob("experiment_state-*.json"))
-    if not states and not any(path.glob("*/params.json")):
-        raise RunStateError(f"{path}: nothing ran in this run (it was stopped before Tune saved any state); "
-                            "start the sweep again, without --resume")
     if not states:
+        if nothing_ran(path):
+            raise RunStateError(f"{path}: nothing ran in this run (it was stopped before Tune saved any state); "
+                                "start the sweep again, without --resume")
         raise RunStateError(f"{path}: no experiment_state-*.json; this is not a resumable run ({rebuild})")
     newest = states[-1]
     try:

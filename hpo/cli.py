@@ -124,10 +124,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _interrupted(run: Path | None, sweep_file: str) -> str:
-    """The line for a Ctrl-C that stopped `hpo run` outside Tune's own handling of it."""
-    if run is not None and any(run.glob("experiment_state-*.json")):
-        return f"error: interrupted; what finished is kept in {run}; continue it with: hpo run {sweep_file} --resume"
-    return f"error: interrupted before any trial ran; nothing was lost; start it again with: hpo run {sweep_file}"
+    """The line for a Ctrl-C that stopped `hpo run` outside Tune's own handling of it; whether
+    anything ran is `--resume`'s own test (`nothing_ran`), so the line and `--resume` agree."""
+    from hpo.api import nothing_ran
+
+    if run is None or nothing_ran(run):
+        return f"error: interrupted before any trial ran; nothing was lost; start it again with: hpo run {sweep_file}"
+    return f"error: interrupted; what finished is kept in {run}; continue it with: hpo run {sweep_file} --resume"
 
 
 def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
