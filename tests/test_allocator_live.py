@@ -640,7 +640,7 @@ def _named(name: str):
 
 def test_job_cli_starts_the_allocator_submits_lists_and_cancels(cluster, tmp_path, capsys):
     from scheduler_bridge.live import client as jobs_api
-    from scheduler_bridge.job_cli import main
+    from scheduler_bridge.live.cli import main
 
     c, _ = cluster
     base = ["--address", c.address]
@@ -673,7 +673,7 @@ def test_job_cli_with_an_explicit_address_uses_the_clusters_token_without_ray_au
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}   # the README's client
     repo = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = f"{repo}:{repo / 'tests'}"
-    out = subprocess.run([sys.executable, "-m", "scheduler_bridge.job_cli", "job", "list", "--json",
+    out = subprocess.run([sys.executable, "-m", "scheduler_bridge.live.cli", "job", "list", "--json",
                           "--address", c.address], env=env, capture_output=True, text=True, timeout=patience(120))
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout) == []

@@ -32,11 +32,14 @@ PACKAGES = ("hpo", "fusion", "pipeline_bubble", "scheduler_bridge")
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the workload contract, hyperparameters, one trial state, actor names and the namespace
     ("base", ("hpo.base",)),
+    # the built-in example workloads, written on the base's contract alone: the engines may measure
+    # them (`hpo profile colocate`), and sweeps name them (`trainable: mlp_digits`)
+    ("examples", ("hpo.examples",)),
     ("engine: fusion", ("fusion",)),
     ("engine: pipeline_bubble", ("pipeline_bubble",)),  # bubble guests train fused groups
     # scheduler_bridge, bottom up: the model of jobs and cluster that both sides share, the policies
     # (pure decisions), the trace simulator beside the live allocator (it lends pipeline bubbles),
-    # and on top its CLIs and public names
+    # each with its command line, and on top its public names
     ("engine: scheduler_bridge model", tuple(f"scheduler_bridge.{m}" for m in (
         "jobs", "cluster", "app_profiles", "interference", "power_model", "data_files"))),
     ("engine: scheduler_bridge.policies", ("scheduler_bridge.policies",)),

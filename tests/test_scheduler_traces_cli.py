@@ -5,8 +5,8 @@ import json
 import pytest
 
 from scheduler_bridge import TraceError, load_helios, load_philly, load_pollux
-from scheduler_bridge.cli import main
 from scheduler_bridge.data_files import default_traces_dir
+from scheduler_bridge.simulation.cli import main
 
 TRACES = default_traces_dir()
 PHILLY = TRACES / "pollux" / "traces" / "philly.csv"
@@ -109,7 +109,7 @@ def test_cli_job_larger_than_cluster_exits_2(tmp_path, capsys):
 def test_add_sim_parser_plugs_into_another_cli_and_writes_per_policy_csv(tmp_path):
     import argparse
 
-    from scheduler_bridge.cli import add_sim_parser, run_sim
+    from scheduler_bridge.simulation.cli import add_sim_parser, run_sim
     parser = argparse.ArgumentParser(prog="hpo")
     add_sim_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["sim", "--trace", str(_small_philly(tmp_path)), "--format", "philly",
@@ -160,7 +160,7 @@ def test_cli_refuses_out_of_range_flags(tmp_path, capsys, argv, needle):
 
 @pytest.mark.parametrize("flag", ["--json", "--plot", "--csv"])
 def test_cli_checks_output_paths_before_simulating(tmp_path, capsys, monkeypatch, flag):
-    import scheduler_bridge.cli as cli
+    import scheduler_bridge.simulation.cli as cli
     monkeypatch.setattr(cli, "simulate", lambda *a, **k: pytest.fail("simulated before the check"))
     rc = main(["sim", "--trace", str(_small_philly(tmp_path)), "--format", "philly", "--policy", "fifo",
                "--gpus", "4", flag, str(tmp_path / "missing" / "out")])

@@ -2,7 +2,7 @@
 
 Wire into the main CLI with ``add_sim_parser(subparsers)``; standalone:
 
-    python -m scheduler_bridge.cli sim --trace philly.csv --format philly \\
+    python -m scheduler_bridge.simulation.cli sim --trace philly.csv --format philly \\
         --policy fifo,qssf,sjf --gpus 500 --json out.json --plot out.png
 
 Several policies (comma list, or ``--compare``) run on the same trace and print
@@ -22,13 +22,13 @@ import os
 import sys
 from pathlib import Path
 
-from .cluster import ClusterSpec
-from .interference import InterferenceTable
-from .power_model import PowerModel
-from .policies.registry import POLICIES, check_policy_name, make_policy
-from .simulation.simulator import simulate
-from .simulation.synthetic import add_tuning_work
-from .simulation.traces import FORMATS, TraceError, load_trace
+from ..cluster import ClusterSpec
+from ..interference import InterferenceTable
+from ..power_model import PowerModel
+from ..policies.registry import POLICIES, check_policy_name, make_policy
+from .simulator import simulate
+from .synthetic import add_tuning_work
+from .traces import FORMATS, TraceError, load_trace
 
 TABLE_KEYS = ("policy", "completed", "avg_jct", "p50_jct", "p99_jct", "avg_queue", "p999_queue",
               "makespan", "utilization", "on_utilization", "energy_kwh", "wall_s")
@@ -179,7 +179,7 @@ def run_sim(args) -> int:
         interference = InterferenceTable.load(args.interference) if args.interference else None
         trace = load_trace(args.trace, args.format, args.profiles)
         if args.limit:
-            from .jobs import Trace
+            from ..jobs import Trace
             trace = Trace(trace.jobs[: args.limit], trace.source, trace.tuning, trace.t0)
         if "tuning-aware" in names:
             n_tune = 20 if args.tuning_jobs is None else args.tuning_jobs
@@ -189,7 +189,7 @@ def run_sim(args) -> int:
                                     bubble_fraction=args.bubble_fraction, seed=args.seed)
         profiles = None
         if args.format == "pollux":
-            from .app_profiles import load_profiles
+            from ..app_profiles import load_profiles
             profiles = load_profiles(args.profiles or Path(args.trace).parent.parent / "traces")
         deadline = args.deadline if args.deadline is not None else (
             8 * 3600.0 if args.format == "pollux" else None)
@@ -216,13 +216,13 @@ def run_sim(args) -> int:
         for r in results:
             r.to_csv(_per_policy_path(args.csv, r.policy, len(results) > 1))
     if args.plot:
-        from .simulation.plots import plot_results
+        from .plots import plot_results
         plot_results(results, args.plot)
     return 0
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scheduler_bridge.cli")
+    parser = argparse.ArgumentParser(prog="python -m scheduler_bridge.simulation.cli")
     sub = parser.add_subparsers(dest="command", required=True)
     add_sim_parser(sub)
     args = parser.parse_args(argv)
