@@ -313,10 +313,12 @@ ENGINE_COMMANDS = {
 
 Several policies (a comma list, or --compare) run on the same trace and print a table; --json then
 holds a list of summaries. Bad input (missing file, malformed row, unknown policy) prints one line
-naming it and exits with 2.
+naming it and exits with 2. The shipped traces go by name: philly, workload-1 ... workload-8 (Pollux,
+load 1.0x), workloads-0.5/workload-N and workloads-1.5/workload-N.
 
-example:
-  hpo sim --trace philly.csv --format philly --policy fifo,qssf,sjf --gpus 500 --json out.json --plot out.png
+examples:
+  hpo sim --trace philly --policy fifo,qssf,sjf --gpus 500 --json out.json --plot out.png
+  hpo sim --trace workload-1 --compare --gpus 64 --gpus-per-node 4
 """,
     ),
     "job": (

@@ -11,7 +11,6 @@ from scheduler_bridge import (CES, FIFO, QSSF, ClusterSpec, ElasticJobState, Ela
 from scheduler_bridge.data_files import default_traces_dir
 
 PROFILES = default_traces_dir() / "pollux" / "traces"
-needs_profiles = pytest.mark.skipif(not PROFILES.is_dir(), reason=f"no traces at {PROFILES}")
 
 
 def _jobs(*specs):
@@ -137,7 +136,6 @@ def test_tuning_groups_run_in_pipeline_bubbles_at_the_bubble_rate():
     assert s["tuning_avg_jct"] == pytest.approx(40.0)
 
 
-@needs_profiles
 def test_elastic_dp_matches_brute_force_over_gpu_counts():
     apps = load_profiles(PROFILES)
     spec = ClusterSpec(8, 4)
@@ -158,7 +156,6 @@ def test_elastic_dp_matches_brute_force_over_gpu_counts():
     assert sum(d.gpus for d in got.values()) <= 8
 
 
-@needs_profiles
 def test_elastic_gives_a_lone_job_its_goodput_maximising_gpus_and_batch():
     apps = load_profiles(PROFILES)
     app = apps["cifar10"]
@@ -169,7 +166,6 @@ def test_elastic_gives_a_lone_job_its_goodput_maximising_gpus_and_batch():
     assert (d.gpus, d.batch_size) == (best_n, app.best_batch(best_n, 4, 0)[0])
 
 
-@needs_profiles
 def test_fixed_batch_job_alone_on_one_gpu_takes_its_isolated_runtime():
     apps = load_profiles(PROFILES)
     app = apps["ncf"]
@@ -184,7 +180,6 @@ def _spec(app, bsz, prof):
     return ElasticSpec(app, bsz, 1, prof.max_gpus)
 
 
-@needs_profiles
 def test_elastic_beats_its_fixed_batch_baseline_on_a_pollux_workload():
     from scheduler_bridge import load_pollux
     trace = load_pollux(default_traces_dir() / "pollux" / "workloads" / "workload-3.csv")

@@ -74,10 +74,7 @@ def test_tuning_work_never_changes_ordinary_jobs(base, trace):
 def test_elastic_random_workloads_finish_within_capacity(name, rows):
     from scheduler_bridge import ElasticSpec, load_profiles
     from scheduler_bridge.data_files import default_traces_dir
-    prof_dir = default_traces_dir() / "pollux" / "traces"
-    if not prof_dir.is_dir():
-        pytest.skip(f"no traces at {prof_dir}")
-    apps = load_profiles(prof_dir)
+    apps = load_profiles(default_traces_dir() / "pollux" / "traces")
     jobs = [Job(i, float(t), g, apps[a].isolated_runtime(g, apps[a].init_bsz * g),
                 elastic=ElasticSpec(a, apps[a].init_bsz * g, 1, apps[a].max_gpus))
             for i, (t, a, g) in enumerate(rows)]
