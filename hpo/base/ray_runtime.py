@@ -252,9 +252,13 @@ def _reap_when_driver_exits(driver_pid: int, ray_roots: Sequence[int]) -> None:
             except psutil.NoSuchProcess:
                 pass
 
+    looked = False
     while _alive(driver):
         look()
         watched = {pid: process for pid, process in watched.items() if _alive(process)}
+        if not looked:  # to whoever reads the watchdog's output (nobody, when Ray starts it)
+            print(f"watching driver {driver_pid} and {len(watched)} Ray process(es) of session {session}", flush=True)
+            looked = True
         if not watched:
             return  # the driver shut its Ray down and lives on: nothing left to watch
         time.sleep(WATCH_INTERVAL_S)
