@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import hpo.base.ray_runtime  # noqa: F401  before anything imports ray: the local Ray listens on loopback only
 from hpo.errors import SweepConfigError
 
 EXIT_BAD_INPUT = 2
