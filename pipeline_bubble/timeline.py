@@ -52,6 +52,10 @@ class Interval:
     start: float
     end: float
     slot: int = -1  # position of the instruction in the stage's schedule (guest steps: the slot they preceded)
+    #: The same span on the host's clock (`time.perf_counter`); `start`/`end` are the device's (CUDA
+    #: events on a GPU). None where only one clock was read.
+    host_start: float | None = None
+    host_end: float | None = None
 
     @property
     def duration(self) -> float:
