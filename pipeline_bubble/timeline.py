@@ -123,6 +123,11 @@ class StageTimeline:
         return cls(data["stage"], data["stages"], data["micro_batches"], data["device"], batches)
 
 
+def batch_times(timelines: list[StageTimeline], skip: int = 1) -> list[float]:
+    """Per batch after the first `skip`, the slowest stage's time: the job's iteration time batch by batch."""
+    return [max(spans) for spans in zip(*([b.span for b in t.measured(skip)] for t in timelines))]
+
+
 def save_timelines(timelines: list[StageTimeline], path: str | Path) -> None:
     """Write the per-stage timelines as one JSON document `{"stages": [...]}`, with the bubble summary."""
     timelines = sorted(timelines, key=lambda t: t.stage)
