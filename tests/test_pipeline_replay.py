@@ -276,7 +276,7 @@ def test_replaying_imports_no_deepspeed_torch_or_ray():
 
 
 def test_a_pipeline_jobs_profile_gives_the_allocator_its_predicted_bubble_capacity(tmp_path):
-    from scheduler_bridge.job_cli import bubble_lending
+    from scheduler_bridge.live.cli import bubble_lending
     from scheduler_bridge.live.job_state import JobSpec
 
     profile, _ = _profile(PipelineConfig(2, 4, 32), [0.010, 0.020], [0.020, 0.040])
