@@ -1,10 +1,10 @@
 """Predicted against measured: the replay's errors per configuration, with the closed-form theory's beside them.
 
 A measured run (`Measured`) is the per-stage timelines of one configuration trained for some
-batches; its iteration time is the median over batches (after the warm-up one) of the slowest
-stage's batch, and a stage's bubble the median of its time in blocking calls and guest steps,
+blocks of batches back to back; its iteration time is the median over batches (after each
+block's warm-up one) of the slowest stage's batch, and a stage's bubble the median of its time in blocking calls and guest steps,
 as `timeline` counts it. A guest's cost is the median over batch pairs of (batch with guests /
-the same configuration's batch without them, trained just before or after) - 1.
+the same configuration's batch without them at the same place of the same round) - 1.
 
 The theory is `timeline`'s: (p-1)/(m+p-1) of the measured iteration per stage, and the same for
 the stages' own measured compute times (`stage_bubble_fractions`), the most it can be given.
@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline_bubble.profile import PipelineConfig
 from pipeline_bubble.replay import Prediction
-from pipeline_bubble.timeline import GUEST, WAIT, StageTimeline, batch_times, stage_bubble_fractions, theoretical_bubble_fraction
+from pipeline_bubble.timeline import GUEST, WAIT, StageTimeline, stage_bubble_fractions, theoretical_bubble_fraction
 
 ITERATION_TOLERANCE = 0.05
 BUBBLE_TOLERANCE = 0.10
@@ -39,24 +39,32 @@ class Measured:
     seeded: bool = False
     guest_step_s: list[float | None] = field(default_factory=list)
     overruns: int = 0
-    skip: int = 1
+    #: Batches trained back to back at a time; the first of each block is warm-up, left out.
+    block: int = 0
+
+    def _kept(self, index: int) -> bool:
+        return index % self.block != 0 if self.block else index > 0
 
     def batch_times(self) -> list[float]:
-        """Per batch after the warm-up, the slowest stage's time."""
-        return batch_times(self.timelines, self.skip)
+        """Per batch after each warm-up, the slowest stage's time."""
+        spans = zip(*([b.span for b in t.batches] for t in self.timelines))
+        return [max(s) for i, s in enumerate(spans) if self._kept(i)]
 
     def iteration_s(self) -> float:
         return median(self.batch_times())
 
     def bubble_s(self) -> list[float]:
-        return [median(b.total(WAIT) + b.total(GUEST) for b in t.measured(self.skip)) for t in self.timelines]
+        return [
+            median(b.total(WAIT) + b.total(GUEST) for i, b in enumerate(t.batches) if self._kept(i)) for t in self.timelines
+        ]
 
     def guest_s_by_batch(self) -> list[float]:
         """Guest seconds harvested in every batch, the first included, summed over stages."""
         return [sum(batches) for batches in zip(*([b.total(GUEST) for b in t.batches] for t in self.timelines))]
 
     def stage_compute_s(self) -> list[float]:
-        return [t.micro_batch_compute(self.skip) for t in self.timelines]
+        """Each stage's forward and backward time per micro-batch (the closed form's stage times)."""
+        return [t.micro_batch_compute() for t in self.timelines]
 
 
 def paired_slowdown(harvested: list[float], baseline: list[float]) -> float:
@@ -113,7 +121,7 @@ def compare(prediction: Prediction, measured: Measured, baseline: Measured | Non
             "slowdown_error": (prediction.slowdown or 0.0) - measured_slowdown,
             "guest_s_per_iteration": {
                 "predicted": sum(prediction.guest_s or []),
-                "measured": median(guest_by_batch[measured.skip :]) if len(guest_by_batch) > measured.skip else 0.0,
+                "measured": median(g for i, g in enumerate(guest_by_batch) if measured._kept(i)),
             },
             "first_batches_guest_s": guest_by_batch[:3],
             "overruns": measured.overruns,

@@ -62,7 +62,8 @@ def add_pipeline_parser(subparsers) -> None:
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE,...",
                    help="a configuration to predict: p, m, mbs, split (a:b:..), guest (seconds or Nms); repeatable")
     p.add_argument("--measure", action="store_true", help="also run every configuration and print measured beside predicted")
-    p.add_argument("--batches", type=int, default=12, help="measured batches per configuration (default: 12)")
+    p.add_argument("--batches", type=int, default=12,
+                   help="measured batches per configuration, in two rounds of back-to-back batches (default: 12)")
     p.add_argument("--iterations", type=int, default=100, help="batches each prediction replays (default: 100)")
     p.add_argument("--gantt", help="folder for one Gantt chart per configuration and stage, predicted above measured")
     p.add_argument("--json", help="write the predictions (and measurements) here")
@@ -171,8 +172,8 @@ def run_pipeline_profile(args) -> int:
 def _run(args) -> int:
     if (args.job_file is None) == (args.profile is None):
         raise UsageError("give a job file to profile or --profile FILE to read one (not both)")
-    if args.batches < 2 or args.iterations < 1:
-        raise UsageError(f"--batches must be >= 2 and --iterations >= 1, got {args.batches}, {args.iterations}")
+    if args.batches < 4 or args.iterations < 1:
+        raise UsageError(f"--batches must be >= 4 and --iterations >= 1, got {args.batches}, {args.iterations}")
     for flag, value, folder in (("--out", args.out, False), ("--json", args.json, False), ("--gantt", args.gantt, True)):
         _check_output(flag, value, folder)
     spec = read_job_file(Path(args.job_file)) if args.job_file else None
@@ -250,7 +251,8 @@ def measure_configurations(job, configs: list[PipelineConfig], predictions, *, b
     results: list = [None] * len(runs)
     for stages, members in by_stages.items():
         print(f"measuring {len(members)} configuration(s) of {stages} stages, {batches} batches each...", flush=True)
-        for i, result in zip(members, measure(job, [runs[i] for i in members], batches=batches, device=device)):
+        block = max(2, batches // 2)  # two rounds of back-to-back batches, ABBA
+        for i, result in zip(members, measure(job, [runs[i] for i in members], block=block, device=device)):
             results[i] = result
     out = []
     for config in configs:

@@ -291,7 +291,8 @@ class MeasureRun:
 class _MeasureRequest:
     job: Any
     runs: list[MeasureRun]
-    batches: int
+    block: int
+    rounds: int
     device: str
     profile_steps: int = 8
 
@@ -329,10 +330,11 @@ def _measure_rank(rank: int, world_size: int, request: _MeasureRequest) -> dict[
         engines.append(instrument(engine, executor))
         executors.append(executor)
         data.append(request.job.batches(run.config.micro_batch_size, engine.device))
-    for batch in range(request.batches):
-        order = range(len(engines)) if batch % 2 == 0 else reversed(range(len(engines)))  # ABBA: no order bias
+    for round_ in range(request.rounds):
+        order = range(len(engines)) if round_ % 2 == 0 else reversed(range(len(engines)))  # ABBA: no order bias
         for index in order:
-            engines[index].train_batch(data[index])
+            for _ in range(request.block):  # back to back, as the job runs
+                engines[index].train_batch(data[index])
     return {
         "stage": engines[0].stage_id,
         "runs": [
@@ -350,18 +352,26 @@ def measure(
     job: PipelineJob,
     runs: list[MeasureRun],
     *,
-    batches: int = 12,
+    block: int = 6,
+    rounds: int = 2,
     device: str = "cpu",
     log_dir: str | Path | None = None,
     timeout_s: float = 1800,
 ) -> list[Measured]:
-    """Train every run's configuration (all with the same number of stages) in the same processes,
-    batch by batch in turn, and return what each measured, in the order given."""
+    """Train every run's configuration (all with the same number of stages) in the same processes
+    and return what each measured, in the order given.
+
+    Each configuration trains `block` batches back to back, as a job does (its stages settle into
+    the steady state a replay predicts), then the next; `rounds` times, in turn forward and
+    backward (ABBA), so a busy host slows them alike. The first batch of every block is warm-up.
+    """
     stages = {run.config.stages for run in runs}
     if len(stages) != 1:
         raise ValueError(f"runs measured together need one stage count, got {sorted(stages)}")
+    if block < 2 or rounds < 1:
+        raise ValueError(f"needs block >= 2 (the first batch is warm-up) and rounds >= 1, got {block}, {rounds}")
     runs = [replace(run, config=replace(run.config, split=run.config.split or job.default_split(run.config.stages))) for run in runs]
-    request = _MeasureRequest(job, runs, batches, device)
+    request = _MeasureRequest(job, runs, block, rounds, device)
     results = sorted(
         launch(_measure_rank, stages.pop(), request, timeout_s=timeout_s, log_dir=log_dir, same_device=device.startswith("cuda")),
         key=lambda r: r["stage"],
@@ -376,6 +386,7 @@ def measure(
                 seeded=run.seed is not None,
                 guest_step_s=[s["guest_step_s"] for s in per_stage],
                 overruns=sum(s["overruns"] for s in per_stage),
+                block=block,
             )
         )
     return measured
