@@ -373,3 +373,17 @@ def test_hpo_profile_pipeline_profiles_a_deepspeed_job_and_measures_what_it_pred
     guest = rows[1]["guest"]
     assert guest["first_batches_guest_s"][0] > 0, "an executor seeded with the prediction harvests in its first batch"
     assert len(list((tmp_path / "gantt").glob("*.png"))) == 4
+
+
+def test_an_engine_given_its_jobs_profile_is_seeded_with_its_own_stages_predicted_windows():
+    from types import SimpleNamespace
+
+    from pipeline_bubble.api import predicted_windows
+
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.010, 0.020], [0.020, 0.040])
+    engine = SimpleNamespace(num_stages=2, micro_batches=8, stage_id=1, train_micro_batch_size_per_gpu=lambda: 64)
+    windows = predicted_windows(engine, profile)
+    assert windows == replay(profile, PipelineConfig(2, 8, 64)).seed_windows(1)
+    assert windows and all(slot_window >= 0 for slot_window in windows.values())
+    with pytest.raises(ValueError, match="the profile is of 2 stages; this engine has 3"):
+        predicted_windows(SimpleNamespace(num_stages=3, micro_batches=8, stage_id=0, train_micro_batch_size_per_gpu=lambda: 64), profile)
