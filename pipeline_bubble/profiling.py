@@ -300,12 +300,15 @@ class _MeasureRequest:
 def calibrated_guest(step_s: float, seed: int, device: torch.device) -> tuple[Any, float]:
     """A `teacher_guest` whose step takes about `step_s` here (its batch sized to fit), and its measured step."""
     batch, measured = 64, 0.0
+    synchronize = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     for _ in range(3):
         guest = teacher_guest(seed, batch=batch, device=device)
         guest.step()  # allocations and caches
+        synchronize()
         begin = time.perf_counter()
         for _ in range(5):
             guest.step()
+        synchronize()
         measured = (time.perf_counter() - begin) / 5
         if abs(measured - step_s) < 0.1 * step_s:
             break

@@ -387,3 +387,17 @@ def test_an_engine_given_its_jobs_profile_is_seeded_with_its_own_stages_predicte
     assert windows and all(slot_window >= 0 for slot_window in windows.values())
     with pytest.raises(ValueError, match="the profile is of 2 stages; this engine has 3"):
         predicted_windows(SimpleNamespace(num_stages=3, micro_batches=8, stage_id=0, train_micro_batch_size_per_gpu=lambda: 64), profile)
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_a_pipeline_sharing_one_gpu_is_profiled_on_the_devices_clock_and_replays(tmp_path):
+    from conftest import has_cuda
+
+    if not has_cuda():
+        pytest.skip("needs a CUDA GPU")
+    from pipeline_bubble.profiling import MLPJob, profile_pipeline
+
+    profile = profile_pipeline(MLPJob(width=2048), PipelineConfig(2, 4, 128), batches=4, device="cuda", log_dir=tmp_path)
+    assert profile.device.startswith("cuda") and all(layer.forward_s > 0 for layer in profile.layers if layer.params)
+    assert replay(profile, PipelineConfig(2, 16, 128)).iteration_s > replay(profile, profile.config).iteration_s
