@@ -373,7 +373,6 @@ def measure(
         raise ValueError(f"runs measured together need one stage count, got {sorted(stages)}")
     if block < 2 or rounds < 1:
         raise ValueError(f"needs block >= 2 (the first batch is warm-up) and rounds >= 1, got {block}, {rounds}")
-    runs = [replace(run, config=replace(run.config, split=run.config.split or job.default_split(run.config.stages))) for run in runs]
     request = _MeasureRequest(job, runs, block, rounds, device)
     results = sorted(
         launch(_measure_rank, stages.pop(), request, timeout_s=timeout_s, log_dir=log_dir, same_device=device.startswith("cuda")),

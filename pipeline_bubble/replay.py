@@ -507,12 +507,15 @@ def predict(
     notes = _warn(profile)
     model = CostModel(profile)
     graph = model.graph(config)
-    typical = graph.steady(device=f"replay:{profile.device}")
-    typical.warnings = notes
+    device = f"replay:{profile.device}"
+    typical = graph.steady(device=device)
     policy = None
     if config.guest_step_s is not None:
-        windows = {(w.stage, w.slot): w.idle_s for w in typical.windows} if seeded else None
-        policy = GuestPolicy(config.guest_step_s, config.stages, signals=signals, seed=windows)
+        windows = {(w.stage, w.slot): w.idle_s for w in typical.windows}
+        policy = GuestPolicy(config.guest_step_s, config.stages, signals=signals, seed=windows if seeded else None)
+        # the typical batch with its guest steps planned (deterministic costs: its windows are the same)
+        typical = graph.steady(guest=GuestPolicy(config.guest_step_s, config.stages, signals=signals, seed=windows), device=device)
+    typical.warnings = notes
     rng = random.Random(seed)
     plain: list[Replay] = []
     guests: list[Replay] = []
