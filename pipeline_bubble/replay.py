@@ -66,7 +66,7 @@ from pipeline_bubble.harvest_policy import (
 )
 from pipeline_bubble.profile import PipelineConfig, PipelineProfile, ProfileError
 from pipeline_bubble.timeline import COMPUTE, GUEST, WAIT, BatchRecord, Interval, StageTimeline
-from pipeline_bubble.train_schedule import LOSS_BROADCAST, exchange_partners, stage_instructions
+from pipeline_bubble.train_schedule import exchange_partners, stage_instructions
 
 #: Instructions whose cost grows with the micro-batch size, and those set by the stage's parameters.
 PER_SAMPLE = ("LoadMicroBatch", "ForwardPass", "BackwardPass", "SendActivation", "RecvActivation", "SendGrad", "RecvGrad")
