@@ -121,14 +121,15 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     baselines = {config: measured[name] for name, config, _ in runs if config.guest_step_s is None}
-    for name, config, _ in runs:
+    for name, config, seeded in runs:
         run, baseline = measured[name], None
         prediction = predictions[name]
         if config.guest_step_s is not None:
             baseline = baselines[replace(config, guest_step_s=None)]
             steps = [s for s in run.guest_step_s if s]
-            # the slowdown is predicted for the guest step the executor measured (what it plans with)
-            prediction = predict(profile, replace(config, guest_step_s=sum(steps) / len(steps)), iterations=args.iterations)
+            # predicted for the guest step the executor measured (what it plans with) and its seeding
+            actual = replace(config, guest_step_s=sum(steps) / len(steps))
+            prediction = predict(profile, actual, iterations=args.iterations, seeded=seeded)
         row = compare(prediction, run, baseline)
         row["name"], row["replay_ms"] = name, replay_ms[name]
         rows.append(row)

@@ -87,6 +87,9 @@ def compare(prediction: Prediction, measured: Measured, baseline: Measured | Non
     """One row: the prediction of `measured`'s configuration against it, the theory's errors beside;
     for a configuration with guests, `baseline` is the same configuration measured without them."""
     config = measured.config
+    guests = config.guest_step_s is not None and prediction.guest_iteration_s is not None
+    predicted_iteration = prediction.guest_iteration_s if guests else prediction.iteration_s
+    predicted_bubbles = prediction.guest_bubble_s if guests else prediction.bubble_s
     iteration = measured.iteration_s()
     bubbles = measured.bubble_s()
     theory = theoretical_bubble_fraction(config.stages, config.micro_batches)
@@ -96,11 +99,11 @@ def compare(prediction: Prediction, measured: Measured, baseline: Measured | Non
         "config": config.to_dict(),
         "label": config.label,
         "seeded": measured.seeded,
-        "iteration_s": {"predicted": prediction.iteration_s, "measured": iteration},
-        "iteration_error": prediction.iteration_s / iteration - 1.0,
-        "bubble_s": {"predicted": prediction.bubble_s, "measured": bubbles},
-        "bubble_error_s": [p - m for p, m in zip(prediction.bubble_s, bubbles)],
-        "bubble_ok": [_bubble_ok(p, m) for p, m in zip(prediction.bubble_s, bubbles)],
+        "iteration_s": {"predicted": predicted_iteration, "measured": iteration},
+        "iteration_error": predicted_iteration / iteration - 1.0,
+        "bubble_s": {"predicted": predicted_bubbles, "measured": bubbles},
+        "bubble_error_s": [p - m for p, m in zip(predicted_bubbles, bubbles)],
+        "bubble_ok": [_bubble_ok(p, m) for p, m in zip(predicted_bubbles, bubbles)],
         "theory_bubble_error_s": {
             "uniform": [theory * iteration - m for m in bubbles],
             "measured_stages": [f * iteration - m for f, m in zip(theory_stages, bubbles)],

@@ -477,10 +477,11 @@ class Prediction:
     typical: Replay  # the steady batch of typical costs: its timeline and wait windows
     iterations: int
     #: With guests admitted (`config.guest_step_s`): the iteration, the median of the paired
-    #: ratios less one, and each stage's guest seconds.
+    #: ratios less one, each stage's guest seconds and its bubble (waits and guest steps).
     guest_iteration_s: float | None = None
     slowdown: float | None = None
     guest_s: list[float] | None = None
+    guest_bubble_s: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if k != "typical"}
@@ -543,4 +544,5 @@ def predict(
         prediction.guest_iteration_s = median(r.iteration_s for r in guests)
         prediction.slowdown = median(g.iteration_s / p.iteration_s for g, p in zip(guests, plain)) - 1.0
         prediction.guest_s = [median(r.timelines[s].batches[0].total(GUEST) for r in guests) for s in stages]
+        prediction.guest_bubble_s = [median(r.bubble_s()[s] for r in guests) for s in stages]
     return prediction
