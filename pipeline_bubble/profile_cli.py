@@ -186,6 +186,11 @@ def _run(args) -> int:
     profiled = spec["profile"] if spec else profile.config
     configs = (list(spec["configurations"]) if spec else []) + [parse_config(text, profiled) for text in args.config]
     device = args.device or (spec["device"] if spec else profile.device.split(":")[0])
+    if device == "cuda" and (spec is not None or args.measure):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("device cuda: no CUDA device here")
 
     from pipeline_bubble.replay import predict
 
