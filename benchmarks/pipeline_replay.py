@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, help="the job's hidden width")
     parser.add_argument("--micro-batch-size", type=int, help="the profiled micro-batch size")
     parser.add_argument("--gantt", type=Path, help="folder for one Gantt chart per configuration and stage")
-    parser.add_argument("--out", type=Path, default=Path("runs/pipeline_replay"), help="the profile and the ranks' logs")
+    parser.add_argument("--out", type=Path, default=Path("runs/pipeline_replay"),
+                        help="the profile, the measured timelines and the ranks' logs")
     args = parser.parse_args(argv)
 
     import torch
@@ -118,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     measured = dict(zip([name for name, _, _ in runs], measure(job, measure_runs, block=args.block, rounds=args.rounds, device=device, log_dir=args.out / "measure_logs")))
     measured_s = time.perf_counter() - started - profiled_s
+    (args.out / "measured.json").write_text(json.dumps({
+        name: {"config": run.config.to_dict(), "seeded": run.seeded, "block": run.block, "guest_step_s": run.guest_step_s,
+               "timelines": [t.to_dict() for t in run.timelines]}
+        for name, run in measured.items()
+    }))
 
     rows = []
     baselines = {config: measured[name] for name, config, _ in runs if config.guest_step_s is None}
