@@ -354,7 +354,7 @@ def test_hpo_profile_pipeline_profiles_a_deepspeed_job_and_measures_what_it_pred
     """The whole path on a real 2-process DeepSpeed pipeline (gloo): profile, replay, measure, chart."""
     job = tmp_path / "job.yaml"
     job.write_text(
-        "options: {width: 256, blocks: 4}\nbatches: 4\nprofile: {stages: 2, micro_batches: 4, micro_batch_size: 32}\n"
+        "options: {width: 128, blocks: 4}\nbatches: 3\nprofile: {stages: 2, micro_batches: 4, micro_batch_size: 32}\n"
         "configurations: [{micro_batches: 4}, {micro_batches: 8, guest_step_s: 0.001}]\n"
     )
     out = tmp_path / "compared.json"
