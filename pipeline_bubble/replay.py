@@ -30,9 +30,9 @@ neighbour has not arrived, so a step the neighbour arrives during delays the exc
 signals (another host) only receives and the last stage's loss broadcast are filled, with the
 `SAFETY` share of the smallest recent window and no arrival check. Deterministic costs never
 overrun, so the prediction replays `iterations` batches whose costs are drawn from the profile's
-own batch-to-batch spread (each instruction's durations relative to its typical one), the same
-draws with and without guests, and reports the median of the paired ratios as
-`benchmarks/bubble_ab.py` measures it. It leaves out what a guest's step does to the job's own
+own batch-to-batch spread (each instruction's durations relative to its typical one, all from
+one profiled batch at a time), the same draws with and without guests, and reports the median
+of the paired ratios as `benchmarks/bubble_ab.py` measures it. It leaves out what a guest's step does to the job's own
 kernels (memory bandwidth, caches): on a host with a free core for every waiting stage that is
 small, on a shared GPU it is not.
 
@@ -104,17 +104,21 @@ class CostModel:
 
     def __init__(self, profile: PipelineProfile):
         self.profile = profile
-        self._durations: dict[tuple[int, str], list[float]] = {}
+        by_batch: dict[tuple[int, str], list[list[float]]] = {}
         self._gaps: dict[tuple[int, str], list[float]] = {}
         for stage in profile.stages:
             for instruction in stage.instructions:
-                self._durations.setdefault((stage.stage, instruction.name), []).extend(instruction.duration_s)
+                rows = by_batch.setdefault((stage.stage, instruction.name), [[] for _ in range(profile.batches)])
+                for batch, duration in enumerate(instruction.duration_s):
+                    rows[batch].append(duration)
                 self._gaps.setdefault((stage.stage, instruction.name), []).extend(instruction.gap_s)
-        self._typical = {key: median(values) for key, values in self._durations.items()}
-        #: Per (profiled stage, instruction): each profiled duration over the typical one.
+        self._typical = {key: median(v for row in rows for v in row) for key, rows in by_batch.items()}
+        #: Per (profiled stage, instruction) and profiled batch: its durations over the typical one.
+        #: A replayed batch draws from one profiled batch's, so what slowed a whole batch (a busy
+        #: host, a cold cache) slows the replayed one alike.
         self.spread = {
-            key: [v / self._typical[key] if self._typical[key] > 0 else 1.0 for v in values]
-            for key, values in self._durations.items()
+            key: [[v / self._typical[key] if self._typical[key] > 0 else 1.0 for v in row] for row in rows]
+            for key, rows in by_batch.items()
         }
         self._gap = {key: median(values) for key, values in self._gaps.items()}
         self._tail = [median(stage.tail_s) for stage in profile.stages]
@@ -522,9 +526,10 @@ def predict(
     guests: list[Replay] = []
     for _ in range(SETTLE - 1 + iterations):
         drawn: list[float] = []
+        batch = rng.randrange(profile.batches)
 
         def draw(key: tuple[int, str]) -> float:
-            drawn.append(rng.choice(model.spread[key]))
+            drawn.append(rng.choice(model.spread[key][batch]))
             return drawn[-1]
 
         plain.append(graph.run(draw=draw, starts=plain[-1].next_starts if plain else None))
