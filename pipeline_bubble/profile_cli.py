@@ -223,7 +223,13 @@ def _run(args) -> int:
     for message in dict.fromkeys(str(w.message) for w in caught):
         print(f"warning: {message}", file=sys.stderr)
 
-    measured = measure_configurations(job, configs, predictions, batches=args.batches, device=device) if args.measure else None
+    measured = None
+    if args.measure:
+        measured = measure_configurations(job, configs, predictions, batches=args.batches, device=device)
+        for i, (config, (run, _)) in enumerate(zip(configs, measured)):
+            steps = [s for s in run.guest_step_s if s]
+            if config.guest_step_s is not None and steps:  # predicted for the guest step the executor measured
+                predictions[i] = predict(profile, replace(config, guest_step_s=sum(steps) / len(steps)), iterations=args.iterations)
     report = _report(profile, predictions, measured)
     print(report["table"])
     if args.gantt:
