@@ -15,7 +15,7 @@ guests' slowdown, and the harvest of the first batches with and without the seed
     python benchmarks/pipeline_replay.py --device cuda --json benchmarks/results/pipeline_replay_cuda.json
 
 Flags: --block and --rounds (each configuration trains --rounds blocks of --block batches, default
-2 x 6; the first batch of a block is warm-up), --profile-batches (8), --iterations (batches each
+3 x 5; the first batch of a block is warm-up), --profile-batches (16), --iterations (batches each
 prediction replays, 100), --guest-ms (guest step lengths, default 4,8 on CPU, 1,2 on
 CUDA), --width and --micro-batch-size (the job; default 1024 and 128 on CPU, 8192 and 256 on
 CUDA), --gantt DIR (one chart per configuration and stage). A CPU run takes 2-3 minutes on a
@@ -76,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda when available")
-    parser.add_argument("--block", type=int, default=6, help="batches each configuration trains back to back (the first is warm-up)")
-    parser.add_argument("--rounds", type=int, default=2, help="blocks per configuration, in ABBA order")
-    parser.add_argument("--profile-batches", type=int, default=8, help="profiled batches (the first is warm-up)")
+    parser.add_argument("--block", type=int, default=5, help="batches each configuration trains back to back (the first is warm-up)")
+    parser.add_argument("--rounds", type=int, default=3, help="blocks per configuration, in ABBA order")
+    parser.add_argument("--profile-batches", type=int, default=16, help="profiled batches (the first is warm-up)")
     parser.add_argument("--iterations", type=int, default=100, help="batches each prediction replays")
     parser.add_argument("--guest-ms", default=None, help="two guest step lengths in ms (default 4,8 on CPU, 1,2 on CUDA)")
     parser.add_argument("--width", type=int, help="the job's hidden width")
