@@ -76,6 +76,11 @@ def paired_slowdown(harvested: list[float], baseline: list[float]) -> float:
     return median(h / b for h, b in zip(harvested, baseline)) - 1.0
 
 
+def _quartiles(values: list[float]) -> list[float]:
+    ordered = sorted(values)
+    return [ordered[len(ordered) // 4], ordered[(3 * len(ordered)) // 4]]
+
+
 def _bubble_ok(predicted: float, measured: float) -> bool:
     error = abs(predicted - measured)
     if measured < SMALL_BUBBLE_S:
@@ -99,7 +104,9 @@ def compare(prediction: Prediction, measured: Measured, baseline: Measured | Non
         "config": config.to_dict(),
         "label": config.label,
         "seeded": measured.seeded,
-        "iteration_s": {"predicted": predicted_iteration, "measured": iteration},
+        # the measurement's own spread: where the host's load moves batch times by more than the
+        # tolerance, the error says more about the host than about the prediction
+        "iteration_s": {"predicted": predicted_iteration, "measured": iteration, "measured_quartiles": _quartiles(measured.batch_times())},
         "iteration_error": predicted_iteration / iteration - 1.0,
         "bubble_s": {"predicted": predicted_bubbles, "measured": bubbles},
         "bubble_error_s": [p - m for p, m in zip(predicted_bubbles, bubbles)],
@@ -142,9 +149,12 @@ def summarize_errors(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
     bubbles = [e for r in rows for e in r["bubble_error_s"]]
     slowdowns = [r["guest"]["slowdown_error"] for r in rows if "guest" in r]
+    spreads = [(r["iteration_s"]["measured_quartiles"][1] - r["iteration_s"]["measured_quartiles"][0]) / r["iteration_s"]["measured"] for r in rows]
     return {
         "configurations": len(rows),
         "iteration_error": stats([r["iteration_error"] for r in rows]),
+        #: The measured batch times' interquartile range over their median: the measurement's own noise.
+        "measured_iteration_spread": stats(spreads),
         "bubble_error_s": stats(bubbles),
         "theory_bubble_error_s": {
             kind: stats([e for r in rows for e in r["theory_bubble_error_s"][kind]]) for kind in ("uniform", "measured_stages")
