@@ -106,7 +106,7 @@ def test_every_exchange_meets_its_counterpart_and_the_loss_broadcast_meets_the_l
 
 
 # ---- replaying the configuration that was profiled ---------------------------------------------------
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=configs, forward=stage_times, backward=stage_times)
 def test_a_profile_replays_its_own_configuration_exactly(config, forward, backward):
     profile, truth = _profile(config, forward, backward)
@@ -129,7 +129,7 @@ def test_a_noisy_profile_predicts_its_own_median_iteration_within_two_percent():
     assert prediction.iteration_s == pytest.approx(measured["iteration_s"], rel=0.02)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(stages=st.integers(2, 5), micro_batches=st.integers(1, 16), step=st.floats(0.001, 0.05))
 def test_equal_stages_without_communication_leave_the_closed_form_bubble(stages, micro_batches, step):
     config = PipelineConfig(stages, micro_batches, 32, tuple([2] * stages))
@@ -142,7 +142,7 @@ def test_equal_stages_without_communication_leave_the_closed_form_bubble(stages,
 
 
 # ---- configurations the profile did not run --------------------------------------------------------
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(forward=stage_times, backward=stage_times, micro_batches=st.integers(1, 12))
 def test_more_micro_batches_or_larger_ones_never_shorten_the_iteration(forward, backward, micro_batches):
     profile, _ = _profile(PipelineConfig(2, 4, 32), forward, backward)
