@@ -21,18 +21,19 @@ from collections.abc import Callable, Iterator
 from importlib import import_module
 from tempfile import mkdtemp
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from statistics import median
 from typing import Any
 
 import torch
-from torch import nn
 
 from hpo.base.trial_state import PrivateRNG
-from pipeline_bubble.executor import SAFETY, WINDOW_QUANTILE
-from pipeline_bubble.guests import GuestWork, TorchGuest, workload_guest
-from pipeline_bubble.timeline import GUEST, WAIT, StageTimeline, summarize
+from pipeline_bubble.harvest_policy import SAFETY, WINDOW_QUANTILE
+from pipeline_bubble.profile import PipelineConfig
+from pipeline_bubble.profiling import MLPJob, init_distributed
+from pipeline_bubble.profiling import build_engine as build_job_engine
+from pipeline_bubble.guests import GuestWork, teacher_guest, workload_guest
+from pipeline_bubble.accuracy import paired_slowdown
+from pipeline_bubble.timeline import GUEST, WAIT, StageTimeline, batch_times, summarize
 
 GuestFactory = Callable[[int, torch.device], GuestWork]
 
@@ -66,40 +67,21 @@ class ABSpec:
 
 
 # ---- the main job -----------------------------------------------------------------------------
-def _pipeline_module(spec: ABSpec):
-    from deepspeed.pipe import PipelineModule
-
-    layers: list[nn.Module] = []
-    for _ in range(spec.stages * spec.layers_per_stage):
-        layers += [nn.Linear(spec.width, spec.width), nn.ReLU(), nn.Dropout(spec.dropout)]
-    layers.append(nn.Linear(spec.width, 10))
-    return PipelineModule(
-        layers=layers, num_stages=spec.stages, loss_fn=nn.CrossEntropyLoss(), partition_method="parameters"
-    )
+def main_job(spec: ABSpec) -> tuple[MLPJob, PipelineConfig]:
+    """The bubble benchmark's job (`layers_per_stage` blocks per stage, the head on the last) and its configuration."""
+    job = MLPJob(width=spec.width, blocks=spec.stages * spec.layers_per_stage, dropout=spec.dropout, seed=spec.seed)
+    return job, PipelineConfig(spec.stages, spec.micro_batches, spec.micro_batch_size)
 
 
 def build_engine(spec: ABSpec):
-    """`deepspeed.initialize` of the reference `PipelineModule`, seeded by `spec.seed`."""
-    import deepspeed
-
-    torch.manual_seed(spec.seed)
-    module = _pipeline_module(spec)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
-    config = {
-        "train_batch_size": spec.micro_batch_size * spec.micro_batches,
-        "train_micro_batch_size_per_gpu": spec.micro_batch_size,
-        "steps_per_print": 10**9,
-    }
-    engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
+    """`deepspeed.initialize` of the reference pipeline job, seeded by `spec.seed`."""
+    engine, _ = build_job_engine(*main_job(spec))
     return engine
 
 
 def main_job_batches(spec: ABSpec, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(spec.seed + 1)
-    while True:
-        x = torch.randn(spec.micro_batch_size, spec.width, generator=generator)
-        y = torch.randint(0, 10, (spec.micro_batch_size,), generator=generator)
-        yield x.to(device), y.to(device)
+    job, _ = main_job(spec)
+    return job.batches(spec.micro_batch_size, device)
 
 
 def parameter_digest(engine) -> str:
@@ -111,27 +93,9 @@ def parameter_digest(engine) -> str:
 
 
 # ---- a guest that needs nothing but torch ---------------------------------------------------
-def _teacher_batches(seed: int, batch: int, features: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(seed)
-    teacher = torch.randn(features, 10, generator=generator)
-    while True:
-        x = torch.randn(batch, features, generator=generator)
-        yield x, (x @ teacher).argmax(dim=1)
-
-
-def synthetic_guest(stage: int, device: torch.device, *, width: int = 64, batch: int = 64, lr: float = 3e-3):
-    """A small MLP learning a random linear teacher: a stand-in tuning trial with no data files."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1000 + stage)
-        model = nn.Sequential(nn.Linear(32, width), nn.ReLU(), nn.Linear(width, 10))
-    return TorchGuest(
-        model,
-        torch.optim.Adam(model.parameters(), lr=lr),
-        partial(_teacher_batches, 2000 + stage, batch, 32),
-        nn.functional.cross_entropy,
-        seed=stage,
-        device=device,
-    )
+def synthetic_guest(stage: int, device: torch.device, **options):
+    """`teacher_guest` as a `GuestFactory`: a small MLP learning a random linear teacher, no data files."""
+    return teacher_guest(stage, device=device, **options)
 
 
 def digits_guest(stage: int, device: torch.device):
@@ -153,20 +117,11 @@ def fused_digits_guest(stage: int, device: torch.device):
 # ---- one rank of the A/B run ------------------------------------------------------------------
 def run_rank(rank: int, world_size: int, spec: ABSpec) -> dict[str, Any]:
     """One rank: train the baseline and the harvested engine in turn; return timelines and checks."""
-    import deepspeed
-
     from pipeline_bubble.api import attach_guest, guest_results, harvest_bubbles, run_guests_in_bubbles
     from pipeline_bubble.executor import BubbleExecutor
     from pipeline_bubble.instrumented_engine import instrument
 
-    if spec.device.startswith("cuda"):
-        from pipeline_bubble.deepspeed_adapter import stage_cuda_on_host
-
-        stage_cuda_on_host()
-        # DeepSpeed binds a CUDA device to the default group, after which torch builds every
-        # new_group by splitting it, which gloo cannot do; staged gloo needs no bound device.
-        torch.distributed.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size)
-    deepspeed.init_distributed(dist_backend="gloo")
+    init_distributed(spec.device)
     baseline = instrument(build_engine(spec))
     harvested = harvest_bubbles(build_engine(spec))  # the one call a user makes
     stage = harvested.stage_id
@@ -229,26 +184,12 @@ def run_rank(rank: int, world_size: int, spec: ABSpec) -> dict[str, Any]:
     }
 
 
-def _paired_slowdown(base: list[StageTimeline], harv: list[StageTimeline], skip: int) -> float:
-    """Median over batches of (harvested batch time / the baseline batch trained just before it) - 1.
-
-    The two engines alternate batch by batch, so each pair saw nearly the same host load; the
-    median of per-pair ratios shrugs off the load spikes of a shared machine that swamp a ratio
-    of two medians. A batch's time is its slowest stage's span.
-    """
-
-    def batch_times(timelines: list[StageTimeline]) -> list[float]:
-        return [max(spans) for spans in zip(*([b.span for b in t.measured(skip)] for t in timelines))]
-
-    return median(h / b for h, b in zip(batch_times(harv), batch_times(base))) - 1.0
-
-
 def summarize_ab(results: list[dict[str, Any]], skip: int = 1) -> dict[str, Any]:
     """One benchmark row from the ranks' results (`skip` first batches are warm-up)."""
     base = [StageTimeline.from_dict(r["timelines"]["baseline"]) for r in results]
     harv = [StageTimeline.from_dict(r["timelines"]["harvested"]) for r in results]
     base_summary, harv_summary = summarize(base, skip), summarize(harv, skip)
-    from pipeline_bubble.instrumented_engine import is_harvestable
+    from pipeline_bubble.harvest_policy import is_harvestable
 
     bubble = sum(b.total(WAIT) for t in base for b in t.measured(skip))
     harvestable = sum(
@@ -276,7 +217,7 @@ def summarize_ab(results: list[dict[str, Any]], skip: int = 1) -> dict[str, Any]
         "measured_fraction_per_stage": base_summary["measured_fraction_per_stage"],
         "batch_time_s": base_summary["median_batch_time_s"],
         "batch_time_harvested_s": harv_summary["median_batch_time_s"],
-        "slowdown": _paired_slowdown(base, harv, skip),
+        "slowdown": paired_slowdown(batch_times(harv, skip), batch_times(base, skip)),
         "harvested_fraction": guest / bubble if bubble > 0 else 0.0,
         # Share of the bubble in waits a guest may fill (all with arrival signals; else receives).
         "harvestable_fraction": harvestable / bubble if bubble > 0 else 0.0,

@@ -295,10 +295,13 @@ def _add_job(commands) -> None:
 
 def _add_profile(commands) -> None:
     """`hpo profile MEASUREMENT`: each measurement of the local device registers its own parser."""
+    from pipeline_bubble.profile_cli import add_pipeline_parser
     from scheduler_bridge.live.colocate import add_colocate_parser
 
     profile = commands.add_parser("profile", help=ENGINE_COMMANDS["profile"][1])
-    add_colocate_parser(profile.add_subparsers(dest="profile_command", required=True))
+    measurements = profile.add_subparsers(dest="profile_command", required=True)
+    add_colocate_parser(measurements)
+    add_pipeline_parser(measurements)
 
 
 #: Subcommands whose parsers live with their engines. `hpo` registers each by name only and builds
@@ -336,7 +339,7 @@ examples:
   hpo job list
 """,
     ),
-    "profile": (_add_profile, "measure workloads on the local device", None),
+    "profile": (_add_profile, "measure workloads or a pipeline job on the local device", None),
 }
 
 

@@ -10,7 +10,10 @@
   `fusion.placement: bubbles` (`BubblePool`, `BubbleGroup`);
 - `run_guests_in_bubbles(engine, workload, configs, ...)` / `guest_results(engine)`: train a fixed
   set of configs in a job's bubbles without Ray;
-- `theoretical_bubble_fraction`, `save_timelines`, `plot_gantt`: measuring and showing bubbles.
+- `theoretical_bubble_fraction`, `save_timelines`, `plot_gantt`: measuring and showing bubbles;
+- `profile_pipeline(job, config)` / `load_profile(path)`: a job's profile, recorded once;
+  `replay(profile, config)` / `predict(...)`: another configuration's iteration, wait windows and
+  guest cost, predicted without DeepSpeed or torch (`PipelineConfig`, `plot_stage_comparison`).
 
 Names are imported lazily: `import pipeline_bubble` does not import DeepSpeed, and changes nothing
 in the process. `deepspeed_adapter`, which every pipeline of this package imports before DeepSpeed
@@ -40,6 +43,14 @@ _EXPORTS = {
     "save_timelines": "pipeline_bubble.timeline",
     "load_timelines": "pipeline_bubble.timeline",
     "plot_gantt": "pipeline_bubble.plots",
+    "plot_stage_comparison": "pipeline_bubble.plots",
+    "PipelineConfig": "pipeline_bubble.profile",
+    "PipelineProfile": "pipeline_bubble.profile",
+    "load_profile": "pipeline_bubble.profile",
+    "replay": "pipeline_bubble.replay",
+    "predict": "pipeline_bubble.replay",
+    "profile_pipeline": "pipeline_bubble.profiling",
+    "MLPJob": "pipeline_bubble.profiling",
 }
 
 __all__ = sorted(_EXPORTS)

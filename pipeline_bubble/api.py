@@ -26,6 +26,7 @@ from pipeline_bubble.executor import SAFETY, BubbleExecutor
 from pipeline_bubble.fused_guest import FusedGroupGuest
 from pipeline_bubble.guests import GuestGroup, GuestWork, workload_guest
 from pipeline_bubble.instrumented_engine import InstrumentedPipelineEngine, instrument
+from pipeline_bubble.profile import PipelineConfig, PipelineProfile
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +39,14 @@ def harvest_bubbles(
     checkpoint_path: str | Path | None = None,
     checkpoint_every: int = 100,
     safety: float = SAFETY,
+    profile: PipelineProfile | None = None,
 ) -> InstrumentedPipelineEngine:
     """Instrument a `PipelineEngine` from `deepspeed.initialize` and, if given, let `guest` fill its bubbles.
 
     Call on every rank before the first `train_batch`. A guest can also be attached later with
-    `attach_guest`. Returns the same engine object.
+    `attach_guest`. With the job's `profile` (`profile_pipeline`, `hpo profile pipeline`) the
+    guest starts from the windows the replay predicts for this engine's configuration instead of
+    learning them first (`predicted_windows`). Returns the same engine object.
     """
     executor = None
     if guest is not None:
@@ -53,7 +57,20 @@ def harvest_bubbles(
             checkpoint_every=checkpoint_every,
             safety=safety,
         )
+        if profile is not None:
+            executor.seed_windows(predicted_windows(engine, profile))
     return instrument(engine, executor)
+
+
+def predicted_windows(engine, profile: PipelineProfile) -> dict[int, float]:
+    """This rank's stage's idle seconds before each exchange, by slot, replayed from `profile` for the
+    engine's own stages, micro-batches and micro-batch size (the profile's split of layers)."""
+    from pipeline_bubble.replay import replay
+
+    if engine.num_stages != profile.config.stages:
+        raise ValueError(f"the profile is of {profile.config.stages} stages; this engine has {engine.num_stages}")
+    config = PipelineConfig(engine.num_stages, engine.micro_batches, engine.train_micro_batch_size_per_gpu())
+    return replay(profile, config).seed_windows(engine.stage_id)
 
 
 def initialize(*, guest: GuestWork | None = None, bubble_options: Mapping[str, Any] | None = None, **deepspeed_kwargs):
@@ -82,6 +99,7 @@ def run_guests_in_bubbles(
     checkpoint_dir: str | Path,
     trial_ids: Sequence[Any] | None = None,
     memory_cap_bytes: int | None = None,
+    profile: PipelineProfile | None = None,
 ) -> BubbleExecutor:
     """Train tuning `configs` of `workload` (a `hpo.base.workload.Workload`) inside this rank's bubbles.
 
@@ -89,7 +107,8 @@ def run_guests_in_bubbles(
     Stage s trains configs[s::num_stages]: as one `fusion.FusedTrainer` group when they fuse,
     else one after another (`GuestGroup`), checkpointing to `checkpoint_dir/stage<s>.pt` and
     resuming from there. The job then trains as usual; `guest_results(engine)` gives the rows,
-    each with its `trial_id` (default: the config's index in `configs`).
+    each with its `trial_id` (default: the config's index in `configs`). With the job's `profile`,
+    the guests start from the predicted windows (see `harvest_bubbles`).
     """
     stage, stages = engine.stage_id, engine.num_stages
     ids = list(trial_ids) if trial_ids is not None else list(range(len(configs)))
@@ -100,6 +119,8 @@ def run_guests_in_bubbles(
         memory_cap_bytes=memory_cap_bytes,
         checkpoint_path=Path(checkpoint_dir) / f"stage{stage}.pt",
     )
+    if profile is not None:
+        executor.seed_windows(predicted_windows(engine, profile))
     attach_guest(engine, executor)
     return executor
 

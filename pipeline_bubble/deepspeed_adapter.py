@@ -34,13 +34,13 @@ from typing import Any
 import torch
 
 from pipeline_bubble.cpu_ops import use_environment_extensions_dir
+# The loss broadcast is no schedule instruction; it is recorded under this name.
+from pipeline_bubble.train_schedule import EXCHANGES, LOSS_BROADCAST
 
 #: The DeepSpeed releases these hooks were checked on (`_needs_cpu_staging` first appears in 0.19.6).
 SUPPORTED = ">=0.19.6,<0.20"
-#: The name the loss broadcast is recorded under (it is no schedule instruction).
-LOSS_BROADCAST = "LossBroadcast"
 #: Schedule instructions that block on a neighbour stage (gloo send/recv are rendezvous: both sides wait).
-BLOCKING_INSTRUCTIONS = ("SendActivation", "RecvActivation", "SendGrad", "RecvGrad")
+BLOCKING_INSTRUCTIONS = tuple(EXCHANGES)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ import time
 from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -67,6 +67,7 @@ import torch
 
 from hpo.base.trial_state import rng_devices
 from pipeline_bubble.guests import GuestWork
+from pipeline_bubble.harvest_policy import HISTORY, OBSERVE_EVERY, SAFETY, WINDOW_HISTORY, WINDOW_QUANTILE, quantile
 from pipeline_bubble.peer_signals import PeerArrival
 from pipeline_bubble.timeline import GUEST
 
@@ -74,10 +75,6 @@ from pipeline_bubble.timeline import GUEST
 _READY_TOLERANCE_S = 5e-4
 #: Quantile of the recent guest step times used as the predicted length of the next step.
 _STEP_QUANTILE = 0.75
-#: Share of an open-loop predicted window a quantum may use (the rest absorbs misprediction).
-SAFETY = 0.9
-#: Quantile of a signalled slot's recent exact windows planned (see "closed loop" above).
-WINDOW_QUANTILE = 0.75
 
 
 class _Host(Protocol):
@@ -134,9 +131,9 @@ class BubbleExecutor:
         safety: float = SAFETY,
         backoff: float = 0.6,
         profile_steps: int = 8,
-        observe_every: int = 8,
-        history: int = 2,
-        window_history: int = 8,
+        observe_every: int = OBSERVE_EVERY,
+        history: int = HISTORY,
+        window_history: int = WINDOW_HISTORY,
         window_quantile: float = WINDOW_QUANTILE,
         guest_source: Callable[[], GuestWork | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -167,6 +164,7 @@ class BubbleExecutor:
         self._clock = clock
         self._waits: dict[int, deque[float]] = {}
         self._windows: dict[int, deque[float]] = {}  # exact, from the neighbours' arrival stamps
+        self._seeds: dict[int, float] = {}  # predicted, until a slot is measured (`seed_windows`)
         self._entered = 0.0  # `clock()` when the stage reached the current blocking call
         self._scale: dict[int, float] = {}
         self._batches = 0
@@ -254,7 +252,8 @@ class BubbleExecutor:
         self._since_checkpoint = 0
 
     def begin_batch(self) -> None:
-        """Start a batch: the first `history + 1` ones and every `observe_every`-th one run no guest.
+        """Start a batch: the first `history + 1` ones (none once seeded) and every `observe_every`-th
+        one run no guest in open-loop slots.
 
         The very first batch is not used for predictions: DeepSpeed exchanges tensor shapes and
         allocates its buffers in it, so its waits are not the job's steady state.
@@ -263,7 +262,8 @@ class BubbleExecutor:
             ordered = sorted(self._observed_now)
             self._ready_latency = ordered[len(ordered) // 4]
             self._observed_now = []
-        self._observing = self._batches <= self.history or self._batches % self.observe_every == 0
+        initial = self._batches <= self.history and not self._seeds
+        self._observing = initial or (self._batches > 0 and self._batches % self.observe_every == 0)
         self._warmup = self._batches == 0
         self._batches += 1
         if self._observing:
@@ -359,6 +359,17 @@ class BubbleExecutor:
             self.stats.overruns += 1
             self._scale[slot] = self._scale.get(slot, 1.0) * self.backoff
 
+    def seed_windows(self, windows: Mapping[int, float]) -> None:
+        """Start from predicted idle windows (seconds before each slot's peer is ready, such as
+        `pipeline_bubble.replay.Replay.seed_windows` gives) instead of learning them from scratch.
+
+        A seeded slot is harvested from the first batch on, open loop included (its first
+        observation batches are skipped); the executor's own measurements of a slot replace its
+        seed as soon as there are any, and open-loop slots are still re-observed every
+        `observe_every` batches.
+        """
+        self._seeds = {int(slot): float(window) for slot, window in windows.items() if window > 0}
+
     @property
     def signalled_slots(self) -> list[int]:
         """Slots whose windows come from the neighbours' arrival signals (closed loop)."""
@@ -368,9 +379,9 @@ class BubbleExecutor:
         """Idle seconds expected before the peer of `slot` is ready; None before it was observed."""
         if closed_loop:
             windows = self._windows.get(slot)
-            return _quantile(windows, self.window_quantile) if windows else None
+            return quantile(windows, self.window_quantile) if windows else self._seeds.get(slot)
         waits = self._waits.get(slot)
-        return max(0.0, min(waits) - max(self._floor, self._ready_latency)) if waits else None
+        return max(0.0, min(waits) - max(self._floor, self._ready_latency)) if waits else self._seeds.get(slot)
 
     # ---- internals --------------------------------------------------------------------------
     def _guarded_step(self) -> float | None:
@@ -408,7 +419,7 @@ class BubbleExecutor:
 
     def _predict_step(self) -> float:
         """A high quantile of the recent step times (a quantum's first step is the slowest)."""
-        return _quantile(self._recent, _STEP_QUANTILE)
+        return quantile(self._recent, _STEP_QUANTILE)
 
     def _check_memory(self) -> None:
         if self.guest is None or self.memory_cap_bytes is None:
@@ -418,9 +429,4 @@ class BubbleExecutor:
                 f"guest needs {self.guest.memory_bytes} bytes, over memory_cap_bytes={self.memory_cap_bytes}"
             )
             self.evict()
-
-
-def _quantile(values: deque[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 

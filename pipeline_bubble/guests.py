@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -200,3 +201,29 @@ class GuestGroup:
         self.turn = int(state["turn"])
         for member, member_state in zip(self.members, state["members"], strict=True):
             member.load_state_dict(member_state)
+
+
+def _teacher_batches(seed: int, batch: int, features: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    teacher = torch.randn(features, 10, generator=generator)
+    while True:
+        x = torch.randn(batch, features, generator=generator)
+        yield x, (x @ teacher).argmax(dim=1)
+
+
+def teacher_guest(
+    seed: int, *, width: int = 64, batch: int = 64, lr: float = 3e-3, device: torch.device | str = "cpu"
+) -> TorchGuest:
+    """A small MLP learning a random linear teacher: a stand-in tuning trial with no data files,
+    whose step takes as long as its `width` and `batch` make it."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1000 + seed)
+        model = nn.Sequential(nn.Linear(32, width), nn.ReLU(), nn.Linear(width, 10))
+    return TorchGuest(
+        model,
+        torch.optim.Adam(model.parameters(), lr=lr),
+        partial(_teacher_batches, 2000 + seed, batch, 32),
+        nn.functional.cross_entropy,
+        seed=seed,
+        device=device,
+    )

@@ -15,7 +15,7 @@ Connecting them is a collective, so `instrument` must be called on every rank.
 
 Before every blocking instruction whose other side signals its arrival, the attached
 `BubbleExecutor` (if any) may run guest steps; where it does not (another host), only before
-receives and the last stage's loss broadcast (see `HARVESTABLE`).
+receives and the last stage's loss broadcast (see `harvest_policy.HARVESTABLE`).
 
 Example::
 
@@ -37,25 +37,11 @@ import torch
 import torch.distributed as dist
 
 from pipeline_bubble.clocks import clock_for
-from pipeline_bubble.deepspeed_adapter import LOSS_BROADCAST, HookedPipelineEngine, PipelineEngine, adopt
+from pipeline_bubble.deepspeed_adapter import HookedPipelineEngine, PipelineEngine, adopt
 from pipeline_bubble.executor import BubbleExecutor
+from pipeline_bubble.harvest_policy import is_harvestable
 from pipeline_bubble.peer_signals import PeerSignals
 from pipeline_bubble.timeline import COMPUTE, WAIT, BatchRecord, Interval, StageTimeline
-
-#: Waits a guest may fill when the other side sends no arrival signal (another host): the
-#: receiving side of each exchange only. A gloo exchange completes when both sides have
-#: arrived, so a quantum on either side delays the other; giving every exchange one owner (the
-#: side that waits for data) keeps two guests from stretching the same exchange from both ends.
-#: With signals every wait is fillable: the side that arrives first fills it, the other finds
-#: it ready. The loss broadcast (`LOSS_BROADCAST`) is filled on its source, the last stage,
-#: which waits there for the others.
-HARVESTABLE = ("RecvActivation", "RecvGrad")
-
-
-def is_harvestable(name: str, stage: int, stages: int) -> bool:
-    """Whether a guest may fill the wait of instruction `name` on `stage` without signals (see `HARVESTABLE`)."""
-    return name in HARVESTABLE or (name == LOSS_BROADCAST and stage == stages - 1)
-
 
 class StageRecorder:
     """Collects one stage's intervals batch by batch into a `StageTimeline`."""
@@ -65,7 +51,7 @@ class StageRecorder:
         self.timeline = StageTimeline(stage, stages, micro_batches, clock.device)
         self.active = False
         self._slot = 0
-        self._pending: list[tuple[str, str, Any, Any, int]] = []
+        self._pending: list[tuple[str, str, tuple[Any, float], tuple[Any, float], int]] = []
         self._start: Any = None
 
     def begin_batch(self) -> None:
@@ -78,19 +64,20 @@ class StageRecorder:
         self._slot += 1
         return self._slot - 1
 
-    def mark(self) -> Any:
-        return self.clock.mark()
+    def mark(self) -> tuple[Any, float]:
+        """The device clock's mark and the host's time: a profile keeps both (on CPU they are one clock)."""
+        return self.clock.mark(), time.perf_counter()
 
-    def record(self, name: str, category: str, start: Any, end: Any, slot: int) -> None:
+    def record(self, name: str, category: str, start: tuple[Any, float], end: tuple[Any, float], slot: int) -> None:
         self._pending.append((name, category, start, end, slot))
 
     def end_batch(self) -> None:
         end = self.clock.mark()
-        marks = [self._start, end] + [m for p in self._pending for m in (p[2], p[3])]
+        marks = [self._start, end] + [m[0] for p in self._pending for m in (p[2], p[3])]
         times = self.clock.resolve(marks)
         intervals = [
-            Interval(name, category, times[2 + 2 * i], times[3 + 2 * i], slot)
-            for i, (name, category, _, _, slot) in enumerate(self._pending)
+            Interval(name, category, times[2 + 2 * i], times[3 + 2 * i], slot, host_start=begin[1], host_end=finish[1])
+            for i, (name, category, begin, finish, slot) in enumerate(self._pending)
         ]
         self.timeline.batches.append(BatchRecord(len(self.timeline.batches), times[0], times[1], intervals))
         self.active = False

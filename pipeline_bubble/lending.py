@@ -24,9 +24,11 @@ from typing import Any
 
 import ray
 
+from pipeline_bubble.api import predicted_windows
 from pipeline_bubble.bubble_pool import bubble_pool
 from pipeline_bubble.executor import SAFETY, BubbleExecutor
 from pipeline_bubble.instrumented_engine import InstrumentedPipelineEngine, instrument
+from pipeline_bubble.profile import PipelineProfile
 from pipeline_bubble.sweep_guest import SweepGroupGuest
 
 #: After refusing a group over its memory cap, a stage waits this many poll intervals to ask again.
@@ -115,6 +117,7 @@ def lend_bubbles(
     memory_cap_bytes: int | None = None,
     poll_interval_s: float = 0.5,
     safety: float = SAFETY,
+    profile: PipelineProfile | None = None,
 ) -> BubbleLender:
     """Lend this rank's pipeline bubbles to sweeps targeting them (`fusion.placement: bubbles`).
 
@@ -122,11 +125,13 @@ def lend_bubbles(
     yet) and with Ray connected. `owner`: the job's id when the allocator runs it
     (`ctx.job_id`), so the allocator decides which sweeps use these bubbles. `memory_cap_bytes`
     refuses groups larger than the stage can spare. Returns the lender; `close()` it when the
-    job ends.
+    job ends. With the job's `profile`, every group it takes starts from the windows the replay
+    predicts (`api.predicted_windows`) instead of learning them first.
     """
     engine = instrument(engine) if not isinstance(engine, InstrumentedPipelineEngine) else engine
     lender = BubbleLender(engine, poll_interval_s, owner)
-    engine.attach_executor(
-        BubbleExecutor(None, memory_cap_bytes=memory_cap_bytes, safety=safety, guest_source=lender.next_guest)
-    )
+    executor = BubbleExecutor(None, memory_cap_bytes=memory_cap_bytes, safety=safety, guest_source=lender.next_guest)
+    if profile is not None:
+        executor.seed_windows(predicted_windows(engine, profile))
+    engine.attach_executor(executor)
     return lender

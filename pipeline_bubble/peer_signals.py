@@ -49,15 +49,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from hpo.base.machine import usable_cpus
+from pipeline_bubble.train_schedule import BLOCKING, EXCHANGES
+
 #: The blocking instructions a stage announces as it enters them, in page order.
-ANNOUNCED = ("SendActivation", "RecvActivation", "SendGrad", "RecvGrad", "LossBroadcast")
-#: Each exchange's other side: (stage offset, its instruction); the loss broadcast is apart.
-_COUNTERPART = {
-    "SendActivation": (1, "RecvActivation"),
-    "RecvActivation": (-1, "SendActivation"),
-    "SendGrad": (-1, "RecvGrad"),
-    "RecvGrad": (1, "SendGrad"),
-}
+ANNOUNCED = BLOCKING
 #: Stamps kept per kind; a sender is never more than one exchange ahead of its receiver.
 _RING = 64
 _KIND_SIZE = 1 + _RING
@@ -174,7 +170,7 @@ class PeerSignals:
             stages = [s for s in range(self._stages) if s != self._stage] if self._last else [self._stages - 1]
             other = name
         else:
-            offset, other = _COUNTERPART[name]
+            offset, other = EXCHANGES[name]
             stages = [self._stage + offset]
         ranks = [self._stage_rank(s) for s in stages]
         if any(rank not in self._peers for rank in ranks):
@@ -211,14 +207,3 @@ class PeerSignals:
     def _last(self) -> bool:
         return self._stage == self._stages - 1
 
-
-def usable_cpus() -> float:
-    """CPUs this process may use: its affinity, capped by a cgroup v2 quota if there is one."""
-    cpus = float(len(os.sched_getaffinity(0)))
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if quota != "max":
-            cpus = min(cpus, int(quota) / int(period))
-    except (OSError, ValueError):
-        pass
-    return cpus

@@ -52,6 +52,10 @@ class Interval:
     start: float
     end: float
     slot: int = -1  # position of the instruction in the stage's schedule (guest steps: the slot they preceded)
+    #: The same span on the host's clock (`time.perf_counter`); `start`/`end` are the device's (CUDA
+    #: events on a GPU). None where only one clock was read.
+    host_start: float | None = None
+    host_end: float | None = None
 
     @property
     def duration(self) -> float:
@@ -117,6 +121,11 @@ class StageTimeline:
             for b in data["batches"]
         ]
         return cls(data["stage"], data["stages"], data["micro_batches"], data["device"], batches)
+
+
+def batch_times(timelines: list[StageTimeline], skip: int = 1) -> list[float]:
+    """Per batch after the first `skip`, the slowest stage's time: the job's iteration time batch by batch."""
+    return [max(spans) for spans in zip(*([b.span for b in t.measured(skip)] for t in timelines))]
 
 
 def save_timelines(timelines: list[StageTimeline], path: str | Path) -> None:

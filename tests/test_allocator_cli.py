@@ -50,3 +50,11 @@ def test_the_job_table_shows_a_placed_job_whose_ranks_are_not_all_up_as_starting
 
     rows = job_table([job(1, "running", 0), job(2, "running", 1), job(3, "queued", 0)]).splitlines()[1:]
     assert [row.split()[1] for row in rows] == ["starting", "running", "queued"]
+
+
+def test_a_bad_bubble_profile_is_a_one_line_error_before_connecting(tmp_path, capsys):
+    profile = tmp_path / "profile.json"
+    profile.write_text('{"format": "something else"}')
+    assert main(["job", "submit", "m:f", "--gpus", "2", "--bubble-profile", str(profile), "--address", NOWHERE]) == 2
+    err = capsys.readouterr().err
+    assert f"{profile}: not a pipeline profile" in err and err.count("\n") == 1, err

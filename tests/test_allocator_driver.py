@@ -190,6 +190,21 @@ def test_tuning_groups_take_idle_gpus_and_bubbles_and_are_evicted_for_owners():
     assert rec.driver.decide(inv, nodes, rec.t).guests == [], "no bubbles offered after a reclaim"
 
 
+def test_a_sweeps_groups_go_first_to_the_pipeline_job_with_the_most_predicted_bubble_room():
+    rec = Recorder(LiveDriver(make_policy("tuning-aware", base="fifo")))
+    inv, nodes = {"n0": 4}, ["n0"]
+    roomy = rec.submit(2, bubble_capacity_gpu_s=0.3, iteration_s=1.0)  # 0.15 GPU-s per stage and second
+    tight = rec.submit(2, bubble_capacity_gpu_s=0.1, iteration_s=0.5)  # 0.10
+    for jid, where, gpus, batch in rec.driver.decide(inv, nodes, rec.t).starts:
+        rec.emit({"ev": "start", "job_id": jid, "attempt": 1, "where": [list(w) for w in where],
+                  "gpus": gpus, "batch_size": batch})
+    rec.submit(1, kind="tuning", groups=3, sweep="lr_sweep")
+    placed = [w for *_, w in rec.driver.decide(inv, nodes, rec.t).guests]
+    # roomy has 0.30 left, then 0.15 (one stage taken); tight has 0.20 throughout the first two
+    assert placed == [["bubble", roomy], ["bubble", tight], ["bubble", roomy]]
+    assert rec.driver.jobs[roomy].summary()["bubble_capacity_gpu_s"] == 0.3
+
+
 @pytest.mark.parametrize("bad, message", [
     (dict(entrypoint="train"), "package.module:function"),
     (dict(entrypoint="m:f", gpus=0), "gpus must be an int >= 1"),
@@ -198,6 +213,7 @@ def test_tuning_groups_take_idle_gpus_and_bubbles_and_are_evicted_for_owners():
     (dict(entrypoint="m:f", kind="tuning", groups=2), "a tuning job is a running sweep"),
     (dict(entrypoint="m:f", sweep="lr_sweep"), "is for tuning jobs"),
     (dict(entrypoint="m:f", min_batch=64, max_batch=32), "min_batch 64 > max_batch 32"),
+    (dict(entrypoint="m:f", bubble_capacity_gpu_s=0.5), "needs the iteration's length"),
 ])
 def test_job_spec_names_the_bad_field(bad, message):
     with pytest.raises(ValueError, match=message):

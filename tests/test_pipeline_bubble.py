@@ -264,6 +264,39 @@ def test_a_signalled_slot_stops_its_guest_at_the_first_step_boundary_after_the_n
     assert used == pytest.approx(0.05), "steps at 0, 10, .., 40 ms; the one at 50 ms must not start"
 
 
+def test_a_seeded_executor_harvests_from_its_first_batch_and_an_unseeded_one_does_not():
+    seeded, clock = _executor(0.01)
+    seeded.seed_windows({2: 0.035, 5: 0.0})
+    unseeded, other_clock = _executor(0.01)
+    seeded.begin_batch()
+    unseeded.begin_batch()
+    assert seeded.harvest(2, _Recorder(clock), _Arrival(clock, 0.1)) == pytest.approx(0.03), "three 10 ms steps fit 35 ms"
+    assert unseeded.harvest(2, _Recorder(other_clock), _Arrival(other_clock, 0.1)) == 0.0
+    assert seeded.harvest(5, _Recorder(clock), _Arrival(clock, 0.1)) == 0.0, "a window of nothing is no seed"
+
+
+def test_an_open_loop_slot_is_harvested_from_its_seed_until_it_is_observed():
+    executor, clock = _executor(0.01, history=1, observe_every=4)
+    executor.seed_windows({3: 0.025})
+    executor.begin_batch()  # batch 0: no initial observation batches once seeded
+    assert executor.harvest(3, _Recorder(clock)) == pytest.approx(0.02), "0.9 x 25 ms holds two 10 ms steps"
+    for _ in range(4):
+        executor.begin_batch()
+    assert executor._observing, "every observe_every-th batch (here batch 4) still re-observes"
+    executor.observe(3, 0.0, 0.045)
+    executor.observe(4, 0.0, 0.0)
+    assert executor.predicted_window(3) == pytest.approx(0.045), "the measurement replaces the seed"
+
+
+def test_a_seeded_closed_loop_slot_learns_its_measured_window():
+    executor, clock = _executor(0.002)
+    executor.seed_windows({4: 0.01})
+    assert _signalled(executor, clock, slot=4, window_s=0.03) > 0.0, "the warm-up batch is harvested from the seed"
+    assert executor.predicted_window(4, closed_loop=True) == pytest.approx(0.01), "and not learnt from"
+    _signalled(executor, clock, slot=4, window_s=0.03)
+    assert executor.predicted_window(4, closed_loop=True) == pytest.approx(0.03)
+
+
 def test_a_cpu_guest_waits_while_every_core_runs_the_job():
     class Host:
         free = False

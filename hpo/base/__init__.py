@@ -1,6 +1,7 @@
 """The base every engine shares: the workload contract (`workload`), hyperparameters (`hparams`),
 one trial state (`trial_state`, `checkpointing`), one unfused training loop (`training`), the
-embedded Ray's settings (`ray_runtime`) and the actors' names (`actor_names`).
+embedded Ray's settings (`ray_runtime`), the actors' names (`actor_names`) and what machine this
+is (`machine`, read without torch: measurements carry it).
 
 Nothing here imports Ray Tune or an engine (`fusion`, `pipeline_bubble`, `scheduler_bridge`):
 the engines build on these modules and the Tune/CLI layer of `hpo` composes the engines, so

@@ -135,11 +135,38 @@ def _cmd_submit(args) -> int:
                   application=args.application, min_gpus=args.min_gpus, max_gpus=args.max_gpus,
                   expected_seconds=args.expected_seconds, bubble_fraction=args.bubble_fraction,
                   workload=args.workload)
+    if args.bubble_profile:
+        fields.update(bubble_lending(args.bubble_profile, args.gpus, args.bubble_fraction))
     from .job_state import JobSpec
     JobSpec(entrypoint=args.entrypoint, gpus=args.gpus, **fields)   # bad input fails before connecting
     _connect(args.address)
     print(client.submit(args.entrypoint, args.gpus, **fields))
     return 0
+
+
+def bubble_lending(profile_path: str, gpus: int, bubble_fraction: float = 0.0) -> dict:
+    """The JobSpec fields of a pipeline job whose bubbles its profile predicts (``hpo profile
+    pipeline``): the idle GPU-seconds per iteration of the profiled configuration, replayed, for
+    every one of its data-parallel copies, the iteration's length, and (unless given) the bubble
+    fraction. A profile from another machine is used with a warning."""
+    import warnings
+
+    from pipeline_bubble.profile import load_profile
+    from pipeline_bubble.replay import replay
+
+    profile = load_profile(profile_path)
+    stages = profile.config.stages
+    if gpus % stages:
+        raise ValueError(f"--bubble-profile {profile_path}: a {stages}-stage pipeline cannot run on {gpus} GPUs")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        predicted = replay(profile, profile.config)
+    for warning in caught:
+        print(f"warning: {warning.message}", file=sys.stderr)
+    copies = gpus // stages
+    fraction = bubble_fraction or min(0.99, sum(predicted.bubble_fraction()) / stages)
+    return {"bubble_capacity_gpu_s": predicted.bubble_capacity_gpu_s() * copies,
+            "iteration_s": predicted.iteration_s, "bubble_fraction": fraction}
 
 
 @_guarded
@@ -249,6 +276,9 @@ def add_job_parser(subparsers) -> None:
     sm.add_argument("--expected-seconds", type=float, default=3600.0, help="run-time hint (SJF/SRTF)")
     sm.add_argument("--bubble-fraction", type=float, default=0.0,
                     help="pipeline job: fraction of time its GPUs idle in bubbles")
+    sm.add_argument("--bubble-profile", default=None, metavar="PROFILE.json",
+                    help="pipeline job: its profile (hpo profile pipeline); the replay's predicted bubble "
+                         "capacity sends tuning sweeps to the job with the most room")
     sm.add_argument("--workload", default="", help="its name in the interference table (packing)")
     sm.set_defaults(func=_cmd_submit)
 

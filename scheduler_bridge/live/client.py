@@ -100,7 +100,8 @@ def stop_allocator(release_jobs: bool = True) -> None:
 def submit(entrypoint: str, gpus: int = 1, *, request_id: str | None = None, **fields) -> int:
     """Queue a training job; returns its id. ``fields``: the rest of ``JobSpec``
     (name, user, vc, config, batch_size, min_batch, max_batch, application,
-    min_gpus, max_gpus, expected_seconds, bubble_fraction, max_attempts, workload).
+    min_gpus, max_gpus, expected_seconds, bubble_fraction, bubble_capacity_gpu_s, iteration_s,
+    max_attempts, workload; ``live.cli.bubble_lending`` gives the bubble fields from a profile).
     Validated here first; a retried call with the same ``request_id`` never
     queues the job twice."""
     spec = JobSpec(entrypoint=entrypoint, gpus=gpus, **fields)

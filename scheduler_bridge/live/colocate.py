@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from hpo.base.machine import cpu_name
+
 from ..interference import write_table
 from .memory_probe import PeakMemory
 
@@ -132,7 +134,7 @@ def machine_lines(device: str, cores: list[int], threads: int, seconds: float) -
     import torch
     lines = [f"measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC by "
              "hpo profile colocate; each pair alone then together, back to back",
-             f"host: {platform.machine()} {_cpu_name()}, {os.cpu_count()} CPUs, "
+             f"host: {platform.machine()} {cpu_name()}, {os.cpu_count()} CPUs, "
              f"Python {platform.python_version()}, torch {torch.__version__}",
              f"device: {device}" + (
                  f" ({torch.cuda.get_device_name(0)})" if device == "cuda" else
@@ -140,16 +142,6 @@ def machine_lines(device: str, cores: list[int], threads: int, seconds: float) -
              f"{seconds:g} s of training per measurement; the host is shared with other jobs, "
              "so treat differences below ~10% as noise"]
     return lines
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def measure(names: list[str], device: str, cores: list[int], seconds: float,

@@ -571,10 +571,11 @@ class LiveDriver:
         idle = {n: free[n] - len(on_node.get(n, [])) for n in range(len(view.nodes))
                 if free[n] > len(on_node.get(n, []))}
         owners = {j.job_id: j for j in self.active()
-                  if j.state == "running" and j.spec.bubble_fraction > 0 and not j.reclaimed}
+                  if j.state == "running" and j.spec.lends_bubbles and not j.reclaimed}
         slots = {o: j.gpus - in_bubbles.get(o, 0) for o, j in owners.items() if j.gpus > in_bubbles.get(o, 0)}
+        room = {o: j.spec.bubble_rate / j.gpus for o, j in owners.items()}
         pending = [(tj.job_id, g) for tj in tuning for g in range(tj.spec.groups) if str(g) not in tj.guests]
-        places, _ = policy.fill(idle, slots, len(pending))
+        places, _ = policy.fill(idle, slots, len(pending), room)
         for (tid, g), (kind, at) in zip(pending, places):
             where = ["gpu", view.nodes[at]] if kind == "gpu" else ["bubble", at]
             out.guests.append((tid, g, where))

@@ -36,7 +36,10 @@ class JobSpec:
     ``batch_size`` (``min_batch`` .. ``max_batch``): the global batch; an elastic
     decision's batch is clamped into that range. ``expected_seconds``: the run-time
     hint the oracle policies (SJF, SRTF) rank by. ``bubble_fraction`` > 0 marks a
-    pipeline-parallel job whose bubbles may host tuning groups. ``kind="tuning"``
+    pipeline-parallel job whose bubbles may host tuning groups; ``bubble_capacity_gpu_s``
+    (with ``iteration_s``) is the idle GPU-seconds per iteration its replayed profile
+    predicts (``hpo job submit --bubble-profile``), which sends a sweep's groups to the job
+    with the most room (``bubble_rate``). ``kind="tuning"``
     with ``groups`` > 0 and ``sweep``: the running sweep of that name (``hpo run
     --allocator``), whose fused groups wait in the bubble pool and run where the
     allocator places them as guests: on idle GPUs (an ``IdleGpuHost`` each) and in
@@ -60,6 +63,8 @@ class JobSpec:
     max_gpus: int | None = None
     expected_seconds: float = 3600.0
     bubble_fraction: float = 0.0
+    bubble_capacity_gpu_s: float = 0.0
+    iteration_s: float = 0.0
     groups: int = 0
     sweep: str = ""
     max_attempts: int = 5
@@ -87,6 +92,11 @@ class JobSpec:
             raise ValueError(f"min_batch {self.min_batch} > max_batch {self.max_batch}")
         if not 0.0 <= self.bubble_fraction < 1.0:
             raise ValueError(f"bubble_fraction must be in [0, 1), got {self.bubble_fraction}")
+        if self.bubble_capacity_gpu_s < 0 or self.iteration_s < 0:
+            raise ValueError(f"bubble_capacity_gpu_s and iteration_s must be >= 0, got "
+                             f"{self.bubble_capacity_gpu_s}, {self.iteration_s}")
+        if self.bubble_capacity_gpu_s > 0 and not self.iteration_s > 0:
+            raise ValueError("bubble_capacity_gpu_s (per iteration) needs the iteration's length, iteration_s > 0")
         if self.expected_seconds <= 0:
             raise ValueError(f"expected_seconds must be > 0, got {self.expected_seconds}")
         if self.max_attempts < 1:
@@ -95,6 +105,18 @@ class JobSpec:
     @property
     def elastic(self) -> bool:
         return self.application is not None
+
+    @property
+    def lends_bubbles(self) -> bool:
+        return self.bubble_fraction > 0 or self.bubble_capacity_gpu_s > 0
+
+    @property
+    def bubble_rate(self) -> float:
+        """GPU-seconds of bubble the job offers per second it runs: its predicted capacity per
+        iteration over the iteration's length where it was profiled, else its GPUs' bubble fraction."""
+        if self.bubble_capacity_gpu_s > 0:
+            return self.bubble_capacity_gpu_s / self.iteration_s
+        return self.bubble_fraction * self.gpus
 
     def clamp_batch(self, batch: int | None) -> int | None:
         if batch is None:
@@ -171,4 +193,5 @@ class LiveJob:
             "entrypoint": self.spec.entrypoint, "share": self.share, "avoid": list(self.avoid),
             "gpu_group": self.gpu_group,
             "profiling": self.profiling, "profiled": self.profiled,
+            "bubble_capacity_gpu_s": self.spec.bubble_capacity_gpu_s, "iteration_s": self.spec.iteration_s,
         }

@@ -143,9 +143,10 @@ class TuningHooks(Protocol):
     def evictions(self, groups_on_node: int, free_on_node: int) -> int:
         """How many groups must leave a node that now has ``free_on_node`` idle GPUs."""
 
-    def fill(self, idle_by_node: dict[int, int], bubble_slots: dict[int, int], pending: int
-             ) -> tuple[list[tuple[str, int]], int]:
-        """Where to put up to ``pending`` groups, and how many stay pending."""
+    def fill(self, idle_by_node: dict[int, int], bubble_slots: dict[int, int], pending: int,
+             room: dict[int, float] | None = None) -> tuple[list[tuple[str, int]], int]:
+        """Where to put up to ``pending`` groups, and how many stay pending; ``room``: what one free
+        bubble slot of each pipeline job offers (GPU-seconds per second), where it is known."""
 
 
 class LayeredPolicy(QueuePolicy):

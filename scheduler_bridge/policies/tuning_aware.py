@@ -3,10 +3,12 @@ policy exactly as if no tuning work existed; tuning jobs' fused groups take
 only GPUs that policy leaves idle, and the bubbles of running pipeline jobs.
 
 A group on an idle GPU runs at full speed; a group in a pipeline job's bubbles
-runs at that job's ``bubble_fraction`` of full speed. When an ordinary job needs
-a GPU, the group on it is evicted at once and keeps the progress of its last
-checkpoint (every ``checkpoint_interval`` seconds), so ordinary jobs are never
-delayed. The work groups finish this way is the tuning work done for free.
+runs at that job's ``bubble_fraction`` of full speed. Groups go to the pipeline
+job with the most bubble room left, as its replayed profile predicts it where it
+has one. When an ordinary job needs a GPU, the group on it is evicted at once
+and keeps the progress of its last checkpoint (every ``checkpoint_interval``
+seconds), so ordinary jobs are never delayed. The work groups finish this way is
+the tuning work done for free.
 
 >>> from scheduler_bridge.policies.queue import FIFO
 >>> TuningAware(FIFO()).name
@@ -34,18 +36,23 @@ class TuningAware(LayeredPolicy):
         return max(0, groups_on_node - free_on_node)
 
     @staticmethod
-    def fill(idle_by_node: dict[int, int], bubble_slots: dict[int, int], pending: int
-             ) -> tuple[list[tuple[str, int]], int]:
+    def fill(idle_by_node: dict[int, int], bubble_slots: dict[int, int], pending: int,
+             room: dict[int, float] | None = None) -> tuple[list[tuple[str, int]], int]:
         """Where to put up to ``pending`` groups: idle GPUs first (lowest node first),
-        then pipeline jobs' bubble slots (by job id). Returns ([("gpu", node) |
-        ("bubble", job_id), ...], how many stay pending)."""
+        then pipeline jobs' bubble slots, each group to the job with the most bubble room
+        left: ``room[job]`` is what one of its free slots (a stage) offers, in GPU-seconds
+        per second, so a job has ``room * free slots`` left (by job id where no room is
+        given). Returns ([("gpu", node) | ("bubble", job_id), ...], how many stay pending)."""
         out = []
         for node in sorted(idle_by_node):
             k = min(idle_by_node[node], pending - len(out))
             out.extend([("gpu", node)] * k)
-        for jid in sorted(bubble_slots):
-            k = min(bubble_slots[jid], pending - len(out))
-            out.extend([("bubble", jid)] * k)
+        free = dict(bubble_slots)
+        room = room or {}
+        while len(out) < pending and any(free.values()):
+            jid = max((j for j in free if free[j] > 0), key=lambda j: (room.get(j, 0.0) * free[j], -j))
+            out.append(("bubble", jid))
+            free[jid] -= 1
         return out, pending - len(out)
 
     def __repr__(self):

@@ -1,0 +1,313 @@
+"""A profile of one DeepSpeed pipeline configuration: every stage's instructions, timed batch by batch, as JSON.
+
+What a profile holds, per stage and per schedule instruction (its slot in the stage's stream,
+`train_schedule.stage_instructions`), for every profiled batch after the warm-up one:
+
+- `duration_s`: for a computing instruction the time it ran; for an exchange (sends and
+  receives of activations and gradients, the loss broadcast) the time from the moment the last
+  side arrived to its end, i.e. the transfer itself, without the wait;
+- `blocked_s` (exchanges): the whole call, wait and transfer, as the stage saw it;
+- `gap_s`: the host time before it, since the previous instruction ended (dispatch, Python);
+- `waits_on`: the (stage, slot)s it meets (an exchange) or nothing (it waits only for its own
+  stage's previous instruction); `late`: per batch, the stage that arrived last;
+- `host` and `device`: its [start, end] on the host's clock and the device's (CUDA events on a
+  GPU, the same clock on a CPU), seconds since the profiled batch began on its earliest stage.
+
+Exchanges are aligned across stages on the clocks of one host (`time.perf_counter` is one
+clock for every process of a Linux host), as dPRO aligns the two ends of a communication op.
+The profile also keeps the job's layers (their parameters, output bytes and measured forward
+and backward times), so the replayer can move layers between stages, and the machine's
+`hpo.base.machine.fingerprint`, so that replaying it elsewhere warns.
+
+Nothing here imports torch or DeepSpeed: `pipeline_bubble.profiling` records a profile,
+`pipeline_bubble.replay` predicts from one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from hpo.base.machine import fingerprint
+from pipeline_bubble.timeline import GUEST, StageTimeline
+from pipeline_bubble.train_schedule import exchange_partners, stage_instructions
+
+FORMAT = "hydro-hpo pipeline profile"
+VERSION = 1
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be read or built: the message names the file and the key or value."""
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """One configuration of a pipeline job: what the replayer predicts and the profiler measures.
+
+    `split`: how many of the job's layers each stage holds, first stage first (None: the job's own
+    split). `guest_step_s`: guest steps of this length are admitted into the bubbles (None: none).
+    """
+
+    stages: int = 2
+    micro_batches: int = 4
+    micro_batch_size: int = 128
+    split: tuple[int, ...] | None = None
+    guest_step_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.stages < 2:
+            raise ValueError(f"stages must be >= 2, got {self.stages}")
+        if self.micro_batches < 1 or self.micro_batch_size < 1:
+            raise ValueError(f"micro_batches and micro_batch_size must be >= 1, got {self.micro_batches}, {self.micro_batch_size}")
+        if self.split is not None:
+            object.__setattr__(self, "split", tuple(int(n) for n in self.split))
+            if len(self.split) != self.stages or min(self.split) < 1:
+                raise ValueError(f"split must give every one of the {self.stages} stages >= 1 layer, got {list(self.split)}")
+        if self.guest_step_s is not None and not self.guest_step_s > 0:
+            raise ValueError(f"guest_step_s must be > 0, got {self.guest_step_s}")
+
+    @property
+    def label(self) -> str:
+        parts = [f"p={self.stages}", f"m={self.micro_batches}", f"mbs={self.micro_batch_size}"]
+        if self.split is not None:
+            parts.append("split=" + ":".join(map(str, self.split)))
+        if self.guest_step_s is not None:
+            parts.append(f"guest={self.guest_step_s * 1e3:g}ms")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["split"] = list(self.split) if self.split is not None else None
+        return data
+
+
+@dataclass
+class LayerProfile:
+    """One layer of the job (in the order the pipeline runs them), timed at the profiled micro-batch size."""
+
+    name: str
+    params: int
+    output_bytes: int = 0
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+
+
+@dataclass
+class InstructionProfile:
+    slot: int
+    name: str
+    micro_batch: int
+    waits_on: list[list[int]]
+    duration_s: list[float]
+    blocked_s: list[float]
+    gap_s: list[float]
+    host: list[list[float]]
+    device: list[list[float]]
+    late: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StageProfile:
+    stage: int
+    layers: list[int]  # [first, stop) of the job's layers
+    params: int
+    tail_s: list[float]  # from the loss broadcast's end to the end of train_batch
+    between_s: list[float]  # from the end of train_batch to the next one's start (the job's own loop)
+    instructions: list[InstructionProfile]
+
+
+@dataclass
+class PipelineProfile:
+    """A profiled configuration; `job` says what ran (so it can be measured again), `machine` where."""
+
+    config: PipelineConfig
+    device: str
+    job: dict[str, Any]
+    machine: dict[str, Any]
+    recorded: str
+    batches: int
+    layers: list[LayerProfile]
+    stages: list[StageProfile]
+
+    def stage_split(self) -> tuple[int, ...]:
+        return tuple(s.layers[1] - s.layers[0] for s in self.stages)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["config"] = self.config.to_dict()
+        return {"format": FORMAT, "version": VERSION, **data}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    def summary(self) -> dict[str, Any]:
+        """Median iteration time (the slowest stage's batch) and each stage's median bubble, as measured while profiling."""
+
+        def span(stage: StageProfile, batch: int) -> float:
+            return sum(i.blocked_s[batch] + i.gap_s[batch] for i in stage.instructions) + stage.tail_s[batch]
+
+        def bubble(stage: StageProfile, batch: int) -> float:
+            return sum(i.blocked_s[batch] for i in stage.instructions if i.waits_on)
+
+        return {
+            "iteration_s": median(max(span(s, b) for s in self.stages) for b in range(self.batches)),
+            "bubble_s": [median(bubble(s, b) for b in range(self.batches)) for s in self.stages],
+        }
+
+
+def load_profile(path: str | Path) -> PipelineProfile:
+    """Read a profile written by `PipelineProfile.save`; a bad file raises `ProfileError` naming it and the key."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as error:
+        raise ProfileError(f"{path}: cannot read ({error.strerror or error})") from None
+    except json.JSONDecodeError as error:
+        raise ProfileError(f"{path}:{error.lineno}: not JSON ({error.msg})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ProfileError(f"{path}: not a pipeline profile (no \"format\": \"{FORMAT}\")")
+    if data.get("version") != VERSION:
+        raise ProfileError(f"{path}: profile version {data.get('version')!r}; this hydro-hpo reads version {VERSION}")
+    key = "config"
+    try:
+        config = PipelineConfig(**data["config"])
+        key = "layers"
+        layers = [LayerProfile(**layer) for layer in data["layers"]]
+        key = "stages"
+        stages = [
+            StageProfile(**{**s, "instructions": [InstructionProfile(**i) for i in s["instructions"]]}) for s in data["stages"]
+        ]
+        key = "device"
+        profile = PipelineProfile(
+            config, data["device"], data["job"], data["machine"], data["recorded"], int(data["batches"]), layers, stages
+        )
+    except KeyError as error:
+        raise ProfileError(f"{path}: {key}: missing key {error}") from None
+    except (TypeError, ValueError) as error:
+        raise ProfileError(f"{path}: {key}: {error}") from None
+    _check_consistent(profile, path)
+    return profile
+
+
+def _check_consistent(profile: PipelineProfile, where: Any) -> None:
+    config = profile.config
+    if len(profile.stages) != config.stages:
+        raise ProfileError(f"{where}: stages: {len(profile.stages)} recorded for config.stages = {config.stages}")
+    for stage in profile.stages:
+        expected = [i.name for i in stage_instructions(config.micro_batches, config.stages, stage.stage)]
+        names = [i.name for i in stage.instructions]
+        if names != expected:
+            raise ProfileError(
+                f"{where}: stages[{stage.stage}].instructions: recorded {len(names)} instructions that are not "
+                f"DeepSpeed's TrainSchedule for p={config.stages} m={config.micro_batches} ({len(expected)} expected)"
+            )
+        for instruction in stage.instructions:
+            if len(instruction.duration_s) != profile.batches:
+                raise ProfileError(f"{where}: stages[{stage.stage}].instructions[{instruction.slot}]: "
+                                   f"{len(instruction.duration_s)} durations for {profile.batches} batches")
+    if profile.stages[-1].layers[1] != len(profile.layers):
+        raise ProfileError(f"{where}: layers: {len(profile.layers)} layers, the stages hold {profile.stages[-1].layers[1]}")
+
+
+def build_profile(
+    timelines: list[StageTimeline],
+    config: PipelineConfig,
+    layers: list[LayerProfile],
+    *,
+    job: dict[str, Any],
+    skip: int = 1,
+    machine: dict[str, Any] | None = None,
+) -> PipelineProfile:
+    """The profile of `timelines` (one per stage, recorded by the instrumented engine while the job ran
+    `config` without guests), the first `skip` batches left out (warm-up: buffers and shapes)."""
+    timelines = sorted(timelines, key=lambda t: t.stage)
+    streams = [stage_instructions(config.micro_batches, config.stages, s) for s in range(config.stages)]
+    partners = exchange_partners(streams)
+    if len(timelines) != config.stages:
+        raise ProfileError(f"{len(timelines)} stage timelines for {config.stages} stages")
+    batches = min(len(t.batches) for t in timelines) - skip
+    if batches < 1:
+        raise ProfileError(f"needs more than {skip} batch(es) per stage to profile, got {batches + skip}")
+    records = [[t.batches[skip + b] for t in timelines] for b in range(batches)]
+    spans = []  # [batch][stage] -> the stage's instruction intervals, checked against the schedule
+    for b, per_stage in enumerate(records):
+        spans.append([])
+        for stage, record in enumerate(per_stage):
+            intervals = [i for i in record.intervals if i.category != GUEST]
+            names = [i.name for i in intervals]
+            if names != [i.name for i in streams[stage]]:
+                raise ProfileError(
+                    f"stage {stage}, batch {skip + b}: the recorded instructions are not DeepSpeed's TrainSchedule "
+                    f"for p={config.stages} m={config.micro_batches}: {names[:6]}..."
+                )
+            spans[-1].append(intervals)
+    if config.split is None:
+        raise ProfileError("build_profile needs the split the job ran (config.split)")
+    split = config.split
+    bounds = [0]
+    for n in split:
+        bounds.append(bounds[-1] + n)
+    stages = []
+    for stage in range(config.stages):
+        instructions = []
+        for slot, instruction in enumerate(streams[stage]):
+            others = partners.get((stage, slot), [])
+            row = InstructionProfile(slot, instruction.name, instruction.micro_batch, [list(o) for o in others], [], [], [], [], [])
+            for b in range(batches):
+                origin = min(r.start for r in records[b])
+                host_origin = min(_host(r.intervals[0], 0) - (r.intervals[0].start - r.start) for r in records[b])
+                own = spans[b][stage][slot]
+                previous_end = spans[b][stage][slot - 1].end if slot else records[b][stage].start
+                row.gap_s.append(max(0.0, own.start - previous_end))
+                row.blocked_s.append(own.duration)
+                row.host.append([_host(own, 0) - host_origin, _host(own, 1) - host_origin])
+                row.device.append([own.start - origin, own.end - origin])
+                if others:
+                    arrivals = {stage: own.start, **{o[0]: spans[b][o[0]][o[1]].start for o in others}}
+                    last = max(arrivals, key=arrivals.get)
+                    row.late.append(last)
+                    row.duration_s.append(min(own.duration, max(0.0, own.end - arrivals[last])))
+                else:
+                    row.duration_s.append(own.duration)
+            instructions.append(row)
+        tail = [records[b][stage].end - spans[b][stage][-1].end for b in range(batches)]
+        recorded = timelines[stage].batches
+        between = [recorded[b + 1].start - recorded[b].end for b in range(skip, len(recorded) - 1)]
+        first, stop = bounds[stage], bounds[stage + 1]
+        params = sum(layer.params for layer in layers[first:stop])
+        stages.append(StageProfile(stage, [first, stop], params, tail, between, instructions))
+    profile = PipelineProfile(
+        config,
+        timelines[0].device,
+        job,
+        machine if machine is not None else fingerprint(),
+        datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        batches,
+        layers,
+        stages,
+    )
+    _check_consistent(profile, "profile")
+    return profile
+
+
+def _host(interval, end: int) -> float:
+    value = interval.host_end if end else interval.host_start
+    if value is None:
+        return interval.end if end else interval.start
+    return value
+
+
+def config_from_dict(data: dict[str, Any], where: str) -> PipelineConfig:
+    """A `PipelineConfig` from a mapping (a file's entry); unknown keys and bad values name `where`."""
+    known = {f.name for f in fields(PipelineConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ProfileError(f"{where}: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    try:
+        return PipelineConfig(**data)
+    except (TypeError, ValueError) as error:
+        raise ProfileError(f"{where}: {error}") from None

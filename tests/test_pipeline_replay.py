@@ -1,0 +1,403 @@
+"""The pipeline replayer on synthetic profiles (no processes), plus one real profile of a DeepSpeed job (slow).
+
+A synthetic profile is recorded from a known truth: every instruction's cost is fixed, the
+truth's timeline is the dependency graph run with those costs, and its batches (with or without
+batch-to-batch noise) are what the instrumented engine would have recorded. The replay must
+give that truth back, behave as the closed form where the closed form holds, and move the way a
+pipeline moves when a configuration changes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import warnings
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline_bubble.profile import LayerProfile, PipelineConfig, ProfileError, build_profile, load_profile
+from pipeline_bubble.replay import Cost, ReplayWarning, _Graph, machine_warning, predict, replay
+from pipeline_bubble.timeline import BatchRecord, StageTimeline, theoretical_bubble_fraction
+from pipeline_bubble.train_schedule import LOSS_BROADCAST, exchange_partners, stage_instructions
+
+from hpo.base.machine import fingerprint
+
+
+def _truth(config: PipelineConfig, forward: list[float], backward: list[float], *, transfer=5e-4, gap=1e-4,
+           optimizer=0.01, load=1e-3, tail=1e-4) -> _Graph:
+    """Fixed costs of every instruction of `config` (per-stage forward and backward per micro-batch)."""
+    costs = []
+    for stage in range(config.stages):
+        row = []
+        for instruction in stage_instructions(config.micro_batches, config.stages, stage):
+            duration = {
+                "ForwardPass": forward[stage], "BackwardPass": backward[stage], "LoadMicroBatch": load,
+                "OptimizerStep": optimizer, "ReduceGrads": optimizer / 4, "ReduceTiedGrads": 0.0,
+            }.get(instruction.name, transfer)
+            row.append(Cost(gap, duration, (stage, instruction.name)))
+        costs.append(row)
+    return _Graph(config, costs, [tail] * config.stages, [tail] * config.stages)
+
+
+def _record(truth: _Graph, *, batches: int = 4, noise: float = 0.0, seed: int = 0) -> list[StageTimeline]:
+    """What the instrumented engine records of the truth: `batches` batches back to back, each cost
+    scaled by up to ±`noise`."""
+    rng = random.Random(seed)
+    config = truth.config
+    timelines = [StageTimeline(s, config.stages, config.micro_batches, "cpu") for s in range(config.stages)]
+    run = None
+    for batch in range(batches):
+        draw = (lambda key: 1 + rng.uniform(-noise, noise)) if noise else None
+        run = truth.run(draw=draw, starts=run.next_starts if run else None)
+        for timeline, replayed in zip(timelines, run.timelines):
+            record = replayed.batches[0]
+            timeline.batches.append(BatchRecord(batch, record.start, record.end, record.intervals))
+    return timelines
+
+
+def _layers(split: tuple[int, ...], forward: list[float], backward: list[float]) -> list[LayerProfile]:
+    layers = []
+    for stage, count in enumerate(split):
+        layers += [LayerProfile(f"Block{stage}", 1000, 4096, forward[stage] / count, backward[stage] / count) for _ in range(count)]
+    return layers
+
+
+def _profile(config: PipelineConfig, forward, backward, *, noise: float = 0.0, batches: int = 4, **truth):
+    split = config.split or tuple([2] * config.stages)
+    config = PipelineConfig(config.stages, config.micro_batches, config.micro_batch_size, split)
+    graph = _truth(config, forward, backward, **truth)
+    timelines = _record(graph, batches=batches + 1, noise=noise)
+    return build_profile(timelines, config, _layers(split, forward, backward), job={"job": "synthetic"}), graph
+
+
+configs = st.builds(
+    PipelineConfig,
+    stages=st.integers(2, 4),
+    micro_batches=st.integers(1, 12),
+    micro_batch_size=st.just(32),
+)
+stage_times = st.lists(st.floats(0.001, 0.05), min_size=4, max_size=4)
+
+
+# ---- the schedule ------------------------------------------------------------------------------
+@settings(max_examples=20, deadline=None)
+@given(stages=st.integers(2, 6), micro_batches=st.integers(1, 24), data=st.data())
+def test_the_instruction_stream_is_deepspeeds_train_schedule(stages, micro_batches, data):
+    from deepspeed.runtime.pipe.schedule import TrainSchedule
+
+    stage = data.draw(st.integers(0, stages - 1))
+    ours = stage_instructions(micro_batches, stages, stage)
+    theirs = [(cmd.name, cmd.kwargs.get("buffer_id", -1)) for step in TrainSchedule(micro_batches, stages, stage) for cmd in step]
+    assert [(i.name, i.buffer) for i in ours] == theirs + [(LOSS_BROADCAST, -1)]
+
+
+def test_every_exchange_meets_its_counterpart_and_the_loss_broadcast_meets_the_last_stage():
+    streams = [stage_instructions(4, 3, s) for s in range(3)]
+    partners = exchange_partners(streams)
+    for (stage, slot), others in partners.items():
+        for other in others:
+            assert (stage, slot) in partners[other], f"{stage}:{slot} meets {other}, which does not meet it"
+    assert partners[(0, len(streams[0]) - 1)] == [(2, len(streams[2]) - 1)]
+    assert len(partners[(2, len(streams[2]) - 1)]) == 2
+
+
+# ---- replaying the configuration that was profiled ---------------------------------------------------
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=configs, forward=stage_times, backward=stage_times)
+def test_a_profile_replays_its_own_configuration_exactly(config, forward, backward):
+    profile, truth = _profile(config, forward, backward)
+    truth = truth.steady()
+    replayed = replay(profile, profile.config)
+    assert replayed.iteration_s == pytest.approx(truth.iteration_s, rel=1e-9)
+    assert replayed.bubble_s() == pytest.approx(truth.bubble_s(), abs=1e-9)
+    def waits(result):  # which neighbour a wait of no length waits on is a matter of rounding
+        return [(w.stage, w.slot, w.neighbour if w.idle_s > 1e-9 else None) for w in result.windows]
+
+    assert waits(replayed) == waits(truth)
+    assert predict(profile, profile.config, iterations=5).iteration_s == pytest.approx(truth.iteration_s, rel=1e-9)
+
+
+def test_a_noisy_profile_predicts_its_own_median_iteration_within_two_percent():
+    config = PipelineConfig(2, 8, 32)
+    profile, truth = _profile(config, [0.010, 0.012], [0.020, 0.022], noise=0.3, batches=12)
+    measured = profile.summary()
+    prediction = predict(profile, profile.config, iterations=200)
+    assert prediction.iteration_s == pytest.approx(measured["iteration_s"], rel=0.02)
+
+
+@settings(max_examples=10, deadline=None)
+@given(stages=st.integers(2, 5), micro_batches=st.integers(1, 16), step=st.floats(0.001, 0.05))
+def test_equal_stages_without_communication_leave_the_closed_form_bubble(stages, micro_batches, step):
+    config = PipelineConfig(stages, micro_batches, 32, tuple([2] * stages))
+    zero = dict(transfer=0.0, gap=0.0, optimizer=0.0, load=0.0, tail=0.0)
+    profile, _ = _profile(config, [step] * stages, [2 * step] * stages, **zero)
+    replayed = replay(profile, profile.config)
+    assert replayed.iteration_s == pytest.approx((micro_batches + stages - 1) * 3 * step)
+    for fraction in replayed.bubble_fraction():
+        assert fraction == pytest.approx(theoretical_bubble_fraction(stages, micro_batches))
+
+
+# ---- configurations the profile did not run --------------------------------------------------------
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(forward=stage_times, backward=stage_times, micro_batches=st.integers(1, 12))
+def test_more_micro_batches_or_larger_ones_never_shorten_the_iteration(forward, backward, micro_batches):
+    profile, _ = _profile(PipelineConfig(2, 4, 32), forward, backward)
+    base = replay(profile, PipelineConfig(2, micro_batches, 32)).iteration_s
+    assert replay(profile, PipelineConfig(2, micro_batches + 1, 32)).iteration_s >= base
+    assert replay(profile, PipelineConfig(2, micro_batches, 64)).iteration_s >= base
+
+
+def test_more_micro_batches_shrink_the_bubble_fraction_of_balanced_stages():
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.01, 0.01], [0.02, 0.02])
+    fractions = [max(replay(profile, PipelineConfig(2, m, 32)).bubble_fraction()) for m in (2, 4, 8, 16)]
+    assert fractions == sorted(fractions, reverse=True), fractions
+
+
+def test_a_layer_moved_between_stages_moves_its_time_with_it():
+    profile, _ = _profile(PipelineConfig(2, 4, 32, (2, 2)), [0.010, 0.020], [0.020, 0.040])
+    even = replay(profile, PipelineConfig(2, 4, 32, (2, 2)))
+    shifted = replay(profile, PipelineConfig(2, 4, 32, (3, 1)))
+
+    def forward(result, stage):
+        return next(i.duration for i in result.timelines[stage].batches[0].intervals if i.name == "ForwardPass")
+
+    assert forward(shifted, 0) == pytest.approx(forward(even, 0) + 0.010)  # one of stage 1's layers, 20 ms / 2
+    assert forward(shifted, 1) == pytest.approx(forward(even, 1) - 0.010)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stages=st.integers(3, 4), micro_batches=st.integers(1, 8))
+def test_a_two_stage_profile_replays_deeper_pipelines(stages, micro_batches):
+    profile, _ = _profile(PipelineConfig(2, 4, 32, (4, 4)), [0.01, 0.01], [0.02, 0.02])
+    split = (2,) * (stages - 1) + (8 - 2 * (stages - 1),)
+    result = replay(profile, PipelineConfig(stages, micro_batches, 32, split))
+    assert len(result.timelines) == stages and result.iteration_s > 0
+
+
+def test_a_configuration_the_profile_cannot_describe_is_refused_naming_it():
+    profile, _ = _profile(PipelineConfig(2, 4, 32, (2, 2)), [0.01, 0.01], [0.02, 0.02])
+    with pytest.raises(ProfileError, match="split holds 5 layers; the job has 4"):
+        replay(profile, PipelineConfig(2, 4, 32, (3, 2)))
+    with pytest.raises(ProfileError, match="give a split"):
+        replay(profile, PipelineConfig(3, 4, 32))
+
+
+# ---- guests ----------------------------------------------------------------------------------------
+def test_steady_windows_hold_whole_guest_steps_at_no_cost():
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.010, 0.030], [0.020, 0.060])
+    step = 0.004
+    prediction = predict(profile, PipelineConfig(2, 4, 32, guest_step_s=step), iterations=5)
+    assert prediction.slowdown == pytest.approx(0.0, abs=1e-12)
+    windows = prediction.typical.windows
+    expected = sum(int(w.idle_s / step + 1e-9) * step for w in windows)
+    assert sum(prediction.guest_s) == pytest.approx(expected)
+    assert expected > 0
+
+
+def test_guest_steps_longer_than_every_window_are_never_admitted():
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.010, 0.012], [0.020, 0.024])
+    longest = max(w.idle_s for w in replay(profile, profile.config).windows)
+    prediction = predict(profile, PipelineConfig(2, 4, 32, guest_step_s=2 * longest), iterations=10)
+    assert sum(prediction.guest_s) == 0 and prediction.slowdown == pytest.approx(0.0, abs=1e-12)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(step=st.floats(0.001, 0.02), signals=st.booleans(), seeded=st.booleans())
+def test_admitting_guests_never_speeds_the_job_up(step, signals, seeded):
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.010, 0.020], [0.020, 0.030], noise=0.4, batches=8)
+    prediction = predict(profile, PipelineConfig(2, 4, 32, guest_step_s=step), iterations=30, signals=signals, seeded=seeded)
+    assert prediction.slowdown >= 0.0
+
+
+def test_noisy_windows_make_guests_overrun_and_cost_the_job_time():
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.010, 0.020], [0.020, 0.030], noise=0.5, batches=12)
+    prediction = predict(profile, PipelineConfig(2, 4, 32, guest_step_s=0.008), iterations=100)
+    assert prediction.slowdown > 0.0
+    assert prediction.guest_iteration_s > prediction.iteration_s
+
+
+# ---- files and machines ------------------------------------------------------------------------------
+def test_a_profile_round_trips_through_json(tmp_path):
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.01, 0.01], [0.02, 0.02])
+    profile.save(tmp_path / "profile.json")
+    again = load_profile(tmp_path / "profile.json")
+    assert again == profile
+    assert replay(again, again.config).iteration_s == replay(profile, profile.config).iteration_s
+
+
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda d: d.pop("format"), "not a pipeline profile"),
+        (lambda d: d.update(version=99), "profile version 99"),
+        (lambda d: d["config"].update(micro_batches=5), "not DeepSpeed's TrainSchedule for p=2 m=5"),
+        (lambda d: d["stages"][0].pop("tail_s"), "stages: "),
+        (lambda d: d["config"].update(stages=1), "config: stages must be >= 2"),
+    ],
+)
+def test_a_bad_profile_file_is_refused_naming_the_file_and_key(tmp_path, edit, needle):
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.01, 0.01], [0.02, 0.02])
+    data = profile.to_dict()
+    edit(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match=needle) as error:
+        load_profile(path)
+    assert str(path) in str(error.value)
+
+
+def test_a_profile_from_another_machine_replays_with_a_warning_naming_what_differs():
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.01, 0.01], [0.02, 0.02])
+    profile.machine = {**fingerprint(), "cpu": "Some Other CPU", "host": "elsewhere"}
+    with pytest.warns(ReplayWarning, match="Some Other CPU") as caught:
+        result = replay(profile, profile.config)
+    assert "elsewhere" in str(caught[0].message) and result.warnings
+
+
+def test_a_profile_from_this_machine_replays_silently():
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.01, 0.01], [0.02, 0.02])
+    assert machine_warning(profile) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        replay(profile, PipelineConfig(2, 8, 32))
+
+
+def test_replaying_imports_no_deepspeed_torch_or_ray():
+    code = (
+        "import sys, pipeline_bubble.replay, pipeline_bubble.accuracy, pipeline_bubble.profile;"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'deepspeed', 'ray'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_a_pipeline_jobs_profile_gives_the_allocator_its_predicted_bubble_capacity(tmp_path):
+    from scheduler_bridge.live.cli import bubble_lending
+    from scheduler_bridge.live.job_state import JobSpec
+
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.010, 0.020], [0.020, 0.040])
+    profile.save(tmp_path / "profile.json")
+    fields = bubble_lending(str(tmp_path / "profile.json"), gpus=4)  # two data-parallel copies of 2 stages
+    predicted = replay(profile, profile.config)
+    assert fields["bubble_capacity_gpu_s"] == pytest.approx(2 * predicted.bubble_capacity_gpu_s())
+    assert fields["iteration_s"] == pytest.approx(predicted.iteration_s)
+    assert JobSpec(entrypoint="m:f", gpus=4, **fields).bubble_rate == pytest.approx(fields["bubble_capacity_gpu_s"] / predicted.iteration_s)
+    with pytest.raises(ValueError, match="cannot run on 3 GPUs"):
+        bubble_lending(str(tmp_path / "profile.json"), gpus=3)
+
+
+# ---- hpo profile pipeline ---------------------------------------------------------------------------
+def _cli(argv: list[str]) -> int:
+    from hpo.cli import main
+
+    return main(["profile", "pipeline", *argv])
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        ([], "give a job file to profile or --profile FILE"),
+        (["--profile", "missing.json"], "missing.json: cannot read"),
+        (["JOB", "--config", "m=x"], "m='x' is not a valid value"),
+        (["JOB", "--config", "speed=3"], "'speed=3' is not KEY=VALUE"),
+        (["JOB", "--gantt", "JOB"], "--gantt JOB: not a folder"),
+    ],
+)
+def test_hpo_profile_pipeline_refuses_bad_arguments_in_one_line(tmp_path, capsys, argv, needle):
+    job = tmp_path / "job.yaml"
+    job.write_text("profile: {stages: 2, micro_batches: 4}\n")
+    argv = [str(job) if a == "JOB" else str(tmp_path / a) if a.endswith(".json") else a for a in argv]
+    assert _cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err.replace(str(job), "JOB"), err
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("profile: {stages: 2}\nspeed: 3\n", "unknown key 'speed'"),
+        ("profile: {stages: 2, micro_batchez: 4}\n", "profile: unknown key 'micro_batchez'"),
+        ("profile: {stages: 2}\nconfigurations: [{split: [0, 13]}]\n", "configurations[0]: split must give every one"),
+        ("profile: [1\n", ":2: not YAML"),
+        ("profile: {stages: 2}\nbatches: 1\n", "batches: an integer >= 2"),
+    ],
+)
+def test_a_bad_job_file_is_refused_naming_the_file_and_key(tmp_path, capsys, text, needle):
+    job = tmp_path / "job.yaml"
+    job.write_text(text)
+    assert _cli([str(job)]) == 2
+    err = capsys.readouterr().err
+    assert str(job) in err and needle in err, err
+
+
+def test_hpo_profile_pipeline_predicts_from_a_saved_profile_with_charts_and_json(tmp_path, capsys):
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.010, 0.020], [0.020, 0.040])
+    profile.save(tmp_path / "profile.json")
+    out, charts = tmp_path / "predicted.json", tmp_path / "gantt"
+    argv = ["--profile", str(tmp_path / "profile.json"), "--config", "m=8", "--config", "m=4,guest=4ms",
+            "--iterations", "10", "--json", str(out), "--gantt", str(charts)]
+    assert _cli(argv) == 0
+    table = capsys.readouterr().out
+    assert "p=2 m=8 mbs=32" in table and "guest=4ms" in table
+    report = json.loads(out.read_text())
+    assert [p["config"]["micro_batches"] for p in report["predictions"]] == [8, 4]
+    assert report["predictions"][1]["slowdown"] is not None
+    assert len(list(charts.glob("*.png"))) == 4, "one chart per configuration and stage"
+
+
+@pytest.mark.slow
+def test_hpo_profile_pipeline_profiles_a_deepspeed_job_and_measures_what_it_predicts(tmp_path, capsys):
+    """The whole path on a real 2-process DeepSpeed pipeline (gloo): profile, replay, measure, chart."""
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "options: {width: 128, blocks: 4}\nbatches: 3\nprofile: {stages: 2, micro_batches: 4, micro_batch_size: 32}\n"
+        "configurations: [{micro_batches: 4}, {micro_batches: 8, guest_step_s: 0.001}]\n"
+    )
+    out = tmp_path / "compared.json"
+    argv = [str(job), "--out", str(tmp_path / "profile.json"), "--measure", "--batches", "4", "--iterations", "10",
+            "--json", str(out), "--gantt", str(tmp_path / "gantt")]
+    assert _cli(argv) == 0, capsys.readouterr().err
+    profile = load_profile(tmp_path / "profile.json")
+    assert profile.stage_split() == (6, 7) and all(layer.forward_s > 0 for layer in profile.layers if layer.params)
+    for stage in profile.stages:
+        for instruction in stage.instructions:
+            assert len(instruction.host) == len(instruction.device) == profile.batches
+            assert bool(instruction.waits_on) == (instruction.name in ("SendActivation", "RecvActivation", "SendGrad",
+                                                                         "RecvGrad", LOSS_BROADCAST))
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["label"] for r in rows] == ["p=2 m=4 mbs=32", "p=2 m=8 mbs=32 guest=1ms"]
+    guest = rows[1]["guest"]
+    assert guest["first_batches_guest_s"][0] > 0, "an executor seeded with the prediction harvests in its first batch"
+    assert len(list((tmp_path / "gantt").glob("*.png"))) == 4
+
+
+def test_an_engine_given_its_jobs_profile_is_seeded_with_its_own_stages_predicted_windows():
+    from types import SimpleNamespace
+
+    from pipeline_bubble.api import predicted_windows
+
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.010, 0.020], [0.020, 0.040])
+    engine = SimpleNamespace(num_stages=2, micro_batches=8, stage_id=1, train_micro_batch_size_per_gpu=lambda: 64)
+    windows = predicted_windows(engine, profile)
+    assert windows == replay(profile, PipelineConfig(2, 8, 64)).seed_windows(1)
+    assert windows and all(slot_window >= 0 for slot_window in windows.values())
+    with pytest.raises(ValueError, match="the profile is of 2 stages; this engine has 3"):
+        predicted_windows(SimpleNamespace(num_stages=3, micro_batches=8, stage_id=0, train_micro_batch_size_per_gpu=lambda: 64), profile)
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_a_pipeline_sharing_one_gpu_is_profiled_on_the_devices_clock_and_replays(tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from pipeline_bubble.profiling import MLPJob, profile_pipeline
+
+    profile = profile_pipeline(MLPJob(width=2048), PipelineConfig(2, 4, 128), batches=4, device="cuda", log_dir=tmp_path)
+    assert profile.device.startswith("cuda") and all(layer.forward_s > 0 for layer in profile.layers if layer.params)
+    assert replay(profile, PipelineConfig(2, 16, 128)).iteration_s > replay(profile, profile.config).iteration_s
