@@ -33,8 +33,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from hpo.sweep_file import describe_plan, load_sweep
 
     loaded = load_sweep(args.file, execute=not args.no_exec, for_ray=False)
-    _print_warnings(preflight(loaded, address=args.address), loaded.source.name)
+    warnings = preflight(loaded, address=args.address)
+    _print_warnings(warnings, loaded.source.name)
     checks = "static checks only: the trainable's code was not run" if args.no_exec else "all checks"
+    if warnings:
+        checks += f"; {len(warnings)} warning{'s' if len(warnings) > 1 else ''} above"
     print(f"{args.file}: OK ({checks})")
     print(describe_plan(loaded))
     return 0
