@@ -43,4 +43,4 @@ test-slow: setup
 	$(VENV)/bin/python -m pytest -q -m slow
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs configs/runs

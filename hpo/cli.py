@@ -85,7 +85,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         from hpo.api import RunStateError, latest_run, verify_run_state
 
-        run_path = latest_run(Path(loaded.spec.storage_path).resolve(), loaded.spec.name)
+        run_path = latest_run(Path(loaded.storage), loaded.spec.name)
         if run_path is None:
             print(f"error: nothing to resume at {loaded.experiment_path}", file=sys.stderr)
             return EXIT_BAD_INPUT
@@ -148,7 +148,7 @@ def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
 
     quiet_ray_on_workers()  # Tune's INFO lines stay off the console among the trials' prints
     folder = loaded.code_folder
-    code = code_runtime_env(folder, exclude=[loaded.spec.storage_path]) if folder is not None else None
+    code = code_runtime_env(folder, exclude=[loaded.storage]) if folder is not None else None
     try:
         ensure_ray(address=address, dashboard=dashboard, runtime_env=code)
     except RuntimeEnvSetupError as exc:
@@ -199,6 +199,8 @@ def _cmd_results(args: argparse.Namespace) -> int:
     from hpo.results import RESULTS_FILE, SUMMARY_FILE, records_from_trial_dirs, summary_table, write_run_files
 
     run = Path(args.run_dir)
+    if run.is_file():  # a sweep file: its newest run, where `hpo run FILE` stored it
+        run = _newest_run_of(run)
     summary_path = run / SUMMARY_FILE
     if args.rebuild:
         stored = json.loads(summary_path.read_text()) if summary_path.exists() else {}
@@ -231,6 +233,20 @@ def _cmd_results(args: argparse.Namespace) -> int:
     if summary.get("errored"):
         print(f"{summary['errored']} of {summary['trials']} trials errored", file=sys.stderr)
     return 0
+
+
+def _newest_run_of(sweep_file: Path) -> Path:
+    """The newest run of a sweep file (the one `--resume` continues); read without running its code."""
+    from hpo.api import latest_run
+    from hpo.spec import SweepSpec
+    from hpo.sweep_file import LoadedSweep, YamlSource
+
+    source = YamlSource.from_file(sweep_file)
+    loaded = LoadedSweep(SweepSpec.from_source(source), None, source)
+    run = latest_run(Path(loaded.storage), loaded.spec.name)
+    if run is None:
+        raise loaded.fail("storage_path", f"no run of sweep {loaded.spec.name!r} in {loaded.storage}; run it with: hpo run {sweep_file}")
+    return run
 
 
 def _cmd_coord_check(args: argparse.Namespace) -> int:
@@ -380,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(func=_cmd_validate)
 
     results = commands.add_parser("results", help="reprint a stored run's table, best configuration and files")
-    results.add_argument("run_dir", help="the run's folder (storage_path/name)")
+    results.add_argument("run_dir", help="the run's folder (storage_path/name), or the sweep file (its newest run)")
     results.add_argument("--rebuild", action="store_true",
                          help="first rebuild results.csv and summary.json from the trials' own folders")
     results.add_argument("--metric", default=None, help="with --rebuild when summary.json is missing: the metric")

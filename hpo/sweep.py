@@ -124,7 +124,7 @@ def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
             reuse_actors=True,
         ),
         run_config=sweep_run_config(
-            spec.name, spec.storage_path, stop, spec.max_failures,
+            spec.name, loaded.storage, stop, spec.max_failures,
             (callbacks if show_progress else []) + logger_callbacks(spec.logging, spec.name, loaded.experiment_path, loaded.source), verbose=0,
         ),
         resources={"cpu": spec.resources.cpu, "gpu": spec.resources.gpu},
