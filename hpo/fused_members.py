@@ -115,7 +115,7 @@ class MemberBook:
                 status = folder / STATUS_FILE
                 if status.exists():
                     member.ended = json.loads(status.read_text())["status"]
-                    member.status = MemberTrial.TERMINATED
+                    member.status = MemberTrial.ERROR if member.ended == "error" else MemberTrial.TERMINATED
                     self._ended.append(member)
                 elif not (folder / "params.json").exists():
                     text = json.dumps(member.config, default=str)

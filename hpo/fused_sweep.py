@@ -221,8 +221,8 @@ def member_callbacks(book: MemberBook, callbacks: list[Any]) -> list[Any]:
             members = self._members() if ended else []
             for member in ended:
                 for callback in callbacks:
-                    if isinstance(callback, LoggerCallback) and member.trial_id not in self.started:
-                        continue  # ended in an earlier run of a resumed sweep: no run to close here
+                    if isinstance(callback, (LoggerCallback, ProgressCallback)) and member.trial_id not in self.started:
+                        continue  # ended in an earlier run of a resumed sweep: no run to close, no line to print
                     if member.ended == "error":
                         callback.on_trial_error(iteration, members, member)
                     else:

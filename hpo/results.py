@@ -20,7 +20,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,9 @@ TUNE_METADATA = frozenset({
 })
 #: Row statuses that are final outcomes a best configuration may come from.
 FINISHED = ("completed", "early_stopped")
+#: How a trial's reported values make the one it is ranked by, as `ResultGrid.get_best_result`'s
+#: `scope`: the last, the mean, the mean of the last 5 or 10, or the best of all.
+SCOPES = ("last", "avg", "last-5-avg", "last-10-avg", "all")
 
 
 @dataclass
@@ -110,13 +113,41 @@ def rows_frame(rows: Sequence[Mapping[str, Any]], metric: str, mode: str) -> pd.
     return frame.reset_index(drop=True)
 
 
-def best_record(records: Sequence[TrialRecord], metric: str, mode: str, max_iterations: int | None) -> TrialRecord | None:
-    """The best finished trial by its last reported `metric`; errored, diverged, running and
-    metric-less trials never qualify."""
+def scoped_value(values: Sequence[Any], scope: str, mode: str) -> float | None:
+    """One trial's measure from its reported values, in order, by `scope` (see `SCOPES`); the
+    values that are not finite numbers are left out; None when none is."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    finite = [float(v) for v in values if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)]
+    if not finite:
+        return None
+    if scope == "last":
+        return finite[-1]
+    if scope == "all":
+        return min(finite) if mode == "min" else max(finite)
+    window = {"avg": len(finite), "last-5-avg": 5, "last-10-avg": 10}[scope]
+    return sum(finite[-window:]) / len(finite[-window:])
+
+
+def history_of(record: TrialRecord, metric: str) -> list[Any]:
+    """Every value of `metric` the trial reported (its last alone when no history is at hand)."""
+    frame = getattr(record.history, "metrics_dataframe", None)
+    if frame is not None and metric in frame:
+        return list(frame[metric])
+    return [record.metrics.get(metric)]
+
+
+def best_record(
+    records: Sequence[TrialRecord], metric: str, mode: str, max_iterations: int | None, scope: str = "last"
+) -> TrialRecord | None:
+    """The best finished trial by `metric` (by default its last reported value; see `SCOPES`);
+    errored, diverged, running and metric-less trials never qualify."""
     candidates = []
     for record in records:
-        value = record.metrics.get(metric)
-        if status_of(record, max_iterations) in FINISHED and isinstance(value, (int, float)) and math.isfinite(value):
+        if status_of(record, max_iterations) not in FINISHED:
+            continue
+        value = scoped_value(history_of(record, metric) if scope != "last" else [record.metrics.get(metric)], scope, mode)
+        if value is not None:
             candidates.append((value, record))
     if not candidates:
         return None
@@ -401,10 +432,11 @@ class SweepResult:
     def num_terminated(self) -> int:
         return sum(1 for record in self.records if not record.error and not record.running)
 
-    def get_best_result(self, metric: str | None = None, mode: str | None = None) -> Any:
-        """The `ray.tune.Result` of the best finished trial by its last reported metric (errored
-        and unfinished trials never count); RuntimeError when no trial qualifies."""
-        best = best_record(self.records, metric or self.metric, mode or self.mode, self.max_iterations)
+    def get_best_result(self, metric: str | None = None, mode: str | None = None, scope: str = "last") -> Any:
+        """The `ray.tune.Result` of the best finished trial, as `ResultGrid.get_best_result`: by its
+        last reported metric, or by `scope` ('avg', 'last-5-avg', 'last-10-avg', or 'all': its best
+        value). Errored and unfinished trials never count; RuntimeError when no trial qualifies."""
+        best = best_record(self.records, metric or self.metric, mode or self.mode, self.max_iterations, scope)
         if best is None:
             raise RuntimeError(f"no finished trial reported {metric or self.metric!r}")
         return best.history
@@ -426,9 +458,21 @@ class SweepResult:
     def error_records(self) -> list[TrialRecord]:
         return [record for record in self.records if record.error]
 
-    def get_dataframe(self) -> pd.DataFrame:
-        """One row per configuration (see `record_row`), best first."""
-        rows = [record_row(record, self.metric, self.max_iterations) for record in self.records]
+    def get_dataframe(self, filter_metric: str | None = None, filter_mode: str | None = None) -> pd.DataFrame:
+        """One row per configuration (see `record_row`), best first: each trial's last result, or,
+        as `ResultGrid.get_dataframe` does with `filter_metric` and `filter_mode` ('min' or 'max'),
+        the result in which `filter_metric` was best."""
+        if (filter_metric is None) != (filter_mode is None):
+            raise ValueError("give both filter_metric and filter_mode, or neither")
+        if filter_mode not in (None, "min", "max"):
+            raise ValueError(f"filter_mode must be 'min' or 'max', got {filter_mode!r}")
+        rows = []
+        for record in self.records:
+            row = record_row(record, self.metric, self.max_iterations)
+            if filter_metric is not None:  # that result's values; the trial's outcome stays its own
+                best = replace(record, metrics=_best_reported(record, filter_metric, filter_mode))
+                row = {**record_row(best, self.metric, self.max_iterations), "status": row["status"]}
+            rows.append(row)
         return rows_frame(rows, self.metric, self.mode)
 
     def write(self, directory: str | Path | None = None) -> dict[str, Path]:
@@ -480,6 +524,16 @@ class SweepResult:
 
     def summary_table(self, max_rows: int = 40) -> str:
         return summary_table(self.get_dataframe(), self.metric, max_rows)
+
+
+def _best_reported(record: TrialRecord, metric: str, mode: str) -> Mapping[str, Any]:
+    """The trial's result in which `metric` was best (its last result when it never reported it)."""
+    frame = getattr(record.history, "metrics_dataframe", None)
+    values = pd.to_numeric(frame[metric], errors="coerce") if frame is not None and metric in frame else None
+    if values is None or values.isna().all():
+        return record.metrics
+    best = values.min() if mode == "min" else values.max()
+    return {**record.metrics, **frame[values == best].iloc[0].to_dict()}
 
 
 def summary_table(frame: pd.DataFrame, metric: str, max_rows: int = 40) -> str:

@@ -108,7 +108,7 @@ def build_scheduler(spec: SweepSpec) -> TrialScheduler:
 def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
     """The Tuner a loaded sweep file describes (what `hpo run FILE` fits)."""
     spec = loaded.spec
-    callbacks = [ProgressCallback(spec.metric.name, spec.metric.mode, spec.num_samples if spec.method != "grid" else None)]
+    callbacks = [ProgressCallback(spec.metric.name, spec.metric.mode, spec.trial_count)]
     stop = {"training_iteration": spec.max_iterations, **(spec.stop or {})}
     return Tuner(
         loaded.trainable,
