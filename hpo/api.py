@@ -41,6 +41,7 @@ from hpo.base.ray_runtime import ensure_ray
 from hpo.results import SweepResult, ended, results_file_callback
 from hpo.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
 from hpo.trainables import is_workload, resolve_trainable
+from hpo.trial_errors import TrialErrorCallback
 from hpo.trial_output import with_trial_output
 
 if TYPE_CHECKING:
@@ -226,6 +227,8 @@ class Tuner:
         callbacks = list(self.run_config.callbacks or [])
         if metric and not any(isinstance(cb, ControllerCallback) for cb in callbacks):
             callbacks.append(ControllerCallback(self.name, metric, self.mode))
+        if not any(isinstance(cb, TrialErrorCallback) for cb in callbacks):
+            callbacks.append(TrialErrorCallback(verbose=0))  # a failure repeated before any result is not retried
         stop = self.run_config.stop
         if is_workload(self.trainable) and stop is None:
             stop = {"training_iteration": self.max_iterations}

@@ -56,6 +56,9 @@ class TrialRecord:
     checkpoint: str = ""
     running: bool = False
     history: Any = field(default=None, repr=False)
+    #: How the trial ended, when that was decided as it ended (a fused member's `status.json`, a
+    #: row of an earlier results.csv); otherwise `status_of` tells it from the record.
+    status: str = ""
 
 
 def error_line(error: BaseException | str | None) -> str:
@@ -66,13 +69,27 @@ def error_line(error: BaseException | str | None) -> str:
     return lines[-1] if lines else type(error).__name__
 
 
+#: A row's error when its trial ended without a single result (`status_of`).
+NO_RESULT = "ended without a single result"
+
+
 def status_of(record: TrialRecord, max_iterations: int | None) -> str:
+    """How a trial ended, by one rule whoever asks (the live sweep, its end, `hpo results --rebuild`):
+    `error` if it failed, or ended without a single result (nothing to rank it by: Tune stopped the
+    sweep at a result without its metric, or the function returned before reporting); `diverged`;
+    `running` if it had not ended; the verdict recorded when it ended, if one was (`status`);
+    `early_stopped` if it reported fewer than `max_iterations` (given when a scheduler, stopper or
+    time budget could stop it); else `completed`."""
     if record.error:
         return "error"
     if record.metrics.get("diverged"):
         return "diverged"
     if record.running:
         return "running"
+    if record.status:
+        return record.status
+    if not record.metrics.get("training_iteration"):
+        return "error"
     if max_iterations is not None and record.metrics.get("training_iteration", 0) < max_iterations:
         return "early_stopped"
     return "completed"
@@ -92,7 +109,7 @@ def record_row(record: TrialRecord, metric: str, max_iterations: int | None) -> 
         if key not in TUNE_METADATA and key != metric and key not in row and not isinstance(item, (dict, list)):
             row[key] = item
     row["checkpoint"] = record.checkpoint
-    row["error"] = record.error
+    row["error"] = record.error or (NO_RESULT if row["status"] == "error" else "")
     row["error_file"] = record.error_file
     return row
 
@@ -196,7 +213,7 @@ def write_run_files(
         "mode": mode,
         "max_iterations": max_iterations,
         "trials": len(records),
-        "errored": sum(1 for r in records if r.error),
+        "errored": int((frame["status"] == "error").sum()) if len(frame) else 0,
         "best": None if best is None else {
             "trial_id": best.trial_id, "config": dict(best.config), "value": best.metrics.get(metric),
             "checkpoint": best.checkpoint,
@@ -259,13 +276,16 @@ def record_from_trial(trial: Any, status: str | None = None) -> TrialRecord:
     )
 
 
-def records_from_trial_dirs(experiment: Path) -> list[TrialRecord]:
+def records_from_trial_dirs(experiment: Path, verdicts: Mapping[str, str] | None = None) -> list[TrialRecord]:
     """Every trial of a run read back from its own folder (`params.json`, `result.json`,
     `error.txt`, `checkpoint_*`), which Tune writes as the run goes: the way to rebuild the
     results of a run whose experiment state is damaged. A fused sweep's configurations are the
-    member folders under `members/`, written the same way (its Tune trials are the groups)."""
+    member folders under `members/`, written the same way (its Tune trials are the groups), each
+    with the verdict its scheduler gave when it ended (`status.json`); `verdicts` (trial id ->
+    status, from an earlier results.csv) keeps those of a run's Tune trials."""
     if (experiment / MEMBERS_DIR).is_dir():
         experiment = experiment / MEMBERS_DIR
+    verdicts = verdicts or {}
     records = []
     for params in sorted(experiment.glob("*/params.json")):
         folder = params.parent
@@ -283,15 +303,39 @@ def records_from_trial_dirs(experiment: Path) -> list[TrialRecord]:
                     break  # a torn last line: keep the last whole result
         error_file = folder / "error.txt"
         checkpoints = sorted(folder.glob("checkpoint_*"))
+        trial_id = str(metrics.get("trial_id", folder.name))
         records.append(TrialRecord(
-            trial_id=str(metrics.get("trial_id", folder.name)),
+            trial_id=trial_id,
             config=config,
             metrics=metrics,
             error=error_line(error_file.read_text(errors="replace")) if error_file.exists() else "",
             error_file=str(error_file) if error_file.exists() else "",
             checkpoint=str(checkpoints[-1]) if checkpoints else "",
+            status=_verdict(folder) or verdicts.get(trial_id, ""),
         ))
     return records
+
+
+#: A fused member's verdict, written when its scheduler ended it (`hpo.fused_members.MemberBook.end`).
+STATUS_FILE = "status.json"
+
+
+def _verdict(folder: Path) -> str:
+    try:
+        return str(json.loads((folder / STATUS_FILE).read_text())["status"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def saved_configs(experiment: Path) -> dict[str, dict[str, Any]]:
+    """Each trial's config in Tune's newest saved run state (empty if there is none or it is damaged)."""
+    states = sorted(experiment.glob("experiment_state-*.json"))
+    try:
+        entries = json.loads(states[-1].read_text())["trial_data"] if states else []
+        trials = [json.loads(entry[0] if isinstance(entry, list) else entry) for entry in entries]
+        return {str(trial["trial_id"]): dict(trial.get("config") or {}) for trial in trials}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 # -- the live file ---------------------------------------------------------------------------------
@@ -382,7 +426,8 @@ class SweepResult:
     """
 
     def __init__(
-        self, result_grid: Any, metric: str, mode: str, max_iterations: int | None = None, results: Sequence[Any] | None = None
+        self, result_grid: Any, metric: str, mode: str, max_iterations: int | None = None,
+        results: Sequence[Any] | None = None, records: Sequence[TrialRecord] | None = None,
     ):
         self.result_grid = result_grid
         self.results = list(result_grid if results is None else results)
@@ -395,7 +440,17 @@ class SweepResult:
         self.paths: dict[str, Path] = {}  # the files `write` wrote
         #: With muP scaling: the folder of the trained target (`hpo.scaled_sweep.finish`), if trained.
         self.target_checkpoint: str | None = None
-        self.records = [record_from_result(result) for result in self.results]
+        if records is None:
+            self.records = [record_from_result(result) for result in self.results]
+        else:  # rows read where the trials keep them (a fused sweep's member folders), one per result
+            self.records = list(records)
+            for record, result in zip(self.records, self.results):
+                record.history = result
+        if result_grid is not None and any(not record.config for record in self.records):
+            # Tune's result of a trial that never reported holds no config; its saved state does.
+            configs = saved_configs(Path(self.experiment_path))
+            for record in self.records:
+                record.config = record.config or configs.get(record.trial_id, {})
         #: Stopped (Ctrl-C, SIGUSR1) before every Tune trial ended; `--resume` goes on (`stopped_early`).
         self.interrupted = False
 
@@ -480,10 +535,20 @@ class SweepResult:
         `directory`)."""
         directory = Path(directory or self.experiment_path)
         write_run_files(directory, self.records, self.metric, self.mode, self.max_iterations)
-        plot_path = directory / PLOT_FILE
-        write_atomically(plot_path, self.plot)
-        self.paths = {"results": directory / RESULTS_FILE, "summary": directory / SUMMARY_FILE, "plot": plot_path}
+        self.paths = {"results": directory / RESULTS_FILE, "summary": directory / SUMMARY_FILE, "plot": None}
+        if self._histories():  # a run where no trial reported the metric has nothing to plot
+            self.paths["plot"] = directory / PLOT_FILE
+            write_atomically(self.paths["plot"], self.plot)
         return self.paths
+
+    def _histories(self) -> list[tuple[Any, Any]]:
+        """Each trial's (result, history) that reported the metric at least once."""
+        found = []
+        for result in self.results:
+            history = result.metrics_dataframe
+            if history is not None and self.metric in history and history[self.metric].notna().any():
+                found.append((result, history))
+        return found
 
     def plot(self, path: str | Path) -> None:
         """Every trial's metric against training iteration; the best trial highlighted. The axis
@@ -500,10 +565,7 @@ class SweepResult:
             best_path = None
         figure, axes = plt.subplots(figsize=(8, 5))
         values: list[float] = []
-        for result in self.results:
-            history = result.metrics_dataframe
-            if history is None or self.metric not in history:
-                continue
+        for result, history in self._histories():
             values += [v for v in history[self.metric] if isinstance(v, (int, float)) and math.isfinite(v)]
             if result.path == best_path:
                 continue

@@ -362,7 +362,8 @@ def _number(value: float | None) -> str:
 def describe_searcher(spec: SweepSpec) -> str:
     """What `hpo.sweep.build_searcher` builds, in words."""
     if spec.searcher_kind == "tpe":
-        limit = f", at most {spec.max_concurrent_trials} at once" if spec.max_concurrent_trials else ""
+        fused = spec.fusion is not None and spec.fusion.enabled
+        limit = f", at most {spec.max_concurrent_trials} at once" if spec.max_concurrent_trials and not fused else ""
         return f"OptunaSearch (TPE, {spec.tpe_startup_trials} random start-up trials{limit})"
     return f"BasicVariantGenerator ({spec.searcher_kind})"
 
