@@ -165,7 +165,8 @@ class Tuner:
         self.run_path: Path | None = None
         fusion = fusion if fusion is None or fusion.enabled else None
         if (scaling is not None or fusion is not None) and not is_workload(self.trainable):
-            raise TypeError("scaling and fusion need a Workload trainable (model factory, data and loss kept apart)")
+            raise TypeError("scaling and fusion need a Workload trainable (model factory, data and loss kept apart): "
+                            "docs/workload_guide.md shows how, from a Tune function")
         if fusion is not None and isinstance(self.tune_config.scheduler, PopulationBasedTraining):
             raise ValueError("fusion does not support PopulationBasedTraining: its exploit step copies one trial's "
                              "state into another, across fused groups; use ASHA or HyperBand, or turn fusion off")

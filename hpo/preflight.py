@@ -94,7 +94,8 @@ def check_function(loaded: LoadedSweep) -> list[ConfigIssue]:
             issues.append(loaded.issue(block, (
                 f"{block} needs a Workload trainable (model factory, data and loss kept apart), but "
                 f"{loaded.spec.trainable!r} is a function; remove the {block} block or wrap the model in an "
-                "hpo.Workload (build_model, train_batches, eval_batches: see hpo/base/workload.py)"
+                "hpo.Workload: docs/workload_guide.md shows how, from a Tune function (hpo.DatasetWorkload takes your model, "
+                "Dataset and loss)"
             )))
     return issues
 

@@ -435,6 +435,9 @@ class SweepResult:
         self.mode = mode
         self.max_iterations = max_iterations
         self.extras: dict[str, Any] = {}  # engine reports (e.g. muP transfer) attach here
+        #: Runs that are not trials, drawn beside them in the plot: label -> (iterations, values)
+        #: (a muP sweep's target, trained with the transferred config).
+        self.curves: dict[str, tuple[list[int], list[float]]] = {}
         self.controller: Any = None  # the sweep's `hpo:sweep:<name>` actor handle, when one ran
         self.actors: list[Any] = []  # every actor the sweep owns (controller, fusion broker)
         self.paths: dict[str, Path] = {}  # the files `write` wrote
@@ -536,7 +539,7 @@ class SweepResult:
         directory = Path(directory or self.experiment_path)
         write_run_files(directory, self.records, self.metric, self.mode, self.max_iterations)
         self.paths = {"results": directory / RESULTS_FILE, "summary": directory / SUMMARY_FILE, "plot": None}
-        if self._histories():  # a run where no trial reported the metric has nothing to plot
+        if self._histories() or self.curves:  # a run where nothing reported the metric has nothing to plot
             self.paths["plot"] = directory / PLOT_FILE
             write_atomically(self.paths["plot"], self.plot)
         return self.paths
@@ -551,9 +554,17 @@ class SweepResult:
         return found
 
     def plot(self, path: str | Path) -> None:
-        """Every trial's metric against training iteration; the best trial highlighted. The axis
-        is logarithmic when positive values span more than two decades, so one diverging trial
-        does not flatten the others."""
+        """Write `figure` as a PNG."""
+        import matplotlib.pyplot as plt
+
+        figure = self.figure()
+        figure.savefig(path, dpi=100, format="png")
+        plt.close(figure)
+
+    def figure(self) -> Any:
+        """Every trial's metric against training iteration, the best trial highlighted, and the
+        `curves` (a muP sweep's target) beside them. The axis is logarithmic when positive values
+        span more than two decades, so one diverging trial does not flatten the others."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -573,6 +584,10 @@ class SweepResult:
         if best_path is not None:
             history = self.best_result.metrics_dataframe
             axes.plot(history["training_iteration"], history[self.metric], color="tab:red", linewidth=2.5, label="best trial")
+        for label, (iterations, curve) in self.curves.items():
+            values += [v for v in curve if math.isfinite(v)]
+            axes.plot(iterations, curve, color="tab:blue", linewidth=2.5, linestyle="--", label=label)
+        if best_path is not None or self.curves:
             axes.legend()
         if values and min(values) > 0 and max(values) / min(values) > 100:
             axes.set_yscale("log")
@@ -581,8 +596,7 @@ class SweepResult:
         axes.set_title(f"{Path(self.experiment_path).name}: {len(self.results)} trials")
         axes.grid(alpha=0.3)
         figure.tight_layout()
-        figure.savefig(path, dpi=100, format="png")
-        plt.close(figure)
+        return figure
 
     def summary_table(self, max_rows: int = 40) -> str:
         return summary_table(self.get_dataframe(), self.metric, max_rows)
