@@ -99,7 +99,7 @@ def report(result: Any, resume: str, out: TextIO | None = None, err: TextIO | No
     paths = result.paths
     print(f"results: {paths['results']}", file=out)
     plot = paths.get("plot")
-    run = Path(result.experiment_path)
+    run = Path(paths["results"]).parent
     if plot is None:
         print(f"plot:    none: no trial reported {result.metric!r}", file=out)
     elif any(run.rglob("events.out.tfevents.*")):  # Tune's TensorBoard logger wrote the curves too

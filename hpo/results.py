@@ -593,7 +593,8 @@ class SweepResult:
             axes.set_yscale("log")
         axes.set_xlabel("training iteration")
         axes.set_ylabel(self.metric)
-        axes.set_title(f"{Path(self.experiment_path).name}: {len(self.results)} trials")
+        run = Path(self.paths["results"]).parent if self.paths else Path(self.experiment_path)
+        axes.set_title(f"{run.name}: {len(self.results)} trials")
         axes.grid(alpha=0.3)
         figure.tight_layout()
         return figure

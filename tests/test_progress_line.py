@@ -172,3 +172,24 @@ def test_verbose_levels_follow_tune(tmp_path):
     assert printed[0] == printed[1] == []
     assert printed[2] == ["[  1/1] trial t0 finished after 2 it: loss=0.4 (best 0.4)"]
     assert printed[3] == ["      trial t0 it 1: loss=0.5", *printed[2]]
+
+
+def one_report(config):
+    tune.report({"loss": float(config["x"])})
+
+
+@pytest.mark.slow
+def test_hpo_run_prints_what_hpo_run_prints_in_at_most_25_lines_for_a_10_trial_grid(ray_local, tmp_path, capsys):
+    """Issue 34, item 3: 359 lines of Tune's tables and warnings were printed for 10 trials."""
+    result = hpo.run(one_report, config={"x": tune.grid_search(list(range(10)))}, metric="loss", mode="min",
+                     storage_path=str(tmp_path), name="grid10")
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert len(lines) <= 25, out
+    printed_ids = re.findall(r"^\[\s*\d+/10\] trial (\w+) finished after 1 it: loss=", out, re.M)
+    assert sorted(printed_ids) == sorted(result.get_dataframe()["trial_id"]), "one trial id, in the lines and the rows"
+    assert 'Best configuration (loss = 0): {"x": 0}' in lines and f"results: {tmp_path / 'grid10' / 'results.csv'}" in lines
+    for noise in ("Trial status", "╭", "snapshotting", "driver_artifacts", "RAY_AUTH_MODE=disabled"):
+        assert noise not in out + err, noise
+    for actor in result.actors:  # the module's shared Ray is checked for leftovers
+        ray_local.kill(actor)
