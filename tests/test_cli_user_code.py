@@ -66,7 +66,9 @@ def run_from_root(tmp_path_factory):
         seed: 0
         storage_path: {storage}
         """))
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    # A newcomer's shell: no RAY_ADDRESS, and no RAY_AUTH_MODE (Ray then turns token authentication
+    # on for the new local Ray itself, and says so).
+    env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     env["PYTHONPATH"] = str(REPO)  # this checkout, for the driver and for Ray's workers
     proc = subprocess.run(
         [sys.executable, "-m", "hpo.cli", "run", str(sweep)],
