@@ -42,7 +42,8 @@ def quiet_tune() -> Callable[[], None]:
     levels = {name: logging.getLogger(name).level for name in _LOGGERS}
     for name in _LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
-    filtered = [logging.getLogger("ray.tune.execution.tune_controller"), logging.getLogger("ray.tune.tune")]
+    loggers = [logging.getLogger("ray.tune.execution.tune_controller"), logging.getLogger("ray.tune.tune")]
+    filtered = [logger for logger in loggers if _said_elsewhere not in logger.filters]  # not an outer quiet's
     for logger in filtered:
         logger.addFilter(_said_elsewhere)
     caught = warnings.catch_warnings()
