@@ -70,7 +70,7 @@ def test_yaml_reads_scientific_notation_as_numbers_not_strings():
 
 FUNCTION_SWEEP = """\
 name: t
-trainable: tuned:train
+trainable: space_trainable:train
 metric: {{name: loss, goal: minimize}}
 parameters:
   lr: {lr}
@@ -79,7 +79,7 @@ parameters:
 
 def sweep_file(tmp_path, lr: str, trainable: bool = True):
     if trainable:
-        (tmp_path / "tuned.py").write_text("def train(config):\n    pass\ntrain.reported_metrics = ('loss',)\n")
+        (tmp_path / "space_trainable.py").write_text("def train(config):\n    pass\ntrain.reported_metrics = ('loss',)\n")
     path = tmp_path / "sweep.yaml"
     path.write_text(FUNCTION_SWEEP.format(lr=lr))
     return path

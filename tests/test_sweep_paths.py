@@ -12,7 +12,7 @@ from hpo.sweep_file import load_sweep
 
 SWEEP = """\
 name: cnn
-trainable: tuned:train
+trainable: paths_trainable:train
 method: grid
 metric: {name: loss, goal: minimize}
 parameters:
@@ -26,7 +26,7 @@ def sweep(tmp_path, monkeypatch):
     """A sweep file in `sweeps/`, its trainable beside it, and the current folder somewhere else."""
     folder = tmp_path / "sweeps"
     folder.mkdir()
-    (folder / "tuned.py").write_text("def train(config):\n    pass\ntrain.reported_metrics = ('loss',)\n")
+    (folder / "paths_trainable.py").write_text("def train(config):\n    pass\ntrain.reported_metrics = ('loss',)\n")
     path = folder / "cnn.yaml"
     path.write_text(SWEEP)
     elsewhere = tmp_path / "elsewhere"
