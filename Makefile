@@ -1,20 +1,27 @@
 # The two commands a newcomer runs: `make run` and `make test` (`make test-fast` while editing).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
+RUN_STAMP := $(VENV)/.quickstart-stamp
 STAMP := $(VENV)/.installed-stamp
-
 BUBBLES_STAMP := $(VENV)/.bubbles-stamp
 
 .PHONY: setup setup-bubbles lock run test test-fast test-slow clean
 
 setup: $(STAMP)
 
-# One reproducible install of every extra: constraints.txt is the lock (the whole resolved set,
-# torch pinned to the CPU build so mup's torchvision requirement cannot drag in a multi-GB CUDA
-# torch); DS_BUILD_OPS=0 builds DeepSpeed without CUDA (its small CPU ops are JIT-built on first use).
-$(STAMP): pyproject.toml constraints.txt
+# What `make run` needs: hydro-hpo with the example data and the plots, from the lock
+# constraints.txt (the whole resolved set, torch pinned to the CPU build so mup's torchvision
+# requirement cannot drag in a multi-GB CUDA torch). Not DeepSpeed (built from source), muP, the
+# loggers or the test tools, which the quickstart never loads: `make setup` adds them.
+$(RUN_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -c constraints.txt -e '.[examples,plots]'
+	touch $(RUN_STAMP)
+
+# One reproducible install of every extra, from the same lock; DS_BUILD_OPS=0 builds DeepSpeed
+# without CUDA (its small CPU ops are JIT-built on first use).
+$(STAMP): $(RUN_STAMP)
 	DS_BUILD_OPS=0 $(VENV)/bin/python -m pip install -q -c constraints.txt -e '.[all,test]'
 	touch $(STAMP)
 
@@ -35,7 +42,7 @@ $(BUBBLES_STAMP): $(STAMP)
 lock:
 	$(PYTHON) tools/lock_constraints.py
 
-run: setup
+run: $(RUN_STAMP)
 	$(VENV)/bin/hpo run configs/quickstart.yaml
 
 # Everything, as CI runs it: the fast tier and the slow multi-process / multi-node tier.

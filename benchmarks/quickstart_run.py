@@ -6,8 +6,9 @@ and, with `--fresh`, the whole `make run` on a fresh machine, install included (
     python benchmarks/quickstart_run.py --fresh [--no-pip-cache] [--json PATH]
 
 `--fresh` clones this checkout's committed HEAD into a temporary folder (no venv, no build), then
-runs `make setup` (the install: a venv and every pinned package) and `make run` there, as a
-newcomer's `make run` does in one go, with the interpreter the Makefile finds outside any venv.
+runs `make run`'s two steps there apart, with the interpreter the Makefile finds outside any venv:
+its install (`make .venv/.quickstart-stamp`: a venv and the pinned packages the quickstart needs)
+and then `make run`, which finds it done and runs the sweep.
 The JSON records the install, the sweep (and Ray's start) as `hpo run` reports them, the `hpo run`
 process and the total, the commit, the machine and its load. pip's download cache is used unless
 `--no-pip-cache` (a machine that never downloaded the wheels); which one is recorded too.
@@ -81,6 +82,8 @@ def print_table(label: str, runs: list[dict], medians: dict[str, float]) -> None
 
 #: What a newcomer's `make run` may take on a quiet 2-core box, install included.
 FRESH_BUDGET_S = 180
+#: The Makefile's target for `make run`'s install step.
+INSTALL_STEP = ".venv/.quickstart-stamp"
 
 
 def outside_any_venv() -> dict[str, str]:
@@ -99,14 +102,14 @@ def timed(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, su
 
 
 def fresh_run(pip_cache: bool) -> dict:
-    """`make setup`, then `make run`, in a fresh clone of this checkout's HEAD (see the docstring)."""
+    """`make run`'s install step, then `make run`, in a fresh clone of this checkout's HEAD (see the docstring)."""
     env = outside_any_venv()
     if not pip_cache:
         env["PIP_NO_CACHE_DIR"] = "1"
     with tempfile.TemporaryDirectory(prefix="hpo-fresh-") as workdir:
         checkout = Path(workdir) / "checkout"
         subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(checkout)], check=True)
-        install_s, setup = timed(["make", "setup"], checkout, env)
+        install_s, setup = timed(["make", INSTALL_STEP], checkout, env)
         run_s, run = timed(["make", "run"], checkout, env) if setup.returncode == 0 else (None, setup)
     timing, best = TIME_LINE.search(run.stdout), BEST_LINE.search(run.stdout)
     failed = setup if setup.returncode else run
@@ -129,7 +132,7 @@ def main_fresh(args: argparse.Namespace) -> None:
     report = {
         "machine": f"{os.cpu_count()} CPUs, shared with other jobs",
         "commit": commit,
-        "command": "git clone <checkout>; make setup; make run (timed apart; make run = both)",
+        "command": f"git clone <checkout>; make {INSTALL_STEP}; make run (timed apart; make run = both)",
         "pip_download_cache": "off" if args.no_pip_cache else "on",
         "load_average_before": load_before,
         **run,
@@ -155,7 +158,7 @@ def main() -> None:
                         "with --fresh quickstart_fresh_cpu.json)")
     parser.add_argument("--versus", metavar="NAME=VALUE", help="also run each repeat under this environment variable")
     parser.add_argument("--fresh", action="store_true",
-                        help="time make setup and make run in a fresh clone, install included (see above)")
+                        help="time make run in a fresh clone, install included (see above)")
     parser.add_argument("--no-pip-cache", action="store_true", help="with --fresh: download every package again")
     args = parser.parse_args()
     default = "quickstart_fresh_cpu.json" if args.fresh else "quickstart_run_cpu.json"
