@@ -84,20 +84,26 @@ def always_fails_for_zero(config):
     tune.report({"score": float(config["x"])})
 
 
-def test_a_sweep_with_an_errored_trial_exits_non_zero_and_its_best_is_a_finished_trial(tmp_path, capsys):
-    sweep = tmp_path / "errors.yaml"
+def run_grid_over_x(tmp_path, name: str, trainable: str, goal: str, max_failures: int, extra: str = "") -> int:
+    """`hpo run` of a one-iteration grid over x in 0, 1, 2 (plus `extra` parameters)."""
+    sweep = tmp_path / f"{name}.yaml"
     sweep.write_text(textwrap.dedent(f"""
-        name: errors
-        trainable: test_sweep_faults:always_fails_for_zero
+        name: {name}
+        trainable: test_sweep_faults:{trainable}
         method: grid
-        metric: {{name: score, goal: minimize}}
+        metric: {{name: score, goal: {goal}}}
         parameters:
           x: {{values: [0, 1, 2]}}
-        max_failures: 0
+          {extra}
+        max_failures: {max_failures}
         max_iterations: 1
         storage_path: {tmp_path / "runs"}
     """))
-    status = main(["run", str(sweep)])
+    return main(["run", str(sweep)])
+
+
+def test_a_sweep_with_an_errored_trial_exits_non_zero_and_its_best_is_a_finished_trial(tmp_path, capsys):
+    status = run_grid_over_x(tmp_path, "errors", "always_fails_for_zero", "minimize", max_failures=0)
     out, err = capsys.readouterr()
     assert status == EXIT_TRIALS_ERRORED
     assert "1 of 3 trials errored" in err and "x must not be zero" in err and "error.txt" in err
@@ -121,20 +127,8 @@ def fails_before_reporting(config):
 
 def test_a_failure_repeated_before_the_first_report_is_not_retried_and_the_console_shows_the_users_frames(
         tmp_path, capsys):
-    sweep = tmp_path / "typo.yaml"
-    sweep.write_text(textwrap.dedent(f"""
-        name: typo
-        trainable: test_sweep_faults:fails_before_reporting
-        method: grid
-        metric: {{name: score, goal: maximize}}
-        parameters:
-          x: {{values: [0, 1, 2]}}
-          markers: {{value: "{tmp_path}"}}
-        max_failures: 3
-        max_iterations: 1
-        storage_path: {tmp_path / "runs"}
-    """))
-    status = main(["run", str(sweep)])
+    status = run_grid_over_x(tmp_path, "typo", "fails_before_reporting", "maximize", max_failures=3,
+                             extra=f'markers: {{value: "{tmp_path}"}}')
     out, err = capsys.readouterr()
     assert status == EXIT_TRIALS_ERRORED
     rows = pd.read_csv(tmp_path / "runs" / "typo" / "results.csv").set_index("config/x")
