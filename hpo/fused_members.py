@@ -201,10 +201,14 @@ class MemberBook:
 
     def result(self, grid: Any, metric: str, mode: str, iterations: int | None, groups: Iterable[str] | None = None) -> SweepResult:
         """The sweep's result over every member of `groups`: each a `ray.tune.Result` (see
-        `member_result`) with its row as its folders hold it, the verdict its scheduler gave included."""
+        `member_result`) with its row as its folders hold it, the verdict its scheduler gave included.
+        The group list is read from the same folders: a resumed sweep's groups were formed by the
+        scheduler Tune restored with its state, never added to this book."""
         records = self.records(groups)
         results = [member_result(record, self.folder / record.trial_id) for record in records]
-        return SweepResult(grid, metric, mode, iterations, results=results, records=records)
+        result = SweepResult(grid, metric, mode, iterations, results=results, records=records)
+        result.extras["fused_groups"] = FusedGroups.of(record.trial_id for record in records)
+        return result
 
 
 def _last_result(folder: Path) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from ray.tune.logger import LoggerCallback, TBXLoggerCallback
 
 from fusion.broker import start_broker
 from hpo.controller import ControllerCallback
-from hpo.fused_members import GROUP_DIR_PREFIX, FusedGroups, MemberBook, MemberTrial
+from hpo.fused_members import GROUP_DIR_PREFIX, MemberBook, MemberTrial
 from hpo.fused_scheduler import GroupScheduler
 from hpo.base.actor_names import NAMESPACE, broker_name
 from hpo.member_trial import MEMBER_TRIAL_RESOURCES, FusionCallback, fused_member_trainable
@@ -376,11 +376,7 @@ class FusedEngine:
     def result(self, grid: Any, metric: str, mode: str, iterations: int | None) -> SweepResult:
         """The members of the groups Tune ran (restored ones included), one result each."""
         groups = {Path(r.path).name.removeprefix(GROUP_DIR_PREFIX) for r in grid}
-        result = self.sweep.book.result(grid, metric, mode, iterations, groups)
-        # From the members' folders: a resumed sweep's groups were formed by the scheduler Tune
-        # restored with its state, whose book is not this engine's.
-        result.extras["fused_groups"] = FusedGroups.of(record.trial_id for record in result.records)
-        return result
+        return self.sweep.book.result(grid, metric, mode, iterations, groups)
 
 
 class BubbleEngine:

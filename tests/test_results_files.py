@@ -175,3 +175,16 @@ def test_a_fused_members_rows_take_the_verdict_its_scheduler_wrote_and_always_ha
     assert frame.loc[stopped.trial_id, "status"] == "early_stopped"
     assert frame.loc[unstarted.trial_id, "config/lr"] == 0.2, "a member stopped before it reported keeps its config"
     assert frame.loc[unstarted.trial_id, "status"] == "running"
+
+
+def test_a_resumed_fused_sweeps_group_list_is_read_from_its_members_folders(tmp_path):
+    from hpo.fused_members import MemberBook
+
+    earlier = MemberBook(tmp_path, "train")
+    for group in ("g1", "g2"):
+        for member in earlier.add_group(group, [{"lr": 0.1}, {"lr": 0.2}]):
+            earlier.record_result(member, {"loss": 0.4, "training_iteration": 1})
+            earlier.end(member, "completed")
+    resumed = MemberBook(tmp_path, "train")  # after a resume, Tune's restored scheduler holds the groups
+    groups = resumed.result(None, "loss", "min", 1, {"g1", "g2"}).extras["fused_groups"]
+    assert str(groups) == "2 of 2 members each", "a resumed fused sweep printed fused_groups: [] for two groups"
