@@ -41,6 +41,7 @@ from hpo.base.ray_runtime import ensure_ray
 from hpo.results import SweepResult, ended, results_file_callback
 from hpo.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
 from hpo.trainables import is_workload, resolve_trainable
+from hpo.trial_errors import TrialErrorCallback
 from hpo.trial_output import with_trial_output
 
 if TYPE_CHECKING:
@@ -164,7 +165,8 @@ class Tuner:
         self.run_path: Path | None = None
         fusion = fusion if fusion is None or fusion.enabled else None
         if (scaling is not None or fusion is not None) and not is_workload(self.trainable):
-            raise TypeError("scaling and fusion need a Workload trainable (model factory, data and loss kept apart)")
+            raise TypeError("scaling and fusion need a Workload trainable (model factory, data and loss kept apart): "
+                            "docs/workload_guide.md shows how, from a Tune function")
         if fusion is not None and isinstance(self.tune_config.scheduler, PopulationBasedTraining):
             raise ValueError("fusion does not support PopulationBasedTraining: its exploit step copies one trial's "
                              "state into another, across fused groups; use ASHA or HyperBand, or turn fusion off")
@@ -226,6 +228,8 @@ class Tuner:
         callbacks = list(self.run_config.callbacks or [])
         if metric and not any(isinstance(cb, ControllerCallback) for cb in callbacks):
             callbacks.append(ControllerCallback(self.name, metric, self.mode))
+        if not any(isinstance(cb, TrialErrorCallback) for cb in callbacks):
+            callbacks.append(TrialErrorCallback(verbose=0))  # a failure repeated before any result is not retried
         stop = self.run_config.stop
         if is_workload(self.trainable) and stop is None:
             stop = {"training_iteration": self.max_iterations}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import re
 import sys
 import time
@@ -34,8 +35,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from hpo.sweep_file import describe_plan, load_sweep
 
     loaded = load_sweep(args.file, execute=not args.no_exec, for_ray=False)
-    _print_warnings(preflight(loaded, address=args.address), loaded.source.name)
+    warnings = preflight(loaded, address=args.address)
+    _print_warnings(warnings, loaded.source.name)
     checks = "static checks only: the trainable's code was not run" if args.no_exec else "all checks"
+    if warnings:
+        checks += f"; {len(warnings)} warning{'s' if len(warnings) > 1 else ''} above"
     print(f"{args.file}: OK ({checks})")
     print(describe_plan(loaded))
     return 0
@@ -83,7 +87,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         from hpo.api import RunStateError, latest_run, verify_run_state
 
-        run_path = latest_run(Path(loaded.spec.storage_path).resolve(), loaded.spec.name)
+        run_path = latest_run(Path(loaded.storage), loaded.spec.name)
         if run_path is None:
             print(f"error: nothing to resume at {loaded.experiment_path}", file=sys.stderr)
             return EXIT_BAD_INPUT
@@ -93,6 +97,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
     started = time.perf_counter()
+    ray_was_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()  # a test's, a notebook's: theirs to stop
     tuner = tuning_job = None
     try:
         _start_ray(loaded, args.address, args.dashboard)
@@ -119,8 +124,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
             allocator.cancel(tuning_job)  # the allocator withdraws the sweep's idle GPUs and bubbles
     status = _report(result, args.file)
+    swept = time.perf_counter() - ray_up
+    if not ray_was_up:  # what Ray's workers still send arrives now, not after the last line
+        import ray
+
+        ray.shutdown()
     # what the sweep cost, apart from Ray's start (`benchmarks/quickstart_run.py` reads this line)
-    print(f"time:    sweep {time.perf_counter() - ray_up:.1f} s (Ray started in {ray_up - started:.1f} s)")
+    print(f"time:    sweep {swept:.1f} s (Ray started in {ray_up - started:.1f} s)")
     return status
 
 
@@ -145,8 +155,11 @@ def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
     from hpo.trial_output import quiet_ray_on_workers
 
     quiet_ray_on_workers()  # Tune's INFO lines stay off the console among the trials' prints
+    # and those logged before a trial's code runs (Tune's "Restored on ..." as a resumed trial
+    # starts): the local Ray's workers read this level when they start
+    os.environ.setdefault("RAY_LOGGER_LEVEL", "warning")
     folder = loaded.code_folder
-    code = code_runtime_env(folder, exclude=[loaded.spec.storage_path]) if folder is not None else None
+    code = code_runtime_env(folder, exclude=[loaded.storage]) if folder is not None else None
     try:
         ensure_ray(address=address, dashboard=dashboard, runtime_env=code)
     except RuntimeEnvSetupError as exc:
@@ -156,39 +169,14 @@ def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
 
 
 def _report(result, sweep_file: str) -> int:
-    """Print the table, the best configuration and the files; the exit status says whether every
-    trial ran (0), the sweep was interrupted (EXIT_INTERRUPTED), some trial errored
-    (EXIT_TRIALS_ERRORED), or none reported the metric (1)."""
-    print()
-    print(result.summary_table())
-    print()
-    errored = result.error_records()
-    try:
-        best = result.best_result
-    except RuntimeError:
-        best = None
-    if best is not None:
-        print(f"Best configuration ({result.metric} = {best.metrics[result.metric]:.4g}):")
-        print(json.dumps(result.best_config, indent=2, default=str))
-        if result.best_checkpoint:
-            print(f"best checkpoint: {result.best_checkpoint}")
-    for label, value in result.extras.items():
-        print(f"{label}: {value}")
-    print(f"results: {result.paths['results']}\nplot:    {result.paths['plot']}")
-    if result.interrupted:
-        print(f"error: the sweep was interrupted before every trial ended; what finished is kept in "
-              f"{result.paths['results']}; continue it with: hpo run {sweep_file} --resume", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    if errored:
-        first = errored[0]
-        where = f" (error file: {first.error_file})" if first.error_file else ""
-        print(f"error: {len(errored)} of {len(result)} trials errored; first: {first.error}{where}", file=sys.stderr)
-        return EXIT_TRIALS_ERRORED
-    if best is None:
-        print(f"error: no finished trial reported {result.metric!r}; see the status column in {result.paths['results']}",
-              file=sys.stderr)
-        return EXIT_NO_RESULT
-    return 0
+    """Print the table, the best configuration and the files (`hpo.console.report`); the exit
+    status says whether every trial ran (0), the sweep was interrupted (EXIT_INTERRUPTED), some
+    trial errored (EXIT_TRIALS_ERRORED), or none reported the metric (1)."""
+    from hpo import console
+
+    verdict = console.report(result, f"hpo run {sweep_file} --resume")
+    return {console.OK: 0, console.INTERRUPTED: EXIT_INTERRUPTED, console.ERRORED: EXIT_TRIALS_ERRORED,
+            console.NO_RESULT: EXIT_NO_RESULT}[verdict]
 
 
 def _cmd_results(args: argparse.Namespace) -> int:
@@ -197,6 +185,8 @@ def _cmd_results(args: argparse.Namespace) -> int:
     from hpo.results import RESULTS_FILE, SUMMARY_FILE, records_from_trial_dirs, summary_table, write_run_files
 
     run = Path(args.run_dir)
+    if run.is_file():  # a sweep file: its newest run, where `hpo run FILE` stored it
+        run = _newest_run_of(run)
     summary_path = run / SUMMARY_FILE
     if args.rebuild:
         stored = json.loads(summary_path.read_text()) if summary_path.exists() else {}
@@ -205,7 +195,7 @@ def _cmd_results(args: argparse.Namespace) -> int:
             print(f"error: {summary_path} is missing; name the metric with --metric", file=sys.stderr)
             return EXIT_BAD_INPUT
         mode = args.mode or stored.get("mode", "min")
-        records = records_from_trial_dirs(run)
+        records = records_from_trial_dirs(run, _verdicts(run / RESULTS_FILE))
         if not records:
             print(f"error: {run}: no trial folders (*/params.json) to rebuild from", file=sys.stderr)
             return EXIT_BAD_INPUT
@@ -221,14 +211,41 @@ def _cmd_results(args: argparse.Namespace) -> int:
     print()
     best = summary.get("best")
     if best:
-        print(f"Best configuration ({summary['metric']} = {best['value']:.4g}):")
-        print(json.dumps(best["config"], indent=2, default=str))
+        from hpo.console import config_text
+
+        print(f"Best configuration ({summary['metric']} = {best['value']:.4g}): {config_text(best['config'])}")
         if best.get("checkpoint"):
             print(f"best checkpoint: {best['checkpoint']}")
     print(f"results: {run / RESULTS_FILE}\nsummary: {summary_path}")
     if summary.get("errored"):
         print(f"{summary['errored']} of {summary['trials']} trials errored", file=sys.stderr)
     return 0
+
+
+def _verdicts(results_file: Path) -> dict[str, str]:
+    """How each trial ended, as results.csv said when it ended (Tune's verdicts: which trials its
+    scheduler stopped is known only then); a `running` row was not decided yet."""
+    import pandas as pd
+
+    try:
+        rows = pd.read_csv(results_file, usecols=["trial_id", "status"], dtype=str)
+    except (OSError, ValueError, pd.errors.ParserError):
+        return {}
+    return {row.trial_id: row.status for row in rows.itertuples() if row.status != "running"}
+
+
+def _newest_run_of(sweep_file: Path) -> Path:
+    """The newest run of a sweep file (the one `--resume` continues); read without running its code."""
+    from hpo.api import latest_run
+    from hpo.spec import SweepSpec
+    from hpo.sweep_file import LoadedSweep, YamlSource
+
+    source = YamlSource.from_file(sweep_file)
+    loaded = LoadedSweep(SweepSpec.from_source(source), None, source)
+    run = latest_run(Path(loaded.storage), loaded.spec.name)
+    if run is None:
+        raise loaded.fail("storage_path", f"no run of sweep {loaded.spec.name!r} in {loaded.storage}; run it with: hpo run {sweep_file}")
+    return run
 
 
 def _cmd_coord_check(args: argparse.Namespace) -> int:
@@ -402,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(func=_cmd_validate)
 
     results = commands.add_parser("results", help="reprint a stored run's table, best configuration and files")
-    results.add_argument("run_dir", help="the run's folder (storage_path/name)")
+    results.add_argument("run_dir", help="the run's folder (storage_path/name), or the sweep file (its newest run)")
     results.add_argument("--rebuild", action="store_true",
                          help="first rebuild results.csv and summary.json from the trials' own folders")
     results.add_argument("--metric", default=None, help="with --rebuild when summary.json is missing: the metric")
@@ -436,14 +453,12 @@ def _engine_args(name: str, argv: list[str]) -> argparse.Namespace:
 
 
 def _quiet_tune() -> None:
-    """Tune's per-checkpoint warnings drown the progress lines on short trials."""
+    """Tune's own console output stays off for the process (`hpo.console.quiet_tune`)."""
     import logging
-    import os
 
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    for name in ("ray", "ray.tune", "ray.train"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    from hpo.console import quiet_tune
+
+    quiet_tune()
     # a full disk is reported in one line (see main); Tune's tracebacks of the same error would bury it
     for name in ("ray.tune.execution.tune_controller", "ray.tune.execution.experiment_state"):
         logging.getLogger(name).addFilter(lambda record: not (record.exc_info and _storage_full(record.exc_info[1])))

@@ -28,9 +28,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hpo.results import MEMBERS_DIR, TrialRecord, records_from_trial_dirs, write_atomically
-
-STATUS_FILE = "status.json"
+from hpo.results import MEMBERS_DIR, STATUS_FILE, SweepResult, TrialRecord, records_from_trial_dirs, write_atomically
 
 
 def member_ids(group_trial_id: str, size: int) -> list[str]:
@@ -44,6 +42,25 @@ def group_of(member_id: str) -> str:
 
 #: A group trial's folder in the experiment is `group_<trial id>`.
 GROUP_DIR_PREFIX = "group_"
+
+
+class FusedGroups(list):
+    """Every group's member ids; printed as the groups' sizes, which is what a user checks."""
+
+    @classmethod
+    def of(cls, member_ids: Iterable[str]) -> "FusedGroups":
+        groups: dict[str, list[str]] = {}
+        for member_id in sorted(member_ids):
+            groups.setdefault(group_of(member_id), []).append(member_id)
+        return cls(groups.values())
+
+    def __str__(self) -> str:
+        sizes = [len(group) for group in self]
+        if not sizes:
+            return "none"
+        if len(set(sizes)) == 1:
+            return f"{len(sizes)} of {sizes[0]} member{'s' if sizes[0] > 1 else ''}{' each' if len(sizes) > 1 else ''}"
+        return f"{len(sizes)}, of {', '.join(map(str, sizes[:-1]))} and {sizes[-1]} members"
 
 
 class MemberTrial:
@@ -115,17 +132,13 @@ class MemberBook:
                 status = folder / STATUS_FILE
                 if status.exists():
                     member.ended = json.loads(status.read_text())["status"]
-                    member.status = MemberTrial.TERMINATED
+                    member.status = MemberTrial.ERROR if member.ended == "error" else MemberTrial.TERMINATED
                     self._ended.append(member)
                 elif not (folder / "params.json").exists():
                     text = json.dumps(member.config, default=str)
                     write_atomically(folder / "params.json", lambda temporary: Path(temporary).write_text(text))
             members.append(member)
         return members
-
-    def groups(self) -> list[list[str]]:
-        """Every group's member ids, in the order the groups were formed."""
-        return [[member.trial_id for member in group] for group in self._groups.values()]
 
     def group(self, group_id: str) -> list[MemberTrial]:
         return list(self._groups.get(group_id, []))
@@ -186,9 +199,16 @@ class MemberBook:
             record.running = member is not None and member.ended is None
         return records
 
-    def results(self, groups: Iterable[str] | None = None) -> list[Any]:
-        """Every member of `groups` as a `ray.tune.Result` (see `member_result`)."""
-        return [member_result(record, self.folder / record.trial_id) for record in self.records(groups)]
+    def result(self, grid: Any, metric: str, mode: str, iterations: int | None, groups: Iterable[str] | None = None) -> SweepResult:
+        """The sweep's result over every member of `groups`: each a `ray.tune.Result` (see
+        `member_result`) with its row as its folders hold it, the verdict its scheduler gave included.
+        The group list is read from the same folders: a resumed sweep's groups were formed by the
+        scheduler Tune restored with its state, never added to this book."""
+        records = self.records(groups)
+        results = [member_result(record, self.folder / record.trial_id) for record in records]
+        result = SweepResult(grid, metric, mode, iterations, results=results, records=records)
+        result.extras["fused_groups"] = FusedGroups.of(record.trial_id for record in records)
+        return result
 
 
 def _last_result(folder: Path) -> dict[str, Any]:
@@ -214,7 +234,7 @@ def member_result(record: TrialRecord, folder: Path) -> Any:
     return tune.Result(
         # `done` as on a Tune trial's last result: the member ended (a sweep stopped by Ctrl-C
         # leaves the others short, and `hpo.results.ended` reads both kinds of row alike)
-        metrics={**record.metrics, "done": not record.running},
+        metrics={"config": dict(record.config), **record.metrics, "done": not record.running},
         checkpoint=tune.Checkpoint.from_directory(record.checkpoint) if record.checkpoint else None,
         error=RuntimeError(record.error) if record.error else None,
         path=str(folder),

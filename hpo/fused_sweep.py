@@ -114,9 +114,11 @@ def fused_sweep(
 
     When the sweep's size is known, groups are made no larger than it takes to give each of the
     `slots` group slots one: sixteen configurations on two slots train as two groups of eight at
-    once, not one group of sixteen beside an idle slot."""
+    once, not one group of sixteen beside an idle slot. Either way, and when the user's searcher
+    hands out fewer configurations at a time than a group holds (its `ConcurrencyLimiter`), one
+    line says how large the groups will be and why."""
     from ray import tune
-    from ray.tune.search import BasicVariantGenerator
+    from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
     from fusion.grouping import structural_signature
     from hpo.fused_group_trial import fused_group_trainable, group_checkpoint_config
@@ -131,8 +133,16 @@ def fused_sweep(
     else:
         inner, num_samples = search_alg, tune_config.num_samples
         size = num_samples if num_samples > 0 else None
-    if size:
-        members_per_group = max(1, min(members_per_group, math.ceil(size / slots)))
+    measured, why = members_per_group, ""
+    if size and math.ceil(size / slots) < members_per_group:
+        members_per_group = max(1, math.ceil(size / slots))
+        why = f"{size} configurations over {slots} group slot{'s' if slots > 1 else ''}"
+    if isinstance(search_alg, ConcurrencyLimiter) and search_alg.max_concurrent < members_per_group:
+        members_per_group = search_alg.max_concurrent
+        why = (f"the searcher's ConcurrencyLimiter(max_concurrent={members_per_group}) suggests no more at a time; "
+               "with fusion, max_concurrent_trials limits groups, so the limiter can go")
+    if why:
+        print(f"fusion: groups of up to {members_per_group} members, not {measured}: {why}", flush=True)
     searcher = GroupSearcher(
         inner, param_space, members_per_group, lambda config: structural_signature(workload.resolve(config)),
         book, num_samples, metric, mode,
@@ -221,8 +231,8 @@ def member_callbacks(book: MemberBook, callbacks: list[Any]) -> list[Any]:
             members = self._members() if ended else []
             for member in ended:
                 for callback in callbacks:
-                    if isinstance(callback, LoggerCallback) and member.trial_id not in self.started:
-                        continue  # ended in an earlier run of a resumed sweep: no run to close here
+                    if isinstance(callback, (LoggerCallback, ProgressCallback)) and member.trial_id not in self.started:
+                        continue  # ended in an earlier run of a resumed sweep: no run to close, no line to print
                     if member.ended == "error":
                         callback.on_trial_error(iteration, members, member)
                     else:
@@ -326,9 +336,16 @@ class FusedEngine:
         members = group_size(self.workload, self.fusion, self.resources, self.user_space)
         self._sweep = fused_sweep(
             experiment, self.workload, members, self.resources, self.user_space, self.user_tune_config,
-            self.max_iterations, self.checkpoint, self.fusion.dtype, group_slots(self.resources), self.search_seed,
+            self.max_iterations, self.checkpoint, self.fusion.dtype, self.slots(), self.search_seed,
         )
         return []
+
+    def slots(self) -> int:
+        """Groups trained at once: one per `resources` the cluster holds, at most `max_concurrent_trials`.
+        With fusion the limit counts groups, the trials Tune runs; how many configurations share one
+        is the fused engine's to decide, so a limit meant for unfused trials never shrinks groups."""
+        slots, limit = group_slots(self.resources), self.user_tune_config.max_concurrent_trials
+        return min(slots, limit) if limit else slots
 
     def trainable(self) -> Any:
         return self.sweep.trainable
@@ -337,16 +354,13 @@ class FusedEngine:
         return {}  # groups are suggested whole by the group searcher, which holds the real space
 
     def tune_config(self, tune_config: Any) -> Any:
-        """As many groups at once as there are group slots (or as the user's trial limit allows)."""
-        limit = tune_config.max_concurrent_trials
+        """As many groups at once as there are group slots (`slots`)."""
         return replace(
             tune_config,
             search_alg=self.sweep.search_alg,
             scheduler=self.sweep.scheduler,
             num_samples=-1,
-            max_concurrent_trials=(
-                math.ceil(limit / self.sweep.members_per_group) if limit else group_slots(self.resources)
-            ),
+            max_concurrent_trials=self.slots(),
             trial_dirname_creator=self.sweep.group_dirname,
         )
 
@@ -361,11 +375,8 @@ class FusedEngine:
 
     def result(self, grid: Any, metric: str, mode: str, iterations: int | None) -> SweepResult:
         """The members of the groups Tune ran (restored ones included), one result each."""
-        book = self.sweep.book
-        members = book.results({Path(r.path).name.removeprefix(GROUP_DIR_PREFIX) for r in grid})
-        result = SweepResult(grid, metric, mode, iterations, results=members)
-        result.extras["fused_groups"] = book.groups()
-        return result
+        groups = {Path(r.path).name.removeprefix(GROUP_DIR_PREFIX) for r in grid}
+        return self.sweep.book.result(grid, metric, mode, iterations, groups)
 
 
 class BubbleEngine:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import glob
 import inspect
+import math
 import os
 import sys
 import textwrap
@@ -42,6 +43,7 @@ def preflight(loaded: LoadedSweep, address: str | None = None) -> list[ConfigIss
     issues: list[ConfigIssue] = []
     notes: list[ConfigIssue] = []
     issues += check_resources(loaded, address)
+    notes += check_log_uniform_bounds(loaded)
     trainable = loaded.trainable
     if trainable is None:
         issues += _static_signature(loaded)
@@ -55,6 +57,25 @@ def preflight(loaded: LoadedSweep, address: str | None = None) -> list[ConfigIss
         issues += check_metric(loaded, notes)
     if issues:
         raise SweepConfigError(issues, loaded.source.name)
+    return notes
+
+
+# -- the search space --------------------------------------------------------------------------
+
+
+def check_log_uniform_bounds(loaded: LoadedSweep) -> list[ConfigIssue]:
+    """`log_uniform` takes natural-log exponents, as W&B's does; Ray's and Optuna's log-uniform take
+    the values. Bounds written as values (min 0.0001, max 0.05) pass every check and search
+    exp(0.0001) = 1.0 to exp(0.05) = 1.05, so they are flagged before Ray starts."""
+    notes = []
+    for key, param in loaded.spec.parameters.items():
+        if param.log_bounds_look_like_values:
+            notes.append(loaded.issue(f"parameters.{key}.distribution", (
+                f"warning: log_uniform takes natural-log exponents (as in W&B): min {param.min:g} and max "
+                f"{param.max:g} search {key} from exp({param.min:g}) = {math.exp(param.min):.4g} to "
+                f"exp({param.max:g}) = {math.exp(param.max):.4g}; to search {param.min:g} to {param.max:g}, "
+                "write distribution: log_uniform_values"
+            )))
     return notes
 
 
@@ -73,7 +94,8 @@ def check_function(loaded: LoadedSweep) -> list[ConfigIssue]:
             issues.append(loaded.issue(block, (
                 f"{block} needs a Workload trainable (model factory, data and loss kept apart), but "
                 f"{loaded.spec.trainable!r} is a function; remove the {block} block or wrap the model in an "
-                "hpo.Workload (build_model, train_batches, eval_batches: see hpo/base/workload.py)"
+                "hpo.Workload: docs/workload_guide.md shows how, from a Tune function (hpo.DatasetWorkload takes your model, "
+                "Dataset and loss)"
             )))
     return issues
 

@@ -3,6 +3,14 @@
 One line per finished trial, always (a log file or CI keeps them). On a terminal, also one live
 status line, redrawn in place: trials running and done, the best value so far and an ETA, so a
 sweep of long trials is never silent between two finished trials.
+
+The best so far is the final table's measure over the trials that finished: each one's last
+reported value (Tune's default scope), never a running trial's mid-run value, which could go up
+again and then disagree with the table. A resumed sweep counts the trials that
+ended in its earlier runs, so its lines go on from where the earlier run stopped.
+
+How much is printed follows Tune's `verbose` levels: 0 nothing, 1 the sweep's summary only (not
+this callback's), 2 the lines above (what `hpo run` prints), 3 also a line per reported result.
 """
 
 from __future__ import annotations
@@ -44,21 +52,30 @@ class ProgressCallback(Callback):
     """Prints to `stream` (default: stdout); the live line only where that is a terminal, since
     carriage returns would garble a log file or a CI transcript."""
 
-    def __init__(self, metric: str, mode: str, total: int | None = None, stream: TextIO | None = None):
-        self.metric, self.mode, self.total = metric, mode, total
+    def __init__(self, metric: str, mode: str, total: int | None = None, stream: TextIO | None = None, verbose: int = 2):
+        self.metric, self.mode, self.total, self.verbose = metric, mode, total, verbose
         self._stream = stream  # None: whatever sys.stdout is when a line is written
-        self.live = self.stream.isatty()
-        self.done = 0
+        self.live = verbose >= 2 and self.stream.isatty()
+        self.done = 0  # trials ended, in this run and the earlier runs of a resumed sweep
+        self.done_here = 0  # trials ended in this run: the rate the ETA extrapolates
         self.started = time.monotonic()
         self._drawn_at = -math.inf
         self._shown = False
         self._ending: dict[str, tuple[Any, str]] = {}  # trials Tune ended, not yet in its saved state
         self._saved: Any = None  # hpo.results.SavedRunState, once a trial has ended
+        self._counted: set[str] = set()  # trials whose end is counted
+        self._finished: dict[str, float] = {}  # finished trials' last values: the best is among these
 
     def __getstate__(self) -> dict[str, Any]:
         """Tune pickles its callbacks with the experiment state; an open terminal or log file
         cannot be pickled, and a restored sweep prints to its own stdout anyway."""
         return {**self.__dict__, "_stream": None, "_ending": {}, "_saved": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A restored sweep counts its trials afresh from the trials Tune restores (`_count_earlier_ends`)."""
+        self.__dict__.update(state)
+        self.done = self.done_here = 0
+        self._counted, self._finished = set(), {}
 
     @property
     def stream(self) -> TextIO:
@@ -67,23 +84,37 @@ class ProgressCallback(Callback):
     def setup(self, **info: Any) -> None:
         self.started = time.monotonic()
 
-    def best(self, trials: list) -> float | None:
-        """Best latest value over all trials: the value Tune's best result (scope 'last') has."""
-        values = [t.last_result.get(self.metric) for t in trials if t.last_result]
-        finite = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-        if not finite:
+    def best(self) -> float | None:
+        """The best finished trial's measure, as the final table ranks trials (`hpo.results.best_record`)."""
+        if not self._finished:
             return None
-        return min(finite) if self.mode == "min" else max(finite)
+        return min(self._finished.values()) if self.mode == "min" else max(self._finished.values())
+
+    def _count_end(self, trial: Any, outcome: str, here: bool) -> None:
+        """Count `trial`'s end; a finished, undiverged trial's last value joins those the best is taken from."""
+        self._counted.add(trial.trial_id)
+        self.done += 1
+        self.done_here += here
+        result = trial.last_result or {}
+        value = result.get(self.metric)
+        if outcome == "finished" and not result.get("diverged") and _finite(value):
+            self._finished[trial.trial_id] = float(value)
+
+    def _count_earlier_ends(self, trials: list) -> None:
+        """Trials found ended that this run never heard end ended in a resumed sweep's earlier run."""
+        for trial in trials:
+            if trial.status in ("TERMINATED", "ERROR") and trial.trial_id not in self._counted and trial.trial_id not in self._ending:
+                self._count_end(trial, "finished" if trial.status == "TERMINATED" else "FAILED", here=False)
 
     def _status(self, trials: list) -> str:
         return status_line(
             running=sum(t.status == "RUNNING" for t in trials),
-            done=sum(t.status in ("TERMINATED", "ERROR") for t in trials),
+            done=self.done,
             total=self.total,
             metric=self.metric,
-            best=self.best(trials),
+            best=self.best(),
             elapsed_s=time.monotonic() - self.started,
-            finished_here=self.done,
+            finished_here=self.done_here,
         )
 
     def _draw(self, trials: list) -> None:
@@ -97,20 +128,28 @@ class ProgressCallback(Callback):
             self.stream.write(_CLEAR_LINE)
             self._shown = False
 
-    def on_step(self, iteration: int, trials: list, **info: Any) -> None:
+    def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
         if self.live and time.monotonic() - self._drawn_at >= REFRESH_S:
             self._draw(trials)
 
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        if self.verbose >= 3:
+            self._clear()
+            shown = _shown(self.metric, result.get(self.metric))
+            self.stream.write(f"      trial {trial.trial_id} it {result.get('training_iteration', '?')}: {shown}\n")
+            self.stream.flush()
+
     def _line(self, trials: list, trial: Any, outcome: str) -> None:
-        self.done += 1
+        self._count_end(trial, outcome, here=True)
+        if self.verbose < 2:
+            return
         result = trial.last_result or {}
-        value = result.get(self.metric)
-        shown = f"{self.metric}={value:.4g}" if isinstance(value, (int, float)) and math.isfinite(value) else f"{self.metric}=n/a"
-        best = self.best(trials)
+        best = self.best()
         total = f"/{self.total}" if self.total else ""
         iterations = result.get("training_iteration", 0)
         self._clear()
         best_so_far = f" (best {best:.4g})" if best is not None else ""
+        shown = _shown(self.metric, result.get(self.metric))
         self.stream.write(f"[{self.done:3d}{total}] trial {trial.trial_id} {outcome} after {iterations} it: {shown}{best_so_far}\n")
         self.stream.flush()
         if self.live:
@@ -135,6 +174,7 @@ class ProgressCallback(Callback):
         second): a driver killed before that would see `--resume` run it again, and what was
         printed as finished is final."""
         self._print_saved_ends(trials)
+        self._count_earlier_ends(trials)
 
     def _print_saved_ends(self, trials: list, relist: bool = False) -> None:
         if not self._ending:
@@ -152,3 +192,11 @@ class ProgressCallback(Callback):
         self._print_saved_ends(trials, relist=True)  # Tune saved its last state, unless the sweep failed
         self._clear()
         self.stream.flush()
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _shown(metric: str, value: Any) -> str:
+    return f"{metric}={value:.4g}" if _finite(value) else f"{metric}=n/a"

@@ -20,7 +20,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,9 @@ TUNE_METADATA = frozenset({
 })
 #: Row statuses that are final outcomes a best configuration may come from.
 FINISHED = ("completed", "early_stopped")
+#: How a trial's reported values make the one it is ranked by, as `ResultGrid.get_best_result`'s
+#: `scope`: the last, the mean, the mean of the last 5 or 10, or the best of all.
+SCOPES = ("last", "avg", "last-5-avg", "last-10-avg", "all")
 
 
 @dataclass
@@ -53,6 +56,9 @@ class TrialRecord:
     checkpoint: str = ""
     running: bool = False
     history: Any = field(default=None, repr=False)
+    #: How the trial ended, when that was decided as it ended (a fused member's `status.json`, a
+    #: row of an earlier results.csv); otherwise `status_of` tells it from the record.
+    status: str = ""
 
 
 def error_line(error: BaseException | str | None) -> str:
@@ -63,13 +69,27 @@ def error_line(error: BaseException | str | None) -> str:
     return lines[-1] if lines else type(error).__name__
 
 
+#: A row's error when its trial ended without a single result (`status_of`).
+NO_RESULT = "ended without a single result"
+
+
 def status_of(record: TrialRecord, max_iterations: int | None) -> str:
+    """How a trial ended, by one rule whoever asks (the live sweep, its end, `hpo results --rebuild`):
+    `error` if it failed, or ended without a single result (nothing to rank it by: Tune stopped the
+    sweep at a result without its metric, or the function returned before reporting); `diverged`;
+    `running` if it had not ended; the verdict recorded when it ended, if one was (`status`);
+    `early_stopped` if it reported fewer than `max_iterations` (given when a scheduler, stopper or
+    time budget could stop it); else `completed`."""
     if record.error:
         return "error"
     if record.metrics.get("diverged"):
         return "diverged"
     if record.running:
         return "running"
+    if record.status:
+        return record.status
+    if not record.metrics.get("training_iteration"):
+        return "error"
     if max_iterations is not None and record.metrics.get("training_iteration", 0) < max_iterations:
         return "early_stopped"
     return "completed"
@@ -89,7 +109,7 @@ def record_row(record: TrialRecord, metric: str, max_iterations: int | None) -> 
         if key not in TUNE_METADATA and key != metric and key not in row and not isinstance(item, (dict, list)):
             row[key] = item
     row["checkpoint"] = record.checkpoint
-    row["error"] = record.error
+    row["error"] = record.error or (NO_RESULT if row["status"] == "error" else "")
     row["error_file"] = record.error_file
     return row
 
@@ -110,13 +130,41 @@ def rows_frame(rows: Sequence[Mapping[str, Any]], metric: str, mode: str) -> pd.
     return frame.reset_index(drop=True)
 
 
-def best_record(records: Sequence[TrialRecord], metric: str, mode: str, max_iterations: int | None) -> TrialRecord | None:
-    """The best finished trial by its last reported `metric`; errored, diverged, running and
-    metric-less trials never qualify."""
+def scoped_value(values: Sequence[Any], scope: str, mode: str) -> float | None:
+    """One trial's measure from its reported values, in order, by `scope` (see `SCOPES`); the
+    values that are not finite numbers are left out; None when none is."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    finite = [float(v) for v in values if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)]
+    if not finite:
+        return None
+    if scope == "last":
+        return finite[-1]
+    if scope == "all":
+        return min(finite) if mode == "min" else max(finite)
+    window = {"avg": len(finite), "last-5-avg": 5, "last-10-avg": 10}[scope]
+    return sum(finite[-window:]) / len(finite[-window:])
+
+
+def history_of(record: TrialRecord, metric: str) -> list[Any]:
+    """Every value of `metric` the trial reported (its last alone when no history is at hand)."""
+    frame = getattr(record.history, "metrics_dataframe", None)
+    if frame is not None and metric in frame:
+        return list(frame[metric])
+    return [record.metrics.get(metric)]
+
+
+def best_record(
+    records: Sequence[TrialRecord], metric: str, mode: str, max_iterations: int | None, scope: str = "last"
+) -> TrialRecord | None:
+    """The best finished trial by `metric` (by default its last reported value; see `SCOPES`);
+    errored, diverged, running and metric-less trials never qualify."""
     candidates = []
     for record in records:
-        value = record.metrics.get(metric)
-        if status_of(record, max_iterations) in FINISHED and isinstance(value, (int, float)) and math.isfinite(value):
+        if status_of(record, max_iterations) not in FINISHED:
+            continue
+        value = scoped_value(history_of(record, metric) if scope != "last" else [record.metrics.get(metric)], scope, mode)
+        if value is not None:
             candidates.append((value, record))
     if not candidates:
         return None
@@ -165,7 +213,7 @@ def write_run_files(
         "mode": mode,
         "max_iterations": max_iterations,
         "trials": len(records),
-        "errored": sum(1 for r in records if r.error),
+        "errored": int((frame["status"] == "error").sum()) if len(frame) else 0,
         "best": None if best is None else {
             "trial_id": best.trial_id, "config": dict(best.config), "value": best.metrics.get(metric),
             "checkpoint": best.checkpoint,
@@ -228,13 +276,16 @@ def record_from_trial(trial: Any, status: str | None = None) -> TrialRecord:
     )
 
 
-def records_from_trial_dirs(experiment: Path) -> list[TrialRecord]:
+def records_from_trial_dirs(experiment: Path, verdicts: Mapping[str, str] | None = None) -> list[TrialRecord]:
     """Every trial of a run read back from its own folder (`params.json`, `result.json`,
     `error.txt`, `checkpoint_*`), which Tune writes as the run goes: the way to rebuild the
     results of a run whose experiment state is damaged. A fused sweep's configurations are the
-    member folders under `members/`, written the same way (its Tune trials are the groups)."""
+    member folders under `members/`, written the same way (its Tune trials are the groups), each
+    with the verdict its scheduler gave when it ended (`status.json`); `verdicts` (trial id ->
+    status, from an earlier results.csv) keeps those of a run's Tune trials."""
     if (experiment / MEMBERS_DIR).is_dir():
         experiment = experiment / MEMBERS_DIR
+    verdicts = verdicts or {}
     records = []
     for params in sorted(experiment.glob("*/params.json")):
         folder = params.parent
@@ -252,15 +303,39 @@ def records_from_trial_dirs(experiment: Path) -> list[TrialRecord]:
                     break  # a torn last line: keep the last whole result
         error_file = folder / "error.txt"
         checkpoints = sorted(folder.glob("checkpoint_*"))
+        trial_id = str(metrics.get("trial_id", folder.name))
         records.append(TrialRecord(
-            trial_id=str(metrics.get("trial_id", folder.name)),
+            trial_id=trial_id,
             config=config,
             metrics=metrics,
             error=error_line(error_file.read_text(errors="replace")) if error_file.exists() else "",
             error_file=str(error_file) if error_file.exists() else "",
             checkpoint=str(checkpoints[-1]) if checkpoints else "",
+            status=_verdict(folder) or verdicts.get(trial_id, ""),
         ))
     return records
+
+
+#: A fused member's verdict, written when its scheduler ended it (`hpo.fused_members.MemberBook.end`).
+STATUS_FILE = "status.json"
+
+
+def _verdict(folder: Path) -> str:
+    try:
+        return str(json.loads((folder / STATUS_FILE).read_text())["status"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def saved_configs(experiment: Path) -> dict[str, dict[str, Any]]:
+    """Each trial's config in Tune's newest saved run state (empty if there is none or it is damaged)."""
+    states = sorted(experiment.glob("experiment_state-*.json"))
+    try:
+        entries = json.loads(states[-1].read_text())["trial_data"] if states else []
+        trials = [json.loads(entry[0] if isinstance(entry, list) else entry) for entry in entries]
+        return {str(trial["trial_id"]): dict(trial.get("config") or {}) for trial in trials}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 # -- the live file ---------------------------------------------------------------------------------
@@ -351,7 +426,8 @@ class SweepResult:
     """
 
     def __init__(
-        self, result_grid: Any, metric: str, mode: str, max_iterations: int | None = None, results: Sequence[Any] | None = None
+        self, result_grid: Any, metric: str, mode: str, max_iterations: int | None = None,
+        results: Sequence[Any] | None = None, records: Sequence[TrialRecord] | None = None,
     ):
         self.result_grid = result_grid
         self.results = list(result_grid if results is None else results)
@@ -359,12 +435,25 @@ class SweepResult:
         self.mode = mode
         self.max_iterations = max_iterations
         self.extras: dict[str, Any] = {}  # engine reports (e.g. muP transfer) attach here
+        #: Runs that are not trials, drawn beside them in the plot: label -> (iterations, values)
+        #: (a muP sweep's target, trained with the transferred config).
+        self.curves: dict[str, tuple[list[int], list[float]]] = {}
         self.controller: Any = None  # the sweep's `hpo:sweep:<name>` actor handle, when one ran
         self.actors: list[Any] = []  # every actor the sweep owns (controller, fusion broker)
         self.paths: dict[str, Path] = {}  # the files `write` wrote
         #: With muP scaling: the folder of the trained target (`hpo.scaled_sweep.finish`), if trained.
         self.target_checkpoint: str | None = None
-        self.records = [record_from_result(result) for result in self.results]
+        if records is None:
+            self.records = [record_from_result(result) for result in self.results]
+        else:  # rows read where the trials keep them (a fused sweep's member folders), one per result
+            self.records = list(records)
+            for record, result in zip(self.records, self.results):
+                record.history = result
+        if result_grid is not None and any(not record.config for record in self.records):
+            # Tune's result of a trial that never reported holds no config; its saved state does.
+            configs = saved_configs(Path(self.experiment_path))
+            for record in self.records:
+                record.config = record.config or configs.get(record.trial_id, {})
         #: Stopped (Ctrl-C, SIGUSR1) before every Tune trial ended; `--resume` goes on (`stopped_early`).
         self.interrupted = False
 
@@ -401,10 +490,11 @@ class SweepResult:
     def num_terminated(self) -> int:
         return sum(1 for record in self.records if not record.error and not record.running)
 
-    def get_best_result(self, metric: str | None = None, mode: str | None = None) -> Any:
-        """The `ray.tune.Result` of the best finished trial by its last reported metric (errored
-        and unfinished trials never count); RuntimeError when no trial qualifies."""
-        best = best_record(self.records, metric or self.metric, mode or self.mode, self.max_iterations)
+    def get_best_result(self, metric: str | None = None, mode: str | None = None, scope: str = "last") -> Any:
+        """The `ray.tune.Result` of the best finished trial, as `ResultGrid.get_best_result`: by its
+        last reported metric, or by `scope` ('avg', 'last-5-avg', 'last-10-avg', or 'all': its best
+        value). Errored and unfinished trials never count; RuntimeError when no trial qualifies."""
+        best = best_record(self.records, metric or self.metric, mode or self.mode, self.max_iterations, scope)
         if best is None:
             raise RuntimeError(f"no finished trial reported {metric or self.metric!r}")
         return best.history
@@ -426,9 +516,21 @@ class SweepResult:
     def error_records(self) -> list[TrialRecord]:
         return [record for record in self.records if record.error]
 
-    def get_dataframe(self) -> pd.DataFrame:
-        """One row per configuration (see `record_row`), best first."""
-        rows = [record_row(record, self.metric, self.max_iterations) for record in self.records]
+    def get_dataframe(self, filter_metric: str | None = None, filter_mode: str | None = None) -> pd.DataFrame:
+        """One row per configuration (see `record_row`), best first: each trial's last result, or,
+        as `ResultGrid.get_dataframe` does with `filter_metric` and `filter_mode` ('min' or 'max'),
+        the result in which `filter_metric` was best."""
+        if (filter_metric is None) != (filter_mode is None):
+            raise ValueError("give both filter_metric and filter_mode, or neither")
+        if filter_mode not in (None, "min", "max"):
+            raise ValueError(f"filter_mode must be 'min' or 'max', got {filter_mode!r}")
+        rows = []
+        for record in self.records:
+            row = record_row(record, self.metric, self.max_iterations)
+            if filter_metric is not None:  # that result's values; the trial's outcome stays its own
+                best = replace(record, metrics=_best_reported(record, filter_metric, filter_mode))
+                row = {**record_row(best, self.metric, self.max_iterations), "status": row["status"]}
+            rows.append(row)
         return rows_frame(rows, self.metric, self.mode)
 
     def write(self, directory: str | Path | None = None) -> dict[str, Path]:
@@ -436,15 +538,33 @@ class SweepResult:
         `directory`)."""
         directory = Path(directory or self.experiment_path)
         write_run_files(directory, self.records, self.metric, self.mode, self.max_iterations)
-        plot_path = directory / PLOT_FILE
-        write_atomically(plot_path, self.plot)
-        self.paths = {"results": directory / RESULTS_FILE, "summary": directory / SUMMARY_FILE, "plot": plot_path}
+        self.paths = {"results": directory / RESULTS_FILE, "summary": directory / SUMMARY_FILE, "plot": None}
+        if self._histories() or self.curves:  # a run where nothing reported the metric has nothing to plot
+            self.paths["plot"] = directory / PLOT_FILE
+            write_atomically(self.paths["plot"], self.plot)
         return self.paths
 
+    def _histories(self) -> list[tuple[Any, Any]]:
+        """Each trial's (result, history) that reported the metric at least once."""
+        found = []
+        for result in self.results:
+            history = result.metrics_dataframe
+            if history is not None and self.metric in history and history[self.metric].notna().any():
+                found.append((result, history))
+        return found
+
     def plot(self, path: str | Path) -> None:
-        """Every trial's metric against training iteration; the best trial highlighted. The axis
-        is logarithmic when positive values span more than two decades, so one diverging trial
-        does not flatten the others."""
+        """Write `figure` as a PNG."""
+        import matplotlib.pyplot as plt
+
+        figure = self.figure()
+        figure.savefig(path, dpi=100, format="png")
+        plt.close(figure)
+
+    def figure(self) -> Any:
+        """Every trial's metric against training iteration, the best trial highlighted, and the
+        `curves` (a muP sweep's target) beside them. The axis is logarithmic when positive values
+        span more than two decades, so one diverging trial does not flatten the others."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -456,10 +576,7 @@ class SweepResult:
             best_path = None
         figure, axes = plt.subplots(figsize=(8, 5))
         values: list[float] = []
-        for result in self.results:
-            history = result.metrics_dataframe
-            if history is None or self.metric not in history:
-                continue
+        for result, history in self._histories():
             values += [v for v in history[self.metric] if isinstance(v, (int, float)) and math.isfinite(v)]
             if result.path == best_path:
                 continue
@@ -467,19 +584,33 @@ class SweepResult:
         if best_path is not None:
             history = self.best_result.metrics_dataframe
             axes.plot(history["training_iteration"], history[self.metric], color="tab:red", linewidth=2.5, label="best trial")
+        for label, (iterations, curve) in self.curves.items():
+            values += [v for v in curve if math.isfinite(v)]
+            axes.plot(iterations, curve, color="tab:blue", linewidth=2.5, linestyle="--", label=label)
+        if best_path is not None or self.curves:
             axes.legend()
         if values and min(values) > 0 and max(values) / min(values) > 100:
             axes.set_yscale("log")
         axes.set_xlabel("training iteration")
         axes.set_ylabel(self.metric)
-        axes.set_title(f"{Path(self.experiment_path).name}: {len(self.results)} trials")
+        run = Path(self.paths["results"]).parent if self.paths else Path(self.experiment_path)
+        axes.set_title(f"{run.name}: {len(self.results)} trials")
         axes.grid(alpha=0.3)
         figure.tight_layout()
-        figure.savefig(path, dpi=100, format="png")
-        plt.close(figure)
+        return figure
 
     def summary_table(self, max_rows: int = 40) -> str:
         return summary_table(self.get_dataframe(), self.metric, max_rows)
+
+
+def _best_reported(record: TrialRecord, metric: str, mode: str) -> Mapping[str, Any]:
+    """The trial's result in which `metric` was best (its last result when it never reported it)."""
+    frame = getattr(record.history, "metrics_dataframe", None)
+    values = pd.to_numeric(frame[metric], errors="coerce") if frame is not None and metric in frame else None
+    if values is None or values.isna().all():
+        return record.metrics
+    best = values.min() if mode == "min" else values.max()
+    return {**record.metrics, **frame[values == best].iloc[0].to_dict()}
 
 
 def summary_table(frame: pd.DataFrame, metric: str, max_rows: int = 40) -> str:

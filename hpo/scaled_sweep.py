@@ -76,11 +76,13 @@ def finish(
         run = report["target_run"]
         if run is not None:
             result.extras["target (eager)"] = f"{run['metric']} = {run['value']:.4g} after {run['iterations']} iterations"
+            result.curves[f"target (width {scaling.target_width})"] = target_curve(run["history"], result.metric)
         saved = eager.save_target(Path(result.experiment_path) / TARGET_CHECKPOINT_DIR)
         result.target_checkpoint = None if saved is None else str(saved)
     elif transfer.target_run is not None:
         run = transfer.target_run
         result.extras["target"] = f"{run.metric} = {run.value:.4g} after {run.iterations} iterations"
+        result.curves[f"target (width {scaling.target_width})"] = target_curve(run.history, result.metric)
         result.target_checkpoint = run.checkpoint
     if result.target_checkpoint:
         result.extras["target checkpoint"] = result.target_checkpoint
@@ -89,6 +91,11 @@ def finish(
     if transfer.flagged:
         result.extras["re-tune on the target (does not transfer)"] = sorted(transfer.flagged)
     result.extras["transfer"] = str(Path(result.experiment_path) / "transfer.json")
+
+
+def target_curve(history: list[dict[str, Any]], metric: str) -> tuple[list[int], list[float]]:
+    """The target's metric by iteration, drawn beside the proxy trials in `curves.png`."""
+    return list(range(1, len(history) + 1)), [float(entry[metric]) for entry in history]
 
 
 class ScaledEngine:

@@ -37,6 +37,42 @@ DISTRIBUTIONS = (
     "q_normal",
 )
 CONTINUOUS = frozenset(DISTRIBUTIONS) - {"constant", "categorical", "int_uniform"}
+#: Ray Tune's and Optuna's names of the same distributions, read as the distribution they name here.
+#: Each means exactly what its target does: Ray's `loguniform(lower, upper)` and Optuna's
+#: `suggest_float(log=True)` take the values themselves (W&B's `log_uniform` takes their natural
+#: logs), and Optuna's `suggest_int` includes its upper bound, as `int_uniform`'s max does.
+DISTRIBUTION_ALIASES = {
+    "loguniform": "log_uniform_values",  # tune.loguniform; Optuna's suggest_loguniform
+    "qloguniform": "q_log_uniform_values",  # tune.qloguniform
+    "quniform": "q_uniform",  # tune.quniform
+    "randn": "normal",  # tune.randn(mean, sd)
+    "qrandn": "q_normal",  # tune.qrandn
+    "choice": "categorical",  # tune.choice
+    "float": "uniform",  # Optuna's suggest_float
+    "int": "int_uniform",  # Optuna's suggest_int: high is inclusive
+    "discrete_uniform": "q_uniform",  # Optuna's suggest_discrete_uniform
+}
+#: Names another tool uses for something no distribution here means: refused, with what to write.
+REFUSED_DISTRIBUTIONS = {
+    "randint": "Ray's randint excludes its upper bound; write distribution: int_uniform, whose max is "
+               "inclusive (max = Ray's upper - 1)",
+    "qrandint": "write distribution: int_uniform (max inclusive), or list the values: values: [...]",
+    "lograndint": "list the integers to try: values: [...], or use log_uniform_values and round in your code",
+    "qlograndint": "list the integers to try: values: [...]",
+    "grid_search": "write values: [...] and method: grid",
+    "sample_from": "a sweep file holds no code; compute the value in the trainable from the config",
+    "q_log_uniform": "W&B's q_log_uniform (quantised natural-log exponents) is not supported; write "
+                     "distribution: q_log_uniform_values with the values themselves",
+    "inv_log_uniform": "not supported; write distribution: log_uniform_values with the values themselves",
+    "inv_log_uniform_values": "not supported; write distribution: log_uniform_values",
+    "beta": "not supported; write uniform, normal or values: [...]",
+    "q_beta": "not supported; write q_uniform or values: [...]",
+    "log_normal": "not supported; write normal, or log_uniform_values for a positive value over decades",
+    "q_log_normal": "not supported; write q_normal or q_log_uniform_values",
+}
+#: `log_uniform` whose exponents span less than this factor (exp(max) / exp(min)) searches almost
+#: one value: bounds written as the values themselves, meant for `log_uniform_values`.
+NARROW_LOG_RANGE = 1.1
 DEFAULT_MAX_ITERATIONS = 10
 #: Checkpoint every 4th iteration (and the last) unless told otherwise. Tune's driver persists each
 #: checkpoint in turn, 10-26 ms each on a 2-core box (benchmarks/results/sweep_overhead_*.json):
@@ -76,7 +112,14 @@ class ParameterSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _infer_distribution(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or data.get("distribution") is not None:
+        if not isinstance(data, dict):
+            return data
+        kind = data.get("distribution")
+        if isinstance(kind, str) and kind in DISTRIBUTION_ALIASES:
+            return {**data, "distribution": DISTRIBUTION_ALIASES[kind]}
+        if isinstance(kind, str) and kind not in DISTRIBUTIONS:
+            raise _KeyedError("distribution", unknown_distribution(kind, data.get("min"), data.get("max")))
+        if kind is not None:
             return data
         if "value" in data:
             kind = "constant"
@@ -90,13 +133,6 @@ class ParameterSpec(_Strict):
         else:
             return data  # unknown keys get their own error; otherwise _check_bounds says what is missing
         return {**data, "distribution": kind}
-
-    @field_validator("distribution")
-    @classmethod
-    def _known_distribution(cls, kind: str | None) -> str | None:
-        if kind is not None and kind not in DISTRIBUTIONS:
-            raise ValueError(f"unknown distribution {kind!r}{did_you_mean(kind, DISTRIBUTIONS)}; expected one of {', '.join(DISTRIBUTIONS)}")
-        return kind
 
     @field_validator("min", "max", "q", "mu", "sigma")
     @classmethod
@@ -140,6 +176,15 @@ class ParameterSpec(_Strict):
     @property
     def is_continuous(self) -> bool:
         return self.distribution in CONTINUOUS
+
+    @property
+    def log_bounds_look_like_values(self) -> bool:
+        """A `log_uniform` (natural-log exponents) whose bounds read as the values themselves: both
+        in (0, 1] (a learning rate), or exponents so close that the search spans almost one value."""
+        if self.distribution != "log_uniform":
+            return False
+        both_in_unit = 0 < self.min <= 1 and 0 < self.max <= 1
+        return both_in_unit or self.max - self.min < math.log(NARROW_LOG_RANGE)
 
 
 class EarlyTerminateSpec(_Strict):
@@ -324,7 +369,7 @@ def _issues(exc: ValidationError, source: LineNumbered) -> list[ConfigIssue]:
             loc.append(keyed.key)
             message = str(keyed)
         if error["type"] == "extra_forbidden":
-            message = f"unknown key {loc[-1]!r}{did_you_mean(loc[-1], _allowed_keys(loc[:-1]))}"
+            message = f"unknown key {loc[-1]!r}{did_you_mean_key(loc[-1], _allowed_keys(loc[:-1]))}"
         elif error["type"] == "missing":
             message = f"required key {loc[-1]!r} is missing"
         path = ".".join(loc)
@@ -344,3 +389,67 @@ def did_you_mean(word: str, choices: Any) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
+
+
+def unknown_distribution(kind: str, low: Any = None, high: Any = None) -> str:
+    """Why `kind` is refused, with the distribution it most likely means: a name another tool uses
+    for something else says what to write instead; a misspelling is matched against every name
+    and alias, by what it means: a log-uniform whose bounds (`low`, `high`) are values is
+    `log_uniform_values`, never `log_uniform`, which would search exp(low) to exp(high)."""
+    spelled = kind.strip().lower().replace("-", "_").replace(" ", "_")
+    if spelled in REFUSED_DISTRIBUTIONS:
+        return f"unknown distribution {kind!r}: {REFUSED_DISTRIBUTIONS[spelled]}"
+    meanings = {**{name: name for name in DISTRIBUTIONS}, **DISTRIBUTION_ALIASES}
+    close = difflib.get_close_matches(spelled, [*meanings, *REFUSED_DISTRIBUTIONS], n=1, cutoff=0.6)
+    if close and close[0] in REFUSED_DISTRIBUTIONS:
+        return f"unknown distribution {kind!r}: {REFUSED_DISTRIBUTIONS[close[0]]}"
+    meant = meanings[close[0]] if close else None
+    if meant == "log_uniform" and _look_like_values(low, high):
+        meant = "log_uniform_values"
+    hint = f" (did you mean {meant!r}?)" if meant else ""
+    return f"unknown distribution {kind!r}{hint}; expected one of {', '.join(DISTRIBUTIONS)}"
+
+
+def _look_like_values(low: Any, high: Any) -> bool:
+    """Bounds that read as the values of a log-scale parameter (a learning rate), not its logs."""
+    numbers = [v for v in (low, high) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return len(numbers) == 2 and all(0 < v <= 1 for v in numbers)
+
+
+#: Other tools' names (Ray Tune's, Optuna's, W&B's, argparse habits) for the keys of a sweep file:
+#: each maps to the keys it may mean, and "did you mean" offers the first one allowed where it stands.
+KEY_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "low": ("min",), "lower": ("min",), "minimum": ("min",), "lo": ("min",),
+    "high": ("max",), "upper": ("max",), "maximum": ("max",), "hi": ("max",),
+    "mean": ("mu",), "loc": ("mu",), "std": ("sigma",), "sd": ("sigma",), "stddev": ("sigma",), "scale": ("sigma",),
+    "step": ("q",), "quantization": ("q",), "choices": ("values",), "options": ("values",),
+    "categories": ("values",), "grid_search": ("values",), "default": ("value",),
+    "dist": ("distribution",), "type": ("distribution",), "log": ("distribution",),
+    "num_samples": ("run_cap",), "n_trials": ("run_cap",), "count": ("run_cap",), "max_trials": ("run_cap",),
+    "search_alg": ("method",), "searcher": ("method",), "algorithm": ("method",), "sampler": ("method",),
+    "search": ("method",), "scheduler": ("early_terminate",), "pruner": ("early_terminate",),
+    "max_concurrent": ("max_concurrent_trials",), "concurrency": ("max_concurrent_trials",),
+    "time_budget": ("time_budget_s",), "timeout": ("time_budget_s",),
+    "max_t": ("max_iter", "max_iterations"), "iterations": ("max_iterations",), "epochs": ("max_iterations",),
+    "training_iteration": ("max_iterations",), "grace_period": ("min_iter",), "min_t": ("min_iter",),
+    "reduction_factor": ("eta",), "mode": ("goal",), "direction": ("goal",),
+    "resources_per_trial": ("resources",), "cpus": ("cpu",), "num_cpus": ("cpu",), "cpus_per_trial": ("cpu",),
+    "gpus": ("gpu",), "num_gpus": ("gpu",), "gpus_per_trial": ("gpu",),
+    "local_dir": ("storage_path",), "storage": ("storage_path",), "output_dir": ("storage_path",),
+    "config": ("parameters",), "param_space": ("parameters",), "search_space": ("parameters",),
+    "params": ("parameters",), "hyperparameters": ("parameters",),
+    "program": ("trainable",), "function": ("trainable",), "train_fn": ("trainable",), "run": ("trainable",),
+    "max_retries": ("max_failures",), "retries": ("max_failures",),
+    "random_seed": ("seed",), "random_state": ("seed",),
+    "members": ("max_members",), "group_size": ("max_members",), "num_members": ("max_members",),
+    "frequency": ("every",), "checkpoint_frequency": ("every",), "checkpoint_freq": ("every",),
+    "checkpoint_at_end": ("at_end",),
+}
+
+
+def did_you_mean_key(word: str, allowed: Any) -> str:
+    """" (did you mean 'min'?)" for a key written as another tool writes it (`low`), or misspelt."""
+    allowed = list(allowed)
+    spelled = word.strip().lower().replace("-", "_")
+    meant = next((key for key in KEY_SYNONYMS.get(spelled, ()) if key in allowed), None)
+    return f" (did you mean {meant!r}?)" if meant else did_you_mean(spelled, allowed)

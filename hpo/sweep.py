@@ -32,10 +32,13 @@ from hpo.api import Trainable, Tuner
 from hpo.atomic_storage import atomic_local_filesystem, is_local_path
 from hpo.base.checkpointing import KEEP_NEWEST
 from hpo.logging_callbacks import as_logging_spec, logger_callbacks
+from hpo.console import quiet_tune, report
 from hpo.progress import ProgressCallback
 from hpo.results import SweepResult
 from hpo.spec import CheckpointPolicy, FusionConfig, ParameterSpec, SweepSpec
 from hpo.sweep_file import LoadedSweep, describe_plan, load_sweep
+from hpo.trial_errors import TrialErrorCallback
+from hpo.trial_output import quiet_ray_on_workers
 
 __all__ = ["LoadedSweep", "build_tuner", "describe_plan", "load_sweep", "run", "sweep_run_config"]
 
@@ -83,7 +86,8 @@ def build_searcher(spec: SweepSpec) -> Searcher | BasicVariantGenerator:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         sampler = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=spec.tpe_startup_trials)
         searcher = OptunaSearch(metric=spec.metric.name, mode=spec.metric.mode, sampler=sampler)
-        if spec.max_concurrent_trials:
+        fused = spec.fusion is not None and spec.fusion.enabled
+        if spec.max_concurrent_trials and not fused:  # fused, the limit counts groups (`FusedEngine.slots`)
             return ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent_trials)
         return searcher
     return BasicVariantGenerator(random_state=spec.seed, max_concurrent=spec.max_concurrent_trials or 0)
@@ -108,7 +112,7 @@ def build_scheduler(spec: SweepSpec) -> TrialScheduler:
 def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
     """The Tuner a loaded sweep file describes (what `hpo run FILE` fits)."""
     spec = loaded.spec
-    callbacks = [ProgressCallback(spec.metric.name, spec.metric.mode, spec.num_samples if spec.method != "grid" else None)]
+    callbacks = [ProgressCallback(spec.metric.name, spec.metric.mode, spec.trial_count), TrialErrorCallback()]
     stop = {"training_iteration": spec.max_iterations, **(spec.stop or {})}
     return Tuner(
         loaded.trainable,
@@ -124,7 +128,7 @@ def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
             reuse_actors=True,
         ),
         run_config=sweep_run_config(
-            spec.name, spec.storage_path, stop, spec.max_failures,
+            spec.name, loaded.storage, stop, spec.max_failures,
             (callbacks if show_progress else []) + logger_callbacks(spec.logging, spec.name, loaded.experiment_path, loaded.source), verbose=0,
         ),
         resources={"cpu": spec.resources.cpu, "gpu": spec.resources.gpu},
@@ -181,6 +185,7 @@ def run(
     checkpoint: CheckpointPolicy | Mapping[str, Any] | None = None,
     reuse_actors: bool = True,
     logging: Mapping[str, Any] | None = None,
+    verbose: int = 2,
 ) -> SweepResult:
     """`tune.run`'s common arguments, returning a `SweepResult`.
 
@@ -189,7 +194,17 @@ def run(
     `logging` is a sweep file's `logging:` block as a dict (`{"tensorboard": True, "mlflow":
     {"tracking_uri": ...}, "wandb": {"project": ..., "mode": "offline"}}`): Tune's own logger
     callbacks, added to `callbacks`.
+
+    It prints what `hpo run` prints, by Tune's `verbose` levels: 0 nothing, 1 the report at the end
+    (table, best configuration, files, what went wrong) and each failed trial's own frames, 2 (the
+    default) also a line per finished trial and, on a terminal, a live status line, 3 also a line
+    per reported result. Tune's own tables, tracebacks and warnings stay off the console.
     """
+    if verbose not in (0, 1, 2, 3):
+        raise ValueError(f"verbose must be 0, 1, 2 or 3 (as Tune's), got {verbose!r}")
+    console = [TrialErrorCallback(verbose=verbose)]
+    if metric:
+        console.insert(0, ProgressCallback(metric, mode or "min", trial_total(config, num_samples, search_alg), verbose=verbose))
     if logging is not None:
         experiment = Path(storage_path or "~/ray_results").expanduser().resolve() / (name or "sweep")
         callbacks = [*(callbacks or []), *logger_callbacks(as_logging_spec(logging), name or "sweep", experiment)]
@@ -203,13 +218,41 @@ def run(
         time_budget_s=time_budget_s,
         reuse_actors=reuse_actors,
     )
-    return Tuner(
+    tuner = Tuner(
         trainable,
         param_space=config,
         tune_config=tune_config,
-        run_config=sweep_run_config(name, storage_path, stop, max_failures, callbacks),
+        run_config=sweep_run_config(name, storage_path, stop, max_failures, [*(callbacks or []), *console], verbose=0),
         resources=resources_per_trial,
         scaling=scaling,
         fusion=fusion,
         checkpoint=checkpoint,
-    ).fit()
+    )
+    restore = quiet_tune()
+    quiet_ray_on_workers("WARNING" if verbose < 3 else None)
+    try:
+        result = tuner.fit()
+    finally:
+        quiet_ray_on_workers(None)
+        restore()
+    if verbose >= 1 and metric:
+        report(result, f"hpo.Tuner(...).resume({str(tuner.run_path)!r}) with the same arguments")
+    return result
+
+
+def trial_total(config: Mapping[str, Any] | None, num_samples: int, search_alg: Any = None) -> int | None:
+    """How many trials `tune.run` runs: `num_samples` passes over every grid of the space (a
+    searcher's `num_samples` trials); None when only the searcher knows (`num_samples=-1`)."""
+    if num_samples < 0:
+        return None
+    if search_alg is not None and not isinstance(search_alg, BasicVariantGenerator):
+        return num_samples
+    return num_samples * _grid_size(config or {})
+
+
+def _grid_size(space: Any) -> int:
+    if isinstance(space, Mapping):
+        if set(space) == {"grid_search"}:
+            return len(space["grid_search"])
+        return math.prod(_grid_size(value) for value in space.values())
+    return 1

@@ -227,8 +227,17 @@ class LoadedSweep:
     located: TrainableSource | None = None
 
     @property
+    def storage(self) -> str:
+        """Where the sweep's runs are stored: a relative `storage_path` is relative to the sweep file's
+        folder, not to where `hpo` runs, so `hpo run --resume` and `hpo results` find the run from any
+        folder (a URI such as `s3://bucket/runs` is Tune's to read)."""
+        if "://" in self.spec.storage_path:
+            return self.spec.storage_path
+        return str(Path(self.source.name).resolve().parent.joinpath(Path(self.spec.storage_path).expanduser()).resolve())
+
+    @property
     def experiment_path(self) -> Path:
-        return Path(self.spec.storage_path).resolve() / self.spec.name
+        return Path(self.storage) / self.spec.name
 
     @property
     def code_folder(self) -> Path | None:
@@ -353,7 +362,8 @@ def _number(value: float | None) -> str:
 def describe_searcher(spec: SweepSpec) -> str:
     """What `hpo.sweep.build_searcher` builds, in words."""
     if spec.searcher_kind == "tpe":
-        limit = f", at most {spec.max_concurrent_trials} at once" if spec.max_concurrent_trials else ""
+        fused = spec.fusion is not None and spec.fusion.enabled
+        limit = f", at most {spec.max_concurrent_trials} at once" if spec.max_concurrent_trials and not fused else ""
         return f"OptunaSearch (TPE, {spec.tpe_startup_trials} random start-up trials{limit})"
     return f"BasicVariantGenerator ({spec.searcher_kind})"
 

@@ -64,8 +64,9 @@ def clear_stale_locks(root: Path, older_than_s: float) -> list[Path]:
 def build_pipeline_op() -> Path:
     """Build the one CPU op every DeepSpeed pipeline loads, so no pipeline's first step pays for it.
 
-    `make setup` runs this once per environment. Setup is the environment's only builder, so any
-    lock found then is a killed setup's, whatever its age.
+    `make setup-bubbles` (which `make test` runs) runs this once per environment, before anything
+    in it runs a pipeline, so any lock found then is a killed setup's, whatever its age. Without
+    it, the first pipeline-bubble run builds the op.
     """
     root = use_environment_extensions_dir(stale_after_s=0)
     from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder

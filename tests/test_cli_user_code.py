@@ -66,7 +66,9 @@ def run_from_root(tmp_path_factory):
         seed: 0
         storage_path: {storage}
         """))
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    # A newcomer's shell: no RAY_ADDRESS, and no RAY_AUTH_MODE (Ray then turns token authentication
+    # on for the new local Ray itself, and says so).
+    env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     env["PYTHONPATH"] = str(REPO)  # this checkout, for the driver and for Ray's workers
     proc = subprocess.run(
         [sys.executable, "-m", "hpo.cli", "run", str(sweep)],
@@ -116,6 +118,16 @@ def test_the_console_shows_hpos_progress_lines_and_no_optuna_or_tune_chatter(run
     for table in ("Trial status", "Trial name", "Current time", "+-----"):  # Tune's status tables
         assert table not in proc.stdout, proc.stdout
     assert "Started a local Ray instance" not in console
+
+
+@pytest.mark.slow
+def test_no_advice_to_disable_auth_no_exception_at_shutdown_and_nothing_after_the_time_line(run_from_root):
+    proc, _ = run_from_root
+    console = proc.stdout + proc.stderr
+    assert "RAY_AUTH_MODE=disabled" not in console, "Ray's advice to turn token authentication off"
+    assert "Exception ignored" not in console and "SystemExit" not in console
+    assert "Restored on" not in console and "Trials did not complete" not in console
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("time:    sweep "), proc.stdout[-2000:]
 
 
 def test_a_ctrl_c_before_the_sweep_started_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -71,7 +72,7 @@ def test_a_folder_the_user_chose_for_extensions_wins(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_setup_builds_the_op_past_a_lock_a_killed_setup_left():
-    """`make setup`'s build step, with a lock as fresh as a setup killed a moment ago: it must not wait."""
+    """`make setup-bubbles`' build step, with a lock as fresh as a setup killed a moment ago: it must not wait."""
     root = Path(os.environ.get(EXTENSIONS_DIR_VAR) or environment_extensions_dir())
     lock = root / "deepspeed_shm_comm" / "lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
@@ -84,3 +85,21 @@ def test_setup_builds_the_op_past_a_lock_a_killed_setup_left():
         pytest.fail(f"the build waited on {lock}")
     assert done.returncode == 0, done.stderr[-2000:]
     assert not lock.exists()
+
+
+def make_dry_run(tmp_path, target: str) -> str:
+    """What `make TARGET` would run on a fresh checkout (no venv yet), without running it."""
+    for name in ("Makefile", "pyproject.toml", "constraints.txt"):
+        shutil.copy(REPO / name, tmp_path / name)
+    done = subprocess.run(["make", "-n", target], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_make_run_builds_no_deepspeed_op_which_the_quickstart_never_loads_while_make_test_does(tmp_path):
+    """Issue 34, item 6: the op took 5 of `make run`'s 10 minutes on a loaded 2-core box."""
+    run = make_dry_run(tmp_path, "run")
+    assert "pip install" in run and "hpo run configs/quickstart.yaml" in run
+    assert "build_pipeline_op" not in run and "[all" not in run, "nor DeepSpeed, muP, the loggers or the test tools"
+    assert "build_pipeline_op" in make_dry_run(tmp_path, "setup-bubbles")
+    assert "build_pipeline_op" in make_dry_run(tmp_path, "test"), "CI's make test runs pipelines: it builds the op first"

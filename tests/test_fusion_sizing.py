@@ -82,3 +82,73 @@ def test_cuda_group_of_the_chosen_size_trains_within_the_budget_it_was_sized_for
     budget = decision.available_bytes * decision.safety_margin
     assert len(rows) == decision.num_members and not any(row["diverged"] for row in rows)
     assert peak <= budget, f"{decision}: the group peaked at {peak / MiB:.1f} MiB, over its {budget / MiB:.1f} MiB budget"
+
+
+# -- the fused engine owns concurrency (issue 34, item 2) -----------------------------------------
+
+FUSED_TPE = """\
+name: t
+trainable: mlp_digits
+method: tpe
+metric: {name: val_loss, goal: minimize}
+parameters:
+  lr: {distribution: log_uniform_values, min: 0.0001, max: 0.05}
+run_cap: 16
+max_concurrent_trials: 2
+"""
+
+
+def spec_of(text: str):
+    from hpo.spec import SweepSpec
+    from hpo.sweep_file import YamlSource
+
+    return SweepSpec.from_source(YamlSource.from_text(text, "sweep.yaml"))
+
+
+def test_max_concurrent_trials_never_limits_the_searcher_of_a_fused_sweep():
+    """A limit on the searcher caps how many configurations a group can draw: 2 members a group."""
+    from ray.tune.search import ConcurrencyLimiter
+
+    from hpo.sweep import build_searcher
+
+    assert isinstance(build_searcher(spec_of(FUSED_TPE)), ConcurrencyLimiter), "unfused, it limits trials"
+    assert not isinstance(build_searcher(spec_of(FUSED_TPE + "fusion: {max_members: 16}\n")), ConcurrencyLimiter)
+
+
+def fused(tmp_path, search_alg, num_samples: int, slots: int, capsys):
+    from ray import tune
+
+    from hpo.fused_sweep import fused_sweep
+    from hpo.spec import CheckpointPolicy
+
+    space = {"lr": tune.grid_search([1e-3 * (i + 1) for i in range(16)])} if search_alg is None else {"lr": tune.loguniform(1e-4, 1e-1)}
+    sweep = fused_sweep(
+        tmp_path, mlp_digits, 128, {"cpu": 1}, space,
+        tune.TuneConfig(metric="val_loss", mode="min", num_samples=num_samples, search_alg=search_alg),
+        2, CheckpointPolicy(), "fp32", slots,
+    )
+    return sweep.members_per_group, capsys.readouterr().out
+
+
+def test_groups_shrunk_to_fill_every_slot_say_so_in_one_line(tmp_path, capsys):
+    members, printed = fused(tmp_path, None, 1, 2, capsys)
+    assert members == 8
+    assert printed == "fusion: groups of up to 8 members, not 128: 16 configurations over 2 group slots\n"
+
+
+def test_a_searchers_concurrency_limiter_that_shrinks_groups_is_named(tmp_path, capsys):
+    from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.optuna import OptunaSearch
+
+    members, printed = fused(tmp_path, ConcurrencyLimiter(OptunaSearch(), max_concurrent=2), 64, 2, capsys)
+    assert members == 2
+    assert printed.startswith(
+        "fusion: groups of up to 2 members, not 128: the searcher's ConcurrencyLimiter(max_concurrent=2)"), printed
+
+
+def test_the_report_gives_the_groups_real_sizes():
+    from hpo.fused_members import FusedGroups
+
+    assert str(FusedGroups.of([f"a_m{i:03d}" for i in range(8)] + [f"b_m{i:03d}" for i in range(8)])) == "2 of 8 members each"
+    assert str(FusedGroups.of(["a_m000", "a_m001", "b_m000"])) == "2, of 2 and 1 members"
+    assert FusedGroups.of(["b_m001", "a_m000", "b_m000"]) == [["a_m000"], ["b_m000", "b_m001"]]

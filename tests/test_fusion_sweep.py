@@ -4,6 +4,7 @@ results and checkpoints, is judged by the user's searcher and scheduler, and tra
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -202,6 +203,7 @@ def test_a_resumed_fused_sweep_keeps_what_finished_and_trains_the_rest(ray_local
         time.sleep(0.2)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
+    ended_by_kill = {path.parent.name for path in members.glob("*/status.json")}
     finished = {path.parent.name: (path.parent / "result.json").read_text() for path in ended}
     assert 2 <= len(finished) < 6, f"expected a half-finished sweep, finished: {sorted(finished)}"
 
@@ -212,3 +214,7 @@ def test_a_resumed_fused_sweep_keeps_what_finished_and_trains_the_rest(ray_local
     rows = pd.read_csv(tmp_path / "runs" / "killed_fused" / "results.csv")
     assert sorted(rows["config/lr"]) == [0.001, 0.003, 0.01, 0.03, 0.1, 0.3], "every configuration has its row"
     assert (rows["status"] == "completed").all() and (rows["iterations"] == 3).all(), rows
+    assert "fused_groups: 3 of 2 members each" in resumed.stdout.splitlines(), resumed.stdout
+    lines = re.findall(r"^\[\s*(\d+)/6\] trial (\w+) finished", resumed.stdout, re.M)
+    assert [int(n) for n, _ in lines] == list(range(len(ended_by_kill) + 1, 7)), f"the count goes on: {resumed.stdout}"
+    assert not {member for _, member in lines} & ended_by_kill, "a member that ended before the kill is not printed again"

@@ -214,3 +214,14 @@ def test_coord_check_finds_a_module_in_the_current_folder(tmp_path, monkeypatch,
     assert main(["coord-check", "cwd_broken:train"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"SyntaxError: '(' was never closed ({tmp_path / 'cwd_broken.py'}:1)" in err, err
+
+
+def test_the_refusal_to_scale_a_function_points_at_the_workload_guide(tmp_path, capsys):
+    (tmp_path / "guide_trainable.py").write_text("def train(config):\n    pass\ntrain.reported_metrics = ('val_loss',)\n")
+    path = tmp_path / "sweep.yaml"
+    path.write_text("trainable: guide_trainable:train\nmetric: {name: val_loss}\nparameters:\n  lr: {values: [0.1]}\n"
+                    "scaling: {target_width: 128, ratio: 4}\n")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "scaling needs a Workload trainable" in err and "docs/workload_guide.md" in err and "workload.py" not in err
+

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 import re
 import threading
 import time
@@ -11,6 +13,7 @@ import pytest
 from ray import tune
 
 import hpo
+from hpo.fused_members import MemberTrial
 from hpo.progress import ProgressCallback, status_line
 
 TRIALS = 4
@@ -93,3 +96,100 @@ def test_on_a_terminal_a_live_line_shows_running_done_best_and_eta(printed):
     assert len(trial_lines) == TRIALS and all(TRIAL_LINE.match(line) for line in trial_lines), trial_lines
     assert screen.endswith("\r\x1b[K"), "the live line is cleared when the sweep ends"
     assert f"best loss={result.best_result.metrics['loss']:.4g}" in redraws[-1]
+
+
+# -- the same measure as the final table, counted across a resume (issue 34, items 7 and 8) --------
+
+
+def member(folder, trial_id: str, loss: float | None = None, ended: str | None = None) -> MemberTrial:
+    """A configuration as a fused sweep's callbacks see it; `ended` once its end is on disk."""
+    trial = MemberTrial(trial_id, {"x": 1}, "g", folder / trial_id, "train")
+    trial.last_result = {} if loss is None else {"loss": loss, "training_iteration": 2}
+    if ended is not None:
+        trial.ended, trial.status = ended, MemberTrial.ERROR if ended == "error" else MemberTrial.TERMINATED
+    return trial
+
+
+def finish(callback, trials, trial, loss: float, status: str = "completed") -> None:
+    trial.last_result = {"loss": loss, "training_iteration": 2}
+    trial.ended, trial.status = status, MemberTrial.TERMINATED
+    callback.on_trial_complete(0, trials, trial)
+    callback.on_step_end(0, trials)
+
+
+def test_the_best_so_far_is_the_best_finished_trials_last_value_never_a_running_trials(tmp_path):
+    log = io.StringIO()
+    callback = ProgressCallback("loss", "min", 3, stream=log)
+    first, running, third = (member(tmp_path, f"t{i}") for i in range(3))
+    trials = [first, running, third]
+    running.last_result = {"loss": 0.9934, "training_iteration": 1}  # mid-run: may go up again
+    finish(callback, trials, first, 1.133)
+    running.last_result = {"loss": 0.5599, "training_iteration": 2}
+    finish(callback, trials, third, 0.5721)
+    finish(callback, trials, running, 0.6)
+    assert log.getvalue().splitlines() == [
+        "[  1/3] trial t0 finished after 2 it: loss=1.133 (best 1.133)",
+        "[  2/3] trial t2 finished after 2 it: loss=0.5721 (best 0.5721)",
+        "[  3/3] trial t1 finished after 2 it: loss=0.6 (best 0.5721)",
+    ]
+
+
+def test_errored_and_diverged_trials_are_never_the_best_so_far(tmp_path):
+    log = io.StringIO()
+    callback = ProgressCallback("loss", "min", 3, stream=log)
+    good, failed, diverged = (member(tmp_path, f"t{i}") for i in range(3))
+    trials = [good, failed, diverged]
+    finish(callback, trials, good, 0.8)
+    failed.last_result, failed.ended, failed.status = {"loss": 0.1, "training_iteration": 1}, "error", MemberTrial.ERROR
+    callback.on_trial_error(0, trials, failed)
+    diverged.last_result = {"loss": 0.05, "diverged": True, "training_iteration": 1}
+    diverged.ended, diverged.status = "diverged", MemberTrial.TERMINATED
+    callback.on_trial_complete(0, trials, diverged)
+    assert all(line.endswith("(best 0.8)") for line in log.getvalue().splitlines()), log.getvalue()
+
+
+def test_a_resumed_sweep_counts_on_from_the_trials_its_earlier_run_ended(tmp_path):
+    earlier = [member(tmp_path, f"e{i}", loss=1.0 - i / 10, ended="completed") for i in range(9)]
+    fresh = member(tmp_path, "n0")
+    trials = [*earlier, fresh]
+    log = io.StringIO()
+    callback = pickle.loads(pickle.dumps(ProgressCallback("loss", "min", 12, stream=log)))  # as Tune restores it
+    callback._stream = log
+    callback.on_step_end(0, trials)
+    finish(callback, trials, fresh, 0.95)
+    assert log.getvalue().splitlines() == ["[ 10/12] trial n0 finished after 2 it: loss=0.95 (best 0.2)"]
+
+
+def test_verbose_levels_follow_tune(tmp_path):
+    printed = {}
+    for verbose in (0, 1, 2, 3):
+        log = io.StringIO()
+        callback = ProgressCallback("loss", "min", 1, stream=log, verbose=verbose)
+        trial = member(tmp_path, "t0")
+        callback.on_trial_result(0, [trial], trial, {"loss": 0.5, "training_iteration": 1})
+        finish(callback, [trial], trial, 0.4)
+        printed[verbose] = log.getvalue().splitlines()
+    assert printed[0] == printed[1] == []
+    assert printed[2] == ["[  1/1] trial t0 finished after 2 it: loss=0.4 (best 0.4)"]
+    assert printed[3] == ["      trial t0 it 1: loss=0.5", *printed[2]]
+
+
+def one_report(config):
+    tune.report({"loss": float(config["x"])})
+
+
+@pytest.mark.slow
+def test_hpo_run_prints_what_hpo_run_prints_in_at_most_25_lines_for_a_10_trial_grid(ray_local, tmp_path, capsys):
+    """Issue 34, item 3: 359 lines of Tune's tables and warnings were printed for 10 trials."""
+    result = hpo.run(one_report, config={"x": tune.grid_search(list(range(10)))}, metric="loss", mode="min",
+                     storage_path=str(tmp_path), name="grid10")
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert len(lines) <= 25, out
+    printed_ids = re.findall(r"^\[\s*\d+/10\] trial (\w+) finished after 1 it: loss=", out, re.M)
+    assert sorted(printed_ids) == sorted(result.get_dataframe()["trial_id"]), "one trial id, in the lines and the rows"
+    assert 'Best configuration (loss = 0): {"x": 0}' in lines and f"results: {tmp_path / 'grid10' / 'results.csv'}" in lines
+    for noise in ("Trial status", "╭", "snapshotting", "driver_artifacts", "RAY_AUTH_MODE=disabled"):
+        assert noise not in out + err, noise
+    for actor in result.actors:  # the module's shared Ray is checked for leftovers
+        ray_local.kill(actor)

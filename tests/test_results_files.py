@@ -136,3 +136,55 @@ def test_results_are_rebuilt_from_the_trials_own_folders_even_with_a_torn_last_l
     out = capsys.readouterr().out
     assert "rebuilt" in out and "Best configuration" in out and "checkpoint_000001" in out
     assert main(["results", str(tmp_path / "nowhere")]) == EXIT_BAD_INPUT
+
+
+# -- labels follow one rule, and --rebuild keeps the verdicts given when trials ended (issue 34, item 8)
+
+
+def test_a_trial_that_ended_without_a_single_result_is_an_error_not_early_stopped_or_completed(tmp_path):
+    # Tune stops a sweep at a result without its metric, and keeps none of it: the trials end empty.
+    rows = write_run_files(tmp_path, [TrialRecord("t1", {"lr": 0.1}, {}), record("t2", 0.5)], "loss", "min", 3)
+    by_id = rows.set_index("trial_id")
+    assert by_id.loc["t1", "status"] == "error" and by_id.loc["t1", "error"] == "ended without a single result"
+    assert by_id.loc["t2", "status"] == "completed"
+    assert json.loads((tmp_path / SUMMARY_FILE).read_text())["errored"] == 1
+
+
+def test_rebuild_keeps_the_verdicts_tune_gave_when_trials_ended_even_without_summary_json(tmp_path, capsys):
+    run = stored_run(tmp_path, trials=3)
+    records = records_from_trial_dirs(run)
+    records[0].metrics["training_iteration"] = 1  # ASHA stopped t0 at its first rung
+    (run / "trial_0" / "result.json").write_text(json.dumps({**records[0].metrics, "trial_id": "t0"}) + "\n")
+    write_run_files(run, records, "loss", "min", 2)
+    before = pd.read_csv(run / RESULTS_FILE).set_index("trial_id")["status"]
+    assert before["t0"] == "early_stopped"
+    (run / SUMMARY_FILE).unlink()  # what is left of a damaged run: which iteration count was the end is lost
+    assert main(["results", str(run), "--rebuild", "--metric", "loss"]) == 0
+    after = pd.read_csv(run / RESULTS_FILE).set_index("trial_id")["status"]
+    pd.testing.assert_series_equal(after.sort_index(), before.sort_index())
+
+
+def test_a_fused_members_rows_take_the_verdict_its_scheduler_wrote_and_always_have_its_config(tmp_path):
+    from hpo.fused_members import MemberBook
+
+    book = MemberBook(tmp_path, "train")
+    stopped, unstarted = book.add_group("g1", [{"lr": 0.1}, {"lr": 0.2}])
+    book.record_result(stopped, {"loss": 0.4, "training_iteration": 3})
+    book.end(stopped, "early_stopped")  # stopped by its scheduler at iteration 3, though it reached 3
+    frame = book.result(None, "loss", "min", 3).get_dataframe().set_index("trial_id")
+    assert frame.loc[stopped.trial_id, "status"] == "early_stopped"
+    assert frame.loc[unstarted.trial_id, "config/lr"] == 0.2, "a member stopped before it reported keeps its config"
+    assert frame.loc[unstarted.trial_id, "status"] == "running"
+
+
+def test_a_resumed_fused_sweeps_group_list_is_read_from_its_members_folders(tmp_path):
+    from hpo.fused_members import MemberBook
+
+    earlier = MemberBook(tmp_path, "train")
+    for group in ("g1", "g2"):
+        for member in earlier.add_group(group, [{"lr": 0.1}, {"lr": 0.2}]):
+            earlier.record_result(member, {"loss": 0.4, "training_iteration": 1})
+            earlier.end(member, "completed")
+    resumed = MemberBook(tmp_path, "train")  # after a resume, Tune's restored scheduler holds the groups
+    groups = resumed.result(None, "loss", "min", 1, {"g1", "g2"}).extras["fused_groups"]
+    assert str(groups) == "2 of 2 members each", "a resumed fused sweep printed fused_groups: [] for two groups"

@@ -48,6 +48,10 @@ def test_proxy_sweep_transfers_its_best_config_and_trains_the_target(tmp_path):
     assert transfer["target_run"]["value"] < 2.3, "the transferred config trains the target"
     assert result.target_checkpoint == str(tmp_path / "runs" / "scaled" / "target_checkpoint")
     assert (Path(result.target_checkpoint) / CHECKPOINT_FILE).is_file(), "the trained target is saved"
+    iterations, values = result.curves["target (width 128)"]
+    assert iterations == [1, 2] and values[-1] == transfer["target_run"]["value"]
+    drawn = {line.get_label(): list(line.get_ydata()) for line in result.figure().axes[0].get_lines()}
+    assert drawn["target (width 128)"] == values, "curves.png shows the target beside the proxy trials"
 
 
 def test_eager_transfer_reports_time_to_first_target_result_and_prints_the_saved_target(tmp_path, capsys):

@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
+from hypothesis import given, strategies as st
 from ray import tune
 
+from hpo.cli import main
 from hpo.sweep import to_tune_domain
-from hpo.spec import ParameterSpec
+from hpo.spec import DISTRIBUTION_ALIASES, ParameterSpec
 from hpo.sweep_file import YamlSource
 
 
@@ -61,3 +64,105 @@ def test_yaml_reads_scientific_notation_as_numbers_not_strings():
     lr = ParameterSpec.model_validate(parameters["lr"])
     assert lr.values == [1e-3, 3e-2, 0.15]
     assert ParameterSpec.model_validate(parameters["wd"]).distribution == "uniform"
+
+
+# -- other tools' names (issue 34, item 1): a suggestion never silently searches the wrong space --
+
+FUNCTION_SWEEP = """\
+name: t
+trainable: space_trainable:train
+metric: {{name: loss, goal: minimize}}
+parameters:
+  lr: {lr}
+"""
+
+
+def sweep_file(tmp_path, lr: str, trainable: bool = True):
+    if trainable:
+        (tmp_path / "space_trainable.py").write_text("def train(config):\n    pass\ntrain.reported_metrics = ('loss',)\n")
+    path = tmp_path / "sweep.yaml"
+    path.write_text(FUNCTION_SWEEP.format(lr=lr))
+    return path
+
+
+@pytest.mark.parametrize(("alias", "meaning"), sorted(DISTRIBUTION_ALIASES.items()))
+def test_ray_and_optuna_names_are_read_as_the_distribution_they_name_there(alias, meaning):
+    bounds = {"min": 1e-4, "max": 0.05, "q": 1e-4, "mu": 0.0, "sigma": 1.0}
+    if meaning in ("categorical",):
+        bounds = {"values": [1, 2]}
+    elif meaning == "int_uniform":
+        bounds = {"min": 1, "max": 3}
+    param = ParameterSpec.model_validate({"distribution": alias, **bounds})
+    assert param.distribution == meaning
+
+
+def test_rays_loguniform_searches_the_values_it_is_given_not_their_exponentials():
+    values = samples({"distribution": "loguniform", "min": 1e-4, "max": 0.05})
+    assert 1e-4 <= min(values) < 1e-3 and 1e-2 < max(values) <= 0.05
+
+
+def test_rays_randint_is_refused_with_what_to_write_since_its_upper_bound_is_excluded(tmp_path, capsys):
+    assert main(["validate", "--no-exec", str(sweep_file(tmp_path, "{distribution: randint, min: 1, max: 4}"))]) == 2
+    err = capsys.readouterr().err
+    assert "sweep.yaml:5: parameters.lr.distribution: unknown distribution 'randint': Ray's randint excludes" in err
+    assert "write distribution: int_uniform" in err
+
+
+@pytest.mark.parametrize("typo", ["logunifrom", "log-uniform", "LogUniform"])
+def test_a_misspelt_log_scale_with_value_bounds_suggests_log_uniform_values(tmp_path, capsys, typo):
+    assert main(["validate", "--no-exec", str(sweep_file(tmp_path, f"{{distribution: {typo}, min: 0.0001, max: 0.05}}"))]) == 2
+    assert "(did you mean 'log_uniform_values'?)" in capsys.readouterr().err
+
+
+def test_log_uniform_with_bounds_that_read_as_values_is_flagged_before_ray_starts(tmp_path, capsys):
+    path = sweep_file(tmp_path, "{distribution: log_uniform, min: 0.0001, max: 0.05}")
+    assert main(["validate", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith(
+        f"{path}:5: parameters.lr.distribution: warning: log_uniform takes natural-log exponents (as in W&B): "
+        "min 0.0001 and max 0.05 search lr from exp(0.0001) = 1 to exp(0.05) = 1.051"
+    ), captured.err
+    assert "write distribution: log_uniform_values" in captured.err
+    assert f"{path}: OK (all checks; 1 warning above)" in captured.out
+
+
+def test_real_exponents_raise_no_warning(tmp_path, capsys):
+    assert main(["validate", str(sweep_file(tmp_path, "{distribution: log_uniform, min: -9.2, max: -3}"))]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+@given(low=st.floats(-50, 50), span=st.floats(0.0, 60))
+def test_log_uniform_bounds_look_like_values_exactly_when_both_are_in_0_1_or_span_under_a_tenth(low, span):
+    high = low + span
+    if not high > low:
+        return
+    param = ParameterSpec.model_validate({"distribution": "log_uniform", "min": low, "max": high})
+    in_unit = 0 < low <= 1 and 0 < high <= 1
+    assert param.log_bounds_look_like_values == (in_unit or math.exp(high - low) < 1.1)
+
+
+@pytest.mark.parametrize(
+    ("written", "meant"),
+    [
+        ("{distribution: log_uniform_values, low: 0.0001, max: 0.05}", "min"),
+        ("{distribution: log_uniform_values, min: 0.0001, upper: 0.05}", "max"),
+        ("{distribution: normal, mean: 0, std: 1}", "mu"),
+        ("{choices: [1, 2]}", "values"),
+    ],
+)
+def test_every_key_written_as_another_tool_writes_it_gets_a_did_you_mean(tmp_path, capsys, written, meant):
+    assert main(["validate", "--no-exec", str(sweep_file(tmp_path, written))]) == 2
+    assert f"(did you mean {meant!r}?)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "meant"),
+    [("num_samples: 8", "run_cap"), ("search_alg: tpe", "method"), ("scheduler: {type: asha}", "early_terminate"),
+     ("early_terminate: {type: asha, grace_period: 2}", "min_iter"), ("resources: {cpus: 1}", "cpu"),
+     ("metric2: 1", "metric")],
+)
+def test_top_level_and_nested_keys_from_tune_get_a_did_you_mean(tmp_path, capsys, extra, meant):
+    path = sweep_file(tmp_path, "{values: [1, 2]}")
+    path.write_text(path.read_text() + extra + "\n")
+    assert main(["validate", "--no-exec", str(path)]) == 2
+    assert f"(did you mean {meant!r}?)" in capsys.readouterr().err

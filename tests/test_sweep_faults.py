@@ -84,23 +84,58 @@ def always_fails_for_zero(config):
     tune.report({"score": float(config["x"])})
 
 
-def test_a_sweep_with_an_errored_trial_exits_non_zero_and_its_best_is_a_finished_trial(tmp_path, capsys):
-    sweep = tmp_path / "errors.yaml"
+def run_grid_over_x(tmp_path, name: str, trainable: str, goal: str, max_failures: int, extra: str = "") -> int:
+    """`hpo run` of a one-iteration grid over x in 0, 1, 2 (plus `extra` parameters)."""
+    sweep = tmp_path / f"{name}.yaml"
     sweep.write_text(textwrap.dedent(f"""
-        name: errors
-        trainable: test_sweep_faults:always_fails_for_zero
+        name: {name}
+        trainable: test_sweep_faults:{trainable}
         method: grid
-        metric: {{name: score, goal: minimize}}
+        metric: {{name: score, goal: {goal}}}
         parameters:
           x: {{values: [0, 1, 2]}}
-        max_failures: 0
+          {extra}
+        max_failures: {max_failures}
         max_iterations: 1
         storage_path: {tmp_path / "runs"}
     """))
-    status = main(["run", str(sweep)])
+    return main(["run", str(sweep)])
+
+
+def test_a_sweep_with_an_errored_trial_exits_non_zero_and_its_best_is_a_finished_trial(tmp_path, capsys):
+    status = run_grid_over_x(tmp_path, "errors", "always_fails_for_zero", "minimize", max_failures=0)
     out, err = capsys.readouterr()
     assert status == EXIT_TRIALS_ERRORED
     assert "1 of 3 trials errored" in err and "x must not be zero" in err and "error.txt" in err
     assert '"x": 1' in out, "the best is the best finished trial (x=1), never the errored x=0"
     rows = pd.read_csv(tmp_path / "runs" / "errors" / "results.csv").set_index("config/x")
     assert rows.loc[0, "status"] == "error" and rows.loc[1, "status"] == "completed"
+
+
+def fails_before_reporting(config):
+    """x=0 reads a key the config does not have, on every attempt; x=1 fails on its first attempt
+    only (its data server did not answer), then reports; x=2 reports."""
+    if config["x"] == 1:
+        marker = Path(config["markers"]) / "x1_failed_once"
+        if not marker.exists():
+            marker.touch()
+            raise ConnectionError("the data server did not answer")
+    if config["x"] == 0:
+        config["channels"]  # the user's typo
+    tune.report({"score": float(config["x"])})
+
+
+def test_a_failure_repeated_before_the_first_report_is_not_retried_and_the_console_shows_the_users_frames(
+        tmp_path, capsys):
+    status = run_grid_over_x(tmp_path, "typo", "fails_before_reporting", "maximize", max_failures=3,
+                             extra=f'markers: {{value: "{tmp_path}"}}')
+    out, err = capsys.readouterr()
+    assert status == EXIT_TRIALS_ERRORED
+    rows = pd.read_csv(tmp_path / "runs" / "typo" / "results.csv").set_index("config/x")
+    assert list(rows.loc[[0, 1, 2], "status"]) == ["error", "completed", "completed"], "x=1 was retried and reported"
+    attempts = Path(rows.loc[0, "error_file"]).read_text().count("Failure # ")
+    assert attempts == 2, f"the typo ran {attempts} times with max_failures 3: a repeat before any result ends it"
+    assert f'File "{Path(__file__)}", line ' in err and "KeyError: 'channels'" in err, err
+    assert "site-packages/ray" not in err and "Trial task failed" not in err, "Ray's frames stay in error.txt"
+    assert "failed again with the same error (attempt 2): KeyError: 'channels'; not retried" in err, err
+    assert err.rstrip().splitlines()[-1].startswith("error: 1 of 3 trials errored; first: KeyError: 'channels'"), err

@@ -5,6 +5,7 @@ out is not stopped: it ended as asked)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,12 +137,17 @@ def test_a_sweep_stopped_with_ctrl_c_exits_130_keeps_what_finished_and_resumes(r
     stopped = sweep.results()
     finished = stopped[stopped["status"] == "completed"]
     assert len(finished) >= 2 and "early_stopped" not in set(stopped["status"]), stopped[["status", "iterations"]]
+    assert stopped["config/lr"].notna().all(), "a trial Tune had not started yet keeps its configuration"
 
     resumed = sweep.resume()
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     results = sweep.results()
     assert len(results) == 6 and (results["status"] == "completed").all(), results[["status"]]
     pd.testing.assert_frame_equal(results.loc[finished.index, finished.columns], finished, check_dtype=False)
+    counted = [int(n) for n in re.findall(r"^\[\s*(\d+)/6\] trial", resumed.stdout, re.M)]
+    assert counted == list(range(len(finished) + 1, 7)), f"the count goes on from the earlier run: {resumed.stdout}"
+    assert "Restored on" not in resumed.stdout + resumed.stderr, "Tune's INFO line as a trial restores its checkpoint"
+    assert resumed.stdout.rstrip().splitlines()[-1].startswith("time:    sweep "), "nothing after the time: line"
     starts = sweep.log.read_text().split()
     assert all(starts.count(trial) == 1 for trial in finished.index), "a finished trial ran again"
 

@@ -149,6 +149,9 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
             "the local Ray will listen on %s and on all interfaces: `ray` was imported before "
             "hpo.base.ray_runtime; set %s=0 in the environment, or import hpo.base.ray_runtime first",
             node_ip, LOOPBACK_ONLY_ENV)
+    # Ray's notice that it turned token authentication on ends with how to turn it off; the README
+    # says why it stays on, and nothing here turns it off.
+    logging.getLogger(_AUTH_NOTICE_LOGGER).addFilter(_no_advice_to_disable_auth)
     me = psutil.Process()
     before = {child.pid for child in me.children()}
     try:
@@ -176,6 +179,14 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
         # what it had started running, and that ends with this process too.
         _start_watchdog([child.pid for child in me.children() if child.pid not in before])
     keep_token_private()
+
+
+#: The logger of Ray's notice when it turns token authentication on for a new local Ray.
+_AUTH_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def _no_advice_to_disable_auth(record: logging.LogRecord) -> bool:
+    return "RAY_AUTH_MODE=disabled" not in record.getMessage()
 
 
 #: Where Ray keeps the token it generates for a local cluster (its documented default).
