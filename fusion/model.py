@@ -319,6 +319,15 @@ def _check_members(models: Sequence[nn.Module]) -> None:
         if member != shapes[0]:
             diff = sorted(k for k in set(member) | set(shapes[0]) if member.get(k) != shapes[0].get(k))
             raise FusionError(f"member {i} has different tensors than member 0 (structural config keys must match): {diff[:5]}")
+    trainable = [{name: p.requires_grad for name, p in m.named_parameters()} for m in models]
+    for i, member in enumerate(trainable[1:], start=1):
+        differ = [name for name, flag in trainable[0].items() if member.get(name) != flag]
+        if differ:
+            frozen_in = "member 0" if not trainable[0][differ[0]] else f"member {i}"
+            raise FusionError(
+                f"parameter '{differ[0]}' is frozen (requires_grad=False) in {frozen_in} only: members of one "
+                "group must freeze the same parameters (fused, they share one tensor); make freezing a structural key"
+            )
 
 
 def _holds_weights(kind: type) -> bool:
@@ -397,9 +406,18 @@ def _tie_parameters(fused: nn.Module, member: nn.Module) -> None:
                 target._parameters[name] = seen[id(param)]
 
 
+def _freeze_as_members(fused: nn.Module, member: nn.Module) -> None:
+    """Fused layers create their parameters trainable; a member's frozen parameter stays frozen,
+    so autograd gives it no gradient and the optimizer leaves it out, as torch.optim would."""
+    fused_params = dict(fused.named_parameters(remove_duplicate=False))
+    for name, param in member.named_parameters(remove_duplicate=False):
+        fused_params[name].requires_grad_(param.requires_grad)
+
+
 def _stacked(models: Sequence[nn.Module], internal: set[str]) -> StackedModel:
     fused = _stack_tree(models, "", {})
     _tie_parameters(fused, models[0])
+    _freeze_as_members(fused, models[0])
     return StackedModel(fused, internal)
 
 

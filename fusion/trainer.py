@@ -248,12 +248,15 @@ class FusedTrainer:
         optimizer, schedule = trial_optimizer(self.workload, model, hp)
         state = self.optimizer.member_state(index)
         for name, param in model.named_parameters():
-            per_param = {k: v.cpu() for k, v in state["params"][name].items()}
+            own = state["params"].get(name)
+            if own is None:  # frozen, or never had a gradient: torch.optim holds no state for it
+                continue
+            tensors = {k: v.cpu() for k, v in own.items() if k != "step"}
             if hp.optimizer == "sgd":
                 if hp.momentum != 0:
-                    optimizer.state[param] = {"momentum_buffer": per_param["momentum_buffer"]}
-            elif state["step"]:
-                optimizer.state[param] = {"step": torch.tensor(float(state["step"])), **per_param}
+                    optimizer.state[param] = {"momentum_buffer": tensors["momentum_buffer"]}
+            else:
+                optimizer.state[param] = {"step": torch.tensor(float(own["step"])), **tensors}
         _advance_schedule(schedule, state["step"])
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the template is reused
         return trial_state(weights, optimizer, schedule, self.iteration, state["step"])
