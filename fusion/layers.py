@@ -11,6 +11,7 @@ per-channel reduction whose groups are exactly the members, so a NaN in one memb
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 import torch
@@ -20,6 +21,12 @@ from torch.nn import functional as F
 
 class FusionError(ValueError):
     """A model or group of configs that cannot be fused; the message names the layer or key."""
+
+
+def describe_error(error: BaseException) -> str:
+    """The error's type and first line, without memory addresses, so a message is the same every run."""
+    lines = str(error).strip().splitlines() or [""]
+    return f"{type(error).__name__}: " + re.sub(r" at 0x[0-9a-fA-F]+", "", lines[0])
 
 
 class NotStackedHere(Exception):

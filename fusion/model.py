@@ -3,13 +3,13 @@
 Two strategies, both giving a model that maps a shared input `x: [N, ...]` to `[B, N, ...]`:
 
 - ``"stacked"``: module swapping. A copy of member 0's module tree keeps every container (the
-  user's own `forward` code) and swaps each leaf for its hand-fused version: `fusion.layers`
-  (batched GEMMs, grouped convolutions, norms), `fusion.stacked_attention`
-  (nn.MultiheadAttention), `fusion.stacked_rnn` (LSTM/GRU/RNN and cells), `fusion.folded`
-  (pooling, channel dropout, Flatten: run with members folded into the batch). Activations
-  carry an explicit member dimension. Fastest, but only correct when the containers' `forward`
-  code is agnostic to an extra leading dimension (true for `nn.Sequential` stacks, false for
-  code such as ``batch, time, width = x.shape``). Shared submodules and tied weights stay shared.
+  user's own `forward` code) and swaps each layer that holds weights for its hand-fused
+  version: `fusion.layers` (batched GEMMs, grouped convolutions, norms),
+  `fusion.stacked_attention` (nn.MultiheadAttention), `fusion.stacked_rnn` (LSTM/GRU/RNN and
+  cells). The user's code runs on the members folded into the batch dimension (B*N samples,
+  `fusion.batch_folding`), so shape-reading code (``batch, time, width = x.shape``,
+  `torch.arange(time)`, `out[:, -1]`, `x.view(x.size(0), -1)`) works as written; the fused layers
+  see the members as a leading dimension. Fastest. Shared submodules and tied weights stay shared.
 - ``"vmap"``: `torch.func.vmap` over the member model with every parameter and buffer stacked.
   Runs any forward code; `scaled_dot_product_attention` is routed to one batched kernel call.
 
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -46,10 +45,10 @@ from torch.func import vmap
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
-from fusion.folded import FOLDED_FUSERS
+from fusion.batch_folding import Batch, Layout, Spec, Unfoldable, install, map_tensors, measure_layouts
 from fusion.independence import check_member_independence, output_tensors, preserved_state
-from fusion.layers import LEAF_CHECKS, LEAF_FUSERS, UNSUPPORTED, FusionError, NotStackedHere, ScaledLinear
-from fusion.stacked_attention import ATTENTION_FUSERS, FoldedAttentionCalls
+from fusion.layers import LEAF_CHECKS, LEAF_FUSERS, UNSUPPORTED, FusionError, NotStackedHere, ScaledLinear, describe_error
+from fusion.stacked_attention import ATTENTION_FUSERS
 from fusion.stacked_rnn import RNN_FUSERS
 from hpo.base.workload import Workload
 
@@ -58,7 +57,7 @@ log = logging.getLogger(__name__)
 STRATEGIES = ("auto", "stacked", "vmap")
 
 #: Every layer type the stacked path replaces by a fused version, by exact type.
-FUSERS: dict[type, Callable[[Sequence[nn.Module]], nn.Module]] = {**LEAF_FUSERS, **FOLDED_FUSERS, **ATTENTION_FUSERS, **RNN_FUSERS}
+FUSERS: dict[type, Callable[[Sequence[nn.Module]], nn.Module]] = {**LEAF_FUSERS, **ATTENTION_FUSERS, **RNN_FUSERS}
 
 
 def build_member(workload: Workload, config: Mapping[str, Any]) -> nn.Module:
@@ -71,6 +70,8 @@ class FusedModel(nn.Module):
     """B members as one module; `self.module` holds every member tensor as `[B, *member_shape]`."""
 
     strategy: str = ""
+    #: Whether a member's training-mode output depends on the RNG (dropout); set by the probe.
+    draws_random: bool = False
 
     def __init__(self, module: nn.Module, internal: set[str]):
         super().__init__()
@@ -119,26 +120,52 @@ class FusedModel(nn.Module):
 
 
 class StackedModel(FusedModel):
-    """Module-swapped fused model; activations are `[B, N, ...]` throughout."""
+    """Module-swapped fused model: the user's code sees the members folded into the batch
+    (`[B*N, ...]`), the fused layers see `[B, N, ...]` (`fusion.batch_folding`)."""
 
     strategy = "stacked"
 
-    def __init__(self, module: nn.Module, internal: set[str]):
+    def __init__(
+        self, module: nn.Module, internal: set[str], batch: Batch, layouts: Mapping[str, tuple[Layout, ...]], outputs: tuple[Spec, ...]
+    ):
         super().__init__(module, internal)
-        #: Fold >4-D scaled_dot_product_attention calls onto the fused kernel (off when the
-        #: checks saw the model make no such call: the routing costs a little per op).
-        self.route_attention = True
-        self._attention = FoldedAttentionCalls()
+        self.batch, self.layouts, self.outputs = batch, dict(layouts), outputs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_members(x.unsqueeze(0).expand(self.num_members, *x.shape))
 
     def forward_members(self, xs: torch.Tensor) -> torch.Tensor:
         """Each member on its own input: `xs` is `[B, N, ...]` (the independence check uses this)."""
-        if not self.route_attention:
-            return self.module(xs)
-        with self._attention:
-            return self.module(xs)
+        folded = self.batch.fold_input(xs)
+        with _without_fast_paths():
+            output = self.module(folded)
+        return map_tensors(output, lambda t, i: self.batch.unfold(t, self.outputs[i]))
+
+    def other_members(self, path: str, place: str, value: Any, member: int) -> list[torch.Tensor]:
+        """Every member's part but `member`'s of the tensors a module call at `path` took
+        (`place` "inputs": `(args, kwargs)`) or returned ("outputs"), as the folded code sees them."""
+        layouts = self.layouts.get(path, ())
+        if place == "inputs":
+            fitting = [way for way in layouts if way.fits(*value)]
+            specs = fitting[0].args + fitting[0].kwargs if fitting else ()
+        else:
+            specs = layouts[0].outputs if len(layouts) == 1 else ()
+        parts: list[torch.Tensor] = []
+        map_tensors(value, lambda t, i: parts.append(self.batch.others(t.detach(), specs[i] if i < len(specs) else None, member).clone()))
+        return parts
+
+
+@contextmanager
+def _without_fast_paths() -> Iterator[None]:
+    """`nn.TransformerEncoderLayer` and friends take a fused inference kernel on a 3-D input in
+    eval mode without autograd, reading the (here stacked) weights directly; keep them on the
+    code path whose layers are swapped."""
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
 
 
 class VmapModel(FusedModel):
@@ -309,7 +336,7 @@ def _check_members(models: Sequence[nn.Module]) -> None:
         module = group[0]
         name = f"layer '{path or '<root>'}' ({type(module).__name__})"
         if isinstance(module, UNSUPPORTED):
-            raise FusionError(f"{name} is not supported by fusion; supported weight layers: {sorted(t.__name__ for t in FUSERS if _holds_weights(t))}")
+            raise FusionError(f"{name} is not supported by fusion; supported weight layers: {sorted(t.__name__ for t in FUSERS)}")
         check = LEAF_CHECKS.get(type(module))
         reason = check(module) if check else None
         if reason:
@@ -328,10 +355,6 @@ def _check_members(models: Sequence[nn.Module]) -> None:
                 f"parameter '{differ[0]}' is frozen (requires_grad=False) in {frozen_in} only: members of one "
                 "group must freeze the same parameters (fused, they share one tensor); make freezing a structural key"
             )
-
-
-def _holds_weights(kind: type) -> bool:
-    return kind not in FOLDED_FUSERS
 
 
 def _replace_mup_readouts(models: Sequence[nn.Module]) -> set[str]:
@@ -362,9 +385,25 @@ def _fuser(module: nn.Module) -> Callable[[Sequence[nn.Module]], nn.Module] | No
     return FUSERS.get(type(module))
 
 
-def _stack_tree(modules: Sequence[nn.Module], path: str, memo: dict[int, nn.Module]) -> nn.Module:
+def _leaves(model: nn.Module) -> set[int]:
+    """Ids of the modules the stacked path swaps for fused layers (the outermost ones with a fuser)."""
+    found: set[int] = set()
+
+    def visit(module: nn.Module) -> None:
+        if _fuser(module) is not None:
+            found.add(id(module))
+        else:
+            for child in module.children():
+                visit(child)
+
+    visit(model)
+    return found
+
+
+def _stack_tree(modules: Sequence[nn.Module], path: str, memo: dict[int, nn.Module], leaves: set[int]) -> nn.Module:
     """The fused tree for `modules` (one per member); a submodule registered under several names
-    (`self.a = self.b = block`) becomes one fused module under all of them, as in the members."""
+    (`self.a = self.b = block`) becomes one fused module under all of them, as in the members.
+    The ids of the fused layers go into `leaves`."""
     first = modules[0]
     if id(first) in memo:
         return memo[id(first)]
@@ -374,6 +413,7 @@ def _stack_tree(modules: Sequence[nn.Module], path: str, memo: dict[int, nn.Modu
             fused = fuser(modules)
         except NotStackedHere as reason:
             raise _NotStackable(f"layer '{path or '<root>'}' ({type(first).__name__}) has no stacked version with {reason}") from reason
+        leaves.add(id(fused))
     else:
         if any(v is not None for v in first._parameters.values()) or any(v is not None for v in first._buffers.values()):
             raise _NotStackable(f"layer '{path or '<root>'}' ({type(first).__name__}) holds its own tensors")
@@ -383,7 +423,7 @@ def _stack_tree(modules: Sequence[nn.Module], path: str, memo: dict[int, nn.Modu
         fused = copy.copy(first)
         fused._parameters, fused._buffers = {}, {}
         fused._modules = {
-            name: None if child is None else _stack_tree([m._modules[name] for m in modules], f"{path}.{name}".lstrip("."), memo)
+            name: None if child is None else _stack_tree([m._modules[name] for m in modules], f"{path}.{name}".lstrip("."), memo, leaves)
             for name, child in first._modules.items()
         }
     memo[id(first)] = fused
@@ -414,11 +454,18 @@ def _freeze_as_members(fused: nn.Module, member: nn.Module) -> None:
         fused_params[name].requires_grad_(param.requires_grad)
 
 
-def _stacked(models: Sequence[nn.Module], internal: set[str]) -> StackedModel:
-    fused = _stack_tree(models, "", {})
+def _stacked(models: Sequence[nn.Module], internal: set[str], example_input: torch.Tensor) -> StackedModel:
+    try:
+        layouts, outputs = measure_layouts(models[0], example_input, _leaves(models[0]))
+    except Unfoldable as reason:
+        raise _NotStackable(f"its batch dimension cannot be followed: {reason}") from reason
+    leaves: set[int] = set()
+    fused = _stack_tree(models, "", {}, leaves)
     _tie_parameters(fused, models[0])
     _freeze_as_members(fused, models[0])
-    return StackedModel(fused, internal)
+    batch = Batch()
+    install(fused, layouts, leaves, batch)
+    return StackedModel(fused, internal, batch, layouts, outputs)
 
 
 def _sharing(model: nn.Module) -> list[tuple[str, ...]]:
@@ -486,12 +533,6 @@ def _vmapped(models: Sequence[nn.Module], internal: set[str]) -> VmapModel:
     return VmapModel(holder, internal)
 
 
-def _describe(error: BaseException) -> str:
-    """The error's type and first line, without memory addresses, so a message is the same every run."""
-    lines = str(error).strip().splitlines() or [""]
-    return f"{type(error).__name__}: " + re.sub(r" at 0x[0-9a-fA-F]+", "", lines[0])
-
-
 @contextmanager
 def _naming_failures(model: FusedModel) -> Iterator[None]:
     """Turn an exception in a fused forward into a FusionError naming the innermost layer."""
@@ -515,7 +556,7 @@ def _naming_failures(model: FusedModel) -> Iterator[None]:
         where = stack[-1] if stack else ""
         layer = model.module.get_submodule(where) if where else model.module
         raise FusionError(
-            f"layer '{where or '<root>'}' ({type(layer).__name__}) cannot run {model.strategy}-fused: {_describe(error)}"
+            f"layer '{where or '<root>'}' ({type(layer).__name__}) cannot run {model.strategy}-fused: {describe_error(error)}"
         ) from error
     finally:
         for handle in handles:
@@ -547,7 +588,8 @@ def _probe(model: FusedModel, models: Sequence[nn.Module], example_input: torch.
     """Check the fused model's output against every member's on a probe batch, in eval mode and,
     where the model draws no random numbers, in training mode (where BatchNorm uses batch
     statistics and layers may take other code paths); no state changes."""
-    modes = [False] if _random_in_training(models[0], example_input) else [False, True]
+    model.draws_random = _random_in_training(models[0], example_input)
+    modes = [False] if model.draws_random else [False, True]
     for training in modes:
         mode = "train" if training else "eval"
         with preserved_state(model.module):
@@ -572,11 +614,11 @@ def _accept(fused: FusedModel, models: Sequence[nn.Module], example_input: torch
 
 def _build(strategy: str, models: Sequence[nn.Module], internal: set[str], example_input: torch.Tensor) -> FusedModel:
     try:
-        fused = _stacked(models, internal) if strategy == "stacked" else _vmapped(models, internal)
+        fused = _stacked(models, internal, example_input) if strategy == "stacked" else _vmapped(models, internal)
     except (FusionError, _NotStackable):
         raise
     except Exception as error:  # building failed somewhere unexpected: still a FusionError, deterministic
-        raise FusionError(f"the model cannot be {strategy}-fused: {_describe(error)}") from error
+        raise FusionError(f"the model cannot be {strategy}-fused: {describe_error(error)}") from error
     return _accept(fused, models, example_input)
 
 
@@ -600,7 +642,6 @@ def fuse_models(models: Sequence[nn.Module], example_input: torch.Tensor, strate
     if strategy in ("auto", "stacked"):
         try:
             fused = _build("stacked", models, internal, example_input)
-            fused.route_attention = fused._attention.calls > 0
             log.debug("fused %d members by module swapping", len(models))
             return fused
         except (_NotStackable, FusionError) as reason:

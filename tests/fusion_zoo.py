@@ -121,7 +121,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.size()  # nanoGPT's shape unpacking: the stacked path cannot follow it
+        b, t, c = x.size()  # nanoGPT's shape unpacking
         q, k, v = self.c_attn(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -249,7 +249,7 @@ ZOO: dict[str, ZooModel] = {
     "transformer": ZooModel(TransformerClassifier, _padded_sentences, "stacked"),
     "lstm_lm": ZooModel(LSTMLanguageModel, _next_tokens, "stacked"),
     "mixer": ZooModel(MLPMixer, _images, "stacked"),
-    "nanogpt_tied": ZooModel(NanoGPT, _next_tokens, "vmap"),
+    "nanogpt_tied": ZooModel(NanoGPT, _next_tokens, "stacked"),
     "shared_block": ZooModel(SharedBlockNet, _vectors, "stacked"),
     # mix samples across the batch: the stacked path would mix members and must refuse them
     "train_mode_centering": ZooModel(CenteredMLP, _vectors, "vmap"),
