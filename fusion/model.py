@@ -47,7 +47,7 @@ from torch.overrides import TorchFunctionMode
 
 from fusion.batch_folding import Batch, Layout, Spec, Unfoldable, install, map_tensors, measure_layouts
 from fusion.independence import check_member_independence, output_tensors, preserved_state
-from fusion.layers import LEAF_CHECKS, LEAF_FUSERS, UNSUPPORTED, FusionError, NotStackedHere, ScaledLinear, describe_error
+from fusion.layers import LEAF_CHECKS, LEAF_FUSERS, UNSUPPORTED, FusionError, NotStackedHere, ScaledLinear, describe_error, member_linear
 from fusion.stacked_attention import ATTENTION_FUSERS
 from fusion.stacked_rnn import RNN_FUSERS
 from hpo.base.workload import Workload
@@ -175,10 +175,10 @@ class VmapModel(FusedModel):
 
     def __init__(self, module: nn.Module, internal: set[str]):
         super().__init__(module, internal)
-        #: Route scaled_dot_product_attention through one folded kernel call (off when the
-        #: probe saw the model make no such call: the routing costs a little per op).
+        #: Route scaled_dot_product_attention and F.linear through the stacked kernels (off when
+        #: the probe saw the model make no such call: the routing costs a little per op).
         self.route_attention = True
-        self._attention = _BatchedAttention()
+        self._attention = _StackedKernels()
 
     def _slots(self) -> tuple[list[tuple[dict, str, int]], list[torch.Tensor]]:
         """Every (table, name) holding a tensor, once each, and the distinct tensors they hold.
@@ -226,10 +226,12 @@ class VmapModel(FusedModel):
             return batched(tensors, x)
 
 
-# --- attention under vmap -------------------------------------------------------------------
-# PyTorch has no vmap batching rule for its CPU flash-attention kernel (it loops over members).
-# Inside a fused forward, scaled_dot_product_attention calls go through `_FoldedAttention`,
-# whose vmap rule folds the member dimension into the batch and calls the real kernel once.
+# --- attention and linear layers under vmap -----------------------------------------------------
+# PyTorch has no vmap batching rule for its CPU flash-attention kernel (it loops over members),
+# and its rule for F.linear rounds unlike each member's own GEMM. Inside a fused forward,
+# scaled_dot_product_attention calls go through `_FoldedAttention`, whose vmap rule folds the
+# member dimension into the batch and calls the real kernel once, and F.linear calls through
+# `_MemberLinear`, whose vmap rule is the stacked path's exact per-member GEMM.
 
 
 class _FoldedAttention(torch.autograd.Function):
@@ -246,7 +248,7 @@ class _FoldedAttention(torch.autograd.Function):
         pass
 
     @staticmethod
-    def backward(ctx, grad):  # only reached outside vmap, where _BatchedAttention is never active
+    def backward(ctx, grad):  # only reached outside vmap, where _StackedKernels is never active
         raise RuntimeError("_FoldedAttention is only used under vmap")
 
     @staticmethod
@@ -274,17 +276,55 @@ class _FoldedAttention(torch.autograd.Function):
         return out.reshape(*lead, *out.shape[-2:]), 0
 
 
+class _MemberLinear(torch.autograd.Function):
+    generate_vmap_rule = False
+
+    @staticmethod
+    def forward(x, weight, bias):
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):  # only reached outside vmap, where _StackedKernels is never active
+        raise RuntimeError("_MemberLinear is only used under vmap")
+
+    @staticmethod
+    def vmap(info, in_dims, x, weight, bias):
+        members = info.batch_size
+
+        def physical(t: torch.Tensor, dim: int | None) -> torch.Tensor:  # (B, *member_shape)
+            return t.unsqueeze(0).expand(members, *t.shape) if dim is None else t.movedim(dim, 0)
+
+        xs = physical(x, in_dims[0])
+        if in_dims[1] is None:  # a weight the members share (a tensor the code made, not a layer's)
+            out = F.linear(xs, weight)
+            if bias is not None:
+                out = out + (bias if in_dims[2] is None else physical(bias, in_dims[2]).view(members, *[1] * (out.dim() - 2), -1))
+            return out, 0
+        biases = None if bias is None else physical(bias, in_dims[2])
+        # F.linear adds the bias inside the GEMM for a 2-D or contiguous input (per member), after it otherwise
+        inside = xs.dim() == 3 or xs[0].is_contiguous()
+        return member_linear(xs, physical(weight, in_dims[1]), biases, bias_in_gemm=inside), 0
+
+
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
 
 
-class _BatchedAttention(TorchFunctionMode):
+class _StackedKernels(TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is F.linear:
+            self.calls += 1
+            bound = {"bias": None, **dict(zip(("input", "weight", "bias"), args)), **kwargs}
+            return _MemberLinear.apply(bound["input"], bound["weight"], bound["bias"])
         if func is F.scaled_dot_product_attention:
             self.calls += 1
             bound = {**_SDPA_DEFAULTS, **dict(zip(_SDPA_ARGS, args)), **kwargs}
