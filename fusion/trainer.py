@@ -106,7 +106,7 @@ class FusedTrainer:
             stream = ResumableBatches.of_workload(workload, first)
             batches = [stream.batch(step) for step in range(VERIFY_STEPS + 1)]
             verify_fused_training(
-                fused, witnesses, self.hparams, list(zip(multipliers, decay_multipliers)), workload, batches, self._train_step_on
+                fused, witnesses, self.hparams, list(zip(multipliers, decay_multipliers)), workload, batches, self.train_step_on
             )
         self.model: FusedModel = fused.to(self.device)
         self.optimizer = FusedOptimizer(
@@ -159,11 +159,11 @@ class FusedTrainer:
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step of every member on a shared batch; returns the `[B]` losses (detached)."""
         inputs, targets = inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
-        losses = self._train_step_on(self.model, self.optimizer, inputs, targets, self._autocast)
+        losses = self.train_step_on(self.model, self.optimizer, inputs, targets, self._autocast)
         self.step += 1
         return losses
 
-    def _train_step_on(
+    def train_step_on(
         self, model: FusedModel, optimizer: FusedOptimizer, inputs: torch.Tensor, targets: torch.Tensor, autocast=nullcontext
     ) -> torch.Tensor:
         """The fused step on a given model and optimizer (the group's, or the check's float64 copy)."""

@@ -57,8 +57,9 @@ from hpo.base.hparams import OptimHParams, build_torch_optimizer
 from hpo.base.training import optimizer_step
 from hpo.base.workload import Batch, Workload
 
-#: Optimizer steps of the check: the second and third see moments, schedules and per-parameter step counts.
-STEPS = 3
+#: Optimizer steps of the check: the second sees moments, schedules, and per-parameter step
+#: counts that a parameter without a gradient in the first left behind.
+STEPS = 2
 #: Samples of each batch the check trains on (the arithmetic per sample is what it checks).
 SAMPLES = 4
 #: Relative difference (of a tensor's norm) above which float64 results are different.
@@ -111,10 +112,11 @@ def copy_witnesses(models: Sequence[nn.Module], indices: Sequence[int]) -> dict[
 
 def check_initial_states(fused: FusedModel, members: Sequence[nn.Module]) -> None:
     """Every member's row of `fused` holds its own model's tensors, exactly (right after fusing)."""
+    rows = {name: t for name, t in fused.module.state_dict().items() if name not in fused.internal_names}
     for index, member in enumerate(members):
         own = member.state_dict()
-        for name, tensor in fused.member_state_dict(index).items():
-            if not torch.equal(tensor, own[name].to(tensor.device)):
+        for name, tensor in rows.items():
+            if not torch.equal(tensor[index], own[name].to(tensor.device)):
                 raise _refusal(f"member {index}'s '{name}' is not its own model's before training", checked="a comparison")
 
 
@@ -126,11 +128,34 @@ def verify_fused_training(
     workload: Workload,
     batches: Sequence[Batch],
     fused_step: FusedStep,
+    samples: int | None = SAMPLES,
 ) -> None:
     """Raise FusionError unless `fused` (left as it is) trains as the witnesses (member index ->
     its unfused model as built; the check trains them) train alone. `hparams` and
-    `multipliers` (each member's muP lr and weight-decay multipliers) are every member's;
-    `batches` holds at least `STEPS + 1` batches (the last is the probe)."""
+    `multipliers` (each member's muP lr and weight-decay multipliers) are every member's; the
+    check takes a step on each of `batches` but the last, the probe (on the first `samples`
+    samples of each; None: all)."""
+    try:
+        _train_and_compare(fused, witnesses, hparams, multipliers, workload, batches, fused_step, samples)
+    except _Differs as difference:
+        raise _refusal(str(difference), f"a check of {len(batches) - 1} float64 steps") from None
+
+
+class _Differs(Exception):
+    """What differs (the refusal's message adds what was checked)."""
+
+
+def _train_and_compare(
+    fused: FusedModel,
+    witnesses: Mapping[int, nn.Module],
+    hparams: Sequence[OptimHParams],
+    multipliers: Sequence[tuple[Mapping[str, float], Mapping[str, float]]],
+    workload: Workload,
+    batches: Sequence[Batch],
+    fused_step: FusedStep,
+    samples: int | None,
+) -> None:
+    steps = len(batches) - 1
     indices = sorted(witnesses)
     with torch.random.fork_rng(devices=[]), _default_dtype(torch.float64):
         fused_copy = copy.deepcopy(fused)
@@ -139,8 +164,8 @@ def verify_fused_training(
         alone = [witnesses[index].cpu().double() for index in indices]
         own_hparams = [hparams[index] for index in indices]
         own_multipliers = [multipliers[index] for index in indices]
-        data = [(_small(x), _small(y)) for x, y in batches[: STEPS + 1]]
-        probe, _ = data[STEPS]
+        data = [(_small(x, samples), _small(y, samples)) for x, y in batches]
+        probe, _ = data[steps]
         optimizer = FusedOptimizer(
             dict(fused_copy.module.named_parameters()),
             own_hparams,
@@ -150,14 +175,14 @@ def verify_fused_training(
         training = not fused.draws_random
         fused_losses = []
         fused_copy.train(training)
-        for x, y in data[:STEPS]:
+        for x, y in data[:steps]:
             fused_losses.append(fused_step(fused_copy, optimizer, x, y).detach())
         fused_outputs = _eval_outputs(fused_copy, probe)
         for row, (index, model, hp) in enumerate(zip(indices, alone, own_hparams)):
             initial = {name: p.detach().clone() for name, p in model.named_parameters()}
-            stepped = _train_alone(model, hp, multipliers[index], workload, data[:STEPS], training)
+            stepped = _train_alone(model, hp, multipliers[index], workload, data[:steps], training)
             # parameters first: a wrong one names the cause, a wrong loss only the symptom
-            _compare_state(fused_copy.member_state_dict(row), model, index, initial, stepped.received, workload, data[STEPS])
+            _compare_state(fused_copy.member_state_dict(row), model, index, initial, stepped.received, workload, data[steps])
             for step, expected in enumerate(stepped.losses):
                 _compare(fused_losses[step][row], expected, f"member {index}'s training loss at step {step + 1}")
             for k, (got, expected) in enumerate(zip(fused_outputs, _eval_outputs(model, probe))):
@@ -165,10 +190,11 @@ def verify_fused_training(
 
 
 def _eval_outputs(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-    """Outputs in eval mode, with autograd on: eval mode without it takes PyTorch's inference fast
-    paths (`nn.TransformerEncoderLayer`'s), which only one of the two sides would take."""
-    with torch.enable_grad(), preserved_state(model):
-        model.eval()
+    """Outputs in eval mode (the check's models are done training), with autograd on: eval mode
+    without it takes PyTorch's inference fast paths (`nn.TransformerEncoderLayer`'s), which only
+    one of the two sides would take."""
+    model.eval()
+    with torch.enable_grad():
         return [t.detach() for t in output_tensors(model(x))]
 
 
@@ -187,7 +213,7 @@ def _train_alone(
     data: Sequence[Batch],
     training: bool,
 ) -> _AloneRun:
-    """`STEPS` steps of the unfused trainer's own update: `TrialTrainer`'s optimizer (with the
+    """A step on each batch of `data`, the unfused trainer's own update: `TrialTrainer`'s optimizer (with the
     member's muP multipliers, read from its original model: a copy has lost mup's shapes),
     schedule and clipping."""
     optimizer = build_torch_optimizer(model.named_parameters(), hp, *multipliers)
@@ -218,11 +244,11 @@ def _compare_state(
     if without_gradient:
         name = without_gradient[0]
         moved = "moved" if _close(own_state[name], initial[name]) else "differs"
-        raise _refusal(f"member {index}'s parameter '{name}' {moved} although it gets no gradient (frozen or unused)")
+        raise _Differs(f"member {index}'s parameter '{name}' {moved} although it gets no gradient (frozen or unused)")
     if differing and not _outputs_ignore(model, {name: fused_state[name] for name in differing}, probe_batch, workload):
         name = differing[0]
         kind = "parameter" if name in initial else "buffer"
-        raise _refusal(f"member {index}'s {kind} '{name}' differs ({_relative(fused_state[name], own_state[name]):.1e} relative)")
+        raise _Differs(f"member {index}'s {kind} '{name}' differs ({_relative(fused_state[name], own_state[name]):.1e} relative)")
 
 
 def _outputs_ignore(model: nn.Module, values: Mapping[str, torch.Tensor], batch: Batch, workload: Workload) -> bool:
@@ -265,7 +291,7 @@ def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
 def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
     if got.shape != expected.shape:
         return False
-    if not expected.is_floating_point():
+    if torch.equal(got, expected) or not expected.is_floating_point():  # equal: the stacked path's usual case
         return bool(torch.equal(got, expected))
     nan = expected.isnan()
     if not torch.equal(got.isnan(), nan):
@@ -276,19 +302,19 @@ def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
 
 def _compare(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     if not _close(got, expected):
-        raise _refusal(f"{what} differs ({_relative(got, expected):.1e} relative)")
+        raise _Differs(f"{what} differs ({_relative(got, expected):.1e} relative)")
 
 
-def _refusal(difference: str, checked: str = f"a check of {STEPS} float64 steps") -> FusionError:
+def _refusal(difference: str, checked: str) -> FusionError:
     return FusionError(
         f"the fused group does not train as its members do alone: {difference} ({checked}); it is not "
         "trained (fusion: {verify: false} trains it anyway, unchecked)"
     )
 
 
-def _small(t: torch.Tensor) -> torch.Tensor:
-    """The first `SAMPLES` samples, in float64 where floating (targets too: a regression's)."""
-    t = t[:SAMPLES].cpu()
+def _small(t: torch.Tensor, samples: int | None) -> torch.Tensor:
+    """The first `samples` samples, in float64 where floating (targets too: a regression's)."""
+    t = t[:samples].cpu()
     return t.double() if t.is_floating_point() else t
 
 
