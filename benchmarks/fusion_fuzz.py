@@ -1,0 +1,115 @@
+"""The differential fuzzer's long profile: thousands of generated models, counted by the path fusion takes.
+
+Each example is a model from the grammar in `tests/fusion_fuzz.py` (torch.nn layers and forward
+idioms; B members with every per-member hyperparameter drawn, default eps), checked as
+`tests/test_fusion_fuzz.py` checks it: fusion (its guard on) refuses it with a FusionError, or
+every member trains, fused, exactly as it trains alone (float64, 1e-12 relative). The table gives
+the share on each path (stacked, vmap, refused), the refusals by reason, and every example that
+was accepted and different or crashed (each one a bug; the run then exits 1).
+
+    python benchmarks/fusion_fuzz.py --examples 2000 --seed 0 --json benchmarks/results/fusion_fuzz_cpu.json
+
+One torch thread; the JSON holds the counts, the reasons, the failures (with the model spec and
+the members' configs), the git commit, the machine and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
+
+from benchmarks.fusion_throughput import git_commit  # noqa: E402
+from tests.fusion_fuzz import Case, cases, check  # noqa: E402
+
+
+def reason_kind(reason: str) -> str:
+    """A refusal's reason without its particulars (member, layer, numbers), to count by kind."""
+    if "does not train as its members do alone" in reason:
+        return "guard: " + reason.split(": ", 1)[1].split("'")[0].split("(")[0].strip()
+    return "fusing: " + reason.split(";")[0].split(": ", 2)[-1][:120]
+
+
+def run(examples: int, start_seed: int) -> dict[str, Any]:
+    paths: collections.Counter[str] = collections.Counter()
+    reasons: collections.Counter[str] = collections.Counter()
+    failures: list[dict[str, Any]] = []
+
+    @seed(start_seed)
+    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(cases())
+    def one(case: Case) -> None:
+        try:
+            outcome = check(case)
+        except AssertionError as difference:  # accepted and different
+            paths["different"] += 1
+            failures.append({"kind": "different", "message": str(difference), "case": repr(case)})
+            return
+        except Exception as error:  # a crash: fusion should refuse or train, never raise otherwise
+            paths["crashed"] += 1
+            failures.append({"kind": "crashed", "message": "".join(traceback.format_exception_only(error)).strip(), "case": repr(case)})
+            return
+        paths[outcome.path] += 1
+        if outcome.reason:
+            reasons[reason_kind(outcome.reason)] += 1
+        done = sum(paths.values())
+        if done % 100 == 0:
+            print(f"{done} examples: {dict(paths)}", flush=True)
+
+    started = time.perf_counter()
+    one()
+    total = sum(paths.values())
+    return {
+        "examples": total,
+        "paths": dict(paths),
+        "shares": {path: count / total for path, count in paths.items()},
+        "refusals": dict(reasons.most_common()),
+        "failures": failures,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=2000, help="models to generate and check (default 2000)")
+    parser.add_argument("--seed", type=int, default=0, help="hypothesis seed (default 0)")
+    parser.add_argument("--json", type=Path, help="write the counts here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    results = run(args.examples, args.seed)
+    print(f"{results['examples']} examples in {results['wall_s']:.0f} s")
+    for path, share in sorted(results["shares"].items()):
+        print(f"  {path:>10}: {results['paths'][path]:>6}  ({share:.1%})")
+    for reason, count in results["refusals"].items():
+        print(f"  refused {count:>5}x  {reason}")
+    for failure in results["failures"]:
+        print(f"  {failure['kind'].upper()}: {failure['message']}\n    {failure['case']}")
+    results.update(
+        seed=args.seed,
+        commit=git_commit(),
+        machine={"processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()},
+        command=" ".join(["python", "benchmarks/fusion_fuzz.py", *sys.argv[1:]]),
+    )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.json}")
+    sys.exit(1 if results["failures"] else 0)
+
+
+if __name__ == "__main__":
+    main()
