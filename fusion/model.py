@@ -665,10 +665,12 @@ def _build(strategy: str, models: Sequence[nn.Module], internal: set[str], examp
 def fuse_models(models: Sequence[nn.Module], example_input: torch.Tensor, strategy: str = "auto") -> FusedModel:
     """One fused model from B member models of the same architecture (members are consumed).
 
-    `example_input` is one batch of the shared input; it is used to check the fused model
-    against each member (eval mode), to check that no member's outputs or gradients depend on
-    another member's input or parameters (train and eval mode), and to name the layer when
-    something cannot run fused. A model that fails either check is never returned.
+    `example_input` is one batch of the shared input, its samples in dimension 0 (as every
+    workload's batches are); it is used to measure where the batch dimension runs through the
+    model (the stacked path), to check the fused model against each member (eval mode), to check
+    that no member's outputs or gradients depend on another member's input or parameters (train
+    and eval mode), and to name the layer when something cannot run fused. A model that fails
+    either check is never returned.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy is {strategy!r}; expected one of {STRATEGIES}")
