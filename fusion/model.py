@@ -234,9 +234,27 @@ class VmapModel(FusedModel):
 # `_MemberLinear`, whose vmap rule is the stacked path's exact per-member GEMM.
 
 
-class _FoldedAttention(torch.autograd.Function):
+def _physical(t: torch.Tensor, dim: int | None, members: int) -> torch.Tensor:
+    """A tensor inside a vmap rule as `[B, *member_shape]` (an unbatched one expanded)."""
+    return t.unsqueeze(0).expand(members, *t.shape) if dim is None else t.movedim(dim, 0)
+
+
+class _UnderVmap(torch.autograd.Function):
+    """A Function only applied under vmap: its vmap rule runs differentiable ops on the physical
+    tensors, which autograd follows, so its own backward is never reached."""
+
     generate_vmap_rule = False
 
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("this Function is only applied under vmap, inside a fused forward")
+
+
+class _FoldedAttention(_UnderVmap):
     @staticmethod
     def forward(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         return F.scaled_dot_product_attention(
@@ -244,22 +262,10 @@ class _FoldedAttention(torch.autograd.Function):
         )
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, grad):  # only reached outside vmap, where _StackedKernels is never active
-        raise RuntimeError("_FoldedAttention is only used under vmap")
-
-    @staticmethod
     def vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         members = info.batch_size
         member_rank = query.dim() - (in_dims[0] is not None)
-
-        def physical(t: torch.Tensor, dim: int | None) -> torch.Tensor:  # (B, *member_shape)
-            return t.unsqueeze(0).expand(members, *t.shape) if dim is None else t.movedim(dim, 0)
-
-        q, k, v = (physical(t, d) for t, d in zip((query, key, value), in_dims[:3]))
+        q, k, v = (_physical(t, d, members) for t, d in zip((query, key, value), in_dims[:3]))
         lead = q.shape[: q.dim() - 2]  # (B, *member batch dims)
         mask = attn_mask
         if attn_mask is not None and in_dims[3] is not None:
@@ -276,38 +282,24 @@ class _FoldedAttention(torch.autograd.Function):
         return out.reshape(*lead, *out.shape[-2:]), 0
 
 
-class _MemberLinear(torch.autograd.Function):
-    generate_vmap_rule = False
-
+class _MemberLinear(_UnderVmap):
     @staticmethod
     def forward(x, weight, bias):
         return F.linear(x, weight, bias)
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, grad):  # only reached outside vmap, where _StackedKernels is never active
-        raise RuntimeError("_MemberLinear is only used under vmap")
-
-    @staticmethod
     def vmap(info, in_dims, x, weight, bias):
         members = info.batch_size
-
-        def physical(t: torch.Tensor, dim: int | None) -> torch.Tensor:  # (B, *member_shape)
-            return t.unsqueeze(0).expand(members, *t.shape) if dim is None else t.movedim(dim, 0)
-
-        xs = physical(x, in_dims[0])
+        xs = _physical(x, in_dims[0], members)
         if in_dims[1] is None:  # a weight the members share (a tensor the code made, not a layer's)
             out = F.linear(xs, weight)
             if bias is not None:
-                out = out + (bias if in_dims[2] is None else physical(bias, in_dims[2]).view(members, *[1] * (out.dim() - 2), -1))
+                out = out + (bias if in_dims[2] is None else _physical(bias, in_dims[2], members).view(members, *[1] * (out.dim() - 2), -1))
             return out, 0
-        biases = None if bias is None else physical(bias, in_dims[2])
+        biases = None if bias is None else _physical(bias, in_dims[2], members)
         # F.linear adds the bias inside the GEMM for a 2-D or contiguous input (per member), after it otherwise
         inside = xs.dim() == 3 or xs[0].is_contiguous()
-        return member_linear(xs, physical(weight, in_dims[1]), biases, bias_in_gemm=inside), 0
+        return member_linear(xs, _physical(weight, in_dims[1], members), biases, bias_in_gemm=inside), 0
 
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")

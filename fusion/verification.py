@@ -135,29 +135,9 @@ def verify_fused_training(
     `multipliers` (each member's muP lr and weight-decay multipliers) are every member's; the
     check takes a step on each of `batches` but the last, the probe (on the first `samples`
     samples of each; None: all)."""
-    try:
-        _train_and_compare(fused, witnesses, hparams, multipliers, workload, batches, fused_step, samples)
-    except _Differs as difference:
-        raise _refusal(str(difference), f"a check of {len(batches) - 1} float64 steps") from None
-
-
-class _Differs(Exception):
-    """What differs (the refusal's message adds what was checked)."""
-
-
-def _train_and_compare(
-    fused: FusedModel,
-    witnesses: Mapping[int, nn.Module],
-    hparams: Sequence[OptimHParams],
-    multipliers: Sequence[tuple[Mapping[str, float], Mapping[str, float]]],
-    workload: Workload,
-    batches: Sequence[Batch],
-    fused_step: FusedStep,
-    samples: int | None,
-) -> None:
     steps = len(batches) - 1
     indices = sorted(witnesses)
-    with torch.random.fork_rng(devices=[]), _default_dtype(torch.float64):
+    with _refusing(f"a check of {steps} float64 steps"), torch.random.fork_rng(devices=[]), _default_dtype(torch.float64):
         fused_copy = copy.deepcopy(fused)
         fused_copy.select_members(indices)
         fused_copy.cpu().double()
@@ -187,6 +167,18 @@ def _train_and_compare(
                 _compare(fused_losses[step][row], expected, f"member {index}'s training loss at step {step + 1}")
             for k, (got, expected) in enumerate(zip(fused_outputs, _eval_outputs(model, probe))):
                 _compare(got[row], expected, f"member {index}'s output {k} on a probe batch (eval mode)")
+
+
+class _Differs(Exception):
+    """What differs (the refusal's message adds what was checked)."""
+
+
+@contextmanager
+def _refusing(checked: str) -> Iterator[None]:
+    try:
+        yield
+    except _Differs as difference:
+        raise _refusal(str(difference), checked) from None
 
 
 def _eval_outputs(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
