@@ -162,3 +162,37 @@ def test_gradient_clipping_rounds_as_clip_grad_norm():
         torch.optim.SGD(alone, lr=1.0).step()
         for j, p in enumerate(alone):
             assert torch.equal(params[f"p{j}"][i], p), f"member {i} parameter {j} after clipping"
+
+
+class AlwaysAux(SometimesUsed):
+    """The auxiliary head on every step: only the stem (frozen) and the table (unused) get no gradient."""
+
+    def forward(self, x):
+        return super().forward(x, 0)
+
+
+def test_a_member_checkpoint_holds_no_state_for_frozen_or_unused_parameters_and_resumes_unfused():
+    from torch.utils.data import TensorDataset
+
+    from fusion import FusedTrainer
+    from hpo import DatasetWorkload
+    from hpo.base.training import TrialTrainer
+
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 4, generator=generator, dtype=torch.float64), torch.randn(64, 5, generator=generator, dtype=torch.float64)
+    workload = DatasetWorkload(
+        model=lambda config: AlwaysAux().double(), train=TensorDataset(x, y), val=TensorDataset(x[:8], y[:8]),
+        loss=lambda out, target: (out - target).square().mean(), defaults={"batch_size": 8}, steps_per_iteration=3,
+    )
+    configs = [{"seed": i, "optimizer": "adam", "lr": 1e-2 * (i + 1), "weight_decay": 0.1} for i in range(2)]
+    fused = FusedTrainer(workload, configs)
+    fused.train_iteration()
+    state = fused.member_state_dict(1)
+    names = [name for name, _ in AlwaysAux().named_parameters()]
+    assert {names[i] for i in state["optimizer"]["state"]} == {"trunk.weight", "trunk.bias", "aux.weight", "aux.bias"}
+    alone = TrialTrainer(workload, configs[1])
+    alone.load_state_dict(state)
+    fused.train_iteration()
+    alone.train_iteration()
+    for name, tensor in alone.model.state_dict().items():
+        assert torch.equal(fused.model.member_state_dict(1)[name], tensor), f"{name} after resuming unfused"
