@@ -124,6 +124,24 @@ def test_members_of_different_architectures_cannot_fuse():
         fuse_models([nn.Linear(4, 3), nn.Linear(4, 5)], torch.randn(2, 4))
 
 
+def test_members_that_freeze_different_parameters_are_refused_naming_the_parameter():
+    trainable, frozen = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)), nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    frozen[0].requires_grad_(False)
+    with pytest.raises(FusionError, match=r"parameter '0\.weight' is frozen \(requires_grad=False\) in member 1 only"):
+        fuse_models([trainable, frozen], torch.randn(5, 4))
+
+
+@pytest.mark.parametrize("strategy", ["stacked", "vmap"])
+def test_frozen_parameters_stay_frozen_on_both_paths(strategy):
+    members = [nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)) for _ in range(2)]
+    for member in members:
+        member[0].requires_grad_(False)
+    fused = fuse_models(members, torch.randn(5, 4), strategy=strategy)
+    assert {name: p.requires_grad for name, p in fused.module.named_parameters()} == {
+        "0.weight": False, "0.bias": False, "2.weight": True, "2.bias": True
+    }
+
+
 def test_auto_strategy_uses_module_swapping_when_it_fits_and_vmap_otherwise():
     mlp = mlp_digits.resolve({"width": 16})
     gpt = char_gpt.resolve({"width": 16, "n_layer": 1, "block_size": 8, "batch_size": 2})
