@@ -135,15 +135,15 @@ def measure_layouts(
                 for handle in handles:
                     handle.remove()
             runs.append((calls, output))
-    layouts: dict[str, Layout] = {}
-    for path in runs[0][0]:
+    layouts: dict[str, tuple[Layout, ...]] = {}
+    for path in dict.fromkeys(path for calls, _ in runs for path in calls):  # called in either mode
         must = id(model.get_submodule(path)) in leaves
         try:
             found = set()
             for small, large in ((runs[0][0], runs[1][0]), (runs[2][0], runs[3][0])):
                 if len(small.get(path, ())) != len(large.get(path, ())):
                     raise Unfoldable("it is called a different number of times at another batch size")
-                for (a_args, a_kwargs, a_out), (b_args, b_kwargs, b_out) in zip(small[path], large[path]):
+                for (a_args, a_kwargs, a_out), (b_args, b_kwargs, b_out) in zip(small.get(path, ()), large.get(path, ())):
                     found.add(Layout(_specs(a_args, b_args, samples), _specs(a_kwargs, b_kwargs, samples), _specs(a_out, b_out, samples)))
             ways = tuple(sorted(found, key=repr))
             if any(a != b and _same_call(a, b) for a in ways for b in ways):
