@@ -8,7 +8,7 @@
   (with and without `padding_idx`), MultiheadAttention (causal and key-padding masks built in
   `forward`, `batch_first` both ways, with or without weights, self or cross), Transformer
   encoder and decoder layers (`norm_first` and `batch_first` both ways), LSTM/GRU (`batch_first`,
-  one or two layers, bidirectional), Dropout with p=0;
+  one or two layers, bidirectional, an LSTM's `proj_size`), Dropout with p=0;
 - idioms: residual adds, a block applied twice, a block registered under two names, tied
   embeddings, a frozen block, an unused module, `view`/`flatten`/`reshape` heads, the last time
   step, an RNN's final state, positions from `torch.arange` inside `forward`, masks built from
@@ -171,9 +171,10 @@ class Decoder(nn.Module):
 class Recurrent(nn.Module):
     """An LSTM/GRU over the sequence; `final` returns the last layer's final state(s) instead."""
 
-    def __init__(self, kind: str, width: int, hidden: int, layers: int, bidirectional: bool, batch_first: bool, final: bool):
+    def __init__(self, kind: str, width: int, hidden: int, layers: int, bidirectional: bool, batch_first: bool, final: bool, projected: int = 0):
         super().__init__()
-        self.rnn = getattr(nn, kind)(width, hidden, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first)
+        extra = {"proj_size": projected} if projected else {}
+        self.rnn = getattr(nn, kind)(width, hidden, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first, **extra)
         self.batch_first, self.bidirectional, self.final = batch_first, bidirectional, final
 
     def forward(self, x, padding=None):
@@ -396,9 +397,8 @@ def sequence_blocks(draw, width: int, count: int, padded: bool) -> tuple[list[tu
         elif kind == "decoder":
             blocks.append(("decoder", width, heads, draw(st.booleans()), draw(st.booleans()), draw(st.booleans())))
         elif kind == "rnn":
-            hidden, bidirectional = draw(st.sampled_from([4, 6])), draw(st.booleans())
-            blocks.append(("rnn", draw(st.sampled_from(["LSTM", "GRU"])), width, hidden, draw(st.sampled_from([1, 2])), bidirectional, draw(st.booleans()), False))
-            width = hidden * (2 if bidirectional else 1)
+            block, width = draw(recurrent(width, final=False))
+            blocks.append(block)
         elif kind == "conv_time":
             out = draw(widths)
             blocks.append(("conv_time", width, out))
@@ -417,10 +417,17 @@ def sequence_to_vector(draw, width: int, length: int, padded: bool) -> tuple[tup
         out = draw(widths)
         return ("flatten", length * width, out, draw(st.sampled_from(["view", "flatten", "reshape"]))), out
     if kind == "rnn_final":
-        hidden, bidirectional = draw(st.sampled_from([4, 6])), draw(st.booleans())
-        block = ("rnn", draw(st.sampled_from(["LSTM", "GRU"])), width, hidden, draw(st.sampled_from([1, 2])), bidirectional, draw(st.booleans()), True)
-        return block, hidden * (2 if bidirectional else 1)
+        return draw(recurrent(width, final=True))
     return (kind,), width
+
+
+@st.composite
+def recurrent(draw, width: int, final: bool) -> tuple[tuple, int]:
+    """An LSTM or GRU (batch_first or time-major, 1-2 layers, bidirectional, an LSTM's proj_size) and its output width."""
+    kind, hidden, bidirectional = draw(st.sampled_from(["LSTM", "GRU"])), draw(st.sampled_from([4, 6])), draw(st.booleans())
+    projected = draw(st.sampled_from([0, 0, 3])) if kind == "LSTM" else 0
+    block = ("rnn", kind, width, hidden, draw(st.sampled_from([1, 2])), bidirectional, draw(st.booleans()), final, projected)
+    return block, (projected or hidden) * (2 if bidirectional else 1)
 
 
 @st.composite

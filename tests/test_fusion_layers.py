@@ -359,6 +359,31 @@ def test_recurrent_layers_fuse_stacked_bit_exactly(kind, bidirectional, batch_fi
         torch.testing.assert_close(state[1], references[1].eval()(x)[1], rtol=0, atol=0)
 
 
+class ProjectedLSTM(nn.Module):
+    """A classifier on an LSTM with projections (`proj_size`), its last step and final states."""
+
+    def __init__(self, batch_first: bool, bidirectional: bool):
+        super().__init__()
+        self.rnn = nn.LSTM(3, 5, num_layers=2, proj_size=2, bidirectional=bidirectional, batch_first=batch_first)
+        self.head = nn.Linear(4 if bidirectional else 2, 3)
+
+    def forward(self, x):  # (N, T, 3)
+        out, (h_n, c_n) = self.rnn(x if self.rnn.batch_first else x.transpose(0, 1))
+        last = out[:, -1] if self.rnn.batch_first else out[-1]
+        return self.head(last) + h_n[-1].sum(-1, keepdim=True) + c_n[-1].sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("batch_first,bidirectional", [(True, True), (False, False)])
+def test_lstm_with_projections_fuses_stacked_bit_exactly(batch_first, bidirectional):
+    torch.manual_seed(0)
+    members = [ProjectedLSTM(batch_first, bidirectional).double() for _ in range(3)]
+    references = copy.deepcopy(members)
+    x = torch.randn(4, 6, 3, dtype=torch.float64)
+    fused = fuse_models(members, x)
+    assert fused.strategy == "stacked"
+    assert_fused_equals_members(fused, references, x, exact=True)
+
+
 class Cells(nn.Module):
     def __init__(self):
         super().__init__()
