@@ -199,9 +199,9 @@ class ConvTime(nn.Module):
 
 
 class Positions(nn.Module):
-    def __init__(self, width: int):
+    def __init__(self, width: int, length: int):
         super().__init__()
-        self.table = nn.Embedding(LENGTH, width)
+        self.table = nn.Embedding(length, width)
 
     def forward(self, x, padding=None):
         return x + self.table(torch.arange(x.shape[1], device=x.device))
@@ -381,7 +381,7 @@ def vector_blocks(draw, width: int, count: int) -> tuple[list[tuple], int]:
 
 
 @st.composite
-def sequence_blocks(draw, width: int, count: int, padded: bool) -> tuple[list[tuple], int]:
+def sequence_blocks(draw, width: int, length: int, count: int, padded: bool) -> tuple[list[tuple], int]:
     blocks = []
     for _ in range(count):
         kind = draw(st.sampled_from(["dense", "seq_norm", "attention", "encoder", "decoder", "rnn", "conv_time", "positions", "dropout"]))
@@ -408,7 +408,7 @@ def sequence_blocks(draw, width: int, count: int, padded: bool) -> tuple[list[tu
             blocks.append(("conv_time", width, out))
             width = out
         elif kind == "positions":
-            blocks.append(("positions", width))
+            blocks.append(("positions", width, length))
         else:
             blocks.append(("dropout",))
     return blocks, width
@@ -466,7 +466,7 @@ def model_specs(draw) -> ModelSpec:
             channels, length = out, length // 2 if pool != "none" else length
         if draw(st.booleans()):
             blocks.append(("to_sequence",))
-            more, width = draw(sequence_blocks(channels, draw(st.integers(0, 2)), padded=False))
+            more, width = draw(sequence_blocks(channels, length, draw(st.integers(0, 2)), padded=False))
             end, width = draw(sequence_to_vector(width, length, padded=False))
             blocks += [*more, end]
         elif draw(st.booleans()):
@@ -478,7 +478,7 @@ def model_specs(draw) -> ModelSpec:
     else:
         width = draw(widths)
         stem = (width, draw(st.booleans()), draw(st.sampled_from(["none", "arange", "cumsum"])))
-        blocks, out = draw(sequence_blocks(width, draw(st.integers(1, 3)), padded=True))
+        blocks, out = draw(sequence_blocks(width, LENGTH, draw(st.integers(1, 3)), padded=True))
         if draw(st.booleans()):  # next-token prediction, tied to the embedding where the widths allow
             head = ("lm", out, out == width and draw(st.booleans()))
             return _extras(draw, ModelSpec(inputs, stem, tuple(blocks), head))
