@@ -49,6 +49,11 @@ def run(examples: int, start_seed: int) -> dict[str, Any]:
     reasons: collections.Counter[str] = collections.Counter()
     failures: list[dict[str, Any]] = []
 
+    def fail(kind: str, message: str, case: Case) -> None:
+        paths[kind] += 1
+        failures.append({"kind": kind, "message": message, "case": repr(case)})
+        print(f"{kind.upper()} at example {sum(paths.values())}: {message}\n    {case!r}", flush=True)
+
     @seed(start_seed)
     @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck))
     @given(cases())
@@ -56,12 +61,10 @@ def run(examples: int, start_seed: int) -> dict[str, Any]:
         try:
             outcome = check(case)
         except AssertionError as difference:  # accepted and different
-            paths["different"] += 1
-            failures.append({"kind": "different", "message": str(difference), "case": repr(case)})
+            fail("different", str(difference), case)
             return
         except Exception as error:  # a crash: fusion should refuse or train, never raise otherwise
-            paths["crashed"] += 1
-            failures.append({"kind": "crashed", "message": "".join(traceback.format_exception_only(error)).strip(), "case": repr(case)})
+            fail("crashed", "".join(traceback.format_exception_only(error)).strip(), case)
             return
         paths[outcome.path] += 1
         if outcome.reason:
