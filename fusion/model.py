@@ -47,7 +47,17 @@ from torch.overrides import TorchFunctionMode
 
 from fusion.batch_folding import Batch, Layout, Spec, Unfoldable, install, map_tensors, measure_layouts
 from fusion.independence import check_member_independence, output_tensors, preserved_state
-from fusion.layers import LEAF_CHECKS, LEAF_FUSERS, UNSUPPORTED, FusionError, NotStackedHere, ScaledLinear, describe_error, member_linear
+from fusion.layers import (
+    LEAF_CHECKS,
+    LEAF_FUSERS,
+    UNSUPPORTED,
+    FusionError,
+    NotStackedHere,
+    ScaledLinear,
+    describe_error,
+    member_batch_norm,
+    member_linear,
+)
 from fusion.stacked_attention import ATTENTION_FUSERS
 from fusion.stacked_rnn import RNN_FUSERS
 from hpo.base.workload import Workload
@@ -226,12 +236,13 @@ class VmapModel(FusedModel):
             return batched(tensors, x)
 
 
-# --- attention and linear layers under vmap -----------------------------------------------------
+# --- attention, linear layers and batch norm under vmap ----------------------------------------
 # PyTorch has no vmap batching rule for its CPU flash-attention kernel (it loops over members),
-# and its rule for F.linear rounds unlike each member's own GEMM. Inside a fused forward,
-# scaled_dot_product_attention calls go through `_FoldedAttention`, whose vmap rule folds the
-# member dimension into the batch and calls the real kernel once, and F.linear calls through
-# `_MemberLinear`, whose vmap rule is the stacked path's exact per-member GEMM.
+# and its rules for F.linear and (in float64) F.batch_norm round unlike each member's own
+# kernel. Inside a fused forward, scaled_dot_product_attention calls go through
+# `_FoldedAttention`, whose vmap rule folds the member dimension into the batch and calls the
+# real kernel once, and F.linear and F.batch_norm calls through `_MemberLinear` and
+# `_MemberBatchNorm`, whose vmap rules are the stacked path's exact per-member kernels.
 
 
 def _physical(t: torch.Tensor, dim: int | None, members: int) -> torch.Tensor:
@@ -302,6 +313,20 @@ class _MemberLinear(_UnderVmap):
         return member_linear(xs, _physical(weight, in_dims[1], members), biases, bias_in_gemm=inside), 0
 
 
+class _MemberBatchNorm(_UnderVmap):
+    @staticmethod
+    def forward(x, running_mean, running_var, weight, bias, training, momentum, eps):
+        return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+
+    @staticmethod
+    def vmap(info, in_dims, x, running_mean, running_var, weight, bias, training, momentum, eps):
+        members = info.batch_size
+        tensors = [None if t is None else _physical(t, d, members) for t, d in zip((x, running_mean, running_var, weight, bias), in_dims)]
+        return member_batch_norm(*tensors, training, momentum, eps), 0
+
+
+_BATCH_NORM_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+_BATCH_NORM_DEFAULTS = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
 
@@ -317,6 +342,11 @@ class _StackedKernels(TorchFunctionMode):
             self.calls += 1
             bound = {"bias": None, **dict(zip(("input", "weight", "bias"), args)), **kwargs}
             return _MemberLinear.apply(bound["input"], bound["weight"], bound["bias"])
+        if func is F.batch_norm:
+            bound = {**_BATCH_NORM_DEFAULTS, **dict(zip(_BATCH_NORM_ARGS, args)), **kwargs}
+            if bound["input"].dtype == torch.float64 and bound["input"].device.type == "cpu":  # see member_batch_norm
+                self.calls += 1
+                return _MemberBatchNorm.apply(*(bound[name] for name in _BATCH_NORM_ARGS))
         if func is F.scaled_dot_product_attention:
             self.calls += 1
             bound = {**_SDPA_DEFAULTS, **dict(zip(_SDPA_ARGS, args)), **kwargs}
