@@ -94,6 +94,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
+    checked_out = git_commit()  # the code the examples run on, before anything changes the checkout
     results = run(args.examples, args.seed)
     print(f"{results['examples']} examples in {results['wall_s']:.0f} s")
     for path, share in sorted(results["shares"].items()):
@@ -104,7 +105,7 @@ def main() -> None:
         print(f"  {failure['kind'].upper()}: {failure['message']}\n    {failure['case']}")
     results.update(
         seed=args.seed,
-        commit=git_commit(),
+        commit=checked_out,
         machine={"processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()},
         command=" ".join(["python", "benchmarks/fusion_fuzz.py", *sys.argv[1:]]),
     )
