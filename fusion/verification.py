@@ -50,7 +50,7 @@ from torch import nn
 
 from fusion.grouping import MULTIPLIER_KEYS
 from fusion.independence import output_tensors, preserved_state
-from fusion.layers import FusionError
+from fusion.layers import FusionError, describe_error
 from fusion.model import FusedModel
 from fusion.optim import FusedOptimizer
 from hpo.base.hparams import OptimHParams, build_torch_optimizer
@@ -175,10 +175,19 @@ class _Differs(Exception):
 
 @contextmanager
 def _refusing(checked: str) -> Iterator[None]:
+    """What differs, or a model the check cannot run (one that casts to float32 in `forward`),
+    becomes the refusal: a group nothing vouches for does not train unless asked to."""
     try:
         yield
     except _Differs as difference:
         raise _refusal(str(difference), checked) from None
+    except FusionError:
+        raise
+    except Exception as error:
+        raise FusionError(
+            f"the differential check cannot train this group in float64 on the CPU ({describe_error(error)}); "
+            "fusion: {verify: false} trains it unchecked"
+        ) from error
 
 
 def _eval_outputs(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:

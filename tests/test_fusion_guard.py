@@ -112,3 +112,20 @@ def test_witnesses_cover_every_optimizer_feature_and_multiplier_some_member_uses
     hparams = [OptimHParams.from_config(c) for c in configs]
     assert choose_witnesses(configs, hparams) == [0, 2, 3, 4]
     assert choose_witnesses(configs[:1] + configs[5:], hparams[:1] + hparams[5:]) == [0]
+
+
+class CastsToFloat32(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 5)
+
+    def forward(self, x):
+        return self.fc(x.float())
+
+
+def test_a_model_the_check_cannot_run_in_float64_is_refused_saying_how_to_train_it_unchecked():
+    workload = probing_workload()
+    workload.model_factory = lambda config: CastsToFloat32()
+    with pytest.raises(FusionError, match=r"cannot train this group in float64 .* fusion: \{verify: false\} trains it unchecked"):
+        FusedTrainer(workload, CONFIGS)
+    FusedTrainer(workload, CONFIGS, verify=False).train_iteration()
