@@ -18,10 +18,10 @@ Witnesses, not every member: a member's own model steps through PyTorch's per-pa
 (autograd, `torch.optim`, the schedule) at about a millisecond a step for a small model, so B
 members alone would cost a good part of a small group's first iteration. What goes wrong for
 one member of a fused group goes wrong for every member that uses the same features (a fused
-layer's arithmetic, a skipped or frozen parameter), so the witnesses are member 0 and the
-fewest members that between them use every optimizer feature some member uses (weight decay,
-clipping, momentum, Nesterov, warm-up, a schedule) and every muP multiplier in which members
-differ; rows that mix up members are caught by the initial states here and by the
+layer's arithmetic, a skipped or frozen parameter), so the witnesses are a few members that
+between them use every optimizer feature some member uses (weight decay, clipping, momentum,
+Nesterov, warm-up, a schedule) and every muP multiplier in which members differ (member 0 when
+none does); rows that mix up members are caught by the initial states here and by the
 member-independence check (`fusion.independence`).
 
 Float64 leaves rounding nowhere to hide: the tolerance is 1e-12 relative. One kind of
@@ -81,20 +81,21 @@ _FEATURES: dict[str, Callable[[OptimHParams], bool]] = {
 
 
 def choose_witnesses(configs: Sequence[Mapping[str, Any]], hparams: Sequence[OptimHParams]) -> list[int]:
-    """Member 0, then greedily the members that add the most features no witness has yet."""
+    """Greedily, the members that add the most features no witness has yet (the first such member
+    on a tie); member 0 where no member uses any."""
 
     def features(index: int) -> set[str]:
         used = {name for name, uses in _FEATURES.items() if uses(hparams[index])}
         return used | {key for key in MULTIPLIER_KEYS if configs[index].get(key) != configs[0].get(key)}
 
-    chosen = [0]
-    covered = features(0)
+    chosen: list[int] = []
+    covered: set[str] = set()
     wanted = set().union(*(features(i) for i in range(len(configs))))
     while wanted - covered:
         best = max(range(len(configs)), key=lambda i: len(features(i) - covered))
         chosen.append(best)
         covered |= features(best)
-    return sorted(chosen)
+    return sorted(chosen) or [0]
 
 
 def copy_witnesses(models: Sequence[nn.Module], indices: Sequence[int]) -> dict[int, nn.Module]:
@@ -114,7 +115,7 @@ def check_initial_states(fused: FusedModel, members: Sequence[nn.Module]) -> Non
     """Every member's row of `fused` holds its own model's tensors, exactly (right after fusing)."""
     rows = {name: t for name, t in fused.module.state_dict().items() if name not in fused.internal_names}
     for index, member in enumerate(members):
-        own = member.state_dict()
+        own = dict(member.named_parameters(remove_duplicate=False)) | dict(member.named_buffers(remove_duplicate=False))
         for name, tensor in rows.items():
             if not torch.equal(tensor[index], own[name].to(tensor.device)):
                 raise _refusal(f"member {index}'s '{name}' is not its own model's before training", checked="a comparison")
@@ -138,9 +139,7 @@ def verify_fused_training(
     steps = len(batches) - 1
     indices = sorted(witnesses)
     with _refusing(f"a check of {steps} float64 steps"), torch.random.fork_rng(devices=[]), _default_dtype(torch.float64):
-        fused_copy = copy.deepcopy(fused)
-        fused_copy.select_members(indices)
-        fused_copy.cpu().double()
+        fused_copy = _rows_copy(fused, indices)
         alone = [witnesses[index].cpu().double() for index in indices]
         own_hparams = [hparams[index] for index in indices]
         own_multipliers = [multipliers[index] for index in indices]
@@ -167,6 +166,21 @@ def verify_fused_training(
                 _compare(fused_losses[step][row], expected, f"member {index}'s training loss at step {step + 1}")
             for k, (got, expected) in enumerate(zip(fused_outputs, _eval_outputs(model, probe))):
                 _compare(got[row], expected, f"member {index}'s output {k} on a probe batch (eval mode)")
+
+
+def _rows_copy(fused: FusedModel, rows: Sequence[int]) -> FusedModel:
+    """A float64 CPU copy of `fused` holding only `rows`: its tensors are made first and handed
+    to `copy.deepcopy`, which then copies the structure only (not B rows of every tensor, twice)."""
+    index = torch.as_tensor(list(rows), dtype=torch.long)
+    memo: dict[int, Any] = {}
+    for module in fused.modules():
+        for table in (module._parameters, module._buffers):
+            for tensor in table.values():
+                if tensor is not None and id(tensor) not in memo:
+                    value = tensor.detach().cpu()[index]
+                    value = value.double() if value.is_floating_point() else value
+                    memo[id(tensor)] = nn.Parameter(value, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else value
+    return copy.deepcopy(fused, memo)
 
 
 class _Differs(Exception):

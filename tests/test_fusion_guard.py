@@ -66,14 +66,14 @@ def test_a_group_that_swaps_two_members_learning_rates_is_refused_before_it_trai
         return lrs
 
     monkeypatch.setattr(fusion.optim.FusedOptimizer, "current_lrs", swapped)
-    with pytest.raises(FusionError, match=r"member 0's parameter 'head\.weight' differs .* it is not trained"):
+    with pytest.raises(FusionError, match=r"member [01]'s parameter 'head\.weight' differs .* it is not trained"):
         FusedTrainer(probing_workload(), CONFIGS)
     assert not steps_taken
 
 
 def test_a_group_that_unfreezes_a_frozen_parameter_is_refused_naming_it(monkeypatch, steps_taken):
     monkeypatch.setattr(fusion.model, "_freeze_as_members", lambda fused, member: None)
-    with pytest.raises(FusionError, match=r"member 0's parameter 'backbone\.0\.(weight|bias)' moved although it gets no gradient"):
+    with pytest.raises(FusionError, match=r"member [01]'s parameter 'backbone\.0\.(weight|bias)' moved although it gets no gradient"):
         FusedTrainer(probing_workload(), CONFIGS)
     assert not steps_taken
 
@@ -110,7 +110,7 @@ def test_witnesses_cover_every_optimizer_feature_and_multiplier_some_member_uses
         {"lr": 6e-3},
     ]
     hparams = [OptimHParams.from_config(c) for c in configs]
-    assert choose_witnesses(configs, hparams) == [0, 2, 3, 4]
+    assert choose_witnesses(configs, hparams) == [2, 3, 4]
     assert choose_witnesses(configs[:1] + configs[5:], hparams[:1] + hparams[5:]) == [0]
 
 
