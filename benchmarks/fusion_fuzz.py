@@ -20,6 +20,7 @@ import collections
 import json
 import os
 import platform
+import re
 import sys
 import time
 import traceback
@@ -38,15 +39,19 @@ from tests.fusion_fuzz import Case, cases, check  # noqa: E402
 
 
 def reason_kind(reason: str) -> str:
-    """A refusal's reason without its particulars (member, layer, numbers), to count by kind."""
+    """A refusal's reason without its particulars (names, numbers), to count by kind: the guard's
+    (a fused group that trains otherwise than its members alone), or fusing's."""
+    first = reason.split(";")[0]
+    general = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "N", re.sub(r"'[^']*'", "'...'", first))
     if "does not train as its members do alone" in reason:
-        return "guard: " + reason.split(": ", 1)[1].split("'")[0].split("(")[0].strip()
-    return "fusing: " + reason.split(";")[0].split(": ", 2)[-1][:120]
+        return "guard: " + general.split("alone: ", 1)[1]
+    return "fusing: " + general[-160:]
 
 
 def run(examples: int, start_seed: int) -> dict[str, Any]:
     paths: collections.Counter[str] = collections.Counter()
     reasons: collections.Counter[str] = collections.Counter()
+    refused: dict[str, list[dict[str, str]]] = {}  # a few refused cases of each kind, whole
     failures: list[dict[str, Any]] = []
 
     def fail(kind: str, message: str, case: Case) -> None:
@@ -68,7 +73,10 @@ def run(examples: int, start_seed: int) -> dict[str, Any]:
             return
         paths[outcome.path] += 1
         if outcome.reason:
-            reasons[reason_kind(outcome.reason)] += 1
+            kind = reason_kind(outcome.reason)
+            reasons[kind] += 1
+            if len(refused.setdefault(kind, [])) < 3:
+                refused[kind].append({"message": outcome.reason, "case": repr(case)})
         done = sum(paths.values())
         if done % 100 == 0:
             print(f"{done} examples: {dict(paths)}", flush=True)
@@ -81,6 +89,7 @@ def run(examples: int, start_seed: int) -> dict[str, Any]:
         "paths": dict(paths),
         "shares": {path: count / total for path, count in paths.items()},
         "refusals": dict(reasons.most_common()),
+        "refused_examples": refused,
         "failures": failures,
         "wall_s": time.perf_counter() - started,
     }
