@@ -21,6 +21,15 @@ tensors of the workloads' shapes, so the benchmark needs neither scikit-learn no
     python benchmarks/fusion_throughput.py --device cuda --json fusion_cuda.json
     python benchmarks/fusion_throughput.py --zoo all --json benchmarks/results/fusion_throughput_zoo_cpu.json
 
+`--guard` measures what the differential guard (`fusion.verification`) adds to a group's first
+iteration (FusedTrainer's construction plus its first `train_iteration`), for the MLP and the
+char GPT: members that differ in lr only (as above; the guard then checks member 0) and members
+that differ in every per-member key (it checks a witness per optimizer feature). Each round
+builds and runs the group with the guard off and on, alternately; the guard's own time is
+clocked around its calls; the best of `--repeats` rounds is kept.
+
+    python benchmarks/fusion_throughput.py --guard --members 16 --json benchmarks/results/fusion_guard_cpu.json
+
 `--zoo` times the models of tests/fusion_zoo.py (a small ResNet, a Transformer classifier with
 padding masks, a 2-layer LSTM LM, an MLP-Mixer, a tied nanoGPT block, a shared block): each row
 has `model`, `path` (stacked or vmap, the path `fuse_models` chose) and fused/serial at B=16,
@@ -37,6 +46,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
 import types
@@ -303,6 +313,85 @@ def matmul_peak(device: torch.device, dtype: str) -> float:
     return 2 * n**3 * rate
 
 
+# -- the differential guard's cost ---------------------------------------------------------------
+
+
+def every_key_configs(model: str, members: int) -> list[dict[str, Any]]:
+    """`member_configs`, with every other per-member key varied too (a sweep's search space)."""
+    variants = [
+        {},
+        {"weight_decay": 0.1, "beta2": 0.99},
+        {"grad_clip": 1.0, "warmup_steps": 5},
+        {"lr_schedule": "cosine", "schedule_steps": 100, "min_lr_ratio": 0.1},
+        {"weight_decay": 1e-3, "lr_schedule": "step", "schedule_steps": 10, "lr_gamma": 0.5, "beta1": 0.8},
+    ]
+    return [{**config, **variants[i % len(variants)]} for i, config in enumerate(member_configs(model, members))]
+
+
+def guard_cost(model: str, members: int, configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Best-of-REPEATS first iteration without and with the guard, and the guard's own time."""
+    import fusion.trainer as trainer_module
+
+    workload, _ = MODELS[model]
+    guard_s = [0.0]
+    originals = {name: getattr(trainer_module, name) for name in ("copy_witnesses", "check_initial_states", "verify_fused_training")}
+
+    def clocked(function: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                guard_s[0] += time.perf_counter() - start
+
+        return call
+
+    FusedTrainer(workload, configs[:2]).train_iteration()  # imports and first-call costs out of the way
+    best = {"off": math.inf, "on": math.inf, "guard": math.inf}
+    witnesses = 0
+    try:
+        for name, function in originals.items():
+            setattr(trainer_module, name, clocked(function))
+        for _ in range(REPEATS):
+            for verify in (False, True):
+                guard_s[0] = 0.0
+                start = time.perf_counter()
+                trainer = FusedTrainer(workload, configs, verify=verify)
+                trainer.train_iteration()
+                elapsed = time.perf_counter() - start
+                best["on" if verify else "off"] = min(best["on" if verify else "off"], elapsed)
+                if verify:
+                    best["guard"] = min(best["guard"], guard_s[0])
+                    witnesses = len(trainer_module.choose_witnesses(trainer.configs, trainer.hparams))
+    finally:
+        for name, function in originals.items():
+            setattr(trainer_module, name, function)
+    return {
+        "model": model, "B": members, "strategy": trainer.model.strategy, "witnesses": witnesses,
+        "steps_per_iteration": trainer.steps_per_iteration,
+        "first_iteration_s": best["off"], "first_iteration_verified_s": best["on"], "guard_s": best["guard"],
+        "guard_share": best["guard"] / best["off"], "difference_share": best["on"] / best["off"] - 1,
+    }
+
+
+def run_guard(args: argparse.Namespace) -> list[dict[str, Any]]:
+    torch.set_num_threads(args.threads)
+    load_corpus()
+    rows = []
+    for model in (args.models if args.models != "mlp,mlp256,char_gpt" else "mlp,char_gpt").split(","):
+        for b in tuple(int(b) for b in (args.members or "16").split(",")):
+            for varied, configs in (("lr", member_configs(model, b)), ("every key", every_key_configs(model, b))):
+                row = {"varied": varied, **guard_cost(model, b, configs)}
+                rows.append(row)
+                print(
+                    f"{model:>9} B={b:<3} varied={varied:<9} {row['strategy']:>7} witnesses {row['witnesses']}  first iteration "
+                    f"{row['first_iteration_s']:.3f} s  guard {row['guard_s']:.3f} s ({row['guard_share']:.1%}; "
+                    f"on vs off {row['difference_share']:+.1%})",
+                    flush=True,
+                )
+    return rows
+
+
 # -- the fusion zoo (tests/fusion_zoo.py): models written as users write them -------------------
 
 ZOO_SAMPLES = 32
@@ -466,6 +555,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def git_commit() -> str:
+    """The checkout's commit, marked dirty when it has uncommitted changes."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
+    return head + ("-dirty" if dirty else "")
+
+
 def fmt(value: Any) -> str:
     if value is None:
         return "-"
@@ -502,9 +598,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--zoo", help="time the fusion zoo instead (tests/fusion_zoo.py): 'all' or comma-separated names; CPU, fp32"
     )
+    parser.add_argument("--guard", action="store_true", help="measure the differential guard's cost instead (MLP and char GPT; CPU)")
     args = parser.parse_args(argv)
-    if args.zoo:
+    if args.guard:
         global REPEATS
+        REPEATS = args.repeats or 5
+        load_before = os.getloadavg()
+        rows = run_guard(args)
+        results = {
+            "rows": rows,
+            "commit": git_commit(),
+            "machine": {"device": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()},
+            "load_average": {"before": load_before, "after": os.getloadavg()},
+            "settings": {"repeats": REPEATS, "units": "seconds; guard_share = guard_s / first_iteration_s (the guard off); difference_share = on / off - 1, by wall clock"},
+        }
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+            print(f"wrote {args.json}")
+        return
+    if args.zoo:
         REPEATS = args.repeats or 3
         load_before = os.getloadavg()
         rows = run_zoo(args)

@@ -109,14 +109,15 @@ def group_trainer(
     states: Sequence[bytes | None],
     device: Any,
     dtype: str,
+    verify: bool = True,
 ) -> FusedTrainer:
     """A group of fresh members, or of members resuming from their checkpoints (bytes)."""
     if any(state is not None for state in states):
         return FusedTrainer.from_member_states(
             workload, configs, [trial_state_from_bytes(s) for s in states], member_ids=member_ids,
-            device=device, dtype=dtype,
+            device=device, dtype=dtype, verify=verify,
         )
-    return FusedTrainer(workload, configs, member_ids=member_ids, device=device, dtype=dtype)
+    return FusedTrainer(workload, configs, member_ids=member_ids, device=device, dtype=dtype, verify=verify)
 
 
 def member_results(

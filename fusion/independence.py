@@ -91,26 +91,31 @@ def _load(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 
 class _CallRecorder:
-    """Per module call, in completion order: (path, inputs, outputs) of the other members."""
+    """Per module call, in completion order: (path, inputs, outputs) of the other members, as
+    the stacked model's folded code sees them (`StackedModel.other_members`)."""
 
-    def __init__(self, root: nn.Module, member: int):
-        self.member = member
+    def __init__(self, model, member: int):
+        self.model, self.member = model, member
         self.calls: list[tuple[str, list[torch.Tensor], list[torch.Tensor]]] = []
         self._inputs: list[list[torch.Tensor]] = []
         self.handles = []
-        for path, module in root.named_modules(remove_duplicate=False):
-            self.handles.append(module.register_forward_pre_hook(self._enter, with_kwargs=True))
-            self.handles.append(module.register_forward_hook(self._leave(path), with_kwargs=True))
+        paths: dict[int, str] = {}
+        for path, module in model.module.named_modules(remove_duplicate=False):
+            paths.setdefault(id(module), path)
+        for path, module in model.module.named_modules(remove_duplicate=False):
+            # before the fused layers' own hooks unfold their inputs
+            self.handles.append(module.register_forward_pre_hook(self._enter(paths[id(module)]), with_kwargs=True, prepend=True))
+            self.handles.append(module.register_forward_hook(self._leave(path, paths[id(module)]), with_kwargs=True))
 
-    def _slices(self, value: Any) -> list[torch.Tensor]:
-        return [_others(t.detach(), self.member).clone() for t in output_tensors(value)]
+    def _enter(self, first_path: str):
+        def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+            self._inputs.append(self.model.other_members(first_path, "inputs", (args, kwargs), self.member))
 
-    def _enter(self, module: nn.Module, args: Any, kwargs: Any) -> None:
-        self._inputs.append(self._slices((args, kwargs)))
+        return hook
 
-    def _leave(self, path: str):
+    def _leave(self, path: str, first_path: str):
         def hook(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-            self.calls.append((path, self._inputs.pop(), self._slices(output)))
+            self.calls.append((path, self._inputs.pop(), self.model.other_members(first_path, "outputs", output, self.member)))
 
         return hook
 
@@ -153,7 +158,7 @@ def _mixing_module(model, inputs: torch.Tensor, perturbed: torch.Tensor, member:
         return f"'<root>' ({type(root).__name__})"
     runs = []
     for x, perturb in ((inputs, False), (perturbed, True)):
-        recorder = _CallRecorder(root, member)
+        recorder = _CallRecorder(model, member)
         try:
             with preserved_state(root):
                 if perturb:

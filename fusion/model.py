@@ -3,13 +3,13 @@
 Two strategies, both giving a model that maps a shared input `x: [N, ...]` to `[B, N, ...]`:
 
 - ``"stacked"``: module swapping. A copy of member 0's module tree keeps every container (the
-  user's own `forward` code) and swaps each leaf for its hand-fused version: `fusion.layers`
-  (batched GEMMs, grouped convolutions, norms), `fusion.stacked_attention`
-  (nn.MultiheadAttention), `fusion.stacked_rnn` (LSTM/GRU/RNN and cells), `fusion.folded`
-  (pooling, channel dropout, Flatten: run with members folded into the batch). Activations
-  carry an explicit member dimension. Fastest, but only correct when the containers' `forward`
-  code is agnostic to an extra leading dimension (true for `nn.Sequential` stacks, false for
-  code such as ``batch, time, width = x.shape``). Shared submodules and tied weights stay shared.
+  user's own `forward` code) and swaps each layer that holds weights for its hand-fused
+  version: `fusion.layers` (batched GEMMs, grouped convolutions, norms),
+  `fusion.stacked_attention` (nn.MultiheadAttention), `fusion.stacked_rnn` (LSTM/GRU/RNN and
+  cells). The user's code runs on the members folded into the batch dimension (B*N samples,
+  `fusion.batch_folding`), so shape-reading code (``batch, time, width = x.shape``,
+  `torch.arange(time)`, `out[:, -1]`, `x.view(x.size(0), -1)`) works as written; the fused layers
+  see the members as a leading dimension. Fastest. Shared submodules and tied weights stay shared.
 - ``"vmap"``: `torch.func.vmap` over the member model with every parameter and buffer stacked.
   Runs any forward code; `scaled_dot_product_attention` is routed to one batched kernel call.
 
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -46,10 +45,20 @@ from torch.func import vmap
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
-from fusion.folded import FOLDED_FUSERS
+from fusion.batch_folding import Batch, Layout, Spec, Unfoldable, install, map_tensors, measure_layouts
 from fusion.independence import check_member_independence, output_tensors, preserved_state
-from fusion.layers import LEAF_CHECKS, LEAF_FUSERS, UNSUPPORTED, FusionError, NotStackedHere, ScaledLinear
-from fusion.stacked_attention import ATTENTION_FUSERS, FoldedAttentionCalls
+from fusion.layers import (
+    LEAF_CHECKS,
+    LEAF_FUSERS,
+    UNSUPPORTED,
+    FusionError,
+    NotStackedHere,
+    ScaledLinear,
+    describe_error,
+    member_batch_norm,
+    member_linear,
+)
+from fusion.stacked_attention import ATTENTION_FUSERS
 from fusion.stacked_rnn import RNN_FUSERS
 from hpo.base.workload import Workload
 
@@ -58,7 +67,7 @@ log = logging.getLogger(__name__)
 STRATEGIES = ("auto", "stacked", "vmap")
 
 #: Every layer type the stacked path replaces by a fused version, by exact type.
-FUSERS: dict[type, Callable[[Sequence[nn.Module]], nn.Module]] = {**LEAF_FUSERS, **FOLDED_FUSERS, **ATTENTION_FUSERS, **RNN_FUSERS}
+FUSERS: dict[type, Callable[[Sequence[nn.Module]], nn.Module]] = {**LEAF_FUSERS, **ATTENTION_FUSERS, **RNN_FUSERS}
 
 
 def build_member(workload: Workload, config: Mapping[str, Any]) -> nn.Module:
@@ -71,6 +80,8 @@ class FusedModel(nn.Module):
     """B members as one module; `self.module` holds every member tensor as `[B, *member_shape]`."""
 
     strategy: str = ""
+    #: Whether a member's training-mode output depends on the RNG (dropout); set by the probe.
+    draws_random: bool = False
 
     def __init__(self, module: nn.Module, internal: set[str]):
         super().__init__()
@@ -119,26 +130,52 @@ class FusedModel(nn.Module):
 
 
 class StackedModel(FusedModel):
-    """Module-swapped fused model; activations are `[B, N, ...]` throughout."""
+    """Module-swapped fused model: the user's code sees the members folded into the batch
+    (`[B*N, ...]`), the fused layers see `[B, N, ...]` (`fusion.batch_folding`)."""
 
     strategy = "stacked"
 
-    def __init__(self, module: nn.Module, internal: set[str]):
+    def __init__(
+        self, module: nn.Module, internal: set[str], batch: Batch, layouts: Mapping[str, tuple[Layout, ...]], outputs: tuple[Spec, ...]
+    ):
         super().__init__(module, internal)
-        #: Fold >4-D scaled_dot_product_attention calls onto the fused kernel (off when the
-        #: checks saw the model make no such call: the routing costs a little per op).
-        self.route_attention = True
-        self._attention = FoldedAttentionCalls()
+        self.batch, self.layouts, self.outputs = batch, dict(layouts), outputs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_members(x.unsqueeze(0).expand(self.num_members, *x.shape))
 
     def forward_members(self, xs: torch.Tensor) -> torch.Tensor:
         """Each member on its own input: `xs` is `[B, N, ...]` (the independence check uses this)."""
-        if not self.route_attention:
-            return self.module(xs)
-        with self._attention:
-            return self.module(xs)
+        folded = self.batch.fold_input(xs)
+        with _without_fast_paths():
+            output = self.module(folded)
+        return map_tensors(output, lambda t, i: self.batch.unfold(t, self.outputs[i]))
+
+    def other_members(self, path: str, place: str, value: Any, member: int) -> list[torch.Tensor]:
+        """Every member's part but `member`'s of the tensors a module call at `path` took
+        (`place` "inputs": `(args, kwargs)`) or returned ("outputs"), as the folded code sees them."""
+        layouts = self.layouts.get(path, ())
+        if place == "inputs":
+            fitting = [way for way in layouts if way.fits(*value)]
+            specs = fitting[0].args + fitting[0].kwargs if fitting else ()
+        else:
+            specs = layouts[0].outputs if len(layouts) == 1 else ()
+        parts: list[torch.Tensor] = []
+        map_tensors(value, lambda t, i: parts.append(self.batch.others(t.detach(), specs[i] if i < len(specs) else None, member).clone()))
+        return parts
+
+
+@contextmanager
+def _without_fast_paths() -> Iterator[None]:
+    """`nn.TransformerEncoderLayer` and friends take a fused inference kernel on a 3-D input in
+    eval mode without autograd, reading the (here stacked) weights directly; keep them on the
+    code path whose layers are swapped."""
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
 
 
 class VmapModel(FusedModel):
@@ -148,10 +185,10 @@ class VmapModel(FusedModel):
 
     def __init__(self, module: nn.Module, internal: set[str]):
         super().__init__(module, internal)
-        #: Route scaled_dot_product_attention through one folded kernel call (off when the
-        #: probe saw the model make no such call: the routing costs a little per op).
+        #: Route scaled_dot_product_attention and F.linear through the stacked kernels (off when
+        #: the probe saw the model make no such call: the routing costs a little per op).
         self.route_attention = True
-        self._attention = _BatchedAttention()
+        self._attention = _StackedKernels()
 
     def _slots(self) -> tuple[list[tuple[dict, str, int]], list[torch.Tensor]]:
         """Every (table, name) holding a tensor, once each, and the distinct tensors they hold.
@@ -199,15 +236,36 @@ class VmapModel(FusedModel):
             return batched(tensors, x)
 
 
-# --- attention under vmap -------------------------------------------------------------------
-# PyTorch has no vmap batching rule for its CPU flash-attention kernel (it loops over members).
-# Inside a fused forward, scaled_dot_product_attention calls go through `_FoldedAttention`,
-# whose vmap rule folds the member dimension into the batch and calls the real kernel once.
+# --- attention, linear layers and batch norm under vmap ----------------------------------------
+# PyTorch has no vmap batching rule for its CPU flash-attention kernel (it loops over members),
+# and its rules for F.linear and (in float64) F.batch_norm round unlike each member's own
+# kernel. Inside a fused forward, scaled_dot_product_attention calls go through
+# `_FoldedAttention`, whose vmap rule folds the member dimension into the batch and calls the
+# real kernel once, and F.linear and F.batch_norm calls through `_MemberLinear` and
+# `_MemberBatchNorm`, whose vmap rules are the stacked path's exact per-member kernels.
 
 
-class _FoldedAttention(torch.autograd.Function):
+def _physical(t: torch.Tensor, dim: int | None, members: int) -> torch.Tensor:
+    """A tensor inside a vmap rule as `[B, *member_shape]` (an unbatched one expanded)."""
+    return t.unsqueeze(0).expand(members, *t.shape) if dim is None else t.movedim(dim, 0)
+
+
+class _UnderVmap(torch.autograd.Function):
+    """A Function only applied under vmap: its vmap rule runs differentiable ops on the physical
+    tensors, which autograd follows, so its own backward is never reached."""
+
     generate_vmap_rule = False
 
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("this Function is only applied under vmap, inside a fused forward")
+
+
+class _FoldedAttention(_UnderVmap):
     @staticmethod
     def forward(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         return F.scaled_dot_product_attention(
@@ -215,22 +273,10 @@ class _FoldedAttention(torch.autograd.Function):
         )
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, grad):  # only reached outside vmap, where _BatchedAttention is never active
-        raise RuntimeError("_FoldedAttention is only used under vmap")
-
-    @staticmethod
     def vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         members = info.batch_size
         member_rank = query.dim() - (in_dims[0] is not None)
-
-        def physical(t: torch.Tensor, dim: int | None) -> torch.Tensor:  # (B, *member_shape)
-            return t.unsqueeze(0).expand(members, *t.shape) if dim is None else t.movedim(dim, 0)
-
-        q, k, v = (physical(t, d) for t, d in zip((query, key, value), in_dims[:3]))
+        q, k, v = (_physical(t, d, members) for t, d in zip((query, key, value), in_dims[:3]))
         lead = q.shape[: q.dim() - 2]  # (B, *member batch dims)
         mask = attn_mask
         if attn_mask is not None and in_dims[3] is not None:
@@ -247,17 +293,60 @@ class _FoldedAttention(torch.autograd.Function):
         return out.reshape(*lead, *out.shape[-2:]), 0
 
 
+class _MemberLinear(_UnderVmap):
+    @staticmethod
+    def forward(x, weight, bias):
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def vmap(info, in_dims, x, weight, bias):
+        members = info.batch_size
+        xs = _physical(x, in_dims[0], members)
+        if in_dims[1] is None:  # a weight the members share (a tensor the code made, not a layer's)
+            out = F.linear(xs, weight)
+            if bias is not None:
+                out = out + (bias if in_dims[2] is None else _physical(bias, in_dims[2], members).view(members, *[1] * (out.dim() - 2), -1))
+            return out, 0
+        biases = None if bias is None else _physical(bias, in_dims[2], members)
+        # F.linear adds the bias inside the GEMM for a 2-D or contiguous input (per member), after it otherwise
+        inside = xs.dim() == 3 or xs[0].is_contiguous()
+        return member_linear(xs, _physical(weight, in_dims[1], members), biases, bias_in_gemm=inside), 0
+
+
+class _MemberBatchNorm(_UnderVmap):
+    @staticmethod
+    def forward(x, running_mean, running_var, weight, bias, training, momentum, eps):
+        return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+
+    @staticmethod
+    def vmap(info, in_dims, x, running_mean, running_var, weight, bias, training, momentum, eps):
+        members = info.batch_size
+        tensors = [None if t is None else _physical(t, d, members) for t, d in zip((x, running_mean, running_var, weight, bias), in_dims)]
+        return member_batch_norm(*tensors, training, momentum, eps), 0
+
+
+_BATCH_NORM_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+_BATCH_NORM_DEFAULTS = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
 
 
-class _BatchedAttention(TorchFunctionMode):
+class _StackedKernels(TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is F.linear:
+            self.calls += 1
+            bound = {"bias": None, **dict(zip(("input", "weight", "bias"), args)), **kwargs}
+            return _MemberLinear.apply(bound["input"], bound["weight"], bound["bias"])
+        if func is F.batch_norm:
+            bound = {**_BATCH_NORM_DEFAULTS, **dict(zip(_BATCH_NORM_ARGS, args)), **kwargs}
+            if bound["input"].dtype == torch.float64 and bound["input"].device.type == "cpu":  # see member_batch_norm
+                self.calls += 1
+                return _MemberBatchNorm.apply(*(bound[name] for name in _BATCH_NORM_ARGS))
         if func is F.scaled_dot_product_attention:
             self.calls += 1
             bound = {**_SDPA_DEFAULTS, **dict(zip(_SDPA_ARGS, args)), **kwargs}
@@ -309,7 +398,7 @@ def _check_members(models: Sequence[nn.Module]) -> None:
         module = group[0]
         name = f"layer '{path or '<root>'}' ({type(module).__name__})"
         if isinstance(module, UNSUPPORTED):
-            raise FusionError(f"{name} is not supported by fusion; supported weight layers: {sorted(t.__name__ for t in FUSERS if _holds_weights(t))}")
+            raise FusionError(f"{name} is not supported by fusion; supported weight layers: {sorted(t.__name__ for t in FUSERS)}")
         check = LEAF_CHECKS.get(type(module))
         reason = check(module) if check else None
         if reason:
@@ -319,10 +408,15 @@ def _check_members(models: Sequence[nn.Module]) -> None:
         if member != shapes[0]:
             diff = sorted(k for k in set(member) | set(shapes[0]) if member.get(k) != shapes[0].get(k))
             raise FusionError(f"member {i} has different tensors than member 0 (structural config keys must match): {diff[:5]}")
-
-
-def _holds_weights(kind: type) -> bool:
-    return kind not in FOLDED_FUSERS
+    trainable = [{name: p.requires_grad for name, p in m.named_parameters()} for m in models]
+    for i, member in enumerate(trainable[1:], start=1):
+        differ = [name for name, flag in trainable[0].items() if member.get(name) != flag]
+        if differ:
+            frozen_in = "member 0" if not trainable[0][differ[0]] else f"member {i}"
+            raise FusionError(
+                f"parameter '{differ[0]}' is frozen (requires_grad=False) in {frozen_in} only: members of one "
+                "group must freeze the same parameters (fused, they share one tensor); make freezing a structural key"
+            )
 
 
 def _replace_mup_readouts(models: Sequence[nn.Module]) -> set[str]:
@@ -353,9 +447,25 @@ def _fuser(module: nn.Module) -> Callable[[Sequence[nn.Module]], nn.Module] | No
     return FUSERS.get(type(module))
 
 
-def _stack_tree(modules: Sequence[nn.Module], path: str, memo: dict[int, nn.Module]) -> nn.Module:
+def _leaves(model: nn.Module) -> set[int]:
+    """Ids of the modules the stacked path swaps for fused layers (the outermost ones with a fuser)."""
+    found: set[int] = set()
+
+    def visit(module: nn.Module) -> None:
+        if _fuser(module) is not None:
+            found.add(id(module))
+        else:
+            for child in module.children():
+                visit(child)
+
+    visit(model)
+    return found
+
+
+def _stack_tree(modules: Sequence[nn.Module], path: str, memo: dict[int, nn.Module], leaves: set[int]) -> nn.Module:
     """The fused tree for `modules` (one per member); a submodule registered under several names
-    (`self.a = self.b = block`) becomes one fused module under all of them, as in the members."""
+    (`self.a = self.b = block`) becomes one fused module under all of them, as in the members.
+    The ids of the fused layers go into `leaves`."""
     first = modules[0]
     if id(first) in memo:
         return memo[id(first)]
@@ -365,6 +475,7 @@ def _stack_tree(modules: Sequence[nn.Module], path: str, memo: dict[int, nn.Modu
             fused = fuser(modules)
         except NotStackedHere as reason:
             raise _NotStackable(f"layer '{path or '<root>'}' ({type(first).__name__}) has no stacked version with {reason}") from reason
+        leaves.add(id(fused))
     else:
         if any(v is not None for v in first._parameters.values()) or any(v is not None for v in first._buffers.values()):
             raise _NotStackable(f"layer '{path or '<root>'}' ({type(first).__name__}) holds its own tensors")
@@ -374,7 +485,7 @@ def _stack_tree(modules: Sequence[nn.Module], path: str, memo: dict[int, nn.Modu
         fused = copy.copy(first)
         fused._parameters, fused._buffers = {}, {}
         fused._modules = {
-            name: None if child is None else _stack_tree([m._modules[name] for m in modules], f"{path}.{name}".lstrip("."), memo)
+            name: None if child is None else _stack_tree([m._modules[name] for m in modules], f"{path}.{name}".lstrip("."), memo, leaves)
             for name, child in first._modules.items()
         }
     memo[id(first)] = fused
@@ -397,10 +508,26 @@ def _tie_parameters(fused: nn.Module, member: nn.Module) -> None:
                 target._parameters[name] = seen[id(param)]
 
 
-def _stacked(models: Sequence[nn.Module], internal: set[str]) -> StackedModel:
-    fused = _stack_tree(models, "", {})
+def _freeze_as_members(fused: nn.Module, member: nn.Module) -> None:
+    """Fused layers create their parameters trainable; a member's frozen parameter stays frozen,
+    so autograd gives it no gradient and the optimizer leaves it out, as torch.optim would."""
+    fused_params = dict(fused.named_parameters(remove_duplicate=False))
+    for name, param in member.named_parameters(remove_duplicate=False):
+        fused_params[name].requires_grad_(param.requires_grad)
+
+
+def _stacked(models: Sequence[nn.Module], internal: set[str], example_input: torch.Tensor) -> StackedModel:
+    try:
+        layouts, outputs = measure_layouts(models[0], example_input, _leaves(models[0]))
+    except Unfoldable as reason:
+        raise _NotStackable(f"its batch dimension cannot be followed: {reason}") from reason
+    leaves: set[int] = set()
+    fused = _stack_tree(models, "", {}, leaves)
     _tie_parameters(fused, models[0])
-    return StackedModel(fused, internal)
+    _freeze_as_members(fused, models[0])
+    batch = Batch()
+    install(fused, layouts, leaves, batch)
+    return StackedModel(fused, internal, batch, layouts, outputs)
 
 
 def _sharing(model: nn.Module) -> list[tuple[str, ...]]:
@@ -468,12 +595,6 @@ def _vmapped(models: Sequence[nn.Module], internal: set[str]) -> VmapModel:
     return VmapModel(holder, internal)
 
 
-def _describe(error: BaseException) -> str:
-    """The error's type and first line, without memory addresses, so a message is the same every run."""
-    lines = str(error).strip().splitlines() or [""]
-    return f"{type(error).__name__}: " + re.sub(r" at 0x[0-9a-fA-F]+", "", lines[0])
-
-
 @contextmanager
 def _naming_failures(model: FusedModel) -> Iterator[None]:
     """Turn an exception in a fused forward into a FusionError naming the innermost layer."""
@@ -497,7 +618,7 @@ def _naming_failures(model: FusedModel) -> Iterator[None]:
         where = stack[-1] if stack else ""
         layer = model.module.get_submodule(where) if where else model.module
         raise FusionError(
-            f"layer '{where or '<root>'}' ({type(layer).__name__}) cannot run {model.strategy}-fused: {_describe(error)}"
+            f"layer '{where or '<root>'}' ({type(layer).__name__}) cannot run {model.strategy}-fused: {describe_error(error)}"
         ) from error
     finally:
         for handle in handles:
@@ -529,7 +650,8 @@ def _probe(model: FusedModel, models: Sequence[nn.Module], example_input: torch.
     """Check the fused model's output against every member's on a probe batch, in eval mode and,
     where the model draws no random numbers, in training mode (where BatchNorm uses batch
     statistics and layers may take other code paths); no state changes."""
-    modes = [False] if _random_in_training(models[0], example_input) else [False, True]
+    model.draws_random = _random_in_training(models[0], example_input)
+    modes = [False] if model.draws_random else [False, True]
     for training in modes:
         mode = "train" if training else "eval"
         with preserved_state(model.module):
@@ -554,21 +676,23 @@ def _accept(fused: FusedModel, models: Sequence[nn.Module], example_input: torch
 
 def _build(strategy: str, models: Sequence[nn.Module], internal: set[str], example_input: torch.Tensor) -> FusedModel:
     try:
-        fused = _stacked(models, internal) if strategy == "stacked" else _vmapped(models, internal)
+        fused = _stacked(models, internal, example_input) if strategy == "stacked" else _vmapped(models, internal)
     except (FusionError, _NotStackable):
         raise
     except Exception as error:  # building failed somewhere unexpected: still a FusionError, deterministic
-        raise FusionError(f"the model cannot be {strategy}-fused: {_describe(error)}") from error
+        raise FusionError(f"the model cannot be {strategy}-fused: {describe_error(error)}") from error
     return _accept(fused, models, example_input)
 
 
 def fuse_models(models: Sequence[nn.Module], example_input: torch.Tensor, strategy: str = "auto") -> FusedModel:
     """One fused model from B member models of the same architecture (members are consumed).
 
-    `example_input` is one batch of the shared input; it is used to check the fused model
-    against each member (eval mode), to check that no member's outputs or gradients depend on
-    another member's input or parameters (train and eval mode), and to name the layer when
-    something cannot run fused. A model that fails either check is never returned.
+    `example_input` is one batch of the shared input, its samples in dimension 0 (as every
+    workload's batches are); it is used to measure where the batch dimension runs through the
+    model (the stacked path), to check the fused model against each member (eval mode), to check
+    that no member's outputs or gradients depend on another member's input or parameters (train
+    and eval mode), and to name the layer when something cannot run fused. A model that fails
+    either check is never returned.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy is {strategy!r}; expected one of {STRATEGIES}")
@@ -582,7 +706,6 @@ def fuse_models(models: Sequence[nn.Module], example_input: torch.Tensor, strate
     if strategy in ("auto", "stacked"):
         try:
             fused = _build("stacked", models, internal, example_input)
-            fused.route_attention = fused._attention.calls > 0
             log.debug("fused %d members by module swapping", len(models))
             return fused
         except (_NotStackable, FusionError) as reason:

@@ -12,11 +12,21 @@ The arithmetic follows `torch.optim.SGD/Adam/AdamW` (single-tensor path) operati
 operation, so a member trains as `hpo.base.hparams.build_torch_optimizer` would train it alone:
 - learning rate of member b at its step s for parameter n: `lr_b * lr_multiplier_b[n] * lr_factor_b(s)`
   (`OptimHParams.lr_factor`, the same schedule `TrialTrainer` applies through LambdaLR);
-- per-member gradient clipping by each member's own global norm (`clip_grad_norm_`'s formula);
+- per-member gradient clipping by each member's own global norm, computed as `clip_grad_norm_`
+  computes it (each parameter's norm, then the norm of those: one norm over the whole row
+  rounds differently);
 - members never mix: every reduction is along a member's row.
 
-Parameters whose gradient is None in a step are treated as having a zero gradient (PyTorch
-would skip them); every layer of the supported workloads receives a gradient every step.
+Parameters are treated as `torch.optim` treats them:
+- a parameter with `requires_grad=False` stays out of the matrices: nothing updates or decays
+  it, and it has no state;
+- a parameter whose gradient is None in a step (an unused embedding table, a head or branch
+  that step did not run) is skipped in that step: no decay, no moment update, no step count
+  (Adam's bias correction counts each parameter's own steps, as `state["step"]` does).
+  Autograd's post-accumulate hooks flag the parameters that received a gradient; the step
+  updates every column and then puts the skipped ones back from a device index tensor, cached
+  per pattern of flags, so the arithmetic has no per-parameter branch and a fixed pattern (as
+  in a captured graph) always reuses one index.
 
 Example::
 
@@ -54,7 +64,10 @@ class FusedOptimizer:
         steps: Sequence[int] | None = None,
         weight_decay_multipliers: Sequence[Mapping[str, float]] | None = None,
     ):
-        self.names = list(params)
+        # Frozen parameters stay out of the matrices, as torch.optim never touches them.
+        self.names = [name for name, param in params.items() if param.requires_grad]
+        if not self.names:
+            raise ValueError("no parameter requires a gradient: there is nothing to optimize")
         self.params = [params[name] for name in self.names]
         self.hparams = list(hparams)
         kinds = {hp.optimizer for hp in self.hparams}
@@ -79,6 +92,14 @@ class FusedOptimizer:
         for size in self.sizes:
             self.offsets.append(self.offsets[-1] + -(-size // align) * align)
         self.steps = list(steps) if steps is not None else [0] * self.num_members
+        #: `[B, n]` steps each member took on each parameter (torch's per-parameter
+        #: `state["step"]`), on the host; None while that is `steps` for every parameter.
+        self.param_steps: torch.Tensor | None = None
+        #: Which parameters received a gradient since `zero_grad` (set by autograd's hooks).
+        self._received = [False] * len(self.params)
+        self._skipped: dict[tuple[bool, ...], torch.Tensor] = {}
+        for i, param in enumerate(self.params):
+            param.register_post_accumulate_grad_hook(self._receiver(i))
         self.lr_multipliers = self._multiplier_matrix(lr_multipliers)
         self.weight_decay_multipliers = self._multiplier_matrix(weight_decay_multipliers)
         total = self.offsets[-1]
@@ -123,7 +144,8 @@ class FusedOptimizer:
         self._nesterov = torch.tensor([hp.nesterov for hp in hps], device=device).view(-1, 1)
         self._any_decay = any(hp.weight_decay != 0 for hp in hps)
         self._any_nesterov = any(hp.nesterov for hp in hps)
-        self._clip = column([hp.grad_clip if hp.grad_clip > 0 else math.inf for hp in hps])
+        self._clip = column([hp.grad_clip if hp.grad_clip > 0 else 1.0 for hp in hps])
+        self._clipping = torch.tensor([hp.grad_clip > 0 for hp in hps], device=device).view(-1, 1)
         self._any_clip = any(hp.grad_clip > 0 for hp in hps)
 
     @torch.no_grad()
@@ -140,6 +162,9 @@ class FusedOptimizer:
             param.data = value
             param.grad = grad
         self._scratch = [torch.empty_like(self._params_flat) for _ in range(2)]
+        # each member's gradient of each parameter, member-major: what clip_grad_norm_ takes norms of
+        self._member_grads = [view[b].view(-1) for b in range(self.num_members) for view in self._grad_views]
+        self._skipped = {}
 
     def _width(self, i: int) -> int:
         """Columns of parameter i in the matrix: its size plus the zero padding that aligns the next."""
@@ -160,9 +185,16 @@ class FusedOptimizer:
 
     # -- stepping ------------------------------------------------------------------------------
 
+    def _receiver(self, index: int):
+        def received(param: torch.Tensor) -> None:
+            self._received[index] = True
+
+        return received
+
     def zero_grad(self) -> None:
         """Zero the gradient matrix; autograd then accumulates into it in place."""
         self._grads_flat.zero_()
+        self._received = [False] * len(self.params)
         for param, grad in zip(self.params, self._grad_views):
             if param.grad is None or param.grad.data_ptr() != grad.data_ptr():
                 param.grad = grad
@@ -184,33 +216,87 @@ class FusedOptimizer:
         wd = torch.tensor([hp.weight_decay for hp in self.hparams], dtype=torch.float64, device=self.params[0].device)
         return wd.view(-1, 1) * self.weight_decay_multipliers
 
-    def _per_member(self, values: list[float], transform=None) -> torch.Tensor:
-        """An lr-scaled quantity per member (`[B, 1]`), or per element (`[B, P]`) with lr multipliers.
+    def _per_member(self, values: list[float] | torch.Tensor, transform=None) -> torch.Tensor:
+        """An lr-scaled quantity per member (`[B, 1]`), or per element (`[B, P]`) with lr multipliers
+        or per-parameter values (`values` given as a `[B, P]` float64 matrix).
 
         Computed in double precision and rounded once, as torch rounds its Python-float lr."""
+        device, dtype = self.params[0].device, self.params[0].dtype
+        if isinstance(values, torch.Tensor):
+            scaled = values.to(device) if self.lr_multipliers is None else values.to(device) * self.lr_multipliers
+            return (transform(scaled) if transform else scaled).to(dtype)
         if self.lr_multipliers is None:
             return self._column([transform(v) for v in values] if transform else values)
-        device, dtype = self.params[0].device, self.params[0].dtype
         scaled = torch.tensor(values, dtype=torch.float64, device=device).view(-1, 1) * self.lr_multipliers
         return (transform(scaled) if transform else scaled).to(dtype)
 
     @torch.no_grad()
     def step(self) -> None:
-        """One optimizer step for every member, each with its own schedule, clipping and state."""
+        """One optimizer step for every member, each with its own schedule, clipping and state;
+        parameters without a gradient since `zero_grad` are left as they are (see the module doc)."""
         grads, params = self._grads_flat, self._params_flat
-        for param, grad in zip(self.params, self._grad_views):
+        for i, (param, grad) in enumerate(zip(self.params, self._grad_views)):
             if param.grad is not None and param.grad.data_ptr() != grad.data_ptr():
                 grad.copy_(param.grad)  # someone replaced .grad; take it into the matrix
+                self._received[i] = True
+        received = tuple(self._received)
+        if not any(received):
+            self.steps = [s + 1 for s in self.steps]  # the schedule moves on, as LambdaLR's does
+            return
         if self._any_clip:
-            # torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped at 1.
-            self.last_grad_norms = torch.linalg.vector_norm(grads, dim=1, keepdim=True)
-            grads.mul_(torch.clamp(self._clip / (self.last_grad_norms + 1e-6), max=1.0))
+            self._clip_gradients(received)
         lrs = self.current_lrs()
+        bias_steps = self._count_steps(received)
+        skipped = None if all(received) else self._skipped_columns(received)
+        kept = None if skipped is None else [t.index_select(1, skipped) for t in (params, *self.state.values())]
         if self.kind == "sgd":
             self._sgd(params, grads, lrs)
         else:
-            self._adam(params, grads, lrs)
+            self._adam(params, grads, lrs, bias_steps)
+        if kept is not None:
+            for matrix, columns in zip((params, *self.state.values()), kept):
+                matrix.index_copy_(1, skipped, columns)
         self.steps = [s + 1 for s in self.steps]
+
+    def _clip_gradients(self, received: tuple[bool, ...]) -> None:
+        """torch.nn.utils.clip_grad_norm_ per member over the parameters that have a gradient:
+        the norm of the per-parameter norms; coef = max_norm / (norm + 1e-6) (as torch computes
+        a float over a tensor: reciprocal, then product), clamped at 1."""
+        count = len(self.params)
+        views = [view for j, view in enumerate(self._member_grads) if received[j % count]]
+        norms = torch.stack(torch._foreach_norm(views)).view(self.num_members, -1)
+        self.last_grad_norms = torch.linalg.vector_norm(norms, dim=1, keepdim=True)
+        coef = torch.clamp((self.last_grad_norms + 1e-6).reciprocal() * self._clip, max=1.0)
+        self._grads_flat.mul_(torch.where(self._clipping, coef, 1.0))
+
+    def _count_steps(self, received: tuple[bool, ...]) -> list[int] | torch.Tensor:
+        """Advance the per-parameter step counts; return the steps Adam's bias correction uses:
+        one per member (`[B]`) while every parameter has taken every step, else `[B, n]`."""
+        if self.param_steps is None and all(received):
+            return [s + 1 for s in self.steps]
+        self._keep_param_steps()
+        stepped = torch.tensor(received)
+        self.param_steps[:, stepped] += 1
+        counted = self.param_steps[:, stepped]
+        if bool((counted == counted[:, :1]).all()):  # e.g. only a never-used table is behind
+            return counted[:, 0].tolist()
+        return self.param_steps
+
+    def _keep_param_steps(self) -> None:
+        """Start counting steps per parameter (until now each parameter's count was its member's)."""
+        if self.param_steps is None:
+            self.param_steps = torch.tensor(self.steps, dtype=torch.long).view(-1, 1).repeat(1, len(self.params))
+
+    def _skipped_columns(self, received: tuple[bool, ...]) -> torch.Tensor:
+        """The matrix columns of the parameters without a gradient (their padding included), on the device."""
+        if received not in self._skipped:
+            columns = [torch.arange(self.offsets[i], self.offsets[i + 1]) for i, got in enumerate(received) if not got]
+            self._skipped[received] = torch.cat(columns).to(self.params[0].device)
+        return self._skipped[received]
+
+    def _per_parameter(self, table: torch.Tensor) -> torch.Tensor:
+        """`[B, n]` per-parameter values spread over each parameter's columns: `[B, P]`."""
+        return torch.repeat_interleave(table, torch.tensor([self._width(i) for i in range(len(self.params))]), dim=1)
 
     # `x.add(y, alpha=a)` is emulated as `torch.addcmul(x, y, a)` and `x.addcdiv(y, z, value=v)`
     # as `x.addcdiv(v * y, z)`: with [B]-shaped a and v these round exactly as torch's scalar forms.
@@ -229,17 +315,33 @@ class FusedOptimizer:
             torch.where(self._nesterov, update, buffer, out=update)
         params.addcmul_(update, self._per_member([-lr for lr in lrs]))
 
-    def _adam(self, params: torch.Tensor, grads: torch.Tensor, lrs: list[float]) -> None:
-        steps = [s + 1 for s in self.steps]
-        # Bias corrections and step sizes in double precision, as torch computes them in Python.
-        neg_step = [-lr / (1 - hp.beta1**s) for lr, hp, s in zip(lrs, self.hparams, steps)]
-        correction2_sqrt = [math.sqrt(1 - hp.beta2**s) for hp, s in zip(self.hparams, steps)]
+    def _bias_terms(self, lrs: list[float], steps: list[int] | torch.Tensor) -> tuple[list[float] | torch.Tensor, ...]:
+        """Adam's `-lr / (1 - beta1^s)` and `sqrt(1 - beta2^s)` in double precision, as torch
+        computes them in Python: per member, or per parameter (`[B, P]` float64) when the
+        parameters' step counts differ. A count of 0 (never stepped) only appears in a skipped
+        parameter's columns, which the step puts back, so any finite stand-in serves there."""
+        if isinstance(steps, list):
+            neg_step = [-lr / (1 - hp.beta1**s) for lr, hp, s in zip(lrs, self.hparams, steps)]
+            return neg_step, [math.sqrt(1 - hp.beta2**s) for hp, s in zip(self.hparams, steps)]
+        rows = [
+            [(-lr / (1 - hp.beta1**s), math.sqrt(1 - hp.beta2**s)) if s else (0.0, 1.0) for s in member.tolist()]
+            for lr, hp, member in zip(lrs, self.hparams, steps)
+        ]
+        table = torch.tensor(rows, dtype=torch.float64)  # (B, n, 2)
+        return self._per_parameter(table[..., 0]), self._per_parameter(table[..., 1])
+
+    def _adam(self, params: torch.Tensor, grads: torch.Tensor, lrs: list[float], steps: list[int] | torch.Tensor) -> None:
+        neg_step, correction2_sqrt = self._bias_terms(lrs, steps)
         decoupled = self.kind == "adamw" and self._any_decay
-        if self.lr_multipliers is None and self.weight_decay_multipliers is None:
+        per_parameter = isinstance(neg_step, torch.Tensor)
+        if self.lr_multipliers is None and self.weight_decay_multipliers is None and not per_parameter:
             decay = [1 - lr * hp.weight_decay for lr, hp in zip(lrs, self.hparams)]
             neg_step_t, correction2_t, decay_t = self._columns(neg_step, correction2_sqrt, decay)
         else:
-            (correction2_t,) = self._columns(correction2_sqrt)
+            if per_parameter:
+                correction2_t = correction2_sqrt.to(params.device, params.dtype)
+            else:
+                (correction2_t,) = self._columns(correction2_sqrt)
             neg_step_t = self._per_member(neg_step)
             if decoupled:
                 if self.weight_decay_multipliers is None:
@@ -276,21 +378,43 @@ class FusedOptimizer:
             self.weight_decay_multipliers = self.weight_decay_multipliers[rows]
         self.hparams = [self.hparams[i] for i in index]
         self.steps = [self.steps[i] for i in index]
+        if self.param_steps is not None:
+            self.param_steps = self.param_steps[torch.as_tensor(index, dtype=torch.long)]
         self.num_members = len(index)
         self._repack()
         self._refresh_hparams()
 
+    def member_param_steps(self, index: int) -> list[int]:
+        """The steps member `index` took on each parameter (in `names` order)."""
+        if self.param_steps is None:
+            return [self.steps[index]] * len(self.params)
+        return self.param_steps[index].tolist()
+
     def member_state(self, index: int) -> dict[str, Any]:
-        """Member `index`'s state: its step and, per parameter name, its state tensors."""
-        per_param: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self.names}
+        """Member `index`'s state: its step and, per parameter name that has stepped (as in
+        torch.optim, a parameter that never had a gradient has no state), its step count and
+        state tensors."""
+        steps = dict(zip(self.names, self.member_param_steps(index)))
+        per_param: dict[str, dict[str, Any]] = {name: {"step": steps[name]} for name in self.names if steps[name]}
         for state_name, matrix in self.state.items():
             for name, view in zip(self.names, self.unflat(matrix)):
-                per_param[name][state_name] = view[index].clone()
+                if name in per_param:
+                    per_param[name][state_name] = view[index].clone()
         return {"step": self.steps[index], "params": per_param}
 
     @torch.no_grad()
     def load_member_state(self, index: int, state: Mapping[str, Any]) -> None:
+        """Member `index`'s state from `member_state`'s shape; a parameter without state starts
+        fresh (no steps, zero moments), as in torch.optim. A parameter's step defaults to the
+        member's where the state has moments but no count (SGD's momentum buffer)."""
         self.steps[index] = int(state["step"])
+        steps = []
+        for name in self.names:
+            own = state["params"].get(name, {})
+            steps.append(int(own.get("step", self.steps[index])) if own else 0)
+        if self.param_steps is not None or steps != [self.steps[index]] * len(steps):
+            self._keep_param_steps()
+            self.param_steps[index] = torch.tensor(steps)
         for state_name, matrix in self.state.items():
             for name, view in zip(self.names, self.unflat(matrix)):
                 value = state["params"].get(name, {}).get(state_name)
@@ -301,11 +425,18 @@ class FusedOptimizer:
         return [self._params_flat, self._grads_flat, *self.state.values(), *self._scratch]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "steps": list(self.steps), "state": {k: v.clone() for k, v in self.state.items()}}
+        return {
+            "kind": self.kind,
+            "steps": list(self.steps),
+            "param_steps": None if self.param_steps is None else self.param_steps.clone(),
+            "state": {k: v.clone() for k, v in self.state.items()},
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state["kind"] != self.kind:
             raise ValueError(f"optimizer state is for {state['kind']!r}, this optimizer is {self.kind!r}")
         self.steps = list(state["steps"])
+        param_steps = state.get("param_steps")  # absent in checkpoints from before per-parameter counts
+        self.param_steps = None if param_steps is None else param_steps.clone()
         for name, matrix in state["state"].items():
             self.state[name].copy_(matrix)

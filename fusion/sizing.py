@@ -83,7 +83,8 @@ def _dry_run(workload: Workload, config: Mapping[str, Any], members: int, device
         torch.cuda.reset_peak_memory_stats(device)
         baseline = torch.cuda.memory_allocated(device)
     with torch.random.fork_rng(devices=[device] if cuda else []):
-        trainer = FusedTrainer(workload, [{**config, "seed": i} for i in range(members)], device=device, **kwargs)
+        # a dry run to measure memory, not a group that trains: no differential check
+        trainer = FusedTrainer(workload, [{**config, "seed": i} for i in range(members)], device=device, verify=False, **kwargs)
         seen: set[int] = set()
         held = [*trainer.model.module.state_dict().values(), *trainer.optimizer.tensors()]
         state = sum(_storage_bytes(t, seen) for t in held)

@@ -28,7 +28,6 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.overrides import TorchFunctionMode
 
 from fusion.layers import FusedLinear, NotStackedHere, _member_gemm, _param, _placement, _random_like, _stack, member_linear
 
@@ -291,49 +290,3 @@ def _fold_attention_mask(mask: torch.Tensor | None, members: int, bsz: int, head
 
 
 ATTENTION_FUSERS = {nn.MultiheadAttention: FusedMultiheadAttention.from_members}
-
-
-class FoldedAttentionCalls(TorchFunctionMode):
-    """Keeps `F.scaled_dot_product_attention` on its fused kernel on the stacked path.
-
-    User attention code on the stacked path passes `[B, N, H, L, E]` tensors; PyTorch's CPU
-    flash kernel takes 4-D input only and anything more runs the unfused math path. Inside a
-    stacked forward this mode folds the leading dimensions into one batch (masks broadcast to
-    match), makes the one kernel call and unfolds the result; 4-D calls pass through.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-        bound = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
-        bound.update(zip(names, args))
-        bound.update(kwargs)
-        query, key, value = bound["query"], bound["key"], bound["value"]
-        if query.dim() <= 4 or isinstance(bound["scale"], torch.Tensor):
-            return func(*args, **kwargs)
-        self.calls += 1
-        lead = query.shape[:-3]
-
-        def fold(t: torch.Tensor) -> torch.Tensor:
-            return t.expand(*lead, *t.shape[-3:]).reshape(-1, *t.shape[-3:])
-
-        mask = bound["attn_mask"]
-        if mask is not None:
-            mask = fold(mask.expand(*lead, *mask.shape[-3:]) if mask.dim() >= 3 else mask.expand(*lead, 1, *mask.shape))
-        out = func(
-            fold(query),
-            fold(key),
-            fold(value),
-            attn_mask=mask,
-            dropout_p=bound["dropout_p"],
-            is_causal=bound["is_causal"],
-            scale=bound["scale"],
-            enable_gqa=bound["enable_gqa"],
-        )
-        return out.reshape(*lead, *out.shape[-3:])

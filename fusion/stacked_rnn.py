@@ -10,7 +10,8 @@ bit what its own layer computes; in float32 PyTorch's CPU layer runs oneDNN's ke
 which rounds differently (within the usual float32 tolerance).
 
 Packed sequences are refused with a FusionError: a `PackedSequence` has no member dimension to
-carry, and its per-step batch sizes differ per sequence. `proj_size` is left to other paths.
+carry, and its per-step batch sizes differ per sequence. An LSTM with `proj_size` projects each
+step's hidden state with its own GEMM, as RNN.cpp does (`matmul_hr`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import PackedSequence
 
-from fusion.layers import FusionError, NotStackedHere, _stack, member_linear
+from fusion.layers import FusionError, _stack, member_linear
 
 
 def _lstm_cell(input_w: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor], w_hh, b_hh):
@@ -95,23 +96,20 @@ class FusedRNN(nn.Module):
         self.mode, self.hidden_size, self.num_layers = template.mode, template.hidden_size, template.num_layers
         self.bias, self.batch_first, self.dropout = template.bias, template.batch_first, float(template.dropout)
         self.bidirectional = template.bidirectional
+        self.proj_size = getattr(template, "proj_size", 0)
         self._weight_names = list(template._flat_weights_names)
         for name in self._weight_names:
             self.register_parameter(name, nn.Parameter(_stack([getattr(m, name) for m in members])))
 
     @classmethod
     def from_members(cls, modules: Sequence[nn.RNNBase]) -> "FusedRNN":
-        first = modules[0]
-        if getattr(first, "proj_size", 0):
-            raise NotStackedHere("proj_size > 0")
-        return cls(first, modules)
+        return cls(modules[0], modules)
 
-    def _weights(self, layer: int, suffix: str) -> tuple[torch.Tensor, ...]:
-        names = [f"weight_ih_l{layer}{suffix}", f"weight_hh_l{layer}{suffix}"]
-        if self.bias:
-            names += [f"bias_ih_l{layer}{suffix}", f"bias_hh_l{layer}{suffix}"]
-        tensors = [getattr(self, n) for n in names]
-        return tuple(tensors) if self.bias else (*tensors, None, None)
+    def _weights(self, layer: int, suffix: str) -> tuple[torch.Tensor | None, ...]:
+        """`(w_ih, w_hh, b_ih, b_hh, w_hr)` of one layer and direction (None where absent)."""
+        get = lambda kind: getattr(self, f"{kind}_l{layer}{suffix}")  # noqa: E731
+        biases = (get("bias_ih"), get("bias_hh")) if self.bias else (None, None)
+        return get("weight_ih"), get("weight_hh"), *biases, get("weight_hr") if self.proj_size else None
 
     def forward(self, input: torch.Tensor, hx=None):
         if isinstance(input, PackedSequence):
@@ -128,8 +126,8 @@ class FusedRNN(nn.Module):
         directions = 2 if self.bidirectional else 1
         lstm = self.mode == "LSTM"
         h0, c0 = (hx if lstm and hx is not None else (hx, None))
-        h0 = self._initial(h0, members, samples, batched, x)
-        c0 = self._initial(c0, members, samples, batched, x) if lstm else None
+        h0 = self._initial(h0, members, samples, batched, x, self.proj_size or self.hidden_size)
+        c0 = self._initial(c0, members, samples, batched, x, self.hidden_size) if lstm else None
         # float64 mirrors RNN.cpp op for op (bit-exact); elsewhere the LSTM takes the short form
         fast = lstm and x.dtype != torch.float64
         cell = _lstm_cell_fast if fast else _CELLS[self.mode]
@@ -138,7 +136,7 @@ class FusedRNN(nn.Module):
         for layer in range(self.num_layers):
             outputs = []
             for direction in range(directions):
-                w_ih, w_hh, b_ih, b_hh = self._weights(layer, "_reverse" if direction else "")
+                w_ih, w_hh, b_ih, b_hh, w_hr = self._weights(layer, "_reverse" if direction else "")
                 if fast:
                     bias = None if b_ih is None else _doubled_cell_gate(b_ih + b_hh)
                     inputs_w = _input_projection(layer_input, _doubled_cell_gate(w_ih), bias)
@@ -152,6 +150,8 @@ class FusedRNN(nn.Module):
                 step_inputs = inputs_w.unbind(1)  # one UnbindBackward, not a zero-filled gradient per step
                 for step_input in reversed(step_inputs) if direction else step_inputs:
                     hidden = cell(step_input, hidden, w_hh, b_hh)
+                    if w_hr is not None:  # LSTM with projections: h = (o * tanh(c)) W_hr^T
+                        hidden = (member_linear(hidden[0], w_hr, None), hidden[1])
                     step_outputs.append(hidden[0] if lstm else hidden)
                 if direction:
                     step_outputs.reverse()
@@ -173,11 +173,11 @@ class FusedRNN(nn.Module):
             c_n = None if c_n is None else c_n.squeeze(2)
         return output, ((h_n, c_n) if lstm else h_n)
 
-    def _initial(self, h: torch.Tensor | None, members: int, samples: int, batched: bool, x: torch.Tensor) -> torch.Tensor:
-        """`[B, L*D, N, H]`: zeros, or the caller's state (per member, or shared by all members)."""
+    def _initial(self, h: torch.Tensor | None, members: int, samples: int, batched: bool, x: torch.Tensor, size: int) -> torch.Tensor:
+        """`[B, L*D, N, size]`: zeros, or the caller's state (per member, or shared by all members)."""
         layers = self.num_layers * (2 if self.bidirectional else 1)
         if h is None:
-            return torch.zeros(members, layers, samples, self.hidden_size, dtype=x.dtype, device=x.device)
+            return torch.zeros(members, layers, samples, size, dtype=x.dtype, device=x.device)
         member_rank = 3 if batched else 2
         if h.dim() == member_rank:  # one state for all members
             h = h.unsqueeze(0).expand(members, *h.shape)

@@ -36,6 +36,8 @@ from torch.nn import functional as F
 from fusion.grouping import FUSIBLE_KEYS, check_fusible
 from fusion.model import FusedModel, build_member, fuse_models
 from fusion.optim import FusedOptimizer
+from fusion.verification import STEPS as VERIFY_STEPS
+from fusion.verification import check_initial_states, choose_witnesses, copy_witnesses, verify_fused_training
 from hpo.base.hparams import OptimHParams
 from hpo.base.training import iteration_result
 from hpo.base.trial_state import ResumableBatches, load_trial_state, save_trial_state, trial_optimizer, trial_state
@@ -52,6 +54,9 @@ class FusedTrainer:
 
     `dtype` is "fp32" or "bf16" (bf16 autocast for forward and loss; weights and optimizer
     state stay fp32). `strategy` is passed to `fusion.fuse_models` ("auto", "stacked", "vmap").
+    `verify` (default on) trains a float64 copy of the group beside each member's own model for
+    a few steps before anything trains, and refuses a group that differs
+    (`fusion.verification`); off, a model that fuses wrongly trains on unnoticed.
     """
 
     def __init__(
@@ -64,6 +69,7 @@ class FusedTrainer:
         dtype: str = "fp32",
         strategy: str = "auto",
         fusible_keys: frozenset[str] = FUSIBLE_KEYS,
+        verify: bool = True,
     ):
         if not configs:
             raise ValueError("a fused group needs at least one config")
@@ -80,6 +86,9 @@ class FusedTrainer:
         self.dtype = dtype
         self.strategy = strategy
         self.fusible_keys = fusible_keys
+        self.verify = verify
+        self._vmap_loss = True
+        self._vmap_metrics = True
         first = self.configs[0]
         self.steps_per_iteration = int(first.get("steps_per_iteration", workload.steps_per_iteration))
         #: The members' one data stream (they share every batch; `check_fusible` saw to that).
@@ -89,7 +98,17 @@ class FusedTrainer:
         multipliers = [workload.lr_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         decay_multipliers = [workload.weight_decay_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         example, _ = self.batches.batch(0)
-        self.model: FusedModel = fuse_models(models, example, strategy).to(self.device)
+        witnesses = copy_witnesses(models, choose_witnesses(self.configs, self.hparams)) if verify else {}
+        fused = fuse_models(models, example, strategy)
+        if verify:
+            check_initial_states(fused, models)
+            # the check trains the witnesses' copies, and reads its own stream: the trainer's stays where it is
+            stream = ResumableBatches.of_workload(workload, first)
+            batches = [stream.batch(step) for step in range(VERIFY_STEPS + 1)]
+            verify_fused_training(
+                fused, witnesses, self.hparams, list(zip(multipliers, decay_multipliers)), workload, batches, self.train_step_on
+            )
+        self.model: FusedModel = fused.to(self.device)
         self.optimizer = FusedOptimizer(
             dict(self.model.module.named_parameters()),
             self.hparams,
@@ -98,8 +117,6 @@ class FusedTrainer:
         )
         self.iteration = 0
         self.step = 0
-        self._vmap_loss = True
-        self._vmap_metrics = True
         self._template: torch.nn.Module | None = None
 
     @property
@@ -142,13 +159,20 @@ class FusedTrainer:
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step of every member on a shared batch; returns the `[B]` losses (detached)."""
         inputs, targets = inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
-        with self._autocast():
-            losses = self.member_losses(self.model(inputs), targets)
-        self.optimizer.zero_grad()
+        losses = self.train_step_on(self.model, self.optimizer, inputs, targets, self._autocast)
+        self.step += 1
+        return losses
+
+    def train_step_on(
+        self, model: FusedModel, optimizer: FusedOptimizer, inputs: torch.Tensor, targets: torch.Tensor, autocast=nullcontext
+    ) -> torch.Tensor:
+        """The fused step on a given model and optimizer (the group's, or the check's float64 copy)."""
+        with autocast():
+            losses = self.member_losses(model(inputs), targets)
+        optimizer.zero_grad()
         # The sum of the members' mean losses: d(sum)/d(member b's weights) is member b's own gradient.
         losses.sum().backward()
-        self.optimizer.step()
-        self.step += 1
+        optimizer.step()
         return losses.detach()
 
     def train_iteration(self) -> list[dict[str, Any]]:
@@ -234,6 +258,7 @@ class FusedTrainer:
             dtype=self.dtype,
             strategy=self.strategy,
             fusible_keys=self.fusible_keys,
+            verify=self.verify,
         )
         self.__dict__.update(rebuilt.__dict__)
 
@@ -248,12 +273,15 @@ class FusedTrainer:
         optimizer, schedule = trial_optimizer(self.workload, model, hp)
         state = self.optimizer.member_state(index)
         for name, param in model.named_parameters():
-            per_param = {k: v.cpu() for k, v in state["params"][name].items()}
+            own = state["params"].get(name)
+            if own is None:  # frozen, or never had a gradient: torch.optim holds no state for it
+                continue
+            tensors = {k: v.cpu() for k, v in own.items() if k != "step"}
             if hp.optimizer == "sgd":
                 if hp.momentum != 0:
-                    optimizer.state[param] = {"momentum_buffer": per_param["momentum_buffer"]}
-            elif state["step"]:
-                optimizer.state[param] = {"step": torch.tensor(float(state["step"])), **per_param}
+                    optimizer.state[param] = {"momentum_buffer": tensors["momentum_buffer"]}
+            else:
+                optimizer.state[param] = {"step": torch.tensor(float(own["step"])), **tensors}
         _advance_schedule(schedule, state["step"])
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the template is reused
         return trial_state(weights, optimizer, schedule, self.iteration, state["step"])

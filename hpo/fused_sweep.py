@@ -108,6 +108,7 @@ def fused_sweep(
     dtype: str,
     slots: int,
     seed: int | None = None,
+    verify: bool = True,
 ) -> FusedSweep:
     """Group trials of up to `members_per_group` configurations; the user's searcher (or the
     grid/random expansion of `param_space`) and scheduler act on each member.
@@ -154,7 +155,7 @@ def fused_sweep(
     trainable = fused_group_trainable(
         workload, experiment, metric, mode, max_iterations,
         threads=max(1, int(resources.get("cpu", 1))), device="cuda" if gpus > 0 else "cpu", dtype=dtype,
-        checkpoint_every=checkpoint.every, checkpoint_at_end=checkpoint.at_end,
+        checkpoint_every=checkpoint.every, checkpoint_at_end=checkpoint.at_end, verify=verify,
     )
     return FusedSweep(
         book=book,
@@ -337,6 +338,7 @@ class FusedEngine:
         self._sweep = fused_sweep(
             experiment, self.workload, members, self.resources, self.user_space, self.user_tune_config,
             self.max_iterations, self.checkpoint, self.fusion.dtype, self.slots(), self.search_seed,
+            verify=self.fusion.verify,
         )
         return []
 
@@ -412,7 +414,7 @@ class BubbleEngine:
 
         self._experiment = experiment
         self.members_per_group = group_size(self.workload, self.fusion, self.resources, self.user_space)
-        launcher = bubble_group_launcher(experiment.name, self.workload, self.max_iterations, self.fusion.dtype)
+        launcher = bubble_group_launcher(experiment.name, self.workload, self.max_iterations, self.fusion.dtype, self.fusion.verify)
         return [start_broker(broker_name(experiment.name), NAMESPACE, self.workload, self.members_per_group, launcher)]
 
     def trainable(self) -> Any:

@@ -206,6 +206,9 @@ class FusionConfig(_Strict):
     max_members: int | Literal["auto"] = "auto"
     placement: Literal["device", "bubbles"] = "device"
     dtype: Literal["fp32", "bf16"] = "fp32"
+    #: Check each group before it trains: a float64 copy takes a few steps beside its members'
+    #: own models and must agree (`fusion.verification`); false trains unchecked.
+    verify: bool = True
 
     @model_validator(mode="after")
     def _bubbles_need_a_group_size(self) -> "FusionConfig":

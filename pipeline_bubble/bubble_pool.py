@@ -141,6 +141,7 @@ class BubbleGroup(MemberRelay):
         states: Sequence[bytes | None],
         max_iterations: int,
         dtype: str,
+        verify: bool = True,
     ):
         iteration = int(trial_state_from_bytes(states[0])["iteration"]) if states[0] is not None else 0
         super().__init__(member_ids, iteration)
@@ -149,6 +150,7 @@ class BubbleGroup(MemberRelay):
         self.latest = dict(zip(member_ids, states))
         self.max_iterations = max_iterations
         self.dtype = dtype
+        self.verify = verify
 
     async def assignment(self) -> dict[str, Any]:
         """Everything a stage needs to train the group on from its last published iteration."""
@@ -161,6 +163,7 @@ class BubbleGroup(MemberRelay):
             "iteration": self.iteration,
             "max_iterations": self.max_iterations,
             "dtype": self.dtype,
+            "verify": self.verify,
         }
 
     async def publish(self, iteration: int, results: Mapping[Hashable, dict[str, Any]]) -> None:
@@ -177,11 +180,13 @@ class BubbleGroup(MemberRelay):
         await self._fail(error)
 
 
-def bubble_group_launcher(sweep: str, workload: Workload, max_iterations: int, dtype: str = "fp32") -> GroupLauncher:
+def bubble_group_launcher(
+    sweep: str, workload: Workload, max_iterations: int, dtype: str = "fp32", verify: bool = True
+) -> GroupLauncher:
     """Each group a `BubbleGroup`, queued in the cluster's pool for the next free stage."""
 
     def launch(configs: list[Mapping[str, Any]], members: list[Hashable], states: list[bytes | None]) -> Any:
-        group = BubbleGroup.remote(workload, configs, members, states, max_iterations, dtype)
+        group = BubbleGroup.remote(workload, configs, members, states, max_iterations, dtype, verify)
         bubble_pool().submit.remote(group, sweep)
         return group
 

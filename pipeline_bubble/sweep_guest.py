@@ -34,7 +34,7 @@ class SweepGroupGuest(FusedGroupGuest):
         with torch.random.fork_rng(devices=rng_devices(device)):  # members seed the global RNG
             trainer = group_trainer(
                 assignment["workload"], assignment["configs"], assignment["member_ids"], assignment["states"],
-                device, assignment["dtype"],
+                device, assignment["dtype"], assignment["verify"],
             )
         super().__init__(trainer)
         self.group = group

@@ -121,7 +121,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.size()  # nanoGPT's shape unpacking: the stacked path cannot follow it
+        b, t, c = x.size()  # nanoGPT's shape unpacking
         q, k, v = self.c_attn(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -206,6 +206,97 @@ class BatchStatMLP(nn.Module):
         return self.fc2(torch.relu(self.scale(self.fc1(x))))
 
 
+class FrozenBackbone(nn.Module):
+    """Linear probing: a frozen backbone (as if pretrained) under a trainable head."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Linear(12, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU())
+        self.backbone.requires_grad_(False)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+class AttentionWithUnusedTable(nn.Module):
+    """Embedding -> MultiheadAttention -> Linear, with a position table forward never uses."""
+
+    def __init__(self, width: int = 16, heads: int = 2, max_len: int = 16):
+        super().__init__()
+        self.tokens = nn.Embedding(VOCAB, width)
+        self.positions = nn.Embedding(max_len, width)  # declared, then forgotten
+        self.attention = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tokens(tokens)
+        h, _ = self.attention(h, h, h, key_padding_mask=tokens == 0)
+        return self.head(h.mean(dim=1))
+
+
+class LastStepClassifier(nn.Module):
+    """A batch-first LSTM or GRU whose last time step (`out[:, -1]`) or final state (`h_n[-1]`) is classified."""
+
+    def __init__(self, kind: str = "LSTM", final_state: bool = False, width: int = 16):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, width)
+        self.rnn = getattr(nn, kind)(width, width, batch_first=True)
+        self.head = nn.Linear(width, CLASSES)
+        self.final_state = final_state
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out, state = self.rnn(self.embed(tokens))
+        if self.final_state:
+            h_n = state[0] if isinstance(state, tuple) else state
+            return self.head(h_n[-1])
+        return self.head(out[:, -1])
+
+
+class BidirectionalGRU(nn.Module):
+    """A 2-layer bidirectional GRU run time-major, both directions' final states concatenated."""
+
+    def __init__(self, width: int = 12):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, width)
+        self.gru = nn.GRU(width, width, num_layers=2, bidirectional=True)
+        self.head = nn.Linear(2 * width, CLASSES)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        _, h_n = self.gru(self.embed(tokens).transpose(0, 1))  # (T, N, width)
+        return self.head(torch.cat([h_n[-2], h_n[-1]], dim=-1))
+
+
+class ArangePositions(nn.Module):
+    """Positions looked up at `torch.arange(T)` inside forward, mean over time."""
+
+    def __init__(self, width: int = 16, max_len: int = 16):
+        super().__init__()
+        self.tokens = nn.Embedding(VOCAB, width)
+        self.positions = nn.Embedding(max_len, width)
+        self.mix = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU())
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.size(1), device=tokens.device)
+        return self.head(self.mix(self.tokens(tokens) + self.positions(positions)).mean(1))
+
+
+class ViewHeadCNN(nn.Module):
+    """The classic CNN: convolutions and pooling, then `x.view(x.size(0), -1)` into a Linear."""
+
+    def __init__(self, channels: int = 4):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, channels, 3, padding=1)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.fc = nn.Linear(channels * 2 * 2, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(x.view(x.size(0), -1))
+
+
 def _images(generator: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 3, 8, 8, generator=generator), torch.randint(0, CLASSES, (n,), generator=generator)
 
@@ -249,8 +340,16 @@ ZOO: dict[str, ZooModel] = {
     "transformer": ZooModel(TransformerClassifier, _padded_sentences, "stacked"),
     "lstm_lm": ZooModel(LSTMLanguageModel, _next_tokens, "stacked"),
     "mixer": ZooModel(MLPMixer, _images, "stacked"),
-    "nanogpt_tied": ZooModel(NanoGPT, _next_tokens, "vmap"),
+    "nanogpt_tied": ZooModel(NanoGPT, _next_tokens, "stacked"),
     "shared_block": ZooModel(SharedBlockNet, _vectors, "stacked"),
+    # what users write most, and what the stacked path once refused or trained wrongly
+    "frozen_backbone": ZooModel(FrozenBackbone, _vectors, "stacked"),
+    "attention_unused_table": ZooModel(AttentionWithUnusedTable, _padded_sentences, "stacked"),
+    "lstm_last_step": ZooModel(LastStepClassifier, _padded_sentences, "stacked"),
+    "gru_final_state": ZooModel(lambda: LastStepClassifier("GRU", final_state=True), _padded_sentences, "stacked"),
+    "bigru_time_major": ZooModel(BidirectionalGRU, _padded_sentences, "stacked"),
+    "arange_positions": ZooModel(ArangePositions, _padded_sentences, "stacked"),
+    "cnn_view_head": ZooModel(ViewHeadCNN, _images, "stacked"),
     # mix samples across the batch: the stacked path would mix members and must refuse them
     "train_mode_centering": ZooModel(CenteredMLP, _vectors, "vmap"),
     "batch_statistics": ZooModel(BatchStatMLP, _vectors, "refused"),

@@ -124,11 +124,32 @@ def test_members_of_different_architectures_cannot_fuse():
         fuse_models([nn.Linear(4, 3), nn.Linear(4, 5)], torch.randn(2, 4))
 
 
+def test_members_that_freeze_different_parameters_are_refused_naming_the_parameter():
+    trainable, frozen = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)), nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    frozen[0].requires_grad_(False)
+    with pytest.raises(FusionError, match=r"parameter '0\.weight' is frozen \(requires_grad=False\) in member 1 only"):
+        fuse_models([trainable, frozen], torch.randn(5, 4))
+
+
+@pytest.mark.parametrize("strategy", ["stacked", "vmap"])
+def test_frozen_parameters_stay_frozen_on_both_paths(strategy):
+    members = [nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)) for _ in range(2)]
+    for member in members:
+        member[0].requires_grad_(False)
+    fused = fuse_models(members, torch.randn(5, 4), strategy=strategy)
+    assert {name: p.requires_grad for name, p in fused.module.named_parameters()} == {
+        "0.weight": False, "0.bias": False, "2.weight": True, "2.bias": True
+    }
+
+
 def test_auto_strategy_uses_module_swapping_when_it_fits_and_vmap_otherwise():
     mlp = mlp_digits.resolve({"width": 16})
     gpt = char_gpt.resolve({"width": 16, "n_layer": 1, "block_size": 8, "batch_size": 2})
     assert FusedTrainer(mlp_digits, [mlp, {**mlp, "seed": 1}]).model.strategy == "stacked"
-    assert FusedTrainer(char_gpt, [gpt, {**gpt, "seed": 1}]).model.strategy == "vmap"
+    # code that reads shapes (`batch, time, width = x.shape`) runs on the members folded into the batch
+    assert FusedTrainer(char_gpt, [gpt, {**gpt, "seed": 1}]).model.strategy == "stacked"
+    # a per-member multiplier kept as a float attribute of the user's module: only vmap stacks it
+    assert FusedTrainer(char_gpt, [gpt, {**gpt, "seed": 1, "attn_mult": 2.0}]).model.strategy == "vmap"
 
 
 def test_per_member_attention_and_output_multipliers_fuse():
@@ -262,11 +283,12 @@ class Attention(nn.Module):
         self.memory = nn.Linear(8, 8)
         self.batch_first, self.need_weights, self.causal, self.padding, self.cross = batch_first, need_weights, causal, padding, cross
 
-    def forward(self, x):
+    def forward(self, x):  # (N, L, 8), sequence-major inside when not batch_first
+        padding = x[..., 0] > 1.0 if self.padding else None
+        x = x if self.batch_first else x.transpose(0, 1)
         kv = self.memory(x) if self.cross else x
-        mask = torch.triu(torch.full((5, 5), float("-inf"), dtype=x.dtype), 1) if self.causal else None
-        first = x[..., 0] if self.batch_first else x[..., 0].transpose(-1, -2)
-        padding = first > 1.0 if self.padding else None
+        length = x.shape[-2] if self.batch_first else x.shape[0]
+        mask = torch.triu(torch.full((length, length), float("-inf"), dtype=x.dtype), 1) if self.causal else None
         out, weights = self.attention(x, kv, kv, key_padding_mask=padding, attn_mask=mask, need_weights=self.need_weights)
         return out if weights is None else (out, weights)
 
@@ -278,7 +300,7 @@ def test_multihead_attention_fuses_stacked_bit_exactly(batch_first, need_weights
     torch.manual_seed(0)
     members = [Attention(batch_first, need_weights, causal, padding, cross).double() for _ in range(3)]
     references = copy.deepcopy(members)
-    x = torch.randn((4, 5, 8) if batch_first else (5, 4, 8), dtype=torch.float64)
+    x = torch.randn(4, 5, 8, dtype=torch.float64)
     fused = fuse_models(members, x)
     assert fused.strategy == "stacked"
     assert_fused_equals_members(fused, references, x, exact=True)
@@ -335,6 +357,31 @@ def test_recurrent_layers_fuse_stacked_bit_exactly(kind, bidirectional, batch_fi
     with torch.no_grad():
         _, state = fused(x)
         torch.testing.assert_close(state[1], references[1].eval()(x)[1], rtol=0, atol=0)
+
+
+class ProjectedLSTM(nn.Module):
+    """A classifier on an LSTM with projections (`proj_size`), its last step and final states."""
+
+    def __init__(self, batch_first: bool, bidirectional: bool):
+        super().__init__()
+        self.rnn = nn.LSTM(3, 5, num_layers=2, proj_size=2, bidirectional=bidirectional, batch_first=batch_first)
+        self.head = nn.Linear(4 if bidirectional else 2, 3)
+
+    def forward(self, x):  # (N, T, 3)
+        out, (h_n, c_n) = self.rnn(x if self.rnn.batch_first else x.transpose(0, 1))
+        last = out[:, -1] if self.rnn.batch_first else out[-1]
+        return self.head(last) + h_n[-1].sum(-1, keepdim=True) + c_n[-1].sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("batch_first,bidirectional", [(True, True), (False, False)])
+def test_lstm_with_projections_fuses_stacked_bit_exactly(batch_first, bidirectional):
+    torch.manual_seed(0)
+    members = [ProjectedLSTM(batch_first, bidirectional).double() for _ in range(3)]
+    references = copy.deepcopy(members)
+    x = torch.randn(4, 6, 3, dtype=torch.float64)
+    fused = fuse_models(members, x)
+    assert fused.strategy == "stacked"
+    assert_fused_equals_members(fused, references, x, exact=True)
 
 
 class Cells(nn.Module):
@@ -452,7 +499,7 @@ def test_scaled_dot_product_attention_stays_on_its_fused_kernel_on_the_stacked_p
     references = copy.deepcopy(members)
     x = torch.randn(4, 6, 8, dtype=torch.float64)
     fused = fuse_models(members, x)
-    assert fused.strategy == "stacked" and fused.route_attention
+    assert fused.strategy == "stacked"
     assert_fused_equals_members(fused, references, x, exact=True)
     with torch.profiler.profile() as profile:
         fused(x).sum().backward()
@@ -461,16 +508,16 @@ def test_scaled_dot_product_attention_stays_on_its_fused_kernel_on_the_stacked_p
     assert "aten::_scaled_dot_product_attention_math" not in kernels
 
 
-class TrainOnlySoftmax(nn.Module):
-    """Reads dimension 1 in training only: on the stacked path that is the sample dimension."""
+class TrainOnlyBatchScale(nn.Module):
+    """Divides by the batch size in training only: on the stacked path the batch holds every member's samples."""
 
     def forward(self, x):
-        return x.softmax(dim=1) if self.training else x
+        return x / x.shape[0] if self.training else x
 
 
 def test_a_layer_wrong_only_in_training_is_caught_and_fused_by_vmap_instead():
     torch.manual_seed(0)
-    members = [nn.Sequential(nn.Linear(4, 6), TrainOnlySoftmax(), nn.Linear(6, 2)).double() for _ in range(3)]
+    members = [nn.Sequential(nn.Linear(4, 6), TrainOnlyBatchScale(), nn.Linear(6, 2)).double() for _ in range(3)]
     references = copy.deepcopy(members)
     x = torch.randn(5, 4, dtype=torch.float64)
     with pytest.raises(FusionError, match="differs from its own model's in train mode"):

@@ -3,7 +3,9 @@ its members trained alone, or it is refused with a FusionError naming the module
 
 Float64 leaves rounding nowhere to hide: the stacked path must match bit for bit, the vmap path
 (whose batching rules reorder some reductions) within 1e-12. Float32 runs check the usual
-tolerance. Every member has its own Adam learning rate, as in a sweep.
+tolerance. As in a sweep, members differ in every per-member hyperparameter (learning rate,
+weight decay, betas or momentum and Nesterov, clipping, schedule, warm-up) and keep the default
+`eps`; each model trains under one of SGD, Adam and AdamW.
 """
 
 from __future__ import annotations
@@ -15,16 +17,34 @@ import torch
 
 from fusion import FusedOptimizer, FusionError, fuse_models
 from hpo.base.hparams import OptimHParams, build_torch_optimizer
+from hpo.base.training import optimizer_step
 from tests.fusion_zoo import ZOO, ZooModel, loss
 
 MEMBERS = 3
 SAMPLES = 6
+#: float64 steps: past every member's warm-up and its step schedule's first decay (bit-exact is bit-exact at any length)
+STEPS = 30
 ACCEPTED = sorted(name for name, entry in ZOO.items() if entry.path != "refused")
+#: Each model's optimizer: every one of the three for several models.
+OPTIMIZER = {name: ("adam", "adamw", "sgd")[i % 3] for i, name in enumerate(ACCEPTED)}
 
 
-def configs() -> list[dict]:
-    # eps=1e-6 as in the char GPT test: exactly-zero gradients stay noise, not lr-sized steps
-    return [{"seed": i, "optimizer": "adam", "lr": 2e-3 * (i + 1), "eps": 1e-6} for i in range(MEMBERS)]
+def configs(optimizer: str = "adam") -> list[dict]:
+    """Members that differ in every per-member key of `optimizer`; eps stays at its default."""
+    schedules = [
+        {"lr_schedule": "constant"},
+        {"lr_schedule": "cosine", "schedule_steps": 40, "min_lr_ratio": 0.1, "warmup_steps": 5},
+        {"lr_schedule": "step", "schedule_steps": 15, "lr_gamma": 0.5, "warmup_steps": 2},
+    ]
+    members = []
+    for i in range(MEMBERS):
+        config = {"seed": i, "optimizer": optimizer, "weight_decay": (0.0, 1e-4, 0.1)[i], "grad_clip": (0.0, 1.0, 0.05)[i], **schedules[i]}
+        if optimizer == "sgd":
+            config.update(lr=(0.05, 0.02, 0.1)[i], momentum=(0.9, 0.5, 0.9)[i], nesterov=(False, False, True)[i])
+        else:
+            config.update(lr=(1e-3, 3e-3, 2e-3)[i], beta1=(0.9, 0.8, 0.85)[i], beta2=(0.999, 0.99, 0.95)[i])
+        members.append(config)
+    return members
 
 
 def build(entry: ZooModel, seed: int, dtype: torch.dtype) -> torch.nn.Module:
@@ -36,11 +56,11 @@ def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype) if x.is_floating_point() else x
 
 
-def train_fused(entry: ZooModel, dtype: torch.dtype, steps: int):
-    members = [build(entry, c["seed"], dtype) for c in configs()]
+def train_fused(entry: ZooModel, optimizer_name: str, dtype: torch.dtype, steps: int):
+    members = [build(entry, c["seed"], dtype) for c in configs(optimizer_name)]
     example, _ = next(entry.batches(SAMPLES))
     fused = fuse_models(members, cast(example, dtype))
-    optimizer = FusedOptimizer(dict(fused.module.named_parameters()), [OptimHParams.from_config(c) for c in configs()])
+    optimizer = FusedOptimizer(dict(fused.module.named_parameters()), [OptimHParams.from_config(c) for c in configs(optimizer_name)])
     fused.train()
     history = []
     for _, (x, y) in zip(range(steps), entry.batches(SAMPLES)):
@@ -54,15 +74,16 @@ def train_fused(entry: ZooModel, dtype: torch.dtype, steps: int):
 
 
 def train_alone(entry: ZooModel, config: dict, dtype: torch.dtype, steps: int):
+    """The member trained as `TrialTrainer` trains it: torch.optim, LambdaLR, clip_grad_norm_."""
     net = build(entry, config["seed"], dtype)
-    optimizer = build_torch_optimizer(net.named_parameters(), OptimHParams.from_config(config))
+    hp = OptimHParams.from_config(config)
+    optimizer = build_torch_optimizer(net.named_parameters(), hp)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, hp.lr_factor)
     net.train()
     history = []
     for _, (x, y) in zip(range(steps), entry.batches(SAMPLES)):
         value = loss(net(cast(x, dtype)), y)
-        optimizer.zero_grad()
-        value.backward()
-        optimizer.step()
+        optimizer_step(net, optimizer, value, grad_clip=hp.grad_clip, schedule=schedule)
         history.append(value.detach())
     return net, torch.stack(history)
 
@@ -77,18 +98,18 @@ def relative_error(fused: dict[str, torch.Tensor], alone: dict[str, torch.Tensor
 @pytest.mark.parametrize("name", ACCEPTED)
 def test_zoo_model_fuses_on_its_path_and_trains_as_alone_in_float64(name):
     entry = ZOO[name]
-    fused, fused_losses = train_fused(entry, torch.float64, steps=50)
+    fused, fused_losses = train_fused(entry, OPTIMIZER[name], torch.float64, steps=STEPS)
     assert fused.strategy == entry.path
-    for i, config in enumerate(configs()):
-        alone, alone_losses = train_alone(entry, config, torch.float64, steps=50)
+    for i, config in enumerate(configs(OPTIMIZER[name])):
+        alone, alone_losses = train_alone(entry, config, torch.float64, steps=STEPS)
         state = fused.member_state_dict(i)
         if fused.strategy == "stacked":
             for key, tensor in alone.state_dict().items():
-                assert torch.equal(state[key], tensor), f"member {i} {key} is not bit-identical after 50 float64 steps"
+                assert torch.equal(state[key], tensor), f"member {i} {key} is not bit-identical after {STEPS} float64 steps"
             assert torch.equal(fused_losses[:, i], alone_losses)
         else:
             error = relative_error(state, alone.state_dict())
-            assert error <= 1e-12, f"member {i}: rel err {error:.2e} after 50 float64 steps on the vmap path"
+            assert error <= 1e-12, f"member {i}: rel err {error:.2e} after {STEPS} float64 steps on the vmap path"
             torch.testing.assert_close(fused_losses[:, i], alone_losses, rtol=1e-12, atol=0)
 
 
@@ -96,8 +117,8 @@ def test_zoo_model_fuses_on_its_path_and_trains_as_alone_in_float64(name):
 @pytest.mark.parametrize("name", ACCEPTED)
 def test_zoo_model_trains_as_alone_in_float32(name):
     entry = ZOO[name]
-    fused, fused_losses = train_fused(entry, torch.float32, steps=50)
-    for i, config in enumerate(configs()):
+    fused, fused_losses = train_fused(entry, OPTIMIZER[name], torch.float32, steps=50)
+    for i, config in enumerate(configs(OPTIMIZER[name])):
         alone, alone_losses = train_alone(entry, config, torch.float32, steps=50)
         # float32 rounding differs between batched and single kernels (and oneDNN's LSTM), and
         # 50 Adam steps amplify it; float64 above is the strict check, this one the usual 5e-4

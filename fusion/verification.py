@@ -1,0 +1,344 @@
+"""The differential guard: a fused group trains only after a copy of it has trained as its members do alone.
+
+`fuse_models` checks a fused model's outputs and that members cannot see each other; neither
+sees a member that trains wrongly on its own (a frozen parameter stepped, a hyperparameter
+applied to the wrong member, a layer whose gradient is off). So before a group trains:
+
+- `check_initial_states`: every member's row of the fused model holds exactly its own model's
+  parameters and buffers;
+- `verify_fused_training`: a copy of the fused model, reduced to the *witnesses*
+  (`choose_witnesses`), takes a few optimizer steps in float64 on the CPU, on a few samples of
+  the group's first batches, with the witnesses' own hyperparameters, and beside it each
+  witness trains its own model under `torch.optim` (the unfused trainer's step, `hpo.base.training.optimizer_step`).
+  For each witness it compares every parameter and buffer afterwards (frozen and unused ones
+  included), the loss at every step and every output on a probe batch (the next batch) in
+  eval mode, and names the first that differs.
+
+Witnesses, not every member: a member's own model steps through PyTorch's per-parameter Python
+(autograd, `torch.optim`, the schedule) at about a millisecond a step for a small model, so B
+members alone would cost a good part of a small group's first iteration. What goes wrong for
+one member of a fused group goes wrong for every member that uses the same features (a fused
+layer's arithmetic, a skipped or frozen parameter), so the witnesses are a few members that
+between them use every optimizer feature some member uses (weight decay, clipping, momentum,
+Nesterov, warm-up, a schedule) and every muP multiplier in which members differ (member 0 when
+none does); rows that mix up members are caught by the initial states here and by the
+member-independence check (`fusion.independence`).
+
+Float64 leaves rounding nowhere to hide: the tolerance is 1e-12 relative. One kind of
+difference is not a fault: a parameter direction the model's outputs do not depend on, whose
+gradient is rounding noise fused or not, which Adam turns into lr-sized steps (the key bias of
+softmax attention: shifting every logit of a query changes nothing). So where parameters or
+buffers differ, the member's own model takes the fused values of all of them, and if its
+outputs and loss on the probe batch stay the same the difference is in that null space. A
+parameter that got no gradient in the member's run (frozen, unused) must match exactly as
+well: there the member's value is its initial one.
+
+A model that draws random numbers in training (dropout) takes its steps in eval mode: fused
+and unfused draws differ by design. A model that differs is refused with a FusionError naming
+the member and the first loss, parameter or output that differs, before any real training.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from fusion.grouping import MULTIPLIER_KEYS
+from fusion.independence import output_tensors, preserved_state
+from fusion.layers import FusionError, describe_error
+from fusion.model import FusedModel
+from fusion.optim import FusedOptimizer
+from hpo.base.hparams import OptimHParams, build_torch_optimizer
+from hpo.base.training import optimizer_step
+from hpo.base.workload import Batch, Workload
+
+#: Optimizer steps of the check: the second sees moments, schedules, and per-parameter step
+#: counts that a parameter without a gradient in the first left behind.
+STEPS = 2
+#: Samples of each batch the check trains on (the arithmetic per sample is what it checks).
+SAMPLES = 4
+#: Relative difference (of a tensor's norm) above which float64 results are different.
+RTOL = 1e-12
+
+#: One fused training step: (fused model, optimizer, inputs, targets) -> the members' `[B]` losses.
+FusedStep = Callable[[FusedModel, FusedOptimizer, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+#: Optimizer settings a member may use that change which code of the fused step runs.
+_FEATURES: dict[str, Callable[[OptimHParams], bool]] = {
+    "weight decay": lambda hp: hp.weight_decay != 0,
+    "clipping": lambda hp: hp.grad_clip > 0,
+    "momentum": lambda hp: hp.momentum != 0,
+    "nesterov": lambda hp: hp.nesterov,
+    "warm-up": lambda hp: hp.warmup_steps > 0,
+    "schedule": lambda hp: hp.lr_schedule != "constant",
+}
+
+
+def choose_witnesses(configs: Sequence[Mapping[str, Any]], hparams: Sequence[OptimHParams]) -> list[int]:
+    """Greedily, the members that add the most features no witness has yet (the first such member
+    on a tie); member 0 where no member uses any."""
+
+    def features(index: int) -> set[str]:
+        used = {name for name, uses in _FEATURES.items() if uses(hparams[index])}
+        return used | {key for key in MULTIPLIER_KEYS if configs[index].get(key) != configs[0].get(key)}
+
+    chosen: list[int] = []
+    covered: set[str] = set()
+    wanted = set().union(*(features(i) for i in range(len(configs))))
+    while wanted - covered:
+        best = max(range(len(configs)), key=lambda i: len(features(i) - covered))
+        chosen.append(best)
+        covered |= features(best)
+    return sorted(chosen) or [0]
+
+
+def copy_witnesses(models: Sequence[nn.Module], indices: Sequence[int]) -> dict[int, nn.Module]:
+    """Copies of the witnesses' models, taken before fusing consumes them. `copy.deepcopy` makes
+    each parameter anew without its attributes; mup's shapes (`infshape`, which `MuReadout`
+    reads in `forward`) go with the copy."""
+    copies = {}
+    for index in indices:
+        original = models[index]
+        copies[index] = copy.deepcopy(original)
+        for (_, param), (_, copied) in zip(original.named_parameters(), copies[index].named_parameters()):
+            copied.__dict__.update(param.__dict__)
+    return copies
+
+
+def check_initial_states(fused: FusedModel, members: Sequence[nn.Module]) -> None:
+    """Every member's row of `fused` holds its own model's tensors, exactly (right after fusing)."""
+    rows = {name: t for name, t in fused.module.state_dict().items() if name not in fused.internal_names}
+    for index, member in enumerate(members):
+        own = dict(member.named_parameters(remove_duplicate=False)) | dict(member.named_buffers(remove_duplicate=False))
+        for name, tensor in rows.items():
+            if not torch.equal(tensor[index], own[name].to(tensor.device)):
+                raise _refusal(f"member {index}'s '{name}' is not its own model's before training", checked="a comparison")
+
+
+def verify_fused_training(
+    fused: FusedModel,
+    witnesses: Mapping[int, nn.Module],
+    hparams: Sequence[OptimHParams],
+    multipliers: Sequence[tuple[Mapping[str, float], Mapping[str, float]]],
+    workload: Workload,
+    batches: Sequence[Batch],
+    fused_step: FusedStep,
+    samples: int | None = SAMPLES,
+) -> None:
+    """Raise FusionError unless `fused` (left as it is) trains as the witnesses (member index ->
+    its unfused model as built; the check trains them) train alone. `hparams` and
+    `multipliers` (each member's muP lr and weight-decay multipliers) are every member's; the
+    check takes a step on each of `batches` but the last, the probe (on the first `samples`
+    samples of each; None: all)."""
+    steps = len(batches) - 1
+    indices = sorted(witnesses)
+    with _refusing(f"a check of {steps} float64 steps"), torch.random.fork_rng(devices=[]), _default_dtype(torch.float64):
+        fused_copy = _rows_copy(fused, indices)
+        alone = [witnesses[index].cpu().double() for index in indices]
+        own_hparams = [hparams[index] for index in indices]
+        own_multipliers = [multipliers[index] for index in indices]
+        data = [(_small(x, samples), _small(y, samples)) for x, y in batches]
+        probe, _ = data[steps]
+        optimizer = FusedOptimizer(
+            dict(fused_copy.module.named_parameters()),
+            own_hparams,
+            [lr for lr, _ in own_multipliers],
+            weight_decay_multipliers=[decay for _, decay in own_multipliers],
+        )
+        training = not fused.draws_random
+        fused_losses = []
+        fused_copy.train(training)
+        for x, y in data[:steps]:
+            fused_losses.append(fused_step(fused_copy, optimizer, x, y).detach())
+        fused_outputs = _eval_outputs(fused_copy, probe)
+        for row, (index, model, hp) in enumerate(zip(indices, alone, own_hparams)):
+            initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+            stepped = _train_alone(model, hp, multipliers[index], workload, data[:steps], training)
+            # parameters first: a wrong one names the cause, a wrong loss only the symptom
+            _compare_state(fused_copy.member_state_dict(row), model, index, initial, stepped.received, workload, data[steps])
+            for step, expected in enumerate(stepped.losses):
+                _compare(fused_losses[step][row], expected, f"member {index}'s training loss at step {step + 1}")
+            for k, (got, expected) in enumerate(zip(fused_outputs, _eval_outputs(model, probe))):
+                _compare(got[row], expected, f"member {index}'s output {k} on a probe batch (eval mode)")
+
+
+def _rows_copy(fused: FusedModel, rows: Sequence[int]) -> FusedModel:
+    """A float64 CPU copy of `fused` holding only `rows`: its tensors are made first and handed
+    to `copy.deepcopy`, which then copies the structure only (not B rows of every tensor, twice)."""
+    index = torch.as_tensor(list(rows), dtype=torch.long)
+    memo: dict[int, Any] = {}
+    for module in fused.modules():
+        for table in (module._parameters, module._buffers):
+            for tensor in table.values():
+                if tensor is not None and id(tensor) not in memo:
+                    value = tensor.detach().cpu()[index]
+                    value = value.double() if value.is_floating_point() else value
+                    memo[id(tensor)] = nn.Parameter(value, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else value
+    return copy.deepcopy(fused, memo)
+
+
+class _Differs(Exception):
+    """What differs (the refusal's message adds what was checked)."""
+
+
+@contextmanager
+def _refusing(checked: str) -> Iterator[None]:
+    """What differs, or a model the check cannot run (one that casts to float32 in `forward`),
+    becomes the refusal: a group nothing vouches for does not train unless asked to."""
+    try:
+        yield
+    except _Differs as difference:
+        raise _refusal(str(difference), checked) from None
+    except FusionError:
+        raise
+    except Exception as error:
+        raise FusionError(
+            f"the differential check cannot train this group in float64 on the CPU ({describe_error(error)}); "
+            "fusion: {verify: false} trains it unchecked"
+        ) from error
+
+
+def _eval_outputs(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """Outputs in eval mode (the check's models are done training), with autograd on: eval mode
+    without it takes PyTorch's inference fast paths (`nn.TransformerEncoderLayer`'s), which only
+    one of the two sides would take."""
+    model.eval()
+    with torch.enable_grad():
+        return [t.detach() for t in output_tensors(model(x))]
+
+
+class _AloneRun:
+    def __init__(self):
+        self.losses: list[torch.Tensor] = []
+        #: Parameters that got a gradient in some step.
+        self.received: set[str] = set()
+
+
+def _train_alone(
+    model: nn.Module,
+    hp: OptimHParams,
+    multipliers: tuple[Mapping[str, float], Mapping[str, float]],
+    workload: Workload,
+    data: Sequence[Batch],
+    training: bool,
+) -> _AloneRun:
+    """A step on each batch of `data`, the unfused trainer's own update: `TrialTrainer`'s optimizer (with the
+    member's muP multipliers, read from its original model: a copy has lost mup's shapes),
+    schedule and clipping."""
+    optimizer = build_torch_optimizer(model.named_parameters(), hp, *multipliers)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, hp.lr_factor)
+    run = _AloneRun()
+    model.train(training)
+    for x, y in data:
+        loss = workload.loss(model(x), y)
+        optimizer_step(model, optimizer, loss, grad_clip=hp.grad_clip, schedule=schedule)
+        run.losses.append(loss.detach())
+        run.received |= {name for name, p in model.named_parameters() if p.grad is not None}
+    return run
+
+
+def _compare_state(
+    fused_state: Mapping[str, torch.Tensor],
+    model: nn.Module,
+    index: int,
+    initial: Mapping[str, torch.Tensor],
+    received: set[str],
+    workload: Workload,
+    probe_batch: Batch,
+) -> None:
+    """Member `index`'s parameters and buffers (see the module doc for the null space)."""
+    own_state = model.state_dict()
+    differing = [name for name, tensor in own_state.items() if not _close(fused_state[name], tensor)]
+    without_gradient = [name for name in differing if name in initial and name not in received]
+    if without_gradient:
+        name = without_gradient[0]
+        moved = "moved" if _close(own_state[name], initial[name]) else "differs"
+        raise _Differs(f"member {index}'s parameter '{name}' {moved} although it gets no gradient (frozen or unused)")
+    if differing and not _outputs_ignore(model, {name: fused_state[name] for name in differing}, probe_batch, workload):
+        name = differing[0]
+        kind = "parameter" if name in initial else "buffer"
+        raise _Differs(f"member {index}'s {kind} '{name}' differs ({_relative(fused_state[name], own_state[name]):.1e} relative)")
+
+
+def _outputs_ignore(model: nn.Module, values: Mapping[str, torch.Tensor], batch: Batch, workload: Workload) -> bool:
+    """Whether `model`'s eval outputs and training loss on `batch` stay the same (within RTOL)
+    when its tensors named in `values` take those values: a difference in the null space."""
+
+    def run() -> list[torch.Tensor]:
+        x, y = batch
+        with torch.enable_grad():
+            model.eval()
+            outputs = [t.detach() for t in output_tensors(model(x))]
+            model.train()
+            torch.manual_seed(0)
+            return [*outputs, workload.loss(model(x), y).detach()]
+
+    with preserved_state(model):
+        before = run()
+    with preserved_state(model):
+        with torch.no_grad():
+            for name, value in values.items():
+                _tensor(model, name).copy_(value)
+        after = run()
+    return all(_close(a, b) for a, b in zip(after, before))
+
+
+def _tensor(model: nn.Module, name: str) -> torch.Tensor:
+    owner, _, leaf = name.rpartition(".")
+    module = model.get_submodule(owner)
+    return module._parameters[leaf] if leaf in module._parameters else module._buffers[leaf]
+
+
+def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
+    if got.shape != expected.shape:
+        return float("inf")
+    difference = (got.double() - expected.double()).norm().item()
+    scale = expected.double().norm().item()
+    return difference / scale if scale else difference
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    if got.shape != expected.shape:
+        return False
+    if torch.equal(got, expected) or not expected.is_floating_point():  # equal: the stacked path's usual case
+        return bool(torch.equal(got, expected))
+    nan = expected.isnan()
+    if not torch.equal(got.isnan(), nan):
+        return False
+    got, expected = got.masked_fill(nan, 0).double(), expected.masked_fill(nan, 0).double()
+    return bool((got - expected).norm() <= RTOL * expected.norm())
+
+
+def _compare(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    if not _close(got, expected):
+        raise _Differs(f"{what} differs ({_relative(got, expected):.1e} relative)")
+
+
+def _refusal(difference: str, checked: str) -> FusionError:
+    return FusionError(
+        f"the fused group does not train as its members do alone: {difference} ({checked}); it is not "
+        "trained (fusion: {verify: false} trains it anyway, unchecked)"
+    )
+
+
+def _small(t: torch.Tensor, samples: int | None) -> torch.Tensor:
+    """The first `samples` samples, in float64 where floating (targets too: a regression's)."""
+    t = t[:samples].cpu()
+    return t.double() if t.is_floating_point() else t
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Tensors the models create in `forward` (`torch.zeros(...)`) follow the check's precision."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)

@@ -1,0 +1,131 @@
+"""The differential guard: a fused group that would train a member wrongly is refused before any
+training step, by name; valid models, attention's key-bias null space included, are not.
+
+Broken fusion is injected where a real bug would sit: the fused optimizer applying one member's
+learning rate to another, and the stacked layers forgetting that a parameter is frozen.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import TensorDataset
+
+import fusion.model
+import fusion.optim
+from examples.char_gpt import workload as char_gpt
+from fusion import FusedTrainer, FusionError
+from fusion.verification import choose_witnesses
+from hpo import DatasetWorkload, FusionConfig
+from hpo.base.hparams import OptimHParams
+
+CONFIGS = [
+    {"seed": 0, "optimizer": "adamw", "lr": 1e-3},
+    {"seed": 1, "optimizer": "adamw", "lr": 3e-3, "weight_decay": 1e-2, "beta1": 0.8, "grad_clip": 0.5, "warmup_steps": 2},
+    {"seed": 2, "optimizer": "adamw", "lr": 5e-4, "weight_decay": 0.1, "beta2": 0.99, "lr_schedule": "cosine", "schedule_steps": 10},
+]
+
+
+class Probe(nn.Module):
+    """A frozen backbone under a trainable head (linear probing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Linear(12, 16), nn.ReLU())
+        self.backbone.requires_grad_(False)
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x):
+        return self.head(self.backbone(x))
+
+
+def probing_workload() -> DatasetWorkload:
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 12, generator=generator), torch.randint(0, 5, (64,), generator=generator)
+    return DatasetWorkload(model=lambda config: Probe(), train=TensorDataset(x, y), val=TensorDataset(x[:16], y[:16]),
+                           loss=F.cross_entropy, defaults={"batch_size": 8})
+
+
+@pytest.fixture
+def steps_taken(monkeypatch) -> list[int]:
+    """Counts the fused group's real training steps (the guard trains a copy, not the group)."""
+    taken: list[int] = []
+    train_step = FusedTrainer.train_step
+    monkeypatch.setattr(FusedTrainer, "train_step", lambda self, *a: taken.append(1) or train_step(self, *a))
+    return taken
+
+
+def test_a_group_that_swaps_two_members_learning_rates_is_refused_before_it_trains(monkeypatch, steps_taken):
+    current_lrs = fusion.optim.FusedOptimizer.current_lrs
+
+    def swapped(self):
+        lrs = current_lrs(self)
+        lrs[0], lrs[1] = lrs[1], lrs[0]
+        return lrs
+
+    monkeypatch.setattr(fusion.optim.FusedOptimizer, "current_lrs", swapped)
+    with pytest.raises(FusionError, match=r"member [01]'s parameter 'head\.weight' differs .* it is not trained"):
+        FusedTrainer(probing_workload(), CONFIGS)
+    assert not steps_taken
+
+
+def test_a_group_that_unfreezes_a_frozen_parameter_is_refused_naming_it(monkeypatch, steps_taken):
+    monkeypatch.setattr(fusion.model, "_freeze_as_members", lambda fused, member: None)
+    with pytest.raises(FusionError, match=r"member [01]'s parameter 'backbone\.0\.(weight|bias)' moved although it gets no gradient"):
+        FusedTrainer(probing_workload(), CONFIGS)
+    assert not steps_taken
+
+
+def test_verify_false_trains_the_group_unchecked(monkeypatch):
+    monkeypatch.setattr(fusion.model, "_freeze_as_members", lambda fused, member: None)
+    trainer = FusedTrainer(probing_workload(), CONFIGS, verify=False)
+    trainer.train_iteration()
+    assert FusionConfig(verify=False).verify is False and FusionConfig().verify is True
+
+
+def test_attention_whose_key_bias_rounds_differently_is_accepted_on_the_vmap_path():
+    # a per-member attention multiplier takes the vmap path, which rounds the key bias's
+    # (mathematically zero) gradient differently; Adam with the default eps turns that noise
+    # into lr-sized steps in a direction the outputs ignore
+    # (here member 2's qkv.bias ends 3.2e-12 apart after the check's 2 steps)
+    base = char_gpt.resolve({"width": 16, "n_layer": 1, "batch_size": 4, "block_size": 8})
+    configs = [
+        {**base, "seed": 0, "optimizer": "adamw", "lr": 3e-3, "weight_decay": 0.1},
+        {**base, "seed": 1, "optimizer": "adamw", "lr": 1e-2, "attn_mult": 2.0, "grad_clip": 0.3, "warmup_steps": 2},
+        {**base, "seed": 2, "optimizer": "adamw", "lr": 2e-2, "beta2": 0.95, "lr_schedule": "cosine", "schedule_steps": 5},
+    ]
+    trainer = FusedTrainer(char_gpt, configs)
+    assert trainer.model.strategy == "vmap"
+
+
+def test_witnesses_cover_every_optimizer_feature_and_multiplier_some_member_uses():
+    configs = [
+        {"lr": 1e-3},
+        {"lr": 2e-3, "weight_decay": 0.1},
+        {"lr": 3e-3, "weight_decay": 0.1, "grad_clip": 1.0, "warmup_steps": 2},
+        {"lr": 4e-3, "lr_schedule": "cosine"},
+        {"lr": 5e-3, "output_mult": 2.0},
+        {"lr": 6e-3},
+    ]
+    hparams = [OptimHParams.from_config(c) for c in configs]
+    assert choose_witnesses(configs, hparams) == [2, 3, 4]
+    assert choose_witnesses(configs[:1] + configs[5:], hparams[:1] + hparams[5:]) == [0]
+
+
+class CastsToFloat32(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 5)
+
+    def forward(self, x):
+        return self.fc(x.float())
+
+
+def test_a_model_the_check_cannot_run_in_float64_is_refused_saying_how_to_train_it_unchecked():
+    workload = probing_workload()
+    workload.model_factory = lambda config: CastsToFloat32()
+    with pytest.raises(FusionError, match=r"cannot train this group in float64 .* fusion: \{verify: false\} trains it unchecked"):
+        FusedTrainer(workload, CONFIGS)
+    FusedTrainer(workload, CONFIGS, verify=False).train_iteration()

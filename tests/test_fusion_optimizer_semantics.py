@@ -1,0 +1,198 @@
+"""The fused optimizer treats parameters as `torch.optim` does, bit for bit in float64.
+
+- a frozen parameter (`requires_grad=False`) is never updated, decayed or given state;
+- a parameter whose gradient is None in a step is skipped in that step: no decay, no moment
+  update, no step count (Adam's bias correction counts each parameter's own steps);
+- gradient clipping takes each parameter's norm, then the norm of those, over the parameters
+  that have a gradient, as `clip_grad_norm_` does;
+- a member checkpoint holds state only for the parameters torch would hold it for.
+
+Each test steps B members' own `torch.optim` optimizers and one `FusedOptimizer` over the
+stacked parameters, with every per-member hyperparameter different, and compares every value.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fusion import FusedOptimizer
+from hpo.base.hparams import OptimHParams, build_torch_optimizer
+
+MEMBERS = 3
+
+
+class SometimesUsed(nn.Module):
+    """A frozen stem, a trunk used every step, an auxiliary head used on even steps only, and a
+    table no step uses: every kind of parameter torch.optim treats differently."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(4, 6)
+        self.stem.requires_grad_(False)
+        self.trunk = nn.Linear(6, 5)
+        self.aux = nn.Linear(6, 5)
+        self.unused = nn.Embedding(7, 3)
+
+    def forward(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        h = torch.tanh(self.stem(x))
+        out = self.trunk(h)
+        return out + self.aux(h) if step % 2 == 0 else out
+
+
+def member_configs(optimizer: str) -> list[dict]:
+    """Every per-member key differs between members; eps stays at its default."""
+    base = {"optimizer": optimizer}
+    return [
+        {**base, "lr": 0.05, "weight_decay": 0.0, "momentum": 0.9, "nesterov": True, "beta1": 0.9, "beta2": 0.999, "grad_clip": 0.0},
+        {**base, "lr": 0.02, "weight_decay": 0.1, "momentum": 0.5, "beta1": 0.8, "beta2": 0.99, "grad_clip": 0.05,
+         "lr_schedule": "cosine", "schedule_steps": 6, "warmup_steps": 2, "min_lr_ratio": 0.1},
+        {**base, "lr": 0.01, "weight_decay": 1e-3, "momentum": 0.0, "beta1": 0.5, "beta2": 0.9, "grad_clip": 1.0,
+         "lr_schedule": "step", "schedule_steps": 3, "lr_gamma": 0.5},
+    ]
+
+
+def hparams(optimizer: str) -> list[OptimHParams]:
+    configs = member_configs(optimizer)
+    if optimizer != "sgd":
+        configs = [{k: v for k, v in c.items() if k not in ("momentum", "nesterov")} for c in configs]
+    return [OptimHParams.from_config(c) for c in configs]
+
+
+def stacked(models: list[nn.Module]) -> dict[str, nn.Parameter]:
+    return {
+        name: nn.Parameter(torch.stack([dict(m.named_parameters())[name].detach() for m in models]), requires_grad=param.requires_grad)
+        for name, param in models[0].named_parameters()
+    }
+
+
+def member_output(params: dict[str, torch.Tensor], i: int, x: torch.Tensor, step: int) -> torch.Tensor:
+    h = torch.tanh(nn.functional.linear(x, params["stem.weight"][i], params["stem.bias"][i]))
+    out = nn.functional.linear(h, params["trunk.weight"][i], params["trunk.bias"][i])
+    if step % 2 == 0:
+        out = out + nn.functional.linear(h, params["aux.weight"][i], params["aux.bias"][i])
+    return out
+
+
+def train_both(optimizer: str, steps: int = 7):
+    hps = hparams(optimizer)
+    models = []
+    for i in range(MEMBERS):
+        torch.manual_seed(i)
+        models.append(SometimesUsed().double())
+    params = stacked(models)
+    fused = FusedOptimizer(params, hps)
+    alone = [build_torch_optimizer(m.named_parameters(), hp) for m, hp in zip(models, hps)]
+    schedules = [torch.optim.lr_scheduler.LambdaLR(o, hp.lr_factor) for o, hp in zip(alone, hps)]
+    generator = torch.Generator().manual_seed(0)
+    for step in range(steps):
+        x = torch.randn(8, 4, generator=generator, dtype=torch.float64)
+        fused.zero_grad()
+        sum(member_output(params, i, x, step).square().mean() for i in range(MEMBERS)).backward()
+        fused.step()
+        for model, opt, schedule, hp in zip(models, alone, schedules, hps):
+            opt.zero_grad(set_to_none=True)
+            model(x, step).square().mean().backward()
+            if hp.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), hp.grad_clip)
+            opt.step()
+            schedule.step()
+    return params, fused, models, alone
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+def test_frozen_unused_and_sometimes_used_parameters_step_exactly_as_torch_optim(optimizer):
+    params, fused, models, _ = train_both(optimizer)
+    for i, model in enumerate(models):
+        for name, param in model.named_parameters():
+            assert torch.equal(params[name][i], param), f"member {i} {name} differs from torch.optim ({optimizer})"
+    torch.manual_seed(0)
+    initial = SometimesUsed().double()
+    assert torch.equal(params["stem.weight"][0], initial.stem.weight), "the frozen stem moved"
+    assert torch.equal(params["unused.weight"][0], initial.unused.weight), "the unused table moved"
+    assert "stem.weight" not in fused.names, "a frozen parameter took a place in the optimizer's matrices"
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_member_state_holds_what_torch_optim_holds(optimizer):
+    _, fused, models, alone = train_both(optimizer)
+    for i, (model, opt) in enumerate(zip(models, alone)):
+        state = fused.member_state(i)
+        torch_names = {name for name, p in model.named_parameters() if p in opt.state and opt.state[p]}
+        if optimizer == "sgd" and fused.hparams[i].momentum == 0:
+            torch_names = {name for name in torch_names if opt.state[dict(model.named_parameters())[name]].get("momentum_buffer") is not None}
+            assert not torch_names
+            continue
+        assert set(state["params"]) == torch_names, f"member {i}: state for {sorted(state['params'])}, torch has {sorted(torch_names)}"
+        for name in torch_names:
+            expected = opt.state[dict(model.named_parameters())[name]]
+            if optimizer == "adam":
+                assert state["params"][name]["step"] == int(expected["step"]), f"member {i} {name}: step count"
+                assert torch.equal(state["params"][name]["exp_avg_sq"], expected["exp_avg_sq"])
+            else:
+                assert torch.equal(state["params"][name]["momentum_buffer"], expected["momentum_buffer"])
+
+
+def test_member_state_round_trips_through_per_parameter_step_counts():
+    _, fused, models, _ = train_both("adam")
+    params = stacked(models)
+    copy = FusedOptimizer(params, hparams("adam"), steps=list(fused.steps))
+    for i in range(MEMBERS):
+        copy.load_member_state(i, fused.member_state(i))
+    assert copy.param_steps is not None and torch.equal(copy.param_steps, fused.param_steps)
+    assert [copy.member_param_steps(i) for i in range(MEMBERS)] == [fused.member_param_steps(i) for i in range(MEMBERS)]
+
+
+def test_gradient_clipping_rounds_as_clip_grad_norm():
+    torch.manual_seed(0)
+    grads = [[torch.randn(s, dtype=torch.float64) * scale for s, scale in ((37, 1e-3), (5, 1.0), (300, 10.0))] for _ in range(MEMBERS)]
+    params = {f"p{j}": nn.Parameter(torch.zeros(MEMBERS, g.numel(), dtype=torch.float64)) for j, g in enumerate(grads[0])}
+    hps = [OptimHParams(optimizer="sgd", lr=1.0, grad_clip=clip) for clip in (0.5, 0.0, 3.0)]
+    fused = FusedOptimizer(params, hps)
+    fused.zero_grad()
+    sum((param * torch.stack([member[j] for member in grads])).sum() for j, param in enumerate(params.values())).backward()
+    fused.step()
+    for i, hp in enumerate(hps):
+        alone = [nn.Parameter(torch.zeros_like(g)) for g in grads[i]]
+        for p, g in zip(alone, grads[i]):
+            p.grad = g.clone()
+        if hp.grad_clip:
+            torch.nn.utils.clip_grad_norm_(alone, hp.grad_clip)
+        torch.optim.SGD(alone, lr=1.0).step()
+        for j, p in enumerate(alone):
+            assert torch.equal(params[f"p{j}"][i], p), f"member {i} parameter {j} after clipping"
+
+
+class AlwaysAux(SometimesUsed):
+    """The auxiliary head on every step: only the stem (frozen) and the table (unused) get no gradient."""
+
+    def forward(self, x):
+        return super().forward(x, 0)
+
+
+def test_a_member_checkpoint_holds_no_state_for_frozen_or_unused_parameters_and_resumes_unfused():
+    from torch.utils.data import TensorDataset
+
+    from fusion import FusedTrainer
+    from hpo import DatasetWorkload
+    from hpo.base.training import TrialTrainer
+
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 4, generator=generator, dtype=torch.float64), torch.randn(64, 5, generator=generator, dtype=torch.float64)
+    workload = DatasetWorkload(
+        model=lambda config: AlwaysAux().double(), train=TensorDataset(x, y), val=TensorDataset(x[:8], y[:8]),
+        loss=lambda out, target: (out - target).square().mean(), defaults={"batch_size": 8}, steps_per_iteration=3,
+    )
+    configs = [{"seed": i, "optimizer": "adam", "lr": 1e-2 * (i + 1), "weight_decay": 0.1} for i in range(2)]
+    fused = FusedTrainer(workload, configs)
+    fused.train_iteration()
+    state = fused.member_state_dict(1)
+    names = [name for name, _ in AlwaysAux().named_parameters()]
+    assert {names[i] for i in state["optimizer"]["state"]} == {"trunk.weight", "trunk.bias", "aux.weight", "aux.bias"}
+    alone = TrialTrainer(workload, configs[1])
+    alone.load_state_dict(state)
+    fused.train_iteration()
+    alone.train_iteration()
+    for name, tensor in alone.model.state_dict().items():
+        assert torch.equal(fused.model.member_state_dict(1)[name], tensor), f"{name} after resuming unfused"
