@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from statistics import median
 from typing import Any, Protocol
 
 import torch
@@ -229,11 +230,13 @@ class LayerTimer:
 SIZE_FACTORS = (0.5, 1.0, 2.0)
 
 
-def time_at_sizes(stage: nn.Sequential, example: torch.Tensor, sizes: list[int], *, repeats: int = 3) -> list[list[list[float]]]:
+def time_at_sizes(stage: nn.Sequential, example: torch.Tensor, sizes: list[int], *, repeats: int = 5) -> list[list[list[float]]]:
     """Per layer of `stage`, [size, forward s, backward s] at each of `sizes`: the stage run on its own,
     forward on random inputs shaped like `example` and backward from a random output gradient,
-    timed by a `LayerTimer` (the mean of `repeats` after one warm-up); [] per layer where its
-    input or output is not one floating-point tensor (the replayer then scales in proportion)."""
+    timed by a `LayerTimer`; [] per layer where the stage's input or output is not one
+    floating-point tensor (the replayer then scales in proportion). The sizes take turns,
+    `repeats` rounds after one warm-up each, and each time is the median of its rounds, so a
+    busy host slows every size alike and a stall does not bend the fit."""
     device = example.device
     if not example.is_floating_point():
         return [[] for _ in stage]
@@ -248,18 +251,20 @@ def time_at_sizes(stage: nn.Sequential, example: torch.Tensor, sizes: list[int],
         outputs.backward(torch.randn_like(outputs))
         return True
 
-    per_layer: list[list[list[float]]] = [[] for _ in stage]
-    for size in sizes:
-        if not step(size):  # warm-up: allocations at this size
-            return [[] for _ in stage]
-        timer = LayerTimer(stage, device)
-        with timer:
-            for _ in range(repeats):
+    if not all(step(size) for size in sizes):  # warm-up: allocations at every size
+        return [[] for _ in stage]
+    rounds: dict[int, list[list[tuple[float, float]]]] = {size: [] for size in sizes}
+    for _ in range(repeats):
+        for size in sizes:
+            timer = LayerTimer(stage, device)
+            with timer:
                 step(size)
-        for timed, (forward, backward) in zip(per_layer, timer.layer_seconds()):
-            timed.append([size, forward, backward])
+            rounds[size].append(timer.layer_seconds())
     stage.zero_grad(set_to_none=True)
-    return per_layer
+    return [
+        [[size, median(r[index][0] for r in rounds[size]), median(r[index][1] for r in rounds[size])] for size in sizes]
+        for index in range(len(stage))
+    ]
 
 
 # ---- profiling ---------------------------------------------------------------------------------------

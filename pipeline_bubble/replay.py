@@ -103,8 +103,11 @@ def piecewise_affine(points: list[tuple[float, float]], x: float) -> float:
 
 def size_scale(layer: LayerProfile, phase: int, size: int, profiled: int) -> float:
     """How much longer `layer`'s forward (`phase` 1) or backward (2) takes at micro-batch `size`
-    than at the `profiled` one: from its times at several sizes, else in proportion."""
-    points = sorted({int(entry[0]): entry[phase] for entry in layer.timed_at}.items())
+    than at the `profiled` one: from its times at several sizes, else in proportion. A larger
+    batch never costs less, so a time below a smaller size's (noise) is raised to it."""
+    points = []
+    for at, seconds in sorted({int(entry[0]): entry[phase] for entry in layer.timed_at}.items()):
+        points.append((at, max(seconds, points[-1][1]) if points else seconds))
     if len(points) < 2:
         return size / profiled
     at_profiled = piecewise_affine(points, profiled)

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline_bubble.profile import LayerProfile, PipelineConfig, ProfileError, build_profile, load_profile
-from pipeline_bubble.replay import Cost, ReplayWarning, _Graph, machine_warning, piecewise_affine, predict, replay
+from pipeline_bubble.replay import Cost, ReplayWarning, _Graph, machine_warning, piecewise_affine, predict, replay, size_scale
 from pipeline_bubble.timeline import BatchRecord, StageTimeline, theoretical_bubble_fraction
 from pipeline_bubble.train_schedule import LOSS_BROADCAST, exchange_partners, stage_instructions
 
@@ -213,6 +213,13 @@ def test_a_cost_extrapolated_below_its_intercept_is_zero_not_negative():
     points = [(16.0, 0.001), (32.0, 0.003), (64.0, 0.005)]
     assert [piecewise_affine(points, x) for x in (16, 24, 32, 48, 64, 96)] == pytest.approx([0.001, 0.002, 0.003, 0.004, 0.005, 0.007])
     assert piecewise_affine(points, 4) == 0.0
+
+
+def test_a_noisy_timing_never_makes_a_larger_micro_batch_cheaper():
+    layer = LayerProfile("Linear", 1000, timed_at=[[16, 0.004, 0.008], [32, 0.003, 0.009], [64, 0.005, 0.012]])
+    assert size_scale(layer, 1, 32, 16) == 1.0  # 32 timed faster than 16: taken as 16's time
+    assert size_scale(layer, 1, 48, 32) == pytest.approx(0.0045 / 0.004)
+    assert size_scale(layer, 2, 64, 32) == pytest.approx(0.012 / 0.009)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
