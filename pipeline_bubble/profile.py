@@ -17,7 +17,11 @@ Exchanges are aligned across stages on the clocks of one host (`time.perf_counte
 clock for every process of a Linux host), as dPRO aligns the two ends of a communication op.
 The profile also keeps the job's layers (their parameters, output bytes and measured forward
 and backward times), so the replayer can move layers between stages, and the machine's
-`hpo.base.machine.fingerprint`, so that replaying it elsewhere warns.
+`hpo.base.machine.fingerprint`, so that replaying it elsewhere warns. Each layer's `timed_at`
+holds its forward and backward times at several micro-batch sizes (the profiled one, half and
+double), because a layer's cost is not proportional to its batch (a fixed part: dispatch,
+kernel launches, caches); a profile without them (recorded before they were) still reads, and
+the replayer then scales in proportion.
 
 Nothing here imports torch or DeepSpeed: `pipeline_bubble.profiling` records a profile,
 `pipeline_bubble.replay` predicts from one.
@@ -87,13 +91,18 @@ class PipelineConfig:
 
 @dataclass
 class LayerProfile:
-    """One layer of the job (in the order the pipeline runs them), timed at the profiled micro-batch size."""
+    """One layer of the job (in the order the pipeline runs them), timed at the profiled micro-batch size.
+
+    `timed_at`: [micro-batch size, forward seconds, backward seconds] per size it was also timed
+    at on its own (smallest size first), what the replayer fits how its cost grows with the size to.
+    """
 
     name: str
     params: int
     output_bytes: int = 0
     forward_s: float = 0.0
     backward_s: float = 0.0
+    timed_at: list[list[float]] = field(default_factory=list)
 
 
 @dataclass
@@ -209,6 +218,11 @@ def _check_consistent(profile: PipelineProfile, where: Any) -> None:
             if len(instruction.duration_s) != profile.batches:
                 raise ProfileError(f"{where}: stages[{stage.stage}].instructions[{instruction.slot}]: "
                                    f"{len(instruction.duration_s)} durations for {profile.batches} batches")
+    for index, layer in enumerate(profile.layers):
+        for entry in layer.timed_at:
+            if len(entry) != 3 or not entry[0] > 0 or min(entry[1:]) < 0:
+                raise ProfileError(f"{where}: layers[{index}].timed_at: {entry!r} is not [micro-batch size > 0, "
+                                   "forward seconds >= 0, backward seconds >= 0]")
     if profile.stages[-1].layers[1] != len(profile.layers):
         raise ProfileError(f"{where}: layers: {len(profile.layers)} layers, the stages hold {profile.stages[-1].layers[1]}")
 

@@ -3,8 +3,9 @@
 `profile_pipeline(job, config)` starts the job's stages as real processes (`launch`, gloo),
 trains a few batches of `config` on the instrumented engine (its existing hooks time every
 schedule instruction and the loss broadcast on the host's and the device's clock), then a couple
-more with module hooks on every layer (forward and backward time, output bytes), and returns the
-`PipelineProfile`. `measure(job, runs)` trains several configurations in the same processes,
+more with module hooks on every layer (forward and backward time, output bytes), times each
+stage's layers on their own at `SIZE_FACTORS` of the micro-batch size with the same hooks (how
+their cost grows with the batch, which is not in proportion), and returns the `PipelineProfile`. `measure(job, runs)` trains several configurations in the same processes,
 batch by batch in turn (so a busy host slows them alike), with guests in the bubbles where a
 configuration admits them, optionally seeded with the replay's predicted windows.
 
@@ -27,6 +28,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from statistics import median
 from typing import Any, Protocol
 
 import torch
@@ -180,10 +182,12 @@ class LayerTimer:
         self.clock = clock_for(device)
         self.marks: list[tuple[int, str, Any]] = []
         self.output_bytes = [0] * len(stage)
+        self.example: torch.Tensor | None = None  # the stage's last input
         self._handles: list[Any] = []
 
     def __enter__(self) -> "LayerTimer":
         self.clock.begin_batch()
+        self._handles.append(self.stage.register_forward_pre_hook(lambda m, a: setattr(self, "example", a[0] if a else None)))
         for index, layer in enumerate(self.stage):
             self._handles += [
                 layer.register_forward_pre_hook(lambda m, a, i=index: self._mark(i, "f0")),
@@ -222,6 +226,47 @@ class LayerTimer:
         return [(f / max(nf, 1), b / max(nb, 1)) for f, b, nf, nb in totals]
 
 
+#: The micro-batch sizes, relative to the profiled one, each stage's layers are also timed at.
+SIZE_FACTORS = (0.5, 1.0, 2.0)
+
+
+def time_at_sizes(stage: nn.Sequential, example: torch.Tensor, sizes: list[int], *, repeats: int = 5) -> list[list[list[float]]]:
+    """Per layer of `stage`, [size, forward s, backward s] at each of `sizes`: the stage run on its own,
+    forward on random inputs shaped like `example` and backward from a random output gradient,
+    timed by a `LayerTimer`; [] per layer where the stage's input or output is not one
+    floating-point tensor (the replayer then scales in proportion). The sizes take turns,
+    `repeats` rounds after one warm-up each, and each time is the median of its rounds, so a
+    busy host slows every size alike and a stall does not bend the fit."""
+    device = example.device
+    if not example.is_floating_point():
+        return [[] for _ in stage]
+    needs_grad = example.requires_grad  # the first stage's input needs none: its first layer computes no input gradient
+
+    def step(size: int) -> bool:
+        stage.zero_grad(set_to_none=True)
+        inputs = torch.randn((size, *example.shape[1:]), dtype=example.dtype, device=device, requires_grad=needs_grad)
+        outputs = stage(inputs)
+        if not torch.is_tensor(outputs) or not outputs.requires_grad:
+            return False
+        outputs.backward(torch.randn_like(outputs))
+        return True
+
+    if not all(step(size) for size in sizes):  # warm-up: allocations at every size
+        return [[] for _ in stage]
+    rounds: dict[int, list[list[tuple[float, float]]]] = {size: [] for size in sizes}
+    for _ in range(repeats):
+        for size in sizes:
+            timer = LayerTimer(stage, device)
+            with timer:
+                step(size)
+            rounds[size].append(timer.layer_seconds())
+    stage.zero_grad(set_to_none=True)
+    return [
+        [[size, median(r[index][0] for r in rounds[size]), median(r[index][1] for r in rounds[size])] for size in sizes]
+        for index in range(len(stage))
+    ]
+
+
 # ---- profiling ---------------------------------------------------------------------------------------
 @dataclass
 class _ProfileRun:
@@ -247,10 +292,12 @@ def _profile_rank(rank: int, world_size: int, run: _ProfileRun) -> dict[str, Any
         warnings.filterwarnings("ignore", message="Full backward hook is firing")  # the stage's first layer, see LayerTimer
         for _ in range(run.layer_batches):
             engine.train_batch(data)
-    seconds = timer.layer_seconds()
+        seconds = timer.layer_seconds()
+        sizes = sorted({max(1, round(run.config.micro_batch_size * factor)) for factor in SIZE_FACTORS})
+        timed = time_at_sizes(stage, timer.example, sizes) if timer.example is not None else [[] for _ in stage]
     layers = [
-        asdict(LayerProfile(type(layer).__name__, sum(p.numel() for p in layer.parameters()), out, f, b))
-        for layer, out, (f, b) in zip(stage, timer.output_bytes, seconds)
+        asdict(LayerProfile(type(layer).__name__, sum(p.numel() for p in layer.parameters()), out, f, b, at))
+        for layer, out, (f, b), at in zip(stage, timer.output_bytes, seconds, timed)
     ]
     return {"stage": engine.stage_id, "timeline": timeline, "layers": layers}
 

@@ -14,8 +14,12 @@ it, is its time inside blocking calls (wait and transfer).
 What scales, from the profiled configuration to another:
 
 - micro-batches and stages: the stream itself (`train_schedule.stage_instructions`);
-- micro-batch size: forward, backward, loading and the transfers in proportion to it; the
-  optimizer step, the gradient reductions, the loss broadcast and the gaps not at all;
+- micro-batch size: each layer's forward and backward time by the ratio of its cost at the
+  target size to its cost at the profiled one, its cost piecewise affine (t(m) = a + b*m, at
+  least 0) through the sizes the profile timed it at (`LayerProfile.timed_at`), extrapolated
+  with the nearest segment; a profile without them scales in proportion, as do loading and the
+  transfers (the profile times them at one size); the optimizer step, the gradient reductions,
+  the loss broadcast and the gaps not at all;
 - the split of layers over stages: each layer's forward and backward time is its share of its
   profiled stage's (shares from the per-layer times recorded with module hooks, else by
   parameters), and a stage's time is the sum of its layers'; the optimizer step and the
@@ -64,7 +68,7 @@ from pipeline_bubble.harvest_policy import (
     is_harvestable,
     quantile,
 )
-from pipeline_bubble.profile import PipelineConfig, PipelineProfile, ProfileError
+from pipeline_bubble.profile import LayerProfile, PipelineConfig, PipelineProfile, ProfileError
 from pipeline_bubble.timeline import COMPUTE, GUEST, WAIT, BatchRecord, Interval, StageTimeline
 from pipeline_bubble.train_schedule import exchange_partners, stage_instructions
 
@@ -89,6 +93,27 @@ def machine_warning(profile: PipelineProfile, here: dict | None = None) -> str |
 
 
 # ---- costs ---------------------------------------------------------------------------------------
+def piecewise_affine(points: list[tuple[float, float]], x: float) -> float:
+    """y at `x` on the polyline through two or more `points` (sorted by x, distinct), extended beyond
+    its ends by its first and last segments, at least 0."""
+    index = next((i for i in range(1, len(points) - 1) if x < points[i][0]), len(points) - 1)
+    (x0, y0), (x1, y1) = points[index - 1], points[index]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def size_scale(layer: LayerProfile, phase: int, size: int, profiled: int) -> float:
+    """How much longer `layer`'s forward (`phase` 1) or backward (2) takes at micro-batch `size`
+    than at the `profiled` one: from its times at several sizes, else in proportion. A larger
+    batch never costs less, so a time below a smaller size's (noise) is raised to it."""
+    points = []
+    for at, seconds in sorted({int(entry[0]): entry[phase] for entry in layer.timed_at}.items()):
+        points.append((at, max(seconds, points[-1][1]) if points else seconds))
+    if len(points) < 2:
+        return size / profiled
+    at_profiled = piecewise_affine(points, profiled)
+    return piecewise_affine(points, size) / at_profiled if at_profiled > 0 else size / profiled
+
+
 @dataclass(frozen=True)
 class Cost:
     """What one instruction of a target configuration costs: the gap before it and its duration
@@ -193,9 +218,9 @@ class CostModel:
                 name = instruction.name
                 key, typical = self._lookup(self._typical, source, name)
                 if name == "ForwardPass":
-                    duration = sum(self.layer_forward_s[first:stop]) * scale
+                    duration = self._layers_at(self.layer_forward_s, 1, first, stop, config.micro_batch_size)
                 elif name == "BackwardPass":
-                    duration = sum(self.layer_backward_s[first:stop]) * scale
+                    duration = self._layers_at(self.layer_backward_s, 2, first, stop, config.micro_batch_size)
                 elif name in PER_SAMPLE:
                     # an exchange's bytes: the activation at the boundary it crosses, here and where profiled
                     after = name in ("SendActivation", "RecvGrad")
@@ -211,6 +236,12 @@ class CostModel:
                 costs.append(Cost(gap, duration, key))
             out.append(costs)
         return out
+
+    def _layers_at(self, seconds: list[float], phase: int, first: int, stop: int, size: int) -> float:
+        """Layers [first, stop)'s profiled `seconds` (forward or backward, by `phase`) at micro-batch `size`."""
+        profiled = self.profile.config.micro_batch_size
+        layers = self.profile.layers
+        return sum(seconds[i] * size_scale(layers[i], phase, size, profiled) for i in range(first, stop))
 
     def _bytes_ratio(self, boundary: int, profiled: int) -> float:
         layers = self.profile.layers

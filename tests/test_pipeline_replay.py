@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline_bubble.profile import LayerProfile, PipelineConfig, ProfileError, build_profile, load_profile
-from pipeline_bubble.replay import Cost, ReplayWarning, _Graph, machine_warning, predict, replay
+from pipeline_bubble.replay import Cost, ReplayWarning, _Graph, machine_warning, piecewise_affine, predict, replay, size_scale
 from pipeline_bubble.timeline import BatchRecord, StageTimeline, theoretical_bubble_fraction
 from pipeline_bubble.train_schedule import LOSS_BROADCAST, exchange_partners, stage_instructions
 
@@ -169,6 +169,59 @@ def test_a_layer_moved_between_stages_moves_its_time_with_it():
     assert forward(shifted, 1) == pytest.approx(forward(even, 1) - 0.010)
 
 
+def _pass_s(result, stage: int, name: str) -> list[float]:
+    return [i.duration for i in result.timelines[stage].batches[0].intervals if i.name == name]
+
+
+#: Per stage, a layer's cost a + b * micro-batch size (forward; backward), two layers a stage.
+AFFINE = {"ForwardPass": ([0.004, 0.002], [1e-4, 3e-4]), "BackwardPass": ([0.010, 0.006], [2e-4, 5e-4])}
+
+
+def _affine(name: str, stage: int, size: int) -> float:
+    intercepts, slopes = AFFINE[name]
+    return intercepts[stage] + slopes[stage] * size
+
+
+def _affine_profile(timed_sizes: list[int]):
+    """A profile at micro-batch 32 whose stages cost `AFFINE`, its layers timed at `timed_sizes`."""
+    forward, backward = ([_affine(name, s, 32) for s in range(2)] for name in AFFINE)
+    profile, _ = _profile(PipelineConfig(2, 4, 32, (2, 2)), forward, backward)
+    for index, layer in enumerate(profile.layers):
+        stage = index // 2
+        layer.timed_at = [[m, _affine("ForwardPass", stage, m) / 2, _affine("BackwardPass", stage, m) / 2] for m in timed_sizes]
+    return profile
+
+
+@pytest.mark.parametrize("size", [8, 16, 48, 128])
+def test_layers_timed_at_two_sizes_predict_an_affine_cost_exactly_between_and_beyond_them(size):
+    result = replay(_affine_profile([16, 32]), PipelineConfig(2, 4, size))
+    for stage in range(2):
+        for name in AFFINE:
+            assert _pass_s(result, stage, name) == pytest.approx([_affine(name, stage, size)] * 4)
+
+
+@pytest.mark.parametrize("timed_sizes", [[], [32]])
+def test_layers_timed_at_one_size_scale_in_proportion_to_the_micro_batch(timed_sizes):
+    profile = _affine_profile(timed_sizes)
+    profiled, doubled = replay(profile, PipelineConfig(2, 4, 32)), replay(profile, PipelineConfig(2, 4, 64))
+    for stage in range(2):
+        for name in AFFINE:
+            assert _pass_s(doubled, stage, name) == pytest.approx([2 * t for t in _pass_s(profiled, stage, name)])
+
+
+def test_a_cost_extrapolated_below_its_intercept_is_zero_not_negative():
+    points = [(16.0, 0.001), (32.0, 0.003), (64.0, 0.005)]
+    assert [piecewise_affine(points, x) for x in (16, 24, 32, 48, 64, 96)] == pytest.approx([0.001, 0.002, 0.003, 0.004, 0.005, 0.007])
+    assert piecewise_affine(points, 4) == 0.0
+
+
+def test_a_noisy_timing_never_makes_a_larger_micro_batch_cheaper():
+    layer = LayerProfile("Linear", 1000, timed_at=[[16, 0.004, 0.008], [32, 0.003, 0.009], [64, 0.005, 0.012]])
+    assert size_scale(layer, 1, 32, 16) == 1.0  # 32 timed faster than 16: taken as 16's time
+    assert size_scale(layer, 1, 48, 32) == pytest.approx(0.0045 / 0.004)
+    assert size_scale(layer, 2, 64, 32) == pytest.approx(0.012 / 0.009)
+
+
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stages=st.integers(3, 4), micro_batches=st.integers(1, 8))
 def test_a_two_stage_profile_replays_deeper_pipelines(stages, micro_batches):
@@ -222,11 +275,24 @@ def test_noisy_windows_make_guests_overrun_and_cost_the_job_time():
 
 # ---- files and machines ------------------------------------------------------------------------------
 def test_a_profile_round_trips_through_json(tmp_path):
-    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.01, 0.01], [0.02, 0.02])
+    profile = _affine_profile([16, 32, 64])
     profile.save(tmp_path / "profile.json")
     again = load_profile(tmp_path / "profile.json")
     assert again == profile
-    assert replay(again, again.config).iteration_s == replay(profile, profile.config).iteration_s
+    for size in (32, 64):
+        assert replay(again, PipelineConfig(2, 4, size)).iteration_s == replay(profile, PipelineConfig(2, 4, size)).iteration_s
+
+
+def test_a_profile_recorded_before_layers_were_timed_at_several_sizes_still_reads_and_scales_in_proportion(tmp_path):
+    profile = _affine_profile([16, 32])
+    data = profile.to_dict()
+    for layer in data["layers"]:
+        del layer["timed_at"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    old = load_profile(tmp_path / "old.json")
+    assert all(layer.timed_at == [] for layer in old.layers)
+    profiled, doubled = replay(old, PipelineConfig(2, 4, 32)), replay(old, PipelineConfig(2, 4, 64))
+    assert _pass_s(doubled, 1, "ForwardPass") == pytest.approx([2 * t for t in _pass_s(profiled, 1, "ForwardPass")])
 
 
 @pytest.mark.parametrize(
@@ -237,6 +303,7 @@ def test_a_profile_round_trips_through_json(tmp_path):
         (lambda d: d["config"].update(micro_batches=5), "not DeepSpeed's TrainSchedule for p=2 m=5"),
         (lambda d: d["stages"][0].pop("tail_s"), "stages: "),
         (lambda d: d["config"].update(stages=1), "config: stages must be >= 2"),
+        (lambda d: d["layers"][1].update(timed_at=[[0, 0.1, 0.2]]), r"layers\[1\].timed_at: \[0, 0.1, 0.2\]"),
     ],
 )
 def test_a_bad_profile_file_is_refused_naming_the_file_and_key(tmp_path, edit, needle):
@@ -363,6 +430,8 @@ def test_hpo_profile_pipeline_profiles_a_deepspeed_job_and_measures_what_it_pred
     assert _cli(argv) == 0, capsys.readouterr().err
     profile = load_profile(tmp_path / "profile.json")
     assert profile.stage_split() == (6, 7) and all(layer.forward_s > 0 for layer in profile.layers if layer.params)
+    assert all([entry[0] for entry in layer.timed_at] == [16, 32, 64] for layer in profile.layers)
+    assert all(entry[1] > 0 for layer in profile.layers if layer.params for entry in layer.timed_at)
     for stage in profile.stages:
         for instruction in stage.instructions:
             assert len(instruction.host) == len(instruction.device) == profile.batches
