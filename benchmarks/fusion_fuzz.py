@@ -9,6 +9,9 @@ was accepted and different or crashed (each one a bug; the run then exits 1).
 
     python benchmarks/fusion_fuzz.py --examples 2000 --seed 0 --json benchmarks/results/fusion_fuzz_cpu.json
 
+A run cut short by SIGINT (Ctrl-C, or `timeout -s INT 1200 python benchmarks/fusion_fuzz.py ...` for
+a time budget) still prints and writes the examples it finished, marked `interrupted`.
+
 One torch thread; the JSON holds the counts, the reasons, the failures (with the model spec and
 the members' configs), the git commit, the machine and the wall time.
 """
@@ -82,10 +85,15 @@ def run(examples: int, start_seed: int) -> dict[str, Any]:
             print(f"{done} examples: {dict(paths)}", flush=True)
 
     started = time.perf_counter()
-    one()
+    interrupted = False
+    try:
+        one()
+    except KeyboardInterrupt:  # a run cut short (Ctrl-C, `timeout -s INT`) still reports what it checked
+        interrupted = True
     total = sum(paths.values())
     return {
         "examples": total,
+        "interrupted": interrupted,
         "paths": dict(paths),
         "shares": {path: count / total for path, count in paths.items()},
         "refusals": dict(reasons.most_common()),
@@ -105,7 +113,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     checked_out = git_commit()  # the code the examples run on, before anything changes the checkout
     results = run(args.examples, args.seed)
-    print(f"{results['examples']} examples in {results['wall_s']:.0f} s")
+    print(f"{results['examples']} examples in {results['wall_s']:.0f} s" + (" (interrupted)" if results["interrupted"] else ""))
     for path, share in sorted(results["shares"].items()):
         print(f"  {path:>10}: {results['paths'][path]:>6}  ({share:.1%})")
     for reason, count in results["refusals"].items():
