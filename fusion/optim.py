@@ -61,6 +61,9 @@ from hpo.base.hparams import OptimHParams
 #: Steps the schedule and bias-correction tables first hold; they double when training reaches them.
 TABLE_STEPS = 512
 
+#: The device tables `_ensure_tables` builds.
+TABLES = ("_lr_table", "_bias1_table", "_bias2_table")
+
 #: Per-optimizer state matrices, named as in `torch.optim`'s own state.
 STATE_NAMES = {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq")}
 
@@ -255,11 +258,24 @@ class FusedOptimizer:
             self._bias1_table = table([[1 - hp.beta1**s if s else 1.0 for s in range(capacity)] for hp in self.hparams])
             self._bias2_table = table([[math.sqrt(1 - hp.beta2**s) if s else 1.0 for s in range(capacity)] for hp in self.hparams])
         self._table_steps = capacity
+        self._mark_static()
 
     def compile_update(self, **options: Any) -> None:
         """Run the update's arithmetic as one `torch.compile(fullgraph=True, **options)` graph
         (e.g. `mode="reduce-overhead"` for CUDA graphs of inductor's kernels)."""
         self._update = torch.compile(self._device_update, fullgraph=True, **options)
+        self._mark_static()
+
+    def _mark_static(self) -> None:
+        """Tell a compiled update (CUDA graphs above all) that the tensors it reads and updates in
+        place keep their addresses between steps, so a captured graph writes into them directly
+        (tensors made later, tables grown or per-parameter counts started, are marked then)."""
+        if self._update == self._device_update:
+            return
+        persistent = [*self.tensors(), self._step_counts, self.param_steps, *(getattr(self, n, None) for n in TABLES)]
+        for tensor in persistent:
+            if tensor is not None:
+                torch._dynamo.mark_static_address(tensor, guard=False)
 
     @torch.no_grad()
     def step(self) -> None:
@@ -335,6 +351,7 @@ class FusedOptimizer:
         """Start counting steps per parameter (until now each parameter's count was its member's)."""
         if self.param_steps is None:
             self.param_steps = self._step_counts.repeat(1, len(self.params))
+            self._mark_static()
 
     def _stepped_params(self, received: tuple[bool, ...]) -> torch.Tensor:
         """The indices of the parameters with a gradient, on the device (cached per pattern)."""
@@ -410,6 +427,7 @@ class FusedOptimizer:
         self._table_steps = 0  # the tables are rebuilt for the members kept
         self._repack()
         self._refresh_hparams()
+        self._mark_static()
 
     def member_param_steps(self, index: int) -> list[int]:
         """The steps member `index` took on each parameter (in `names` order)."""
@@ -469,3 +487,4 @@ class FusedOptimizer:
         self.param_steps = None if param_steps is None else param_steps.to(self.params[0].device, copy=True)
         for name, matrix in state["state"].items():
             self.state[name].copy_(matrix)
+        self._mark_static()

@@ -102,3 +102,28 @@ def test_the_zoo_transformer_compiles_whole_and_trains_as_eager_in_float64():
         results.append(losses.detach())
     torch.testing.assert_close(results[1], results[0], rtol=1e-9, atol=0)
     assert relative_error(groups[1][0], groups[0][0]) <= 1e-9
+
+
+@pytest.mark.slow
+def test_the_compiled_update_skips_and_counts_parameters_as_the_eager_one():
+    # frozen, sometimes-used and never-used parameters: the update's index and count paths
+    from tests.test_fusion_optimizer_semantics import MEMBERS, SometimesUsed, hparams, member_output, stacked
+
+    torch.manual_seed(0)
+    models = [SometimesUsed().double() for _ in range(MEMBERS)]
+    x = torch.randn(2, 4, dtype=torch.float64)
+    groups = []
+    for compiled in (False, True):
+        params = stacked(models)
+        optimizer = FusedOptimizer(params, hparams("adamw"))
+        if compiled:
+            optimizer.compile_update(backend="aot_eager")
+        for step in range(4):
+            optimizer.zero_grad()
+            sum(member_output(params, i, x, step).sum() for i in range(MEMBERS)).backward()
+            optimizer.step()
+        groups.append((params, optimizer))
+    (eager, eager_optimizer), (compiled, compiled_optimizer) = groups
+    for name, tensor in eager.items():
+        torch.testing.assert_close(compiled[name], tensor, rtol=1e-9, atol=0, msg=name)
+    assert torch.equal(compiled_optimizer.param_steps, eager_optimizer.param_steps)
