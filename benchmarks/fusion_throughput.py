@@ -28,6 +28,16 @@ that differ in every per-member key (it checks a witness per optimizer feature).
 builds and runs the group with the guard off and on, alternately; the guard's own time is
 clocked around its calls; the best of `--repeats` rounds is kept.
 
+A larger proxy: `--width --layers --block --batch` override the models' width, layers (the
+MLP's hidden layers, the GPT's blocks), the GPT's context and the batch; `--compile` picks the
+fused step's path (`FusedTrainer(compile=...)`: off, inductor, graphs). Each row then also has
+the fused and serial step times (`*_step_ms`: one step of all B members) and the fused step's
+launches per step, counted with torch.profiler over a few steps: CUDA kernels on a GPU, leaf
+ATen ops on a CPU (an inductor kernel on a CPU is no ATen op and is not counted there). The
+JSON records the commit, the device's name and torch's version.
+
+    python benchmarks/fusion_throughput.py --device cuda --models char_gpt --width 512 --layers 6 --members 1,16,64,128 --compile graphs --json gpt512_graphs.json
+
     python benchmarks/fusion_throughput.py --guard --members 16 --json benchmarks/results/fusion_guard_cpu.json
 
 `--zoo` times the models of tests/fusion_zoo.py (a small ResNet, a Transformer classifier with
@@ -194,9 +204,11 @@ def serial_steps(model: str, members: int, dtype: str, device: torch.device, cap
     return steps, len(configs) * batch[0].shape[0]
 
 
-def fused_steps(model: str, members: int, dtype: str, device: torch.device) -> tuple[list[Callable[[], None]], int]:
+def fused_steps(
+    model: str, members: int, dtype: str, device: torch.device, compile: str = "off"
+) -> tuple[list[Callable[[], None]], int]:
     workload, _ = MODELS[model]
-    trainer = FusedTrainer(workload, member_configs(model, members), device=device, dtype=dtype)
+    trainer = FusedTrainer(workload, member_configs(model, members), device=device, dtype=dtype, compile=compile)
     inputs, targets = (t.to(device) for t in next(workload.train_batches(trainer.configs[0], 0)))
     return [lambda: trainer.train_step(inputs, targets)], members * inputs.shape[0]
 
@@ -288,6 +300,39 @@ class _MemberActor:
 
 
 # -- GPU efficiency ----------------------------------------------------------------------------
+
+
+def resize_models(args: argparse.Namespace) -> None:
+    """Apply `--width --layers --block --batch` to every model's base config."""
+    for name, (workload, base) in MODELS.items():
+        if args.width:
+            base["width"] = args.width
+        if args.layers:
+            base["depth" if name.startswith("mlp") else "n_layer"] = args.layers
+        if args.block and not name.startswith("mlp"):
+            base["block_size"] = args.block
+        if args.batch:
+            base["batch_size"] = args.batch
+
+
+def launches_per_step(step: Callable[[], None], device: torch.device, steps: int = 3) -> float:
+    """Kernels (CUDA) or leaf ATen ops (CPU) one call of `step` launches, by torch.profiler."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    step()  # compiled paths compile and capture outside the count
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        synchronize(device)
+    events = prof.events()
+    if device.type == "cuda":
+        count = sum(1 for e in events if e.device_type == DeviceType.CUDA)
+    else:
+        count = sum(1 for e in events if e.name.startswith("aten::") and not any(c.name.startswith("aten::") for c in e.cpu_children))
+    return count / steps
 
 
 def flops_per_sample(model: str) -> float:
@@ -486,7 +531,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("--device cuda but torch sees no CUDA device")
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
-    dtypes = ["fp32", "bf16"] if device.type == "cuda" else ["fp32"]
+    dtypes = args.dtypes.split(",") if args.dtypes else ["fp32", "bf16"] if device.type == "cuda" else ["fp32"]
     members = QUICK_MEMBERS if args.quick else MEMBERS
     if args.members:
         members = tuple(int(b) for b in args.members.split(","))
@@ -500,16 +545,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for dtype in dtypes:
             for b in members:
                 row: dict[str, Any] = {"model": model, "device": device.type, "dtype": dtype, "B": b, "concurrent": None}
+                row["compile"] = args.compile
                 methods = {
                     "serial": serial_steps(model, b, dtype, device, args.serial_cap),
-                    "fused": fused_steps(model, b, dtype, device),
+                    "fused": fused_steps(model, b, dtype, device, args.compile),
                 }
+                row["fused_launches_per_step"] = launches_per_step(methods["fused"][0][0], device)
                 if model.startswith("mlp"):
                     methods["hand_bmm"] = hand_bmm_steps(model, b, dtype, device)
                 row.update(measure(methods, steps, warmup, device))
                 row.setdefault("hand_bmm", None)
                 del methods
                 row["ratio"] = row["fused"] / row["serial"]
+                samples = b * int(member_configs(model, 1)[0]["batch_size"])
+                row["fused_step_ms"] = 1000 * samples / row["fused"]
+                row["serial_step_ms"] = 1000 * samples / row["serial"]  # B members one step each, one after another
                 if device.type == "cuda":
                     achieved = row["fused"] * flops_per_sample(model)
                     row["fused_tflops"] = achieved / 1e12
@@ -535,6 +585,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print_row(row)
     return {
         "rows": rows,
+        "commit": git_commit(),
         "machine": {
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(),
@@ -570,7 +621,10 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-COLUMNS = ("model", "dtype", "B", "serial", "concurrent", "fused", "hand_bmm", "ratio", "fused_vs_hand_bmm", "peak_fraction")
+COLUMNS = (
+    "model", "dtype", "B", "compile", "serial", "concurrent", "fused", "hand_bmm", "ratio", "fused_vs_hand_bmm",
+    "fused_step_ms", "serial_step_ms", "fused_launches_per_step", "peak_fraction",
+)
 
 
 def print_row(row: Mapping[str, Any]) -> None:
@@ -595,11 +649,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--serial-cap", type=int, default=8, help="members timed for the serial rate")
     parser.add_argument("--concurrent-cap", type=int, help="most Ray actors for the concurrent rate (default 16; --quick 4)")
     parser.add_argument("--no-concurrent", action="store_true")
+    parser.add_argument("--width", type=int, help="every model's width")
+    parser.add_argument("--layers", type=int, help="the MLPs' hidden layers and the GPT's blocks")
+    parser.add_argument("--block", type=int, help="the GPT's context length")
+    parser.add_argument("--batch", type=int, help="samples per member per step")
+    parser.add_argument("--compile", choices=("off", "inductor", "graphs"), default="off", help="the fused step's path")
+    parser.add_argument("--dtypes", help="comma-separated fp32,bf16 (default: both on CUDA, fp32 on CPU)")
     parser.add_argument(
         "--zoo", help="time the fusion zoo instead (tests/fusion_zoo.py): 'all' or comma-separated names; CPU, fp32"
     )
     parser.add_argument("--guard", action="store_true", help="measure the differential guard's cost instead (MLP and char GPT; CPU)")
     args = parser.parse_args(argv)
+    resize_models(args)
     if args.guard:
         global REPEATS
         REPEATS = args.repeats or 5

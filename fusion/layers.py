@@ -91,8 +91,10 @@ def _member_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
     MKL picks depends on the operands' strides and on where they start relative to a 64-byte
     boundary, so the probe lays its random operands out exactly as the real ones (a state
     `[B, N, 5]` in float64 puts member 1 at byte 160, and there the two differ).
+    A compiled step (`FusedTrainer(compile=...)`) takes the batched GEMM: its kernels are
+    inductor's choice, and the probe (which reads the operands' addresses) cannot be traced.
     """
-    if a.device.type == "cpu" and a.shape[0] > 1:
+    if a.device.type == "cpu" and a.shape[0] > 1 and not torch.compiler.is_compiling():
         key = (a.dtype, _placement(a), _placement(b), None if bias is None else _placement(bias), torch.get_num_threads())
         if key not in _BATCHED_GEMM_EXACT:
             # a private generator: probing must not move the global RNG (dropout masks, user code)

@@ -169,7 +169,12 @@ class StackedModel(FusedModel):
 def _without_fast_paths() -> Iterator[None]:
     """`nn.TransformerEncoderLayer` and friends take a fused inference kernel on a 3-D input in
     eval mode without autograd, reading the (here stacked) weights directly; keep them on the
-    code path whose layers are swapped."""
+    code path whose layers are swapped. A compiled step (`FusedTrainer(compile=...)`) traces the
+    training forward, which never takes the fast path, so the switch is left alone there (it
+    cannot be traced)."""
+    if torch.compiler.is_compiling():
+        yield
+        return
     enabled = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:

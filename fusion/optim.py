@@ -28,6 +28,15 @@ Parameters are treated as `torch.optim` treats them:
   per pattern of flags, so the arithmetic has no per-parameter branch and a fixed pattern (as
   in a captured graph) always reuses one index.
 
+Nothing in a step crosses from the host to the device or back: the step counts (per member,
+and per parameter once some parameter has skipped a step) are device tensors that the step
+advances in place, and each member's scheduled learning rate and Adam's bias corrections are
+read from per-member device tables indexed by those counts. The tables hold the values torch
+computes in Python (double precision) for steps 0..capacity-1, written once and grown (doubled)
+when the host's count of steps taken reaches them, so float64 training stays bit-exact against
+unfused runs. The arithmetic of the update (`_device_update`) is a function of device tensors
+only, which `torch.compile(fullgraph=True)` takes whole (`compile_update`).
+
 Example::
 
     optimizer = FusedOptimizer(dict(fused.module.named_parameters()), [OptimHParams.from_config(c) for c in configs])
@@ -48,6 +57,12 @@ import torch
 warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
 
 from hpo.base.hparams import OptimHParams
+
+#: Steps the schedule and bias-correction tables first hold; they double when training reaches them.
+TABLE_STEPS = 512
+
+#: The device tables `_ensure_tables` builds.
+TABLES = ("_lr_table", "_bias1_table", "_bias2_table")
 
 #: Per-optimizer state matrices, named as in `torch.optim`'s own state.
 STATE_NAMES = {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq")}
@@ -91,13 +106,18 @@ class FusedOptimizer:
         self.offsets = [0]
         for size in self.sizes:
             self.offsets.append(self.offsets[-1] + -(-size // align) * align)
+        #: Each member's steps, counted on the host too (it never reads the device's count).
         self.steps = list(steps) if steps is not None else [0] * self.num_members
+        self._sync_step_counts()
         #: `[B, n]` steps each member took on each parameter (torch's per-parameter
-        #: `state["step"]`), on the host; None while that is `steps` for every parameter.
+        #: `state["step"]`), on the device; None while that is `steps` for every parameter.
         self.param_steps: torch.Tensor | None = None
         #: Which parameters received a gradient since `zero_grad` (set by autograd's hooks).
         self._received = [False] * len(self.params)
         self._skipped: dict[tuple[bool, ...], torch.Tensor] = {}
+        self._stepped: dict[tuple[bool, ...], torch.Tensor] = {}
+        self._table_steps = 0
+        self._update = self._device_update
         for i, param in enumerate(self.params):
             param.register_post_accumulate_grad_hook(self._receiver(i))
         self.lr_multipliers = self._multiplier_matrix(lr_multipliers)
@@ -108,6 +128,9 @@ class FusedOptimizer:
         }
         self._repack()
         self._refresh_hparams()
+        self._column_param = torch.cat(
+            [torch.full((self._width(i),), i, dtype=torch.long) for i in range(len(self.params))]
+        ).to(first.device)
         #: Each member's global gradient norm at the last step (before clipping).
         self.last_grad_norms: torch.Tensor | None = None
 
@@ -138,8 +161,11 @@ class FusedOptimizer:
         self._one_minus_beta2 = column([1 - hp.beta2 for hp in hps])
         self._eps = column([hp.eps for hp in hps])
         self._weight_decay = column([hp.weight_decay for hp in hps])
+        #: AdamW's decay in double precision (per element with muP's multipliers), rounded once per step.
+        self._decay64 = torch.tensor([hp.weight_decay for hp in hps], dtype=torch.float64, device=device).view(-1, 1)
         if self.weight_decay_multipliers is not None:  # muP: decay per element, rounded once
-            self._weight_decay = self._decay_matrix().to(dtype)
+            self._decay64 = self._decay64 * self.weight_decay_multipliers
+            self._weight_decay = self._decay64.to(dtype)
         self._momentum = column([hp.momentum for hp in hps])
         self._nesterov = torch.tensor([hp.nesterov for hp in hps], device=device).view(-1, 1)
         self._any_decay = any(hp.weight_decay != 0 for hp in hps)
@@ -203,60 +229,94 @@ class FusedOptimizer:
         """Each member's scheduled learning rate for its next step (before lr multipliers)."""
         return [hp.lr * hp.lr_factor(step) for hp, step in zip(self.hparams, self.steps)]
 
-    def _column(self, values: list[float]) -> torch.Tensor:
-        return self._columns(values)[0]
+    def scheduled_lrs(self, steps: int) -> list[list[float]]:
+        """Each member's scheduled learning rate at steps 0..steps-1, as `current_lrs` computes it."""
+        return [[hp.lr * hp.lr_factor(step) for step in range(steps)] for hp in self.hparams]
 
-    def _columns(self, *values: list[float]) -> list[torch.Tensor]:
-        """`[B, 1]` columns of per-member scalars, sent to the device in one transfer."""
-        table = torch.tensor(values, dtype=self.params[0].dtype).view(len(values), -1, 1)
-        return list(table.to(self.params[0].device, non_blocking=True).unbind(0))
+    def _sync_step_counts(self) -> None:
+        """Put the host's step counts on the device (after a checkpoint or a change of members)."""
+        self._step_counts = torch.tensor(self.steps, dtype=torch.long).view(-1, 1).to(self.params[0].device)
 
-    def _decay_matrix(self) -> torch.Tensor:
-        """Each member's weight decay times the per-element multipliers, in double precision."""
-        wd = torch.tensor([hp.weight_decay for hp in self.hparams], dtype=torch.float64, device=self.params[0].device)
-        return wd.view(-1, 1) * self.weight_decay_multipliers
+    def _ensure_tables(self) -> None:
+        """`[B, S]` float64 device tables, indexed by step count: each member's scheduled lr, and
+        Adam's `1 - beta1^s` and `sqrt(1 - beta2^s)` computed in Python as torch computes them (a
+        count of 0 only indexes a skipped parameter's columns, which the step puts back, so any
+        finite stand-in serves there). Rebuilt, doubled, only when the steps taken reach them."""
+        needed = max(self.steps) + 2  # the lr at step s and the bias correction at count s + 1
+        if needed <= self._table_steps:
+            return
+        capacity = max(self._table_steps, TABLE_STEPS)
+        while capacity < needed:
+            capacity *= 2
+        device = self.params[0].device
 
-    def _per_member(self, values: list[float] | torch.Tensor, transform=None) -> torch.Tensor:
-        """An lr-scaled quantity per member (`[B, 1]`), or per element (`[B, P]`) with lr multipliers
-        or per-parameter values (`values` given as a `[B, P]` float64 matrix).
+        def table(rows: list[list[float]]) -> torch.Tensor:
+            return torch.tensor(rows, dtype=torch.float64).to(device)
 
-        Computed in double precision and rounded once, as torch rounds its Python-float lr."""
-        device, dtype = self.params[0].device, self.params[0].dtype
-        if isinstance(values, torch.Tensor):
-            scaled = values.to(device) if self.lr_multipliers is None else values.to(device) * self.lr_multipliers
-            return (transform(scaled) if transform else scaled).to(dtype)
-        if self.lr_multipliers is None:
-            return self._column([transform(v) for v in values] if transform else values)
-        scaled = torch.tensor(values, dtype=torch.float64, device=device).view(-1, 1) * self.lr_multipliers
-        return (transform(scaled) if transform else scaled).to(dtype)
+        self._lr_table = table(self.scheduled_lrs(capacity))
+        if self.kind != "sgd":
+            self._bias1_table = table([[1 - hp.beta1**s if s else 1.0 for s in range(capacity)] for hp in self.hparams])
+            self._bias2_table = table([[math.sqrt(1 - hp.beta2**s) if s else 1.0 for s in range(capacity)] for hp in self.hparams])
+        self._table_steps = capacity
+        self._mark_static()
+
+    def compile_update(self, **options: Any) -> None:
+        """Run the update's arithmetic as one `torch.compile(fullgraph=True, **options)` graph
+        (e.g. `mode="reduce-overhead"` for CUDA graphs of inductor's kernels)."""
+        self._update = torch.compile(self._device_update, fullgraph=True, **options)
+        self._mark_static()
+
+    def _mark_static(self) -> None:
+        """Tell a compiled update (CUDA graphs above all) that the tensors it reads and updates in
+        place keep their addresses between steps, so a captured graph writes into them directly
+        (tensors made later, tables grown or per-parameter counts started, are marked then)."""
+        if self._update == self._device_update:
+            return
+        persistent = [*self.tensors(), self._step_counts, self.param_steps, *(getattr(self, n, None) for n in TABLES)]
+        for tensor in persistent:
+            if tensor is not None:
+                torch._dynamo.mark_static_address(tensor, guard=False)
 
     @torch.no_grad()
     def step(self) -> None:
         """One optimizer step for every member, each with its own schedule, clipping and state;
         parameters without a gradient since `zero_grad` are left as they are (see the module doc)."""
-        grads, params = self._grads_flat, self._params_flat
         for i, (param, grad) in enumerate(zip(self.params, self._grad_views)):
             if param.grad is not None and param.grad.data_ptr() != grad.data_ptr():
                 grad.copy_(param.grad)  # someone replaced .grad; take it into the matrix
                 self._received[i] = True
         received = tuple(self._received)
-        if not any(received):
-            self.steps = [s + 1 for s in self.steps]  # the schedule moves on, as LambdaLR's does
+        if not any(received):  # the schedule moves on, as LambdaLR's does; no parameter stepped
+            self._keep_param_steps()
+            self._step_counts += 1
+            self.steps = [s + 1 for s in self.steps]
             return
+        self._ensure_tables()
         if self._any_clip:
             self._clip_gradients(received)
-        lrs = self.current_lrs()
-        bias_steps = self._count_steps(received)
-        skipped = None if all(received) else self._skipped_columns(received)
+        stepped = skipped = None
+        if not all(received):
+            self._keep_param_steps()
+            stepped = self._stepped_params(received)
+            skipped = self._skipped_columns(received)
+        self._update(stepped, skipped)
+        self.steps = [s + 1 for s in self.steps]
+
+    def _device_update(self, stepped: torch.Tensor | None, skipped: torch.Tensor | None) -> None:
+        """The step's arithmetic, on device tensors only: advance the step counts, read the
+        schedule and bias corrections at them, update, and put the skipped columns back."""
+        params, grads = self._params_flat, self._grads_flat
         kept = None if skipped is None else [t.index_select(1, skipped) for t in (params, *self.state.values())]
+        lr = self._lr_table.gather(1, self._step_counts)
+        self._step_counts += 1
+        counts = self._count_steps(stepped)
         if self.kind == "sgd":
-            self._sgd(params, grads, lrs)
+            self._sgd(params, grads, lr)
         else:
-            self._adam(params, grads, lrs, bias_steps)
+            self._adam(params, grads, lr, counts)
         if kept is not None:
             for matrix, columns in zip((params, *self.state.values()), kept):
                 matrix.index_copy_(1, skipped, columns)
-        self.steps = [s + 1 for s in self.steps]
 
     def _clip_gradients(self, received: tuple[bool, ...]) -> None:
         """torch.nn.utils.clip_grad_norm_ per member over the parameters that have a gradient:
@@ -269,23 +329,35 @@ class FusedOptimizer:
         coef = torch.clamp((self.last_grad_norms + 1e-6).reciprocal() * self._clip, max=1.0)
         self._grads_flat.mul_(torch.where(self._clipping, coef, 1.0))
 
-    def _count_steps(self, received: tuple[bool, ...]) -> list[int] | torch.Tensor:
-        """Advance the per-parameter step counts; return the steps Adam's bias correction uses:
-        one per member (`[B]`) while every parameter has taken every step, else `[B, n]`."""
-        if self.param_steps is None and all(received):
-            return [s + 1 for s in self.steps]
-        self._keep_param_steps()
-        stepped = torch.tensor(received)
-        self.param_steps[:, stepped] += 1
-        counted = self.param_steps[:, stepped]
-        if bool((counted == counted[:, :1]).all()):  # e.g. only a never-used table is behind
-            return counted[:, 0].tolist()
+    def _count_steps(self, stepped: torch.Tensor | None) -> torch.Tensor:
+        """Advance the per-parameter step counts (of the `stepped` parameters; None: all); return
+        the counts Adam's bias correction uses: the member's (`[B, 1]`) while every parameter has
+        taken every step, else each parameter's (`[B, n]`)."""
+        if self.param_steps is None:
+            return self._step_counts
+        if stepped is None:
+            self.param_steps += 1
+        else:
+            self.param_steps.index_add_(1, stepped, torch.ones_like(self.param_steps).index_select(1, stepped))
         return self.param_steps
+
+    def _at(self, table: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """A `[B, S]` table's values at `_count_steps`' counts: `[B, 1]`, or per parameter spread
+        over the parameter's columns (`[B, P]`)."""
+        values = table.gather(1, counts)
+        return values if self.param_steps is None else values.index_select(1, self._column_param)
 
     def _keep_param_steps(self) -> None:
         """Start counting steps per parameter (until now each parameter's count was its member's)."""
         if self.param_steps is None:
-            self.param_steps = torch.tensor(self.steps, dtype=torch.long).view(-1, 1).repeat(1, len(self.params))
+            self.param_steps = self._step_counts.repeat(1, len(self.params))
+            self._mark_static()
+
+    def _stepped_params(self, received: tuple[bool, ...]) -> torch.Tensor:
+        """The indices of the parameters with a gradient, on the device (cached per pattern)."""
+        if received not in self._stepped:
+            self._stepped[received] = torch.tensor([i for i, got in enumerate(received) if got]).to(self.params[0].device)
+        return self._stepped[received]
 
     def _skipped_columns(self, received: tuple[bool, ...]) -> torch.Tensor:
         """The matrix columns of the parameters without a gradient (their padding included), on the device."""
@@ -294,15 +366,18 @@ class FusedOptimizer:
             self._skipped[received] = torch.cat(columns).to(self.params[0].device)
         return self._skipped[received]
 
-    def _per_parameter(self, table: torch.Tensor) -> torch.Tensor:
-        """`[B, n]` per-parameter values spread over each parameter's columns: `[B, P]`."""
-        return torch.repeat_interleave(table, torch.tensor([self._width(i) for i in range(len(self.params))]), dim=1)
+    def _scaled(self, values: torch.Tensor) -> torch.Tensor:
+        """An lr-scaled float64 quantity (`[B, 1]` or `[B, P]`) times the lr multipliers, if any,
+        rounded once to the parameters' dtype, as torch rounds its Python-float lr."""
+        if self.lr_multipliers is not None:
+            values = values * self.lr_multipliers
+        return values.to(self.params[0].dtype)
 
     # `x.add(y, alpha=a)` is emulated as `torch.addcmul(x, y, a)` and `x.addcdiv(y, z, value=v)`
     # as `x.addcdiv(v * y, z)`: with [B]-shaped a and v these round exactly as torch's scalar forms.
     # The gradient matrix is consumed by the step, so weight decay is added to it in place.
 
-    def _sgd(self, params: torch.Tensor, grads: torch.Tensor, lrs: list[float]) -> None:
+    def _sgd(self, params: torch.Tensor, grads: torch.Tensor, lr: torch.Tensor) -> None:
         if self._any_decay:
             grads.addcmul_(params, self._weight_decay)
         buffer = self.state["momentum_buffer"]
@@ -313,56 +388,23 @@ class FusedOptimizer:
         if self._any_nesterov:
             update = torch.addcmul(grads, buffer, self._momentum, out=self._scratch[0])
             torch.where(self._nesterov, update, buffer, out=update)
-        params.addcmul_(update, self._per_member([-lr for lr in lrs]))
+        params.addcmul_(update, self._scaled(lr.neg()))
 
-    def _bias_terms(self, lrs: list[float], steps: list[int] | torch.Tensor) -> tuple[list[float] | torch.Tensor, ...]:
-        """Adam's `-lr / (1 - beta1^s)` and `sqrt(1 - beta2^s)` in double precision, as torch
-        computes them in Python: per member, or per parameter (`[B, P]` float64) when the
-        parameters' step counts differ. A count of 0 (never stepped) only appears in a skipped
-        parameter's columns, which the step puts back, so any finite stand-in serves there."""
-        if isinstance(steps, list):
-            neg_step = [-lr / (1 - hp.beta1**s) for lr, hp, s in zip(lrs, self.hparams, steps)]
-            return neg_step, [math.sqrt(1 - hp.beta2**s) for hp, s in zip(self.hparams, steps)]
-        rows = [
-            [(-lr / (1 - hp.beta1**s), math.sqrt(1 - hp.beta2**s)) if s else (0.0, 1.0) for s in member.tolist()]
-            for lr, hp, member in zip(lrs, self.hparams, steps)
-        ]
-        table = torch.tensor(rows, dtype=torch.float64)  # (B, n, 2)
-        return self._per_parameter(table[..., 0]), self._per_parameter(table[..., 1])
-
-    def _adam(self, params: torch.Tensor, grads: torch.Tensor, lrs: list[float], steps: list[int] | torch.Tensor) -> None:
-        neg_step, correction2_sqrt = self._bias_terms(lrs, steps)
-        decoupled = self.kind == "adamw" and self._any_decay
-        per_parameter = isinstance(neg_step, torch.Tensor)
-        if self.lr_multipliers is None and self.weight_decay_multipliers is None and not per_parameter:
-            decay = [1 - lr * hp.weight_decay for lr, hp in zip(lrs, self.hparams)]
-            neg_step_t, correction2_t, decay_t = self._columns(neg_step, correction2_sqrt, decay)
-        else:
-            if per_parameter:
-                correction2_t = correction2_sqrt.to(params.device, params.dtype)
-            else:
-                (correction2_t,) = self._columns(correction2_sqrt)
-            neg_step_t = self._per_member(neg_step)
-            if decoupled:
-                if self.weight_decay_multipliers is None:
-                    wd = torch.tensor([hp.weight_decay for hp in self.hparams], dtype=torch.float64, device=params.device)
-                    wd = wd.view(-1, 1)
-                else:
-                    wd = self._decay_matrix()
-                lr = torch.tensor(lrs, dtype=torch.float64, device=params.device).view(-1, 1)
-                if self.lr_multipliers is not None:
-                    lr = lr * self.lr_multipliers
-                decay_t = (1 - lr * wd).to(params.dtype)
-        if decoupled:
-            params.mul_(decay_t)
+    def _adam(self, params: torch.Tensor, grads: torch.Tensor, lr: torch.Tensor, counts: torch.Tensor) -> None:
+        # `-lr / (1 - beta1^s)` and `sqrt(1 - beta2^s)`, in double precision as torch computes them
+        neg_step = self._scaled(lr.neg() / self._at(self._bias1_table, counts))
+        correction2 = self._at(self._bias2_table, counts).to(params.dtype)
+        if self.kind == "adamw" and self._any_decay:
+            scaled_lr = lr if self.lr_multipliers is None else lr * self.lr_multipliers
+            params.mul_((1 - scaled_lr * self._decay64).to(params.dtype))
         elif self.kind == "adam" and self._any_decay:
             grads.addcmul_(params, self._weight_decay)
         exp_avg, exp_avg_sq = self.state["exp_avg"], self.state["exp_avg_sq"]
         scaled, denom = self._scratch
         exp_avg.lerp_(grads, self._one_minus_beta1)
         exp_avg_sq.mul_(self._beta2).addcmul_(torch.mul(grads, self._one_minus_beta2, out=scaled), grads)
-        torch.sqrt(exp_avg_sq, out=denom).div_(correction2_t).add_(self._eps)
-        params.addcdiv_(torch.mul(exp_avg, neg_step_t, out=scaled), denom)
+        torch.sqrt(exp_avg_sq, out=denom).div_(correction2).add_(self._eps)
+        params.addcdiv_(torch.mul(exp_avg, neg_step, out=scaled), denom)
 
     # -- members -------------------------------------------------------------------------------
 
@@ -378,11 +420,14 @@ class FusedOptimizer:
             self.weight_decay_multipliers = self.weight_decay_multipliers[rows]
         self.hparams = [self.hparams[i] for i in index]
         self.steps = [self.steps[i] for i in index]
+        self._sync_step_counts()
         if self.param_steps is not None:
-            self.param_steps = self.param_steps[torch.as_tensor(index, dtype=torch.long)]
+            self.param_steps = self.param_steps[rows]
         self.num_members = len(index)
+        self._table_steps = 0  # the tables are rebuilt for the members kept
         self._repack()
         self._refresh_hparams()
+        self._mark_static()
 
     def member_param_steps(self, index: int) -> list[int]:
         """The steps member `index` took on each parameter (in `names` order)."""
@@ -408,13 +453,14 @@ class FusedOptimizer:
         fresh (no steps, zero moments), as in torch.optim. A parameter's step defaults to the
         member's where the state has moments but no count (SGD's momentum buffer)."""
         self.steps[index] = int(state["step"])
+        self._step_counts[index] = self.steps[index]
         steps = []
         for name in self.names:
             own = state["params"].get(name, {})
             steps.append(int(own.get("step", self.steps[index])) if own else 0)
         if self.param_steps is not None or steps != [self.steps[index]] * len(steps):
             self._keep_param_steps()
-            self.param_steps[index] = torch.tensor(steps)
+            self.param_steps[index] = torch.tensor(steps).to(self.param_steps.device)
         for state_name, matrix in self.state.items():
             for name, view in zip(self.names, self.unflat(matrix)):
                 value = state["params"].get(name, {}).get(state_name)
@@ -428,7 +474,7 @@ class FusedOptimizer:
         return {
             "kind": self.kind,
             "steps": list(self.steps),
-            "param_steps": None if self.param_steps is None else self.param_steps.clone(),
+            "param_steps": None if self.param_steps is None else self.param_steps.cpu(),
             "state": {k: v.clone() for k, v in self.state.items()},
         }
 
@@ -437,6 +483,8 @@ class FusedOptimizer:
             raise ValueError(f"optimizer state is for {state['kind']!r}, this optimizer is {self.kind!r}")
         self.steps = list(state["steps"])
         param_steps = state.get("param_steps")  # absent in checkpoints from before per-parameter counts
-        self.param_steps = None if param_steps is None else param_steps.clone()
+        self._sync_step_counts()
+        self.param_steps = None if param_steps is None else param_steps.to(self.params[0].device, copy=True)
         for name, matrix in state["state"].items():
             self.state[name].copy_(matrix)
+        self._mark_static()

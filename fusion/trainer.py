@@ -48,6 +48,24 @@ FUSED_CHECKPOINT_FILE = "fused_state.pt"
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
+#: How a group's step runs (`FusedTrainer(compile=...)`, `fusion: {compile: ...}`).
+COMPILE_MODES = ("auto", "off", "graphs", "inductor")
+
+
+def compile_mode(requested: str, device: torch.device) -> str:
+    """The step's path on `device`: "off" (eager), "graphs" (CUDA graphs) or "inductor".
+
+    "auto" is eager on a CPU (the eager step there is already compute-bound) and on CUDA takes
+    the captured step; "graphs" needs CUDA, so it is refused elsewhere rather than quietly eager.
+    """
+    if requested not in COMPILE_MODES:
+        raise ValueError(f"compile is {requested!r}; expected one of {', '.join(COMPILE_MODES)}")
+    if requested == "graphs" and device.type != "cuda":
+        raise ValueError(f"compile 'graphs' captures CUDA graphs and needs a CUDA device, not {device.type!r}")
+    if requested == "auto":
+        return "graphs" if device.type == "cuda" else "off"
+    return requested
+
 
 class FusedTrainer:
     """B configurations of `workload` trained as one fused model with one fused optimizer.
@@ -57,6 +75,9 @@ class FusedTrainer:
     `verify` (default on) trains a float64 copy of the group beside each member's own model for
     a few steps before anything trains, and refuses a group that differs
     (`fusion.verification`); off, a model that fuses wrongly trains on unnoticed.
+    `compile` picks the step's path (`compile_mode`): eager ("off"), `torch.compile` with
+    inductor of the forward and loss (backward through AOTAutograd) and of the optimizer's update
+    ("inductor"), or the same captured into CUDA graphs (`mode="reduce-overhead"`, "graphs").
     """
 
     def __init__(
@@ -70,6 +91,7 @@ class FusedTrainer:
         strategy: str = "auto",
         fusible_keys: frozenset[str] = FUSIBLE_KEYS,
         verify: bool = True,
+        compile: str = "auto",
     ):
         if not configs:
             raise ValueError("a fused group needs at least one config")
@@ -83,6 +105,8 @@ class FusedTrainer:
             raise ValueError(f"member_ids must be {len(self.configs)} distinct ids, got {self.member_ids}")
         self.hparams = [OptimHParams.from_config(c) for c in self.configs]
         self.device = torch.device(device)
+        self.compile = compile
+        self.compile_path = compile_mode(compile, self.device)
         self.dtype = dtype
         self.strategy = strategy
         self.fusible_keys = fusible_keys
@@ -118,6 +142,11 @@ class FusedTrainer:
         self.iteration = 0
         self.step = 0
         self._template: torch.nn.Module | None = None
+        self._forward_loss = self.forward_loss
+        if self.compile_path != "off":
+            mode = "reduce-overhead" if self.compile_path == "graphs" else None
+            self._forward_loss = torch.compile(self.forward_loss, fullgraph=True, mode=mode)
+            self.optimizer.compile_update(mode=mode)
 
     @property
     def num_members(self) -> int:
@@ -159,16 +188,27 @@ class FusedTrainer:
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step of every member on a shared batch; returns the `[B]` losses (detached)."""
         inputs, targets = inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
-        losses = self.train_step_on(self.model, self.optimizer, inputs, targets, self._autocast)
+        losses = self.train_step_on(self.model, self.optimizer, inputs, targets, self._autocast, self._forward_loss)
         self.step += 1
         return losses
 
+    def forward_loss(self, model: FusedModel, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The members' `[B]` losses on a shared batch: the part of the step that `compile` compiles."""
+        return self.member_losses(model(inputs), targets)
+
     def train_step_on(
-        self, model: FusedModel, optimizer: FusedOptimizer, inputs: torch.Tensor, targets: torch.Tensor, autocast=nullcontext
+        self,
+        model: FusedModel,
+        optimizer: FusedOptimizer,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        autocast=nullcontext,
+        forward_loss=None,
     ) -> torch.Tensor:
-        """The fused step on a given model and optimizer (the group's, or the check's float64 copy)."""
+        """The fused step on a given model and optimizer (the group's, or the check's float64 copy,
+        which always runs eagerly)."""
         with autocast():
-            losses = self.member_losses(model(inputs), targets)
+            losses = (forward_loss or self.forward_loss)(model, inputs, targets)
         optimizer.zero_grad()
         # The sum of the members' mean losses: d(sum)/d(member b's weights) is member b's own gradient.
         losses.sum().backward()
@@ -259,6 +299,7 @@ class FusedTrainer:
             strategy=self.strategy,
             fusible_keys=self.fusible_keys,
             verify=self.verify,
+            compile=self.compile,
         )
         self.__dict__.update(rebuilt.__dict__)
 

@@ -47,6 +47,7 @@ def fused_group_trainable(
     checkpoint_every: int,
     checkpoint_at_end: bool,
     verify: bool = True,
+    compile: str = "auto",
 ) -> type[tune.Trainable]:
     """The Tune trainable class of a fused sweep's groups."""
     members_dir = experiment / MEMBERS_DIR
@@ -57,7 +58,8 @@ def fused_group_trainable(
             torch.set_num_threads(threads)
             configs = config["members"]
             self.trainer: FusedTrainer | None = FusedTrainer(
-                workload, configs, member_ids=member_ids(self.trial_id, len(configs)), device=device, dtype=dtype, verify=verify
+                workload, configs, member_ids=member_ids(self.trial_id, len(configs)), device=device, dtype=dtype, verify=verify,
+                compile=compile,
             )
             self.saved_at = -1  # the iteration whose member checkpoints are on disk
 
@@ -133,7 +135,7 @@ def fused_group_trainable(
             configs = dict(zip(self.trainer.member_ids, self.trainer.configs))
             self.trainer = FusedTrainer.from_member_checkpoints(
                 workload, [configs[m] for m in alive], list(alive.values()), member_ids=list(alive), device=device, dtype=dtype,
-                verify=verify,
+                verify=verify, compile=compile,
             )
             self.saved_at = self.trainer.iteration
             self._drop_stopped()

@@ -109,6 +109,7 @@ def fused_sweep(
     slots: int,
     seed: int | None = None,
     verify: bool = True,
+    compile: str = "auto",
 ) -> FusedSweep:
     """Group trials of up to `members_per_group` configurations; the user's searcher (or the
     grid/random expansion of `param_space`) and scheduler act on each member.
@@ -156,6 +157,7 @@ def fused_sweep(
         workload, experiment, metric, mode, max_iterations,
         threads=max(1, int(resources.get("cpu", 1))), device="cuda" if gpus > 0 else "cpu", dtype=dtype,
         checkpoint_every=checkpoint.every, checkpoint_at_end=checkpoint.at_end, verify=verify,
+        compile=compile,
     )
     return FusedSweep(
         book=book,
@@ -338,7 +340,7 @@ class FusedEngine:
         self._sweep = fused_sweep(
             experiment, self.workload, members, self.resources, self.user_space, self.user_tune_config,
             self.max_iterations, self.checkpoint, self.fusion.dtype, self.slots(), self.search_seed,
-            verify=self.fusion.verify,
+            verify=self.fusion.verify, compile=self.fusion.compile,
         )
         return []
 

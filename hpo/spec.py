@@ -209,6 +209,9 @@ class FusionConfig(_Strict):
     #: Check each group before it trains: a float64 copy takes a few steps beside its members'
     #: own models and must agree (`fusion.verification`); false trains unchecked.
     verify: bool = True
+    #: How a group's step runs (`fusion.trainer.compile_mode`): eager ("off"), compiled by
+    #: inductor, or captured into CUDA graphs ("graphs", needs a GPU); "auto" is eager on CPU.
+    compile: Literal["auto", "off", "graphs", "inductor"] = "auto"
 
     @model_validator(mode="after")
     def _bubbles_need_a_group_size(self) -> "FusionConfig":
@@ -217,6 +220,8 @@ class FusionConfig(_Strict):
                 "placement 'bubbles' needs an explicit max_members (e.g. 8): 'auto' measures the free memory "
                 "of a device the sweep holds, and a bubble guest runs on a pipeline job's GPU instead"
             )
+        if self.placement == "bubbles" and self.compile in ("graphs", "inductor"):
+            raise ValueError(f"compile {self.compile!r} is for placement 'device'; bubble guests run their steps eagerly")
         return self
 
     @field_validator("max_members")
@@ -289,6 +294,10 @@ class SweepSpec(_Strict):
             raise _KeyedError(
                 "early_terminate.max_iter",
                 f"max_iter ({self.early_terminate.max_iter}) exceeds max_iterations ({self.max_iterations})",
+            )
+        if self.fusion and self.fusion.compile == "graphs" and self.resources.gpu <= 0:
+            raise _KeyedError(
+                "fusion.compile", "compile 'graphs' captures CUDA graphs and needs a GPU; set resources.gpu or use 'inductor'"
             )
         return self
 

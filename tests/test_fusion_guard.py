@@ -58,14 +58,14 @@ def steps_taken(monkeypatch) -> list[int]:
 
 
 def test_a_group_that_swaps_two_members_learning_rates_is_refused_before_it_trains(monkeypatch, steps_taken):
-    current_lrs = fusion.optim.FusedOptimizer.current_lrs
+    scheduled_lrs = fusion.optim.FusedOptimizer.scheduled_lrs
 
-    def swapped(self):
-        lrs = current_lrs(self)
+    def swapped(self, steps):
+        lrs = scheduled_lrs(self, steps)
         lrs[0], lrs[1] = lrs[1], lrs[0]
         return lrs
 
-    monkeypatch.setattr(fusion.optim.FusedOptimizer, "current_lrs", swapped)
+    monkeypatch.setattr(fusion.optim.FusedOptimizer, "scheduled_lrs", swapped)
     with pytest.raises(FusionError, match=r"member [01]'s parameter 'head\.weight' differs .* it is not trained"):
         FusedTrainer(probing_workload(), CONFIGS)
     assert not steps_taken

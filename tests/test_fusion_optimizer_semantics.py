@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fusion import FusedOptimizer
 from hpo.base.hparams import OptimHParams, build_torch_optimizer
@@ -196,3 +197,36 @@ def test_a_member_checkpoint_holds_no_state_for_frozen_or_unused_parameters_and_
     alone.train_iteration()
     for name, tensor in alone.model.state_dict().items():
         assert torch.equal(fused.model.member_state_dict(1)[name], tensor), f"{name} after resuming unfused"
+
+
+class OpsRecorder(TorchDispatchMode):
+    """The ATen ops run while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_a_step_neither_reads_the_device_nor_sends_it_host_values(optimizer):
+    # Once a pattern of used parameters has been seen, a step's every input is on the device:
+    # no `.item()` / `float()` / `bool()` (`_local_scalar_dense`, a sync on a GPU) and no
+    # tensor made from Python values (`lift_fresh`), so the step can be captured as a graph.
+    torch.manual_seed(0)
+    models = [SometimesUsed().double() for _ in range(MEMBERS)]
+    params = stacked(models)
+    fused = FusedOptimizer(params, hparams(optimizer))
+    x = torch.randn(2, 4, dtype=torch.float64)
+    recorded = []
+    for step in range(6):
+        fused.zero_grad()
+        sum(member_output(params, i, x, step).sum() for i in range(MEMBERS)).backward()
+        with OpsRecorder() as recorder:
+            fused.step()
+        recorded.append(recorder.ops)
+    for ops in recorded[2:]:  # both patterns (aux used or not) seen
+        assert "aten._local_scalar_dense" not in ops and "aten.lift_fresh" not in ops, sorted(set(ops))
