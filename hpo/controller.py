@@ -41,29 +41,38 @@ class SweepController:
             gauge.set_default_tags(tags)
         self.sweep, self.metric, self.mode = sweep, metric, mode
         self.status: dict[str, str] = {}
+        # Counted as trials change, not by walking `status`: each of a 10,000-trial sweep's 50,000
+        # events would otherwise cost a walk over every trial, on the cores the trials run on.
+        self.running = 0
         self.best: float | None = None
         self.best_trial: str | None = None
         self._publish()
 
+    def _set_status(self, trial_id: str, status: str) -> None:
+        before = self.status.get(trial_id)
+        self.status[trial_id] = status
+        self.running += (status == "RUNNING") - (before == "RUNNING")
+
     def trial_started(self, trial_id: str) -> None:
-        self.status[trial_id] = "RUNNING"
+        self._set_status(trial_id, "RUNNING")
         self._publish()
 
     def trial_result(self, trial_id: str, value: float | None) -> None:
-        self.status.setdefault(trial_id, "RUNNING")
+        if trial_id not in self.status:
+            self._set_status(trial_id, "RUNNING")
         if value is not None and math.isfinite(value) and self._better(value):
             self.best, self.best_trial = value, trial_id
         self._publish()
 
     def trial_ended(self, trial_id: str, status: str) -> None:
-        self.status[trial_id] = status
+        self._set_status(trial_id, status)
         self._publish()
 
     def summary(self) -> dict[str, Any]:
         return {
             "sweep": self.sweep,
-            "running": sum(s == "RUNNING" for s in self.status.values()),
-            "finished": sum(s != "RUNNING" for s in self.status.values()),
+            "running": self.running,
+            "finished": len(self.status) - self.running,
             "best": self.best,
             "best_trial": self.best_trial,
         }
