@@ -269,8 +269,8 @@ def records_from_trial_dirs(experiment: Path) -> list[TrialRecord]:
 class SavedRunState:
     """Which trials Tune's newest saved run state (`experiment_state-*.json`) holds as ended: the
     trials a resumed run will not run again. The file is read again only when it changes, and the
-    folder listed at most every `LIST_EVERY_S`: Tune saves its state about once a second, while its
-    controller steps (and asks) hundreds of times a second, and listing a sweep's folder each time
+    folder listed at most every `LIST_EVERY_S`: Tune saves its state once a second at most
+    (`hpo.api.Tuner._save_period`), while its controller steps (and asks) hundreds of times a second, and listing a sweep's folder each time
     cost 0.2 s of a 64-trial sweep's driver."""
 
     LIST_EVERY_S = 0.25
@@ -307,8 +307,8 @@ def results_file_callback(experiment: Path, metric: str, mode: str, max_iteratio
     """A Tune callback that rewrites `experiment/results.csv` and `summary.json` whenever a trial
     ends, so every finished trial is on disk whatever happens to the driver afterwards.
 
-    A row says a trial ended only once Tune's saved run state says so too (Tune saves it about once
-    a second): a driver killed in between would see `--resume` run the trial again, and what
+    A row says a trial ended only once Tune's saved run state says so too (every second in a sweep of
+    up to 100 trials, see `hpo.api.Tuner._save_period`): a driver killed in between would see `--resume` run the trial again, and what
     results.csv holds as finished is final. Until then the row is written as running."""
     from ray.tune import Callback
 
@@ -444,32 +444,41 @@ class SweepResult:
     def plot(self, path: str | Path) -> None:
         """Every trial's metric against training iteration; the best trial highlighted. The axis
         is logarithmic when positive values span more than two decades, so one diverging trial
-        does not flatten the others."""
+        does not flatten the others. The other trials are one line collection and the legend has a
+        fixed corner: a line per trial, and the legend's search for the emptiest corner among all
+        of them, took 17 of a 1000-trial sweep's 20 s of plotting on the loaded 2-core box (3 s now, matplotlib's
+        import included)."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import numpy as np
+        from matplotlib.collections import LineCollection
 
         try:
             best_path = self.best_result.path
         except RuntimeError:
             best_path = None
         figure, axes = plt.subplots(figsize=(8, 5))
-        values: list[float] = []
+        values: list[np.ndarray] = []
+        others = []
         for result in self.results:
             history = result.metrics_dataframe
-            if history is None or self.metric not in history:
+            if history is None or self.metric not in history.columns:
                 continue
-            values += [v for v in history[self.metric] if isinstance(v, (int, float)) and math.isfinite(v)]
-            if result.path == best_path:
-                continue
-            axes.plot(history["training_iteration"], history[self.metric], color="0.7", linewidth=1)
+            metric = _as_floats(history[self.metric])
+            values.append(metric[np.isfinite(metric)])
+            if result.path != best_path:
+                others.append(np.column_stack([_as_floats(history["training_iteration"]), metric]))
+        axes.add_collection(LineCollection(others, colors="0.7", linewidths=1))
         if best_path is not None:
             history = self.best_result.metrics_dataframe
             axes.plot(history["training_iteration"], history[self.metric], color="tab:red", linewidth=2.5, label="best trial")
-            axes.legend()
-        if values and min(values) > 0 and max(values) / min(values) > 100:
+            axes.legend(loc="upper right")
+        finite = np.concatenate(values) if values else np.empty(0)
+        if finite.size and finite.min() > 0 and finite.max() / finite.min() > 100:
             axes.set_yscale("log")
+        axes.autoscale_view()
         axes.set_xlabel("training iteration")
         axes.set_ylabel(self.metric)
         axes.set_title(f"{Path(self.experiment_path).name}: {len(self.results)} trials")
@@ -480,6 +489,13 @@ class SweepResult:
 
     def summary_table(self, max_rows: int = 40) -> str:
         return summary_table(self.get_dataframe(), self.metric, max_rows)
+
+
+def _as_floats(column: pd.Series) -> Any:
+    """A history column as floats for plotting; what is not a number becomes NaN (a gap)."""
+    if pd.api.types.is_numeric_dtype(column):
+        return column.to_numpy(dtype=float)
+    return pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
 
 
 def summary_table(frame: pd.DataFrame, metric: str, max_rows: int = 40) -> str:
