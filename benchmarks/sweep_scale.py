@@ -84,12 +84,14 @@ class DriverProbe:
 
             def __init__(self) -> None:
                 self.ends: list[float] = []
+                self.rss_at_last_end = 0
 
             def on_trial_complete(self, iteration, trials, trial, **info):
                 self.ends.append(time.perf_counter())
+                self.rss_at_last_end = psutil.Process().memory_info().rss
 
             def on_trial_error(self, iteration, trials, trial, **info):
-                self.ends.append(time.perf_counter())
+                self.on_trial_complete(iteration, trials, trial)
 
         self.callback = _Ends()
 
@@ -132,11 +134,14 @@ class DriverProbe:
             "trials": trials,
             "trials_per_s": round(trials / seconds, 2),
             "trials_per_s_by_decile": deciles,
+            # from the last trial's end to `fit` returning: the final save, results files and plot
+            "after_last_trial_s": round(self.end - ends[-1], 2) if ends else None,
             "driver_cpu_ms_per_trial": round(1000 * self.cpu_s / trials, 1),
             "driver_write_bytes": self.write_bytes,
             "driver_wchar": self.wchar,
             "driver_peak_rss_mb": round(self.peak_rss / 1024**2, 1),
             "driver_rss_growth_kb_per_trial": round((self.rss1 - self.rss0) / 1024 / trials, 1),
+            "driver_rss_growth_until_last_end_kb_per_trial": round((self.callback.rss_at_last_end - self.rss0) / 1024 / trials, 1),
         }
 
 
