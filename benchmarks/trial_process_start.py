@@ -4,8 +4,10 @@ it start warm: in a process that already has torch imported.
 Each variant starts a fresh local Ray as `hpo run` starts it (loopback only), waits `SETTLE_S` for
 Ray's own start-up (its prestarted idle workers included), then runs `--repeats` fits of `Probe`,
 a trainable whose `setup` imports torch, as a torch trial's does. For each fit: seconds from `fit`
-to the start of `setup`, seconds `setup` spent importing torch, and whether the trial's process
-existed before `fit` (`warm_process`). The variants:
+to the start of `setup`, seconds `setup` spent importing torch (0 where the process had it), and
+whether the trial landed in one of the idle workers the raylet held when `fit` began
+(`in_idle_worker`; a process that merely started a moment before `fit`, as the raylet starts one
+when the previous trial's actor exits, is not warm). The variants:
 
 - `default`: Ray as hpo starts it;
 - `preload_torch`: `_system_config={"preload_python_modules": ["torch"]}`, so every worker Ray
@@ -57,22 +59,33 @@ def import_seconds() -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def idle_workers() -> set[int]:
+    """The pids of this driver's Ray's idle workers (`ray::IDLE`), as the raylet holds them now."""
+    import psutil
+
+    idle = set()
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if process.cmdline()[:1] == ["ray::IDLE"]:
+                idle.add(process.pid)
+        except (psutil.Error, IndexError):
+            continue
+    return idle
+
+
 def one_fit(name: str, storage: str) -> dict[str, Any]:
     from ray import tune
 
     class Probe(tune.Trainable):
         def setup(self, config: dict[str, Any]) -> None:
-            import psutil
-
             self.setup_t = time.time()
-            self.process_t = psutil.Process().create_time()
             self.torch_was_imported = "torch" in sys.modules
             import torch  # noqa: F401
 
             self.import_s = time.time() - self.setup_t
 
         def step(self) -> dict[str, Any]:
-            return {"setup_t": self.setup_t, "process_t": self.process_t, "import_s": self.import_s,
+            return {"setup_t": self.setup_t, "pid": os.getpid(), "import_s": self.import_s,
                     "torch_was_imported": self.torch_was_imported, "done": True}
 
         def save_checkpoint(self, checkpoint_dir: str) -> None:  # Tune saves a trial that ends
@@ -81,6 +94,7 @@ def one_fit(name: str, storage: str) -> dict[str, Any]:
         def load_checkpoint(self, checkpoint: Any) -> None:
             pass
 
+    idle = idle_workers()
     start = time.time()
     grid = tune.Tuner(Probe, run_config=tune.RunConfig(name=name, storage_path=storage, verbose=0)).fit()
     if grid.errors:
@@ -90,13 +104,12 @@ def one_fit(name: str, storage: str) -> dict[str, Any]:
         "fit_to_setup_s": round(metrics["setup_t"] - start, 3),
         "torch_import_in_setup_s": round(metrics["import_s"], 3),
         "torch_was_imported": metrics["torch_was_imported"],
-        "warm_process": metrics["process_t"] < start,
+        "in_idle_worker": metrics["pid"] in idle,
     }
 
 
 def plain_actor() -> dict[str, Any]:
     """The control: a plain actor's `__init__`, timed from `.remote()`."""
-    import psutil
     import ray
 
     @ray.remote(num_cpus=1)
@@ -104,14 +117,15 @@ def plain_actor() -> dict[str, Any]:
         def __init__(self) -> None:
             self.init_t = time.time()
 
-        def facts(self) -> tuple[float, float]:
-            return self.init_t, psutil.Process().create_time()
+        def facts(self) -> tuple[float, int]:
+            return self.init_t, os.getpid()
 
+    idle = idle_workers()
     start = time.time()
     actor = Plain.remote()
-    init_t, process_t = ray.get(actor.facts.remote())
+    init_t, pid = ray.get(actor.facts.remote())
     ray.kill(actor)
-    return {"remote_to_init_s": round(init_t - start, 3), "warm_process": process_t < start}
+    return {"remote_to_init_s": round(init_t - start, 3), "in_idle_worker": pid in idle}
 
 
 def run_variant(variant: str, repeats: int, storage: str) -> list[dict[str, Any]]:
@@ -165,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         key = "remote_to_init_s" if name == "plain_actor" else "fit_to_setup_s"
         medians[name] = {
             key: round(statistics.median(row[key] for row in rows), 3),
-            "in_a_warm_process": f"{sum(row['warm_process'] for row in rows)} of {len(rows)}",
+            "in_an_idle_worker": f"{sum(row['in_idle_worker'] for row in rows)} of {len(rows)}",
         }
         if name != "plain_actor":
             medians[name]["torch_import_in_setup_s"] = round(statistics.median(r["torch_import_in_setup_s"] for r in rows), 3)
