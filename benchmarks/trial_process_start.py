@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    import hpo  # noqa: F401  before ray: the local Ray listens on loopback only
+    import hpo.base.ray_runtime  # noqa: F401  before ray: the local Ray listens on loopback only
 
     load_before = os.getloadavg()
     imports = [import_seconds() for _ in range(args.repeats)]
