@@ -147,7 +147,7 @@ def test_hpo_results_rebuild_onto_a_full_disk_is_one_line_with_exit_status_2(tmp
 
 
 SWEEP_TRAINABLE = FILL + '''
-import glob, json, os, time
+import csv, glob, json, os, time
 from ray import tune
 
 
@@ -160,16 +160,28 @@ def trials_in_saved_state(run):
         return 0
 
 
+def completed_in_results(run):
+    """How many rows of `run`'s results.csv say completed (0 before the driver wrote it)."""
+    try:
+        with open(os.path.join(run, "results.csv")) as rows:
+            return sum(row["status"] == "completed" for row in csv.DictReader(rows))
+    except (OSError, KeyError):
+        return 0
+
+
 def train(config):
     """Reports its score; the configuration `fill` (the last, x = 0..fill run one after another)
-    fills the run's disk before its last report, once Tune's saved state lists every trial."""
+    fills the run's disk before its last report, once Tune's saved state lists every trial and
+    results.csv holds the others as completed (the driver writes it after the save that records
+    their end: filling the disk at the save alone raced that write, and on a slow box won it)."""
+    run = os.path.join(config["disk"], "runs", "full")
     for step in range(1, 3):
         time.sleep(0.1)
         if config["x"] == config["fill"] and step == 2:
             deadline = time.monotonic() + 120
-            while trials_in_saved_state(os.path.join(config["disk"], "runs", "full")) < config["fill"] + 1:
+            while trials_in_saved_state(run) < config["fill"] + 1 or completed_in_results(run) < config["fill"]:
                 if time.monotonic() > deadline:
-                    raise RuntimeError("Tune saved no state listing every trial within 120 s")
+                    raise RuntimeError("no saved state listing every trial, or no results.csv with the others completed, within 120 s")
                 time.sleep(0.05)
             keep_full(config["disk"])
         tune.report({"score": float(config["x"]) + 1.0 / step})
