@@ -88,6 +88,7 @@ class FusedTrainer:
         models = [build_member(workload, config) for config in self.configs]
         multipliers = [workload.lr_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         decay_multipliers = [workload.weight_decay_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
+        eps_multipliers = [workload.eps_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         example, _ = self.batches.batch(0)
         self.model: FusedModel = fuse_models(models, example, strategy).to(self.device)
         self.optimizer = FusedOptimizer(
@@ -95,6 +96,7 @@ class FusedTrainer:
             self.hparams,
             multipliers,
             weight_decay_multipliers=decay_multipliers,
+            eps_multipliers=eps_multipliers,
         )
         self.iteration = 0
         self.step = 0
