@@ -46,9 +46,10 @@ NON_TRANSFERABLE: Mapping[str, str] = {
     "eps": "mup does not width-scale Adam's eps (depth scaling does, for the residual blocks); fine only while eps is far below the gradient scale",
 }
 
-#: Architecture and run settings: carried unchanged, not hyperparameters muP speaks about.
+#: Architecture and run settings: carried unchanged, not hyperparameters muP speaks about (`width`
+#: and the depth key only where that dimension is not scaled).
 KEPT: frozenset[str] = frozenset(
-    {"n_layer", "depth", "head_dim", "n_head", "block_size", "seq_len", "seed", "data_seed", "steps_per_iteration"}
+    {"width", "n_layer", "depth", "head_dim", "n_head", "block_size", "seq_len", "seed", "data_seed", "steps_per_iteration"}
 )
 
 
