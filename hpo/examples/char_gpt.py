@@ -121,7 +121,7 @@ class CharGPT(nn.Module):
         self.emb_mult = emb_mult
         self.output_mult = output_mult
         if init_std is not None:  # GPT-2 init; under hpo.scaling it is redrawn with mup.init's width rules
-            self.apply(lambda module: _normal_init(module, init_std))
+            self.apply(lambda module: normal_init(module, init_std))
         if readout_zero_init:  # muP's recommended readout init: logits start at 0 at every width
             nn.init.zeros_(self.readout.weight)
             nn.init.zeros_(self.readout.bias)
@@ -132,7 +132,8 @@ class CharGPT(nn.Module):
         return self.output_mult * self.readout(self.ln_f(self.blocks(x)))
 
 
-def _normal_init(module: nn.Module, std: float) -> None:
+def normal_init(module: nn.Module, std: float) -> None:
+    """GPT-2's init, for `model.apply`: Linear and Embedding weights ~ N(0, std), biases zero."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, std=std)
         if getattr(module, "bias", None) is not None:

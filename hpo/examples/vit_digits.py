@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpo.examples.char_gpt import SelfAttention
+from hpo.examples.char_gpt import SelfAttention, normal_init
 from hpo.examples.mlp_digits import NUM_CLASSES, DigitsMLP
 
 IMAGE_SIDE = 8
@@ -63,11 +63,7 @@ class ViT(nn.Module):
         # --- muP: output multiplier and init scale (transferable hyperparameters) ---
         self.output_mult = output_mult
         if init_std is not None:  # under hpo.scaling it is redrawn with mup.init's width rules
-            for module in self.modules():
-                if isinstance(module, (nn.Linear, nn.Embedding)):
-                    nn.init.normal_(module.weight, std=init_std)
-                    if getattr(module, "bias", None) is not None:
-                        nn.init.zeros_(module.bias)
+            self.apply(lambda module: normal_init(module, init_std))
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:  # (N, 64) -> (N, 10)
         n = pixels.shape[0]
