@@ -1,6 +1,8 @@
 """Depth scaling: the proxy is shallower, its residual branches and hidden optimizer settings
 follow CompleteP, the target is the user's own model, and a workload must declare the contract."""
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -8,9 +10,19 @@ from torch import nn
 from examples.char_gpt import workload as char_gpt
 from examples.mlp_digits import workload as mlp_digits
 from fusion.optim import FusedOptimizer
+from hpo.base.checkpointing import CHECKPOINT_FILE
 from hpo.base.hparams import OptimHParams, build_torch_optimizer, workload_optimizer
 from hpo.examples.vit_digits import workload as vit_digits
-from hpo.scaling import MuPWorkload, ScalingConfig, ScalingError, depth_coord_check, proxy_workload, target_workload
+from hpo.scaled_sweep import build_proxy
+from hpo.scaling import (
+    MuPWorkload,
+    ScalingConfig,
+    ScalingError,
+    complete_transfer,
+    depth_coord_check,
+    proxy_workload,
+    target_workload,
+)
 
 GPT = {"width": 32, "block_size": 16, "batch_size": 4}
 
@@ -133,3 +145,23 @@ def test_the_coordinate_check_across_depth_passes_completep_and_fails_unscaled_r
     unscaled = depth_coord_check(vit_digits, [1, 2, 4, 8], config=config, seeds=1, steps=3, parametrization="sp")
     assert not unscaled.ok and {"encoder", "readout"} & set(unscaled.offending), unscaled.summary()
     assert "Activations that grow with depth" in unscaled.summary()
+
+
+def test_a_depth_only_sweep_transfers_and_trains_the_deep_target(tmp_path):
+    scaling = ScalingConfig(target_depth=4, proxy_depth=1, final_training=True, target_iterations=1)
+    best = {"lr": 3e-3, "width": 16, "depth": 1, "steps_per_iteration": 2}
+    complete_transfer(vit_digits, scaling, best, tmp_path, max_iterations=3)
+    saved = json.loads((tmp_path / "transfer.json").read_text())
+    assert saved["target_config"] == {**best, "depth": 4}
+    assert (saved["proxy_width"], saved["proxy_depth"], saved["target_depth"]) == (None, 1, 4)
+    assert set(saved["scaled"]) == {"depth"} and saved["target_run"]["iterations"] == 1
+    state = torch.load(tmp_path / "target_checkpoint" / CHECKPOINT_FILE, weights_only=True)
+    assert sum(name.endswith(".ln.weight") for name in state["model"]) == 4, "the target has 4 blocks"
+
+
+def test_the_python_api_refuses_what_validation_refuses(tmp_path):
+    scaling = ScalingConfig(target_depth=4, proxy_depth=1)
+    with pytest.raises(ScalingError, match="scaling.target_depth: workload 'mlp_digits' has no depth contract"):
+        build_proxy(mlp_digits, scaling, {"lr": 1e-3}, tmp_path)
+    with pytest.raises(ScalingError, match="depth is set by scaling.proxy_depth/depth_ratio"):
+        build_proxy(vit_digits, scaling, {"depth": 2}, tmp_path)
