@@ -388,7 +388,7 @@ def depth_main(args: argparse.Namespace, device: torch.device) -> dict:
     for key in ("steps", "base_depth", "depth_alpha"):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
-    started, commit = time.perf_counter(), _commit()
+    started, cpu_started, commit = time.perf_counter(), time.process_time(), _commit()
     runs = DepthRuns(settings, device, args.json.with_suffix(".partial.json") if args.json else None)
     drift = depth_drift(runs, settings)
     joint = joint_transfer(runs, settings)
@@ -417,6 +417,9 @@ def depth_main(args: argparse.Namespace, device: torch.device) -> dict:
         "runs": len(runs.runs),
         "run_seconds": sum(r["seconds"] for r in runs.runs.values()),
         "seconds": time.perf_counter() - started,
+        # On one torch thread the process's CPU time is about what the run takes on an idle core,
+        # whatever else the machine was doing.
+        "cpu_seconds": time.process_time() - cpu_started,
     }
     plot_path = args.plot or (args.json.with_suffix(".png") if args.json else ROOT / "results" / "mup_transfer_depth.png")
     plot_path.parent.mkdir(parents=True, exist_ok=True)
@@ -442,7 +445,7 @@ def print_depth_table(results: dict) -> None:
         "depth_drift_steps": results["depth_drift_steps"], "depth_drift_steps_unscaled": results["depth_drift_steps_unscaled"],
         "drift_steps": drift["drift_steps"], "carry_shallow_optimum": drift["carry_shallow_optimum"],
         "joint_transfer": {k: joint[k] for k in ("gap", "compute_ratio", "transferred_loss", "direct_best_loss", "proxy_best_log2_lr", "direct_best_log2_lr")},
-        "checks": results["checks"], "seconds": results["seconds"],
+        "checks": results["checks"], "seconds": results["seconds"], "cpu_seconds": results["cpu_seconds"],
     }, indent=2))  # fmt: skip
 
 
