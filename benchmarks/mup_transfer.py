@@ -35,7 +35,7 @@ target of width 256 and depth 8, and compare with direct tuning of the target on
     python benchmarks/mup_transfer.py --depth --quick --json benchmarks/results/mup_transfer_depth_cpu_quick.json
     python benchmarks/mup_transfer.py --depth --device cuda --json benchmarks/results/mup_transfer_depth_gpu.json
 
-The CPU preset takes about 45-60 minutes on one core of the 2-core box (each run on one torch
+`--resume` reuses the runs a cut-short run left in `<json>.partial.json`. The CPU preset takes about 45-60 minutes on one core of the 2-core box (each run on one torch
 thread; the target's direct sweep is 7 runs of width 256 and depth 8).
 
 Needs torch, mup, matplotlib and pydantic; not Ray: it trains in-process with the optimizer and
@@ -218,15 +218,22 @@ DEPTH_PRESETS = {
 class DepthRuns:
     """Every run of the depth benchmark, trained once: a run is its workload and its config."""
 
-    def __init__(self, settings: dict, device: torch.device, progress: Path | None):
+    def __init__(self, settings: dict, device: torch.device, progress: Path | None, resume: bool = False):
         self.settings, self.device, self.progress = settings, device, progress
         self.runs: dict[str, dict] = {}
+        if resume and progress and progress.exists():  # a run cut short: keep what it finished
+            for run in json.loads(progress.read_text()):
+                self.runs[self.key(run["workload"], run["config"])] = run
+
+    @staticmethod
+    def key(workload: str, config: dict) -> str:
+        return f"{workload} {json.dumps(config, sort_keys=True)}"
 
     def config(self, log2_lr: int, width: int, depth: int, seed: int) -> dict:
         return {**run_config({**self.settings, "n_layer": depth}, log2_lr, width, "mup"), "seed": seed, "data_seed": seed}
 
     def run(self, workload, config: dict) -> dict:
-        key = f"{workload!r} {json.dumps(config, sort_keys=True)}"
+        key = self.key(repr(workload), config)
         if key not in self.runs:
             self.runs[key] = {"workload": repr(workload), "config": config, **train(workload, config, self.settings["steps"], self.device)}
             if self.progress:  # progress survives a run cut short by a time limit
@@ -389,7 +396,7 @@ def depth_main(args: argparse.Namespace, device: torch.device) -> dict:
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
     started, cpu_started, commit = time.perf_counter(), time.process_time(), _commit()
-    runs = DepthRuns(settings, device, args.json.with_suffix(".partial.json") if args.json else None)
+    runs = DepthRuns(settings, device, args.json.with_suffix(".partial.json") if args.json else None, args.resume)
     drift = depth_drift(runs, settings)
     joint = joint_transfer(runs, settings)
     scaled, unscaled = drift["drift_steps"]["scaled"]["worst over seeds"], drift["drift_steps"]["unscaled"]["worst over seeds"]
@@ -403,7 +410,8 @@ def depth_main(args: argparse.Namespace, device: torch.device) -> dict:
         "joint_transfer": joint,
         "checks": {
             "scaled_drift_at_most_one_step": scaled is not None and scaled <= 1,
-            "unscaled_drift_larger": unscaled is not None and scaled is not None and unscaled > scaled,
+            "unscaled_optimum_moves": unscaled is not None and unscaled >= 1,
+            "carrying_the_shallow_optimum_costs_less_with_scaling": _carry_cost(drift, "scaled") < _carry_cost(drift, "unscaled"),
             "joint_within_1pct": joint["gap"] <= 0.01,
             "joint_compute_at_most_10pct": joint["compute_ratio"] <= 0.10,
         },
@@ -449,6 +457,12 @@ def print_depth_table(results: dict) -> None:
     }, indent=2))  # fmt: skip
 
 
+def _carry_cost(drift: dict, kind: str) -> float:
+    """What the deepest model loses at the shallow model's best lr, against its own best."""
+    carry = drift["carry_shallow_optimum"][kind]
+    return math.inf if carry["loss_at_carried_lr"] is None else carry["loss_at_carried_lr"] - carry["best_loss"]
+
+
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:+.3f}"
 
@@ -479,6 +493,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", type=int, nargs="+", help="--depth: override the preset's seeds")
     parser.add_argument("--base-depth", type=int, help="--depth: override the depth where depth scaling is the identity")
     parser.add_argument("--depth-alpha", type=float, help="--depth: 1 CompleteP (default), 0.5 Depth-muP")
+    parser.add_argument("--resume", action="store_true", help="--depth: reuse the runs <json>.partial.json already holds")
     args = parser.parse_args(argv)
 
     settings = dict(PRESETS["quick" if args.quick else "full"])
