@@ -25,12 +25,15 @@ run the transfer needs is reported separately as compute_ratio_with_target_run).
 `--depth` asks the same of depth at a fixed width (char-GPT at width 64, muP base 256): the best
 log2(lr) at depths 1, 2, 4, 8 and 16 on two seeds, without depth scaling (the residual branches
 added as they are) and with it (hpo.scaling's CompleteP: branches x (L/L_base)^-alpha, hidden
-Adam lr x (L/L_base)^(alpha-1), hidden eps x (L/L_base)^-alpha, L_base = 8); the drift of the
+Adam lr x (L/L_base)^(alpha-1), hidden eps x (L/L_base)^-alpha, L_base = 2); the drift of the
 optimum in grid steps, worst over the seeds, is `depth_drift_steps` (scaled) and
 `depth_drift_steps_unscaled`. Then the joint transfer: tune a proxy of width 64 and depth 2 (muP
-and CompleteP relative to the target), carry its best lr with `hpo.scaling.transfer_config` to the
-target of width 256 and depth 8, and compare with direct tuning of the target on the same grid:
-`joint_transfer: {gap, compute_ratio}` (training FLOPs of the proxy sweep over the direct one).
+relative to the target's width, CompleteP relative to the proxy's depth: what `hpo.scaling` builds
+for `scaling: {target_width: 256, ratio: 4, target_depth: 8, proxy_depth: 2}`), carry its best lr
+with `hpo.scaling.transfer_config` to the target of width 256 and depth 8, and compare with direct
+tuning of the target on the same grid: `joint_transfer: {gap, compute_ratio}` (training FLOPs of
+the proxy sweep over the direct one). The same target without depth scaling is tuned as well
+(`joint_transfer.target_without_depth_scaling`).
 
     python benchmarks/mup_transfer.py --depth --quick --json benchmarks/results/mup_transfer_depth_cpu_quick.json
     python benchmarks/mup_transfer.py --depth --device cuda --json benchmarks/results/mup_transfer_depth_gpu.json
@@ -202,13 +205,13 @@ def plot(results: dict, path: Path) -> None:
 DEPTH_PRESETS = {
     # 2-core CPU, one torch thread: about 45-60 minutes (see the docstring).
     "quick": dict(
-        width=64, base_width=256, depths=[1, 2, 4, 8, 16], base_depth=8, depth_alpha=1.0, seeds=[0, 1],
+        width=64, base_width=256, depths=[1, 2, 4, 8, 16], base_depth=2, depth_alpha=1.0, seeds=[0, 1],
         log2_lrs=list(range(-11, -4)), steps=150, batch_size=32, block_size=32, readout_zero_init=False,
         joint=dict(proxy_width=64, proxy_depth=2, target_width=256, target_depth=8),
     ),
     # One GPU. Not yet measured: sized like the width preset's runs, a little over 10 minutes is expected on an H100.
     "full": dict(
-        width=128, base_width=1024, depths=[2, 4, 8, 16, 32], base_depth=16, depth_alpha=1.0, seeds=[0, 1],
+        width=128, base_width=1024, depths=[2, 4, 8, 16, 32], base_depth=4, depth_alpha=1.0, seeds=[0, 1],
         log2_lrs=list(range(-14, -4)), steps=500, batch_size=64, block_size=64, readout_zero_init=True,
         joint=dict(proxy_width=128, proxy_depth=4, target_width=1024, target_depth=16),
     ),
@@ -309,24 +312,33 @@ def depth_drift(runs: DepthRuns, settings: dict) -> dict:
 
 
 def joint_transfer(runs: DepthRuns, settings: dict) -> dict:
-    """Tune the proxy (narrow and shallow), transfer with hpo.scaling, compare with tuning the target."""
+    """Tune the proxy (narrow and shallow), transfer with hpo.scaling, compare with tuning the target.
+
+    The proxy and the target are the ones `hpo.scaling` builds for this `scaling:` block (base
+    width the target's, base depth the proxy's). The target without depth scaling (its residual
+    branches unmultiplied) is tuned too, to show what depth scaling changes.
+    """
     joint, lrs, seed = settings["joint"], settings["log2_lrs"], settings["seeds"][0]
     scaling = ScalingConfig(
         target_width=joint["target_width"], proxy_width=joint["proxy_width"],
         target_depth=joint["target_depth"], proxy_depth=joint["proxy_depth"], depth_alpha=settings["depth_alpha"],
     )  # fmt: skip
-    proxy = MuPWorkload(
-        char_gpt, scaling.proxy, base_width=scaling.base,
-        depth=scaling.depth_proxy, base_depth=scaling.depth_base, depth_alpha=scaling.depth_alpha,
-    )  # fmt: skip
-    target = MuPWorkload(char_gpt, scaling.target_width, base_width=scaling.base)  # at its own base depth: the plain target
+    if scaling.depth_base != settings["base_depth"]:
+        raise ValueError(f"the drift table's base depth {settings['base_depth']} must be the joint proxy's, {scaling.depth_base}")
+    proxy = depth_workload(settings, scaling.proxy, scaling.base, scaling.depth_proxy, scaled=True)
+    target = depth_workload(settings, scaling.target_width, scaling.base, scaling.target_depth, scaled=True)
+    unscaled = depth_workload(settings, scaling.target_width, scaling.base, scaling.target_depth, scaled=False)
     proxy_sweep = runs.sweep(proxy, scaling.proxy, scaling.depth_proxy, seed)
     direct_sweep = runs.sweep(target, scaling.target_width, scaling.target_depth, seed)
+    unscaled_sweep = runs.sweep(unscaled, scaling.target_width, scaling.target_depth, seed)
     proxy_losses, direct_losses = [r["val_loss"] for r in proxy_sweep], [r["val_loss"] for r in direct_sweep]
+    unscaled_losses = [r["val_loss"] for r in unscaled_sweep]
     proxy_best = lrs[best_index(proxy_losses)]
     transfer = transfer_config(runs.config(proxy_best, scaling.proxy, scaling.depth_proxy, seed), scaling, depth_key=char_gpt.depth_key)
     transferred = runs.run(target, transfer.target_config)  # the direct sweep's run at that lr: same workload and config
     direct_best = min(v for v in direct_losses if math.isfinite(v))
+    unscaled_best = min(v for v in unscaled_losses if math.isfinite(v))
+    unscaled_transferred = unscaled_losses[lrs.index(proxy_best)]
     proxy_flops, direct_flops = sum(r["flops"] for r in proxy_sweep), sum(r["flops"] for r in direct_sweep)
     return {
         "gap": transferred["val_loss"] / direct_best - 1.0,
@@ -339,6 +351,13 @@ def joint_transfer(runs: DepthRuns, settings: dict) -> dict:
         "direct_best_log2_lr": lrs[best_index(direct_losses)],
         "proxy": {"width": scaling.proxy, "depth": scaling.depth_proxy, "losses": proxy_losses},
         "target": {"width": scaling.target_width, "depth": scaling.target_depth, "losses": direct_losses},
+        "target_without_depth_scaling": {
+            "losses": unscaled_losses,
+            "best_loss": unscaled_best,
+            "best_log2_lr": lrs[best_index(unscaled_losses)],
+            "loss_at_proxy_best_lr": unscaled_transferred,
+            "gap": unscaled_transferred / unscaled_best - 1.0,
+        },
         "seed": seed,
         "target_config": transfer.target_config,
         "scaled": transfer.scaled,
@@ -374,6 +393,7 @@ def plot_depth(results: dict, path: Path) -> None:
     for part, style in (("proxy", "-o"), ("target", "-s")):
         ax = axes[2]
         ax.plot(lrs, joint[part]["losses"], style, ms=3, label=f"{part}: width {joint[part]['width']}, depth {joint[part]['depth']}")
+    axes[2].plot(lrs, joint["target_without_depth_scaling"]["losses"], "--", color="gray", label="target without depth scaling")
     i = lrs.index(joint["proxy_best_log2_lr"])
     axes[2].plot([lrs[i]], [joint["transferred_loss"]], "*", ms=14, color="tab:red", markeredgecolor="black", label="transferred")
     axes[2].set_title(f"joint transfer: gap {100 * joint['gap']:.2f}% at {100 * joint['compute_ratio']:.1f}% of the compute")
@@ -453,6 +473,7 @@ def print_depth_table(results: dict) -> None:
         "depth_drift_steps": results["depth_drift_steps"], "depth_drift_steps_unscaled": results["depth_drift_steps_unscaled"],
         "drift_steps": drift["drift_steps"], "carry_shallow_optimum": drift["carry_shallow_optimum"],
         "joint_transfer": {k: joint[k] for k in ("gap", "compute_ratio", "transferred_loss", "direct_best_loss", "proxy_best_log2_lr", "direct_best_log2_lr")},
+        "target_without_depth_scaling": {k: v for k, v in joint["target_without_depth_scaling"].items() if k != "losses"},
         "checks": results["checks"], "seconds": results["seconds"], "cpu_seconds": results["cpu_seconds"],
     }, indent=2))  # fmt: skip
 

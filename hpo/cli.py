@@ -396,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="model widths to compare (default: 32 64 128 256, unless only --depths is given)")
     check.add_argument("--depths", type=int, nargs="+", default=None,
                        help="also check across depth (CompleteP), e.g. 2 4 8 16; needs the workload's depth contract")
-    check.add_argument("--base-depth", type=int, default=None, help="with --depths: depth where scaling is the identity (default: the deepest)")
+    check.add_argument("--base-depth", type=int, default=None, help="with --depths: depth where scaling is the identity (default: the shallowest)")
     check.add_argument("--depth-alpha", type=float, default=1.0, help="with --depths: 1 CompleteP (default), 0.5 Depth-muP")
     check.add_argument("--set", action="append", default=[], type=_key_value, metavar="KEY=VALUE", help="fixed config values")
     check.add_argument("--tolerance", type=float, default=None, help="largest allowed slope of log activation size")

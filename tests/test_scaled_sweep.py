@@ -87,7 +87,7 @@ def test_the_width_and_depth_config_runs_end_to_end_and_the_eager_target_has_bot
     proxy, target = transfer["proxy_config"], transfer["target_config"]
     assert (proxy["width"], proxy["n_layer"], target["width"], target["n_layer"]) == (64, 2, 256, 8)
     assert set(transfer["scaled"]) == {"width", "depth"}
-    assert transfer["scaled"]["depth"]["proxy_factors"]["residual_mult"] == 4.0, "proxy branches x (2/8)^-1"
+    assert transfer["scaled"]["depth"]["target_factors"]["residual_mult"] == 0.25, "target branches x (8/2)^-1"
     assert re.search(r"^target \(eager\): val_loss = [\d.]+ after 2 iterations$", out, re.M), out
     state = torch.load(run / "target_checkpoint" / CHECKPOINT_FILE, weights_only=True)
     assert sum(name.endswith("ln_1.weight") for name in state["model"]) == 8, "the eager target has the target's 8 blocks"

@@ -43,18 +43,19 @@ def test_unknown_keys_are_refused():
         ScalingConfig(target_width=1024, proxy_widht=128)
 
 
-def test_depth_ratio_gives_the_proxy_depth_and_the_base_depth_defaults_to_the_target():
+def test_depth_ratio_gives_the_proxy_depth_and_the_base_depth_defaults_to_the_proxys():
     scaling = ScalingConfig(target_width=256, ratio=4, target_depth=16, depth_ratio=4)
-    assert (scaling.depth_proxy, scaling.depth_base, scaling.depth_alpha) == (4, 16, 1.0)
+    assert (scaling.depth_proxy, scaling.depth_base, scaling.depth_alpha) == (4, 4, 1.0)
+    assert (scaling.base, ScalingConfig(target_depth=16, depth_ratio=4, base_depth=16).depth_base) == (256, 16)
     assert scaling.describe() == (
-        "proxy width 64 -> target width 256; proxy depth 4 -> target depth 16 (CompleteP, alpha 1, base depth 16)"
+        "proxy width 64 -> target width 256; proxy depth 4 -> target depth 16 (CompleteP, alpha 1, base depth 4)"
     )
 
 
 def test_a_depth_only_proxy_scales_no_width():
     scaling = ScalingConfig(target_depth=8, proxy_depth=2, depth_alpha=0.5)
     assert (scaling.scales_width, scaling.proxy, scaling.base) == (False, None, None)
-    assert scaling.describe() == "proxy depth 2 -> target depth 8 (Depth-muP, alpha 0.5, base depth 8)"
+    assert scaling.describe() == "proxy depth 2 -> target depth 8 (Depth-muP, alpha 0.5, base depth 2)"
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ def trained(workload, config, steps=3):
 
 
 def test_the_proxy_has_the_proxy_depth_and_each_branch_carries_completeps_multiplier():
-    scaling = ScalingConfig(target_width=64, ratio=2, target_depth=8, proxy_depth=2)
+    scaling = ScalingConfig(target_width=64, ratio=2, target_depth=8, proxy_depth=2, base_depth=8)
     proxy = proxy_workload(char_gpt, scaling, config={**GPT, "attn_scale": "inv_d"})
     model = proxy.build_model(proxy.resolve({**GPT, "residual_mult": 0.5}))
     assert len(model.blocks) == 2
@@ -76,21 +76,25 @@ def test_at_its_base_depth_a_depth_scaled_model_trains_bit_for_bit_as_the_unscal
         assert torch.equal(a, b), name
 
 
-def test_the_target_at_the_default_bases_is_the_users_own_model():
-    target = target_workload(vit_digits, ScalingConfig(target_width=32, ratio=2, target_depth=4, depth_ratio=2))
+def test_by_default_the_proxys_blocks_are_the_users_own_and_the_targets_branches_shrink():
+    scaling = ScalingConfig(target_width=32, ratio=2, target_depth=4, depth_ratio=2)
+    proxy, target = proxy_workload(vit_digits, scaling), target_workload(vit_digits, scaling)
+    proxy_model = proxy.build_model(proxy.resolve({}))
+    assert {block.residual_mult for block in proxy_model.encoder} == {1.0}
+    assert set(proxy.eps_multipliers(proxy_model, "adamw").values()) == {1.0}
     config = target.resolve({})
     assert (config["width"], config["depth"]) == (32, 4)
     model = target.build_model(config)
-    assert {block.residual_mult for block in model.encoder} == {1.0}
-    assert set(target.lr_multipliers(model, "adamw").values()) == {1.0}
-    assert set(target.eps_multipliers(model, "adamw").values()) == {1.0}
+    assert {block.residual_mult for block in model.encoder} == {0.5}, "x (4/2)^-1"
+    assert set(target.lr_multipliers(model, "adamw").values()) == {1.0}, "width at its base; CompleteP keeps Adam's lr"
+    assert set(target.eps_multipliers(model, "adamw").values()) == {0.5}
 
 
 def test_a_depth_only_proxy_keeps_the_users_width_and_its_plain_readout():
     proxy = proxy_workload(vit_digits, ScalingConfig(target_depth=8, proxy_depth=2))
     model = proxy.build_model(proxy.resolve({"width": 32}))
     assert model.readout.weight.shape == (10, 32) and type(model.readout) is nn.Linear
-    assert len(model.encoder) == 2 and model.encoder[0].residual_mult == 4.0
+    assert len(model.encoder) == 2 and model.encoder[0].residual_mult == 1.0, "at the default base depth, its own"
 
 
 def test_a_workload_without_the_depth_contract_is_refused_naming_the_fix():

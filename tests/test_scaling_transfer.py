@@ -88,11 +88,13 @@ def test_depth_transfer_sets_the_targets_depth_and_says_how_each_dimension_scale
     assert result.proxy_config == {"lr": 0.01, "residual_mult": 0.5, "n_layer": 2, "width": 64}
     assert result.target_config == {"lr": 0.01, "residual_mult": 0.5, "n_layer": 8, "width": 256}
     assert result.transferred == ["lr", "residual_mult"], "the user's branch multiplier transfers; hpo scales it"
-    assert (result.proxy_depth, result.target_depth, result.base_depth) == (2, 8, 8)
+    assert (result.proxy_depth, result.target_depth, result.base_depth) == (2, 8, 2)
     depth = result.scaled["depth"]
     assert (depth["key"], depth["alpha"], depth["parametrization"]) == ("n_layer", 1.0, "CompleteP (Dey et al. 2025)")
-    assert depth["proxy_factors"]["residual_mult"] == 4.0 and depth["proxy_factors"]["hidden_adam_eps_factor"] == 4.0
-    assert depth["target_factors"] == {**depth["target_factors"], "residual_mult": 1.0, "hidden_adam_lr_factor": 1.0}
+    assert depth["proxy_factors"] == {**depth["proxy_factors"], "residual_mult": 1.0, "hidden_adam_eps_factor": 1.0}
+    assert depth["target_factors"] == {
+        **depth["target_factors"], "residual_mult": 0.25, "hidden_adam_lr_factor": 1.0, "hidden_adam_eps_factor": 0.25,
+    }
     assert result.scaled["width"]["proxy_width_mult"] == 0.25
 
 

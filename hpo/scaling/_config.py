@@ -15,8 +15,16 @@ class ScalingConfig(BaseModel):
     `proxy_depth` and `depth_ratio` sets its number of residual blocks; `depth_alpha` is the
     exponent of the residual-branch multiplier (L / base_depth)**-depth_alpha: 0.5 is Depth-muP
     (Tensor Programs VI), 1 is CompleteP (Dey et al. 2025). Either dimension may be left out: a
-    depth-only proxy keeps the model's width. The base shapes default to the target's, so the
-    target trains as the user's own model and transferred hyperparameters apply to it unchanged.
+    depth-only proxy keeps the model's width.
+
+    The bases are where scaling is the identity. muP's base width defaults to the target's, so in
+    width the target is the user's own model (muP is then standard parametrisation there). The
+    base depth defaults to the proxy's, as CompleteP scales up from the depth where it was tuned:
+    the proxy's blocks are the user's own, and the target's residual branches are multiplied by
+    (target_depth / proxy_depth)**-alpha. On the char-GPT benchmark that target both trains better
+    and keeps the proxy's optimum, where the depth-8 model with unscaled branches does neither
+    (`benchmarks/mup_transfer.py --depth`); `base_depth: <target_depth>` trains the user's model
+    unchanged instead.
 
     Example::
 
@@ -38,7 +46,7 @@ class ScalingConfig(BaseModel):
     proxy_depth: int | None = Field(default=None, gt=0, description="Residual blocks of the tuned proxy.")
     depth_ratio: float | None = Field(default=None, gt=1, description="target_depth / proxy_depth.")
     base_depth: int | None = Field(
-        default=None, gt=0, description="Depth where the depth scaling is the identity; default target_depth."
+        default=None, gt=0, description="Depth where the depth scaling is the identity; default the proxy's depth."
     )
     depth_alpha: float = Field(
         default=1.0, ge=0.5, le=1.0, description="Residual branches x (depth/base_depth)**-alpha: 0.5 Depth-muP, 1 CompleteP."
@@ -97,8 +105,8 @@ class ScalingConfig(BaseModel):
 
     @property
     def depth_base(self) -> int | None:
-        """The depth where depth scaling is the identity: `base_depth`, or the target depth."""
-        return self.base_depth if self.base_depth is not None else self.target_depth
+        """The depth where depth scaling is the identity: `base_depth`, or the proxy's depth."""
+        return self.base_depth if self.base_depth is not None else self.depth_proxy
 
     def searched_size_problems(self, parameters: Iterable[str], depth_key: str | None) -> dict[str, str]:
         """Parameters the scaling sets itself (`width`, the workload's depth key), which a sweep may

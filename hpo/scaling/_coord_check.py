@@ -137,7 +137,7 @@ def depth_coord_check(
     """The coordinate check across depth: do activation sizes stay flat as blocks are added?
 
     Each depth's model is depth-scaled (`depth_alpha`, relative to `base_depth`, by default the
-    deepest) as the proxy sweep trains it; the modules compared are those every depth has (the
+    shallowest) as the sweep trains it; the modules compared are those every depth has (the
     embeddings, the first block, the residual stream leaving the blocks, the readout). Without
     depth scaling (`parametrization="sp"`) the residual stream and the logits grow with depth.
     `scaling` supplies the base depth, alpha, tolerance, the proxy's width (in muP) and by default
@@ -157,7 +157,7 @@ def depth_coord_check(
         if depths is None:
             depths = _doublings(scaling.depth_proxy, scaling.target_depth)
     depths = _points(depths, "depths")
-    base_depth = base_depth or depths[-1]
+    base_depth = base_depth or depths[0]
 
     def build(depth: int) -> tuple[Workload, dict[str, Any]]:
         if parametrization == "mup":

@@ -27,7 +27,7 @@ Example::
     proxy = proxy_workload(workload, ScalingConfig(target_width=256, ratio=4))
     model = proxy.build_model(proxy.resolve({"lr": 2**-7}))   # width 64, muP relative to 256
     deep = proxy_workload(workload, ScalingConfig(target_width=256, ratio=4, target_depth=8, proxy_depth=2))
-    model = deep.build_model(deep.resolve({}))   # 2 blocks, each branch x 4 (CompleteP relative to 8)
+    model = deep.build_model(deep.resolve({}))   # 2 blocks; the depth-8 target's branches get x 2/8
 """
 
 from __future__ import annotations
@@ -272,9 +272,10 @@ def proxy_workload(
 
 
 def target_workload(workload: Workload, scaling: "ScalingConfig") -> MuPWorkload:
-    """The target at `scaling.target_width` and `scaling.target_depth`. With the default bases (the
-    target's sizes) every muP and depth factor is 1 and the model equals the user's own, so
-    transferred values apply unchanged."""
+    """The target at `scaling.target_width` and `scaling.target_depth`. At the default base width
+    (the target's) every muP factor is 1, so in width the model is the user's own; in depth it
+    carries CompleteP's factors relative to the base depth (by default the proxy's), which is
+    where the proxy's values were tuned. Transferred values apply to it unchanged."""
     return MuPWorkload(workload, scaling.target_width, scaling.base, scaling.readout, **depth_settings(scaling, target=True))
 
 

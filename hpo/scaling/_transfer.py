@@ -2,9 +2,9 @@
 
 Under muP (Tensor Programs V, table 1) the optimisation hyperparameters and the init and
 multiplier scales transfer across width; under CompleteP (Dey et al. 2025) the same ones transfer
-across depth; regularisation does not. Because the proxy's base shapes are the target's,
-transferred values apply to the target unchanged: the only edits are `width` and the workload's
-depth key. Everything else is sorted into transferred, flagged (re-tune on a small target sweep),
+across depth; regularisation does not. The proxy and the target share their bases (muP's base
+shapes, CompleteP's base depth), so transferred values apply to the target unchanged: the only
+edits are `width` and the workload's depth key. Everything else is sorted into transferred, flagged (re-tune on a small target sweep),
 kept (architecture and run settings) and unknown (carried, but nothing says it transfers).
 """
 
