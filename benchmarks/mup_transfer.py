@@ -224,9 +224,12 @@ class DepthRuns:
     def __init__(self, settings: dict, device: torch.device, progress: Path | None, resume: bool = False):
         self.settings, self.device, self.progress = settings, device, progress
         self.runs: dict[str, dict] = {}
+        self.used: set[str] = set()  # the runs this result reads: a resumed file may hold others
+        self.resumed: set[str] = set()
         if resume and progress and progress.exists():  # a run cut short: keep what it finished
             for run in json.loads(progress.read_text()):
                 self.runs[self.key(run["workload"], run["config"])] = run
+            self.resumed = set(self.runs)
 
     @staticmethod
     def key(workload: str, config: dict) -> str:
@@ -245,6 +248,7 @@ class DepthRuns:
             run = self.runs[key]
             print(f"{workload!r} n_layer {config['n_layer']} seed {config['seed']} log2(lr) {math.log2(config['lr']):g}: "
                   f"val_loss {run['val_loss']:.4f} ({run['seconds']:.1f}s)", flush=True)  # fmt: skip
+        self.used.add(key)
         return self.runs[key]
 
     def sweep(self, workload, width: int, depth: int, seed: int) -> list[dict]:
@@ -442,8 +446,9 @@ def depth_main(args: argparse.Namespace, device: torch.device) -> dict:
         "commit": commit,
         "torch": torch.__version__,
         "threads": args.threads,
-        "runs": len(runs.runs),
-        "run_seconds": sum(r["seconds"] for r in runs.runs.values()),
+        "runs": len(runs.used),
+        "runs_resumed": len(runs.used & runs.resumed),
+        "run_seconds": sum(runs.runs[k]["seconds"] for k in runs.used),
         "seconds": time.perf_counter() - started,
         # On one torch thread the process's CPU time is about what the run takes on an idle core,
         # whatever else the machine was doing.
