@@ -222,6 +222,7 @@ def hand_bmm_steps(model: str, members: int, dtype: str, device: torch.device) -
 def concurrent_rate(model: str, members: int, steps: int, warmup: int, cpus: int) -> float | None:
     """B Ray actors sharing `cpus` CPU slots (fractional resources, cpus/B each), one member each."""
     try:
+        import hpo.base.ray_runtime  # noqa: F401  before ray: this private Ray listens on loopback only
         import ray
     except ImportError:
         return None

@@ -44,7 +44,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import hpo  # noqa: E402  before anything imports ray: the embedded Ray then listens on loopback only
+import hpo.base.ray_runtime  # noqa: E402  before anything imports ray: the embedded Ray then listens on loopback only
 
 
 #: Seconds given to each fresh Ray (its dashboard and agents, its workers' imports) before a row is timed.

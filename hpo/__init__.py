@@ -8,9 +8,13 @@ Every name loads on first use (PEP 562): the engines' pure-PyTorch modules (`hpo
 `hpo.base.hparams`, `hpo.scaling`) import where Ray is not installed, such as a GPU box running the
 benchmarks, and the modules that must not import torch (`hpo --help`, `hpo validate`, fused member
 trials) import `hpo` without paying for torch or Ray.
+
+Importing `hpo` changes nothing in the process: an engine (`fusion`, `pipeline_bubble`,
+`scheduler_bridge`) runs this file whenever it imports the base. Looking up one of the names below
+sets Ray's loopback-only switch first (`hpo.base.ray_runtime`): they lead to a local Ray
+(`Tuner.fit`, `run`), and Ray reads the switch when it is first imported.
 """
 
-import hpo.base.ray_runtime  # noqa: F401  first: Ray's loopback-only switch must be set before anything imports ray
 from hpo.base.lazy_names import lazy_names
 
 _LAZY = {
@@ -26,7 +30,13 @@ _LAZY = {
 }
 
 
-__getattr__ = lazy_names(__name__, _LAZY)
+_lazy_getattr = lazy_names(__name__, _LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import hpo.base.ray_runtime  # noqa: F401  the loopback-only switch, before these modules import ray
+    return _lazy_getattr(name)
 
 
 __all__ = ["DatasetWorkload", "FusionConfig", "ScalingConfig", "SweepConfigError", "SweepResult", "SweepSpec", "Tuner", "Workload", "run"]

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import hpo.base.ray_runtime  # noqa: F401  before anything imports ray: the local Ray listens on loopback only
 from hpo.errors import SweepConfigError
 
 EXIT_BAD_INPUT = 2
@@ -286,28 +287,49 @@ def _literal(text: str) -> object:
     return text
 
 
+def _add_sim(commands) -> None:
+    from scheduler_bridge.simulation.cli import add_sim_parser
+
+    add_sim_parser(commands)
+
+
+def _add_job(commands) -> None:
+    from scheduler_bridge.live.cli import add_job_parser
+
+    add_job_parser(commands)
+
+
+def _add_profile(commands) -> None:
+    """`hpo profile MEASUREMENT`: each measurement of the local device registers its own parser."""
+    from scheduler_bridge.live.colocate import add_colocate_parser
+
+    profile = commands.add_parser("profile", help=ENGINE_COMMANDS["profile"][1])
+    add_colocate_parser(profile.add_subparsers(dest="profile_command", required=True))
+
+
 #: Subcommands whose parsers live with their engines. `hpo` registers each by name only and builds
 #: the engine's own parser when the command runs, so `hpo --help` imports no engine (the simulator
-#: alone pulls in pandas and scikit-learn). name -> (module, register function, one-line help,
-#: description shown by `hpo NAME --help`, or None to keep the engine's own)
+#: alone pulls in pandas and scikit-learn): each register function imports its engine's parser
+#: inside, when called. name -> (register function, one-line help, description shown by
+#: `hpo NAME --help`, or None to keep the engine's own)
 ENGINE_COMMANDS = {
     "sim": (
-        "scheduler_bridge.cli",
-        "add_sim_parser",
+        _add_sim,
         "replay a cluster trace under scheduling policies",
         """Replay a cluster trace (Philly, Helios or Pollux CSV) under one or more scheduling policies.
 
 Several policies (a comma list, or --compare) run on the same trace and print a table; --json then
 holds a list of summaries. Bad input (missing file, malformed row, unknown policy) prints one line
-naming it and exits with 2.
+naming it and exits with 2. The shipped traces go by name: philly, workload-1 ... workload-8 (Pollux,
+load 1.0x), workloads-0.5/workload-N and workloads-1.5/workload-N.
 
-example:
-  hpo sim --trace philly.csv --format philly --policy fifo,qssf,sjf --gpus 500 --json out.json --plot out.png
+examples:
+  hpo sim --trace philly --policy fifo,qssf,sjf --gpus 500 --json out.json --plot out.png
+  hpo sim --trace workload-1 --compare --gpus 64 --gpus-per-node 4
 """,
     ),
     "job": (
-        "scheduler_bridge.job_cli",
-        "add_job_parser",
+        _add_job,
         "submit and manage jobs on the live allocator",
         """The cluster's live allocator from the shell: start it, submit, list and cancel jobs, stop it.
 
@@ -320,7 +342,7 @@ examples:
   hpo job list
 """,
     ),
-    "profile": ("scheduler_bridge.colocate", "add_profile_parser", "measure workloads on the local device", None),
+    "profile": (_add_profile, "measure workloads on the local device", None),
 }
 
 
@@ -405,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where to write the plot (default: coord_check.png; the depth check's gets a _depth suffix)")
     check.set_defaults(func=_cmd_coord_check)
 
-    for name, (_, _, summary, _) in ENGINE_COMMANDS.items():
+    for name, (_, summary, _) in ENGINE_COMMANDS.items():
         # add_help=False: `hpo sim --help` reaches the engine's own parser with its arguments
         commands.add_parser(name, help=summary, add_help=False).set_defaults(engine=name)
     return parser
@@ -413,12 +435,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _engine_args(name: str, argv: list[str]) -> argparse.Namespace:
     """Parse `hpo NAME ARGV...` with the engine's own parser, imported now."""
-    import importlib
-
-    module, register, _, description = ENGINE_COMMANDS[name]
+    register, _, description = ENGINE_COMMANDS[name]
     parser = argparse.ArgumentParser(prog="hpo")
     commands = parser.add_subparsers(dest="command", required=True)
-    getattr(importlib.import_module(module), register)(commands)
+    register(commands)
     if description is not None:  # the module's docstring is written for developers
         commands.choices[name].description = description
     return parser.parse_args([name, *argv])

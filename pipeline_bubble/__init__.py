@@ -12,15 +12,12 @@
   set of configs in a job's bubbles without Ray;
 - `theoretical_bubble_fraction`, `save_timelines`, `plot_gantt`: measuring and showing bubbles.
 
-Names are imported lazily: `import pipeline_bubble` does not import DeepSpeed. It does point
-torch's extension builds at this Python environment (`cpu_ops`) before any DeepSpeed process of
-this package builds its CPU op.
+Names are imported lazily: `import pipeline_bubble` does not import DeepSpeed, and changes nothing
+in the process. `deepspeed_adapter`, which every pipeline of this package imports before DeepSpeed
+initialises, points torch's extension builds at this Python environment (`cpu_ops`).
 """
 
 from hpo.base.lazy_names import lazy_names
-from pipeline_bubble.cpu_ops import use_environment_extensions_dir
-
-use_environment_extensions_dir()
 
 _EXPORTS = {
     "harvest_bubbles": "pipeline_bubble.api",

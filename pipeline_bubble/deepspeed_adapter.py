@@ -17,6 +17,10 @@ A DeepSpeed release may rename any of them. Rather than fail deep inside a train
 this module checks them all (`verify_hooks`) and names each one that is missing together with the
 supported versions (`SUPPORTED`, the same range `pyproject.toml` pins for the `bubbles` extra).
 Nothing else in the project may touch a private DeepSpeed name.
+
+Every DeepSpeed pipeline of this package imports this module before DeepSpeed initialises, so
+importing it also points torch's extension builds at this Python environment (`cpu_ops`): the CPU
+op DeepSpeed builds on its first `init_distributed` lands there, not in the user's shared cache.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from types import ModuleType
 from typing import Any
 
 import torch
+
+from pipeline_bubble.cpu_ops import use_environment_extensions_dir
 
 #: The DeepSpeed releases these hooks were checked on (`_needs_cpu_staging` first appears in 0.19.6).
 SUPPORTED = ">=0.19.6,<0.20"
@@ -99,6 +105,7 @@ def verify_hooks(
         )
 
 
+use_environment_extensions_dir()  # before DeepSpeed can build its CPU op (see the module docstring)
 verify_hooks(ENGINE_HOOKS)  # staging is checked when it is asked for: a CPU pipeline does not need it
 
 from deepspeed.runtime.pipe import schedule  # noqa: E402  (after the check: a clear error first)

@@ -27,7 +27,10 @@ _LAZY = {
     "TuningJob": "scheduler_bridge.jobs",
     "make_trace": "scheduler_bridge.jobs",
     "PowerModel": "scheduler_bridge.power_model",
-    # the policies
+    # the policies: their interface, then each
+    "LayeredPolicy": "scheduler_bridge.policies._base",
+    "Policy": "scheduler_bridge.policies._base",
+    "QueuePolicy": "scheduler_bridge.policies._base",
     "CES": "scheduler_bridge.policies.ces",
     "DemandForecaster": "scheduler_bridge.policies.demand_forecast",
     "DurationPredictor": "scheduler_bridge.policies.duration_predictor",
@@ -41,7 +44,6 @@ _LAZY = {
     "FIFO": "scheduler_bridge.policies.queue",
     "SJF": "scheduler_bridge.policies.queue",
     "SRTF": "scheduler_bridge.policies.queue",
-    "QueuePolicy": "scheduler_bridge.policies.queue",
     "POLICIES": "scheduler_bridge.policies.registry",
     "make_policy": "scheduler_bridge.policies.registry",
     "Tiresias": "scheduler_bridge.policies.tiresias",

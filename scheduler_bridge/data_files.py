@@ -1,14 +1,22 @@
-"""The cluster side's input files (traces, application profiles, interference tables): where the
-shipped ones live, how their text is read, and the one error every reader raises.
+"""The cluster side's input files (traces, application profiles, interference tables): the ones the
+package ships, how their text is read, and the one error every reader raises.
+
+The Philly trace and the Pollux workloads and profiles ship inside the package
+(``data/traces``, with their licence and attribution in ``data/traces/README.md``), so an
+installed package and a plain clone have them; ``hpo sim --trace NAME`` finds them by name.
 
 Every reader reports a bad file as a ``TraceError`` naming the file, line and column, which the
 CLIs print as one line with exit status 2. It lives below the readers so that each imports it
 one way (``simulation.traces`` builds Pollux jobs from ``app_profiles``, and both raise it).
+
+>>> shipped_traces()["workload-3"][1]
+'pollux'
+>>> shipped_traces()["philly"][0].name
+'philly.csv'
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 
@@ -17,11 +25,20 @@ class TraceError(ValueError):
 
 
 def default_traces_dir() -> Path:
-    """``$HPO_TRACES_DIR``, else ``shared/traces`` beside the repository."""
-    env = os.environ.get("HPO_TRACES_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+    """The shipped traces: ``pollux/traces`` (Philly, the application profiles) and
+    ``pollux/workloads*`` (the Pollux workloads at load 0.5x, 1.0x and 1.5x)."""
+    return Path(__file__).resolve().parent / "data" / "traces"
+
+
+def shipped_traces() -> dict[str, tuple[Path, str]]:
+    """Name -> (file, format) of every shipped trace: ``philly``, the load-1.0x Pollux workloads
+    ``workload-1`` ... ``workload-8``, and the other loads as ``workloads-0.5/workload-N``."""
+    pollux = default_traces_dir() / "pollux"
+    out = {"philly": (pollux / "traces" / "philly.csv", "philly")}
+    for path in sorted(pollux.glob("workloads*/workload-*.csv")):
+        folder = path.parent.name
+        out[path.stem if folder == "workloads" else f"{folder}/{path.stem}"] = (path, "pollux")
+    return out
 
 
 def read_text(path) -> str:

@@ -1,6 +1,6 @@
 """Pairwise interference table: how much each workload slows down beside another.
 
-Measured by ``hpo profile colocate`` (``colocate.py``) on the local device and
+Measured by ``hpo profile colocate`` (``live/colocate.py``) on the local device and
 read by the Lucid-style packing policy. CSV, with ``#`` comment lines on top
 describing the machine it was measured on:
 

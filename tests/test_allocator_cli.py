@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_bridge.job_cli import job_table, main
+from scheduler_bridge.live.cli import job_table, main
 from scheduler_bridge.live.job_state import JobSpec, LiveJob
 
 NOWHERE = "127.0.0.1:9"

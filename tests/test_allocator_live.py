@@ -361,8 +361,10 @@ def test_a_restarted_ces_allocator_keeps_the_capacity_its_journaled_demand_histo
 
     ray.kill(actor, no_restart=False)
     wait_for(lambda: jobs_api.status()["restarted"], timeout=60, what="allocator restarted")
-    time.sleep(3.0)   # many ticks, three quiet intervals: a blind allocator would have asked for one node
-    assert jobs_api.status()["capacity_request"] == three and requested_capacity() == three
+    # 30 decisions of the restarted allocator, a tick (0.1 s) apart: three quiet intervals, after
+    # which a blind allocator would have asked for one node
+    status = wait_for(lambda: (s := jobs_api.status())["ticks"] >= 30 and s, what="30 decisions after the restart")
+    assert status["capacity_request"] == three and requested_capacity() == three
 
 
 def test_an_allocator_releases_at_its_start_the_group_of_an_attempt_no_running_job_holds(allocator):
@@ -482,7 +484,8 @@ def test_lucid_unpacks_a_partner_whose_measured_slowdown_exceeds_the_table_and_i
     assert parted["requeues"] == ["interference"] and parted["avoid"] == [host], parted
     assert parted["state"] == "queued" and jobs_api.status()["packed"] == {}
     assert running(host)["attempt"] == 1, "the host keeps running untouched (Lucid never preempts it)"
-    time.sleep(3.0)
+    seen = jobs_api.status()["ticks"]
+    wait_for(lambda: jobs_api.status()["ticks"] >= seen + 10, what="ten decisions with the parted job waiting")
     assert job(guest)["state"] == "queued", "never packed beside that host again"
     stopped_at = max(r["step"] for r in read_log(logs["guest"]) if r["ev"] == "ckpt")
 
@@ -640,7 +643,7 @@ def _named(name: str):
 
 def test_job_cli_starts_the_allocator_submits_lists_and_cancels(cluster, tmp_path, capsys):
     from scheduler_bridge.live import client as jobs_api
-    from scheduler_bridge.job_cli import main
+    from scheduler_bridge.live.cli import main
 
     c, _ = cluster
     base = ["--address", c.address]
@@ -673,7 +676,7 @@ def test_job_cli_with_an_explicit_address_uses_the_clusters_token_without_ray_au
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}   # the README's client
     repo = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = f"{repo}:{repo / 'tests'}"
-    out = subprocess.run([sys.executable, "-m", "scheduler_bridge.job_cli", "job", "list", "--json",
+    out = subprocess.run([sys.executable, "-m", "scheduler_bridge.live.cli", "job", "list", "--json",
                           "--address", c.address], env=env, capture_output=True, text=True, timeout=patience(120))
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout) == []

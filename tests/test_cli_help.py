@@ -4,7 +4,6 @@ no torch; every argument explains itself; help shows no developer notes; `hpo --
 from __future__ import annotations
 
 import argparse
-import importlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -67,9 +66,9 @@ def _command_parser(command: str) -> argparse.ArgumentParser:
     """The parser `hpo COMMAND` parses with: hpo's own, or the engine's, built as `hpo` builds it."""
     if command not in ENGINE_COMMANDS:
         return _subparsers(build_parser())[command]
-    module, register, _, _ = ENGINE_COMMANDS[command]
+    register, _, _ = ENGINE_COMMANDS[command]
     root = argparse.ArgumentParser(prog="hpo")
-    getattr(importlib.import_module(module), register)(root.add_subparsers())
+    register(root.add_subparsers())
     return _subparsers(root)[command]
 
 

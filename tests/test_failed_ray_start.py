@@ -18,12 +18,13 @@ import pytest
 from patience import patience
 
 DRIVER = r"""
-import subprocess, sys, time
+import subprocess, sys
 import ray
 from hpo.base import ray_runtime
 
 AGENT = "import time; time.sleep(300)"
-RAYLET = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {AGENT!r}, 'fake-ray-agent']); time.sleep(300)"
+RAYLET = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {AGENT!r}, 'fake-ray-agent']); "
+          "print('agent started', flush=True); time.sleep(300)")
 
 FAIL_FIRST_ONLY = sys.argv[1:] == ["once"]
 calls = []
@@ -34,8 +35,8 @@ def init_that_times_out(**kwargs):
         from test_failed_ray_start import _fakes
         print("second start; left by the first:", [p.cmdline()[-1] for p in _fakes()], flush=True)
         return
-    subprocess.Popen([sys.executable, "-c", RAYLET, "fake-raylet"])
-    time.sleep(3)  # the raylet has started its agent
+    raylet = subprocess.Popen([sys.executable, "-c", RAYLET, "fake-raylet"], stdout=subprocess.PIPE, text=True)
+    assert raylet.stdout.readline() == "agent started\n"  # what the raylet started is running
     raise Exception("The current node timed out during startup.")
 
 ray.init = init_that_times_out

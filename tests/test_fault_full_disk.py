@@ -147,16 +147,30 @@ def test_hpo_results_rebuild_onto_a_full_disk_is_one_line_with_exit_status_2(tmp
 
 
 SWEEP_TRAINABLE = FILL + '''
-import time
+import glob, json, os, time
 from ray import tune
 
 
+def trials_in_saved_state(run):
+    """How many trials the newest saved Tune state of `run` lists (0 before Tune saved one)."""
+    states = sorted(glob.glob(os.path.join(run, "experiment_state-*.json")))
+    try:
+        return len(json.loads(open(states[-1]).read())["trial_data"]) if states else 0
+    except (OSError, ValueError):  # replaced while read: read the next one
+        return 0
+
+
 def train(config):
-    """Reports its score; the configuration `fill` fills the run's disk before its last report."""
+    """Reports its score; the configuration `fill` (the last, x = 0..fill run one after another)
+    fills the run's disk before its last report, once Tune's saved state lists every trial."""
     for step in range(1, 3):
         time.sleep(0.1)
         if config["x"] == config["fill"] and step == 2:
-            time.sleep(2.5)  # the trials before it are in Tune's saved state (saved each second)
+            deadline = time.monotonic() + 120
+            while trials_in_saved_state(os.path.join(config["disk"], "runs", "full")) < config["fill"] + 1:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("Tune saved no state listing every trial within 120 s")
+                time.sleep(0.05)
             keep_full(config["disk"])
         tune.report({"score": float(config["x"]) + 1.0 / step})
 '''

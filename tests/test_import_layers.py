@@ -6,7 +6,9 @@ the engines, and the Tune/CLI layer on top. A module may import its own layer an
 below it; `INDEPENDENT` names parts of one layer that still may not import each other
 (`scheduler_bridge`'s simulator and live allocator share its policies, and neither needs the
 other). Every import statement counts, function-local and `TYPE_CHECKING` ones included: an
-import hidden in a function to dodge a cycle is still a dependency a reader has to follow.
+import hidden in a function to dodge a cycle is still a dependency a reader has to follow. So does
+every module a package's table of lazy names (`hpo.base.lazy_names`) loads on first use: the one
+place the project names its own modules in strings, checked here like an import.
 
 The walk reads the source with `ast` and imports nothing. import-linter's layer contracts take
 whole top-level packages as layers, while the base is a subpackage of `hpo` (the Tune layer) and
@@ -32,11 +34,14 @@ PACKAGES = ("hpo", "fusion", "pipeline_bubble", "scheduler_bridge")
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the workload contract, hyperparameters, one trial state, actor names and the namespace
     ("base", ("hpo.base",)),
+    # the built-in example workloads, written on the base's contract alone: the engines may measure
+    # them (`hpo profile colocate`), and sweeps name them (`trainable: mlp_digits`)
+    ("examples", ("hpo.examples",)),
     ("engine: fusion", ("fusion",)),
     ("engine: pipeline_bubble", ("pipeline_bubble",)),  # bubble guests train fused groups
     # scheduler_bridge, bottom up: the model of jobs and cluster that both sides share, the policies
     # (pure decisions), the trace simulator beside the live allocator (it lends pipeline bubbles),
-    # and on top its CLIs and public names
+    # each with its command line, and on top its public names
     ("engine: scheduler_bridge model", tuple(f"scheduler_bridge.{m}" for m in (
         "jobs", "cluster", "app_profiles", "interference", "power_model", "data_files"))),
     ("engine: scheduler_bridge.policies", ("scheduler_bridge.policies",)),
@@ -70,11 +75,28 @@ def project_imports(root: Path, packages: tuple[str, ...] = PACKAGES) -> list[Im
     found = []
     for importer, path in files.items():
         is_package = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            for target in _targets(node, importer, is_package, files):
-                imported = _nearest_module(target, files)
-                if imported is not None and imported != importer:
-                    found.append(Import(importer, imported, node.lineno))
+        tree = ast.parse(path.read_text(), str(path))
+        targets = [(target, node.lineno) for node in ast.walk(tree)
+                   for target in _targets(node, importer, is_package, files)]
+        for target, line in [*targets, *lazy_names_table(tree)]:
+            imported = _nearest_module(target, files)
+            if imported is not None and imported != importer:
+                found.append(Import(importer, imported, line))
+    return found
+
+
+def lazy_names_table(tree: ast.Module) -> list[tuple[str, int]]:
+    """(module, line) of each entry in the table a package's `__init__` gives `lazy_names`."""
+    tables = {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+              for target in node.targets if isinstance(target, ast.Name)}
+    found = []
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "lazy_names" and len(call.args) == 2:
+            table = call.args[1]
+            table = tables.get(table.id) if isinstance(table, ast.Name) else table
+            if isinstance(table, ast.Dict):
+                found += [(value.value, value.lineno) for value in table.values
+                          if isinstance(value, ast.Constant) and isinstance(value.value, str)]
     return found
 
 
@@ -285,6 +307,35 @@ def test_the_longest_prefix_decides_a_modules_layer():
 def test_every_project_module_is_in_a_layer():
     modules = {module_name(REPO, p) for package in PACKAGES for p in (REPO / package).rglob("*.py")}
     assert sorted(m for m in modules if layer_of(m) is None) == []
+
+
+def _top_level_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).partition(".")[0] for alias in node.names}
+    return names
+
+
+def test_every_lazy_name_is_defined_in_the_module_its_package_names():
+    missing = []
+    for package in PACKAGES:
+        for init in sorted((REPO / package).rglob("__init__.py")):
+            tree = ast.parse(init.read_text(), str(init))
+            tables = [node.value for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)]
+            for module, line in lazy_names_table(tree):
+                path = REPO / Path(*module.split("."))
+                path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+                names = [key.value for table in tables for key, value in zip(table.keys, table.values)
+                         if isinstance(value, ast.Constant) and value.value == module and value.lineno == line]
+                if not path.is_file() or not set(names) <= _top_level_names(path):
+                    missing.append(f"{init.relative_to(REPO)}:{line}: {names} not in {module}")
+    assert missing == []
 
 
 #: What the base must not import, so an engine built on it runs where Ray Tune is absent (a GPU box

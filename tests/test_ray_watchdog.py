@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import psutil
 
@@ -37,9 +36,11 @@ def test_a_worker_orphaned_by_its_raylet_is_ended_by_its_session_and_another_ray
     raylet = sleeper("fake-raylet", f"--log_dir=/tmp/ray/{OURS}/logs")
     ours = sleeper("fake-ray-worker", f"--session-name={OURS}")
     others = sleeper("fake-ray-worker", f"--session-name={OTHERS}")
-    watchdog = subprocess.Popen([sys.executable, "-P", ray_runtime.__file__, "--reap", str(driver.pid), str(raylet.pid)])
+    watchdog = subprocess.Popen([sys.executable, "-P", ray_runtime.__file__, "--reap", str(driver.pid), str(raylet.pid)],
+                                stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(ray_runtime.WATCH_INTERVAL_S + 1)  # the watchdog has looked at least once
+        looked = watchdog.stdout.readline()  # the watchdog has looked once: it knows the raylet and its session
+        assert looked.startswith(f"watching driver {driver.pid}") and f"session {OURS}" in looked, looked
         driver.kill()
         driver.wait()
         raylet.kill()  # Ray's raylet ends with its driver, leaving the worker it just started

@@ -148,7 +148,7 @@ def test_a_profiling_worker_that_dies_is_reported_at_once_not_after_the_timeout(
     """Its partner would wait at the barrier forever, and the table waited WORKER_TIMEOUT (600 s)."""
     import os
 
-    from scheduler_bridge.colocate import WORKER_TIMEOUT, ProfileError, _run
+    from scheduler_bridge.live.colocate import WORKER_TIMEOUT, ProfileError, _run
 
     started = time.monotonic()
     with pytest.raises(ProfileError, match=r"^no-such-workload\+mlp-small: profiling worker exited with 1"):

@@ -5,12 +5,12 @@ import itertools
 import numpy as np
 import pytest
 
-from scheduler_bridge import (QSSF, ClusterSpec, ElasticJobState, ElasticPolicy, FreeGPUs, Job,
-                              TuningJob, load_profiles, make_policy, make_trace, simulate)
+from scheduler_bridge import (CES, FIFO, QSSF, ClusterSpec, ElasticJobState, ElasticPolicy, FreeGPUs, Job,
+                              Lucid, QueuePolicy, TuningAware, TuningJob, load_profiles, make_policy,
+                              make_trace, simulate)
 from scheduler_bridge.data_files import default_traces_dir
 
 PROFILES = default_traces_dir() / "pollux" / "traces"
-needs_profiles = pytest.mark.skipif(not PROFILES.is_dir(), reason=f"no traces at {PROFILES}")
 
 
 def _jobs(*specs):
@@ -19,6 +19,40 @@ def _jobs(*specs):
 
 def _frame(trace, policy, gpus=1, gpn=1, **kw):
     return simulate(trace, policy, ClusterSpec(gpus, gpn), **kw).jobs_frame()
+
+
+class LatestFirst(QueuePolicy):
+    """A policy written against the interface alone: it names only its priority."""
+
+    name = "latest-first"
+
+    def priority(self, job, remaining, now):
+        return -job.submit
+
+
+def test_a_queue_policy_that_names_only_its_priority_is_simulated_by_the_rigid_replay():
+    trace = _jobs((0.0, 1, 10.0), (1.0, 1, 5.0), (2.0, 1, 5.0))
+    df = _frame(trace, LatestFirst())
+    assert list(df.start) == [0.0, 15.0, 10.0], "the latest waiting job runs first"
+
+
+def test_an_object_that_names_no_replay_is_refused_as_a_policy():
+    with pytest.raises(TypeError, match="not a scheduling policy"):
+        simulate(_jobs((0.0, 1, 1.0)), object(), ClusterSpec(1, 1))
+
+
+@pytest.mark.parametrize("name, base", [("tuning-aware", "lucid"), ("tuning-aware", "elastic"),
+                                        ("tuning-aware", "tuning-aware"), ("ces:lucid", None)])
+def test_a_layer_runs_over_a_plain_queue_policy_only(name, base):
+    with pytest.raises(ValueError, match="fifo, sjf, srtf, qssf, tiresias"):
+        make_policy(name, base=base or "fifo")
+
+
+def test_a_layer_over_a_layered_or_non_queue_policy_is_refused_naming_it():
+    with pytest.raises(ValueError, match="CES runs over a plain queue policy, not tuning-aware"):
+        CES(TuningAware(FIFO()))
+    with pytest.raises(ValueError, match="TuningAware runs over a plain queue policy, not lucid"):
+        TuningAware(Lucid())
 
 
 def test_placement_small_job_best_fits_and_large_job_takes_whole_nodes():
@@ -102,7 +136,6 @@ def test_tuning_groups_run_in_pipeline_bubbles_at_the_bubble_rate():
     assert s["tuning_avg_jct"] == pytest.approx(40.0)
 
 
-@needs_profiles
 def test_elastic_dp_matches_brute_force_over_gpu_counts():
     apps = load_profiles(PROFILES)
     spec = ClusterSpec(8, 4)
@@ -123,7 +156,6 @@ def test_elastic_dp_matches_brute_force_over_gpu_counts():
     assert sum(d.gpus for d in got.values()) <= 8
 
 
-@needs_profiles
 def test_elastic_gives_a_lone_job_its_goodput_maximising_gpus_and_batch():
     apps = load_profiles(PROFILES)
     app = apps["cifar10"]
@@ -134,7 +166,6 @@ def test_elastic_gives_a_lone_job_its_goodput_maximising_gpus_and_batch():
     assert (d.gpus, d.batch_size) == (best_n, app.best_batch(best_n, 4, 0)[0])
 
 
-@needs_profiles
 def test_fixed_batch_job_alone_on_one_gpu_takes_its_isolated_runtime():
     apps = load_profiles(PROFILES)
     app = apps["ncf"]
@@ -149,7 +180,6 @@ def _spec(app, bsz, prof):
     return ElasticSpec(app, bsz, 1, prof.max_gpus)
 
 
-@needs_profiles
 def test_elastic_beats_its_fixed_batch_baseline_on_a_pollux_workload():
     from scheduler_bridge import load_pollux
     trace = load_pollux(default_traces_dir() / "pollux" / "workloads" / "workload-3.csv")

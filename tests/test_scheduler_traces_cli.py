@@ -1,20 +1,30 @@
 """Trace loaders (real and malformed files) and the ``sim`` command line."""
 
 import json
+import tomllib
+from pathlib import Path
 
 import pytest
 
 from scheduler_bridge import TraceError, load_helios, load_philly, load_pollux
-from scheduler_bridge.cli import main
 from scheduler_bridge.data_files import default_traces_dir
+from scheduler_bridge.simulation.cli import main
 
 TRACES = default_traces_dir()
 PHILLY = TRACES / "pollux" / "traces" / "philly.csv"
 WORKLOAD = TRACES / "pollux" / "workloads" / "workload-1.csv"
-needs_traces = pytest.mark.skipif(not PHILLY.is_file(), reason=f"no traces at {TRACES}")
 
 
-@needs_traces
+def test_every_shipped_data_file_is_package_data_so_an_installed_package_has_it():
+    package = Path(__file__).resolve().parents[1] / "scheduler_bridge"
+    pyproject = tomllib.loads((package.parent / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["scheduler_bridge"]
+    shipped = {p for p in (package / "data").rglob("*") if p.is_file()}
+    covered = {p for pattern in patterns for p in package.glob(pattern) if p.is_file()}
+    assert (TRACES / "README.md") in shipped and (TRACES / "pollux" / "LICENSE") in shipped
+    assert sorted(map(str, shipped - covered)) == []
+
+
 def test_shipped_philly_trace_loads_every_job_sorted():
     trace = load_philly(PHILLY)
     assert len(trace) == 82247
@@ -22,11 +32,33 @@ def test_shipped_philly_trace_loads_every_job_sorted():
     assert submits[0] == 0 and submits == sorted(submits)
 
 
-@needs_traces
 def test_shipped_pollux_workload_loads_160_elastic_jobs_with_durations():
     trace = load_pollux(WORKLOAD)
     assert len(trace) == 160
     assert all(j.elastic is not None and j.duration > 0 for j in trace.jobs)
+
+
+@pytest.mark.parametrize("name, path", [("philly", "traces/philly.csv"), ("workload-1", "workloads/workload-1.csv"),
+                                        ("workloads-1.5/workload-8", "workloads-1.5/workload-8.csv")])
+def test_sim_finds_a_shipped_trace_by_name_and_reads_it_in_its_format(tmp_path, monkeypatch, name, path):
+    monkeypatch.chdir(tmp_path)  # no file of that name here
+    out = tmp_path / "out.json"
+    assert main(["sim", "--trace", name, "--policy", "fifo", "--gpus", "64", "--gpus-per-node", "4",
+                 "--limit", "20", "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert (summary["trace"], summary["completed"]) == (str(TRACES / "pollux" / path), 20)
+
+
+def test_sim_of_a_trace_file_without_its_format_exits_2_naming_the_flag(tmp_path, capsys):
+    rc = main(["sim", "--trace", str(_small_philly(tmp_path)), "--policy", "fifo", "--gpus", "4"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "small.csv: give its --format (philly, pollux, helios)" in err, err
+
+
+def test_sim_of_neither_a_file_nor_a_shipped_name_lists_the_shipped_names(tmp_path, capsys):
+    rc = main(["sim", "--trace", str(tmp_path / "nope"), "--policy", "fifo", "--gpus", "4"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no such file, nor a shipped trace (philly, workload-1," in err, err
 
 
 def test_malformed_philly_row_names_the_line_and_value(tmp_path):
@@ -109,7 +141,7 @@ def test_cli_job_larger_than_cluster_exits_2(tmp_path, capsys):
 def test_add_sim_parser_plugs_into_another_cli_and_writes_per_policy_csv(tmp_path):
     import argparse
 
-    from scheduler_bridge.cli import add_sim_parser, run_sim
+    from scheduler_bridge.simulation.cli import add_sim_parser, run_sim
     parser = argparse.ArgumentParser(prog="hpo")
     add_sim_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["sim", "--trace", str(_small_philly(tmp_path)), "--format", "philly",
@@ -160,7 +192,7 @@ def test_cli_refuses_out_of_range_flags(tmp_path, capsys, argv, needle):
 
 @pytest.mark.parametrize("flag", ["--json", "--plot", "--csv"])
 def test_cli_checks_output_paths_before_simulating(tmp_path, capsys, monkeypatch, flag):
-    import scheduler_bridge.cli as cli
+    import scheduler_bridge.simulation.cli as cli
     monkeypatch.setattr(cli, "simulate", lambda *a, **k: pytest.fail("simulated before the check"))
     rc = main(["sim", "--trace", str(_small_philly(tmp_path)), "--format", "philly", "--policy", "fifo",
                "--gpus", "4", flag, str(tmp_path / "missing" / "out")])

@@ -8,7 +8,8 @@ cluster's, so that no sweep name can take one of theirs.
 
 from __future__ import annotations
 
-from hpo.base.ray_runtime import NAMESPACE
+#: The Ray namespace of every named actor, and of the drivers that look them up.
+NAMESPACE = "hpo"
 
 #: The live allocator (`scheduler_bridge.live`), one per cluster.
 ALLOCATOR_NAME = "hpo:allocator"

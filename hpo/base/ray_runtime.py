@@ -8,8 +8,11 @@ Two things Ray does not do for a local `ray.init()` are done here:
   uses the loopback address as the node address, and binds every server to it, only when
   `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER` is false (its single-machine mode, meant for macOS and
   Windows, honoured on Linux too). Ray reads that variable once, when `ray` is first imported, so
-  importing this module sets it (unless it is set already) and `hpo/__init__.py` imports it first;
-  `start_local_ray` warns where `ray` came earlier. Joining a cluster (`address=`) is unaffected.
+  importing this module sets it (unless it is set already), and what starts a local Ray imports it
+  before `ray`: the `hpo` command (`hpo/cli.py`) and `hpo`'s public names (`hpo/__init__.py`);
+  `start_local_ray` warns where `ray` came earlier. No engine imports it, so importing one
+  (`fusion`, `pipeline_bubble`, `scheduler_bridge`) leaves the environment alone. Joining a cluster
+  (`address=`) is unaffected.
 - No process left behind. Ray ties the GCS, raylet and head processes to the driver (the kernel kills
   them when it dies), but not the dashboard agent and runtime-env agent that the raylet starts: after
   a SIGKILLed driver they wait a minute or more on the dead GCS. A small watchdog process (this
@@ -38,7 +41,6 @@ from typing import Any
 LOOPBACK_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 os.environ.setdefault(LOOPBACK_ONLY_ENV, "0")
 
-NAMESPACE = "hpo"
 #: The object store only carries checkpoints and small results; a small one starts fast.
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
 #: How often the watchdog re-reads the local Ray's process tree, which grows as workers start. Each
@@ -73,6 +75,8 @@ def ensure_ray(
     dashboard's address. A Ray that is already up (a test fixture, a notebook) is used as it is.
     """
     import ray
+
+    from hpo.base.actor_names import NAMESPACE  # here: this file also runs alone as the watchdog
 
     if ray.is_initialized():
         return
@@ -136,6 +140,8 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
     """
     import psutil
     import ray
+
+    from hpo.base.actor_names import NAMESPACE  # here: this file also runs alone as the watchdog
 
     node_ip = ray.util.get_node_ip_address()  # before init: the address Ray will bind to
     if not ipaddress.ip_address(node_ip).is_loopback:
@@ -252,9 +258,13 @@ def _reap_when_driver_exits(driver_pid: int, ray_roots: Sequence[int]) -> None:
             except psutil.NoSuchProcess:
                 pass
 
+    looked = False
     while _alive(driver):
         look()
         watched = {pid: process for pid, process in watched.items() if _alive(process)}
+        if not looked:  # to whoever reads the watchdog's output (nobody, when Ray starts it)
+            print(f"watching driver {driver_pid} and {len(watched)} Ray process(es) of session {session}", flush=True)
+            looked = True
         if not watched:
             return  # the driver shut its Ray down and lives on: nothing left to watch
         time.sleep(WATCH_INTERVAL_S)

@@ -129,6 +129,7 @@ class Allocator:
         self.inventory: dict[str, int] = {}
         self._nodes_at = 0.0
         self.runs: dict[int, _Run] = {}
+        self.ticks = 0               # decisions made and acted on since this actor (re)started
         self.tick_errors = 0
         self.last_error = ""
         self._closing = False
@@ -204,7 +205,7 @@ class Allocator:
                     "capacity_request": self.driver.capacity.requested if self.driver.capacity else None,
                     "packed": {j.job_id: j.share[0] for j in self.driver.jobs.values()
                                if j.share and self.driver.host_of(j) is not None},
-                    "tick_errors": self.tick_errors, "last_error": self.last_error}
+                    "ticks": self.ticks, "tick_errors": self.tick_errors, "last_error": self.last_error}
 
     def ping(self) -> bool:
         return True
@@ -307,6 +308,7 @@ class Allocator:
                     if self._closing:
                         return
                     self._tick()
+                    self.ticks += 1
             except Exception as exc:  # noqa: BLE001  -- keep scheduling; visible in status()
                 self.tick_errors += 1
                 self.last_error = repr(exc)

@@ -52,12 +52,10 @@ from .packing import LivePacking, measured_slowdown, ranks
 from .autoscaling import CapacityPlan
 from .profiling import LiveProfiling
 from .job_state import TERMINAL, JobSpec, LiveJob, Where
+from ..policies._base import Policy, TuningHooks
 from ..policies.pending_queue import PendingQueue, select_starts
-from ..policies.ces import CES
 from ..policies.elastic import ElasticJobState, ElasticPolicy
 from ..policies.lucid import Lucid
-from ..policies.queue import QueuePolicy
-from ..policies.tuning_aware import TuningAware
 
 FAULTS = ("fault", "node-lost", "lost")   # requeue reasons that count against max_attempts
 
@@ -126,11 +124,11 @@ class LiveDriver:
     """Job table + policy. ``apply`` events, then ``decide`` against the inventory."""
 
     def __init__(self, policy, profiles: dict | None = None, packing: LivePacking | None = None):
-        if not isinstance(policy, (QueuePolicy, ElasticPolicy)):
+        if not isinstance(policy, Policy):
             raise TypeError(f"not a scheduling policy: {policy!r}")
         self.policy = policy
         self.elastic = isinstance(policy, ElasticPolicy)
-        self.tuning = isinstance(policy, TuningAware)
+        self.tuning = "tuning" in policy.layers
         if self.elastic and profiles is None:
             from ..app_profiles import load_profiles
             profiles = load_profiles()
@@ -139,7 +137,7 @@ class LiveDriver:
             packing = LivePacking(policy)
         self.packing = packing
         self.profiler = LiveProfiling(packing.lucid) if packing and packing.lucid.profile_nodes else None
-        self.capacity = CapacityPlan(policy) if isinstance(policy, CES) else None
+        self.capacity = CapacityPlan(policy) if "power" in policy.layers else None
         policy.reset(0.0)  # live times are Unix seconds
         self.jobs: dict[int, LiveJob] = {}
         self.by_request: dict[str, int] = {}
@@ -550,7 +548,7 @@ class LiveDriver:
                     out.starts.append((j.job_id, target, d.gpus, j.spec.clamp_batch(int(d.batch_size))))
 
     def _decide_guests(self, view: ClusterView, out: Decisions) -> None:
-        policy: TuningAware = self.policy
+        policy: TuningHooks = self.policy
         tuning = sorted((j for j in self.jobs.values() if j.active and j.spec.kind == "tuning"),
                         key=lambda j: j.job_id)
         on_node: dict[int, list[tuple[int, int]]] = {}

@@ -24,32 +24,28 @@ from __future__ import annotations
 
 import math
 
+from ._base import LayeredPolicy, QueuePolicy
 from .demand_forecast import DemandForecaster
-from ..jobs import Job
-from .queue import QueuePolicy
-from .tuning_aware import TuningAware
 from ..power_model import PowerModel
 
 
-class CES(QueuePolicy):
+class CES(LayeredPolicy):
+    """The ``"power"`` layer's hooks (``_base.PowerHooks``) over a base queue policy."""
+
+    layers = ("power",)
+
     def __init__(self, base: QueuePolicy, power: PowerModel | None = None,
                  forecaster: DemandForecaster | None = None, margin: float = 0.1,
                  spare_nodes: int = 1, interval: float = 300.0):
-        if isinstance(base, (CES, TuningAware)):
-            raise ValueError(f"CES wraps a plain queue policy, not {base.name}")
         if margin < 0 or spare_nodes < 0 or not interval > 0:
             raise ValueError(f"CES: margin >= 0, spare_nodes >= 0, interval > 0; got "
                              f"{margin}, {spare_nodes}, {interval}")
-        super().__init__(base.backfill)
-        self.base = base
+        super().__init__(base)
         self.name = f"ces:{base.name}"
-        self.preemptive = base.preemptive
-        self.ranks_running = base.ranks_running
         self.power = power or PowerModel()
         self.forecaster = forecaster or DemandForecaster()
         self.margin, self.spare_nodes, self.interval = margin, spare_nodes, interval
 
-    # ---- power -------------------------------------------------------------------
     def record(self, now: float, demand_gpus: float) -> None:
         """Demand now: busy GPUs plus GPUs that waiting jobs ask for."""
         self.forecaster.record(now, demand_gpus)
@@ -58,34 +54,9 @@ class CES(QueuePolicy):
         need = self.forecaster.forecast(now) * (1 + self.margin) / gpus_per_node
         return min(num_nodes, math.ceil(need - 1e-9) + self.spare_nodes)
 
-    # ---- the base policy decides everything else -----------------------------------
     def reset(self, t0: float = 0.0) -> None:
-        self.base.reset(t0)
+        super().reset(t0)
         self.forecaster.reset()
-
-    def priority(self, job: Job, remaining: float, now: float) -> float:
-        return self.base.priority(job, remaining, now)
-
-    def priorities(self, jobs, now):
-        return self.base.priorities(jobs, now)
-
-    def on_start(self, job, now):
-        self.base.on_start(job, now)
-
-    def observe(self, job, now):
-        return self.base.observe(job, now)
-
-    def victims(self, head, candidates, now):
-        return self.base.victims(head, candidates, now)
-
-    def running_priority(self, job, remaining, now):
-        return self.base.running_priority(job, remaining, now)
-
-    def next_change(self, job, remaining, now):
-        return self.base.next_change(job, remaining, now)
-
-    def wake_at(self):
-        return self.base.wake_at()
 
     def __repr__(self) -> str:
         return (f"CES({self.base!r}, margin={self.margin}, spare_nodes={self.spare_nodes}, "

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._base import Policy
 from ..cluster import ClusterSpec, FreeGPUs, Placement
 from ..app_profiles import AppProfile
 
@@ -53,17 +54,15 @@ class ElasticDecision:
     placement: Placement
 
 
-class ElasticPolicy:
+class ElasticPolicy(Policy):
     name = "elastic"
+    replay = "elastic"
 
     def __init__(self, fixed_batch: bool = False, keep_bonus: float = 0.02):
         self.fixed_batch = fixed_batch
         self.keep_bonus = keep_bonus
         if fixed_batch:
             self.name = "elastic-fixed-batch"
-
-    def reset(self, t0: float = 0.0) -> None:
-        """Stateless; here for the common policy interface."""
 
     @staticmethod
     def allowed_counts(spec: ClusterSpec, max_gpus: int) -> list[int]:

@@ -43,7 +43,7 @@ DEFAULT_TABLE = Path(__file__).resolve().parents[1] / "data" / "interference_cpu
 
 class Lucid(QSSF):
     name = "lucid"
-    preemptive = False
+    replay = "lucid"   # its two partitions and packing are a replay of their own
 
     def __init__(self, table: InterferenceTable | None = None, backfill: bool = True, seed: int = 0,
                  profile_nodes: int = 2, profile_s: float = 300.0, max_slowdown: float = 2.0,

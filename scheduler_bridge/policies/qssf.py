@@ -14,9 +14,8 @@ finished jobs (the history part moves with every finish). Non-preemptive. ``back
 
 from __future__ import annotations
 
-
 from ..jobs import Job
-from .queue import QueuePolicy
+from ._base import QueuePolicy
 from .duration_predictor import DurationPredictor
 
 

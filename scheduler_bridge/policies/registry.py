@@ -53,8 +53,8 @@ def make_policy(name: str, *, backfill: bool | None = None, seed: int = 0,
     if name == "elastic-fixed-batch":
         return ElasticPolicy(fixed_batch=True)
     if name == "tuning-aware":
-        if base == "tuning-aware" or base not in POLICIES or base.startswith("elastic"):
-            raise ValueError(f"tuning-aware base policy must be one of fifo, sjf, srtf, qssf; got {base!r}")
+        if base not in QUEUE_BASES:
+            raise ValueError(f"tuning-aware base policy must be one of {', '.join(QUEUE_BASES)}; got {base!r}")
         return TuningAware(make_policy(base, backfill=backfill, seed=seed), checkpoint_interval)
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
 

@@ -33,7 +33,7 @@ import bisect
 import math
 
 from ..jobs import Job
-from .queue import QueuePolicy
+from ._base import QueuePolicy
 
 QUEUE_SPAN = 1e10  # priority = queue x QUEUE_SPAN + entry time; exceeds any submit time (Unix ones too)
 

@@ -15,32 +15,18 @@ delayed. The work groups finish this way is the tuning work done for free.
 
 from __future__ import annotations
 
-from .queue import QueuePolicy
+from ._base import LayeredPolicy, QueuePolicy
 
 
-class TuningAware(QueuePolicy):
+class TuningAware(LayeredPolicy):
+    """The ``"tuning"`` layer's hooks (``_base.TuningHooks``) over a base queue policy."""
+
     name = "tuning-aware"
+    layers = ("tuning",)
 
     def __init__(self, base: QueuePolicy, checkpoint_interval: float = 60.0):
-        super().__init__(base.backfill)
-        self.base = base
-        self.preemptive = base.preemptive
+        super().__init__(base)
         self.checkpoint_interval = checkpoint_interval
-
-    def reset(self, t0=0.0):
-        self.base.reset(t0)
-
-    def priority(self, job, remaining, now):
-        return self.base.priority(job, remaining, now)
-
-    def priorities(self, jobs, now):
-        return self.base.priorities(jobs, now)
-
-    def observe(self, job, now):
-        return self.base.observe(job, now)
-
-    def victims(self, head, candidates, now):
-        return self.base.victims(head, candidates, now)
 
     @staticmethod
     def evictions(groups_on_node: int, free_on_node: int) -> int:

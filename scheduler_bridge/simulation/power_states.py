@@ -1,4 +1,5 @@
-"""Node power states in the rigid simulator, driven by a CES policy.
+"""The power layer of the rigid replay: node power states, driven by a policy that names the
+``"power"`` layer (CES).
 
 Off and booting nodes hold all their GPUs as taken in the cluster's
 ``FreeGPUs``, so no policy can place anything on them. At every decision
@@ -21,14 +22,19 @@ import math
 from array import array
 
 from ..cluster import FreeGPUs
+from ..jobs import Trace
+from ..policies._base import PowerHooks
 from ..policies.pending_queue import PendingQueue, select_starts
-from ..policies.ces import CES
+from .layer import Instant
+from .run_log import RunLog
 
 OFF, BOOTING, ON = 0, 1, 2
 
 
 class PowerLayer:
-    def __init__(self, policy: CES, free: FreeGPUs):
+    """Nodes on, off and booting (``layer.ReplayLayer``); the trace does not matter to them."""
+
+    def __init__(self, trace: Trace, policy: PowerHooks, free: FreeGPUs):
         self.policy, self.free = policy, free
         self.cap = free.cap
         self.state = [ON] * len(self.cap)
@@ -40,6 +46,10 @@ class PowerLayer:
         self.max_wait = 0.0
         self.boots = self.shutdowns = 0
         self.unbooted_runnable = 0            # instants a runnable job needed an off, non-booting node
+
+    def pending(self, queue: PendingQueue) -> bool:
+        """Jobs still wait: for nodes to boot, maybe."""
+        return len(queue) > 0
 
     def next_time(self) -> float:
         return min(min(self.ready.values(), default=math.inf), self.next_tick)
@@ -57,7 +67,8 @@ class PowerLayer:
         self.powered += 1
         self.boots += 1
 
-    def finish_boots(self, now: float) -> None:
+    def begin(self, now: float) -> None:
+        """Nodes whose boot is done join the cluster."""
         for node in [n for n, t in self.ready.items() if t <= now]:
             del self.ready[node]
             self.state[node] = ON
@@ -71,9 +82,10 @@ class PowerLayer:
                 hyp.give(((n, self.cap[n]),))
         return select_starts(queue.copy(), hyp, self.policy.backfill)
 
-    def step(self, now: float, queue: PendingQueue, busy: int) -> None:
+    def end(self, instant: Instant) -> None:
         """After the instant's starts: boot for waiting jobs, then follow the target."""
-        self.policy.record(now, busy + queue.demand())
+        now, queue = instant.now, instant.queue
+        self.policy.record(now, instant.busy + queue.demand())
         asleep = self.powered < len(self.cap)
         runnable = self._what_if(queue, True) if asleep and len(queue) else []
         for jid, placement in runnable:
@@ -113,6 +125,7 @@ class PowerLayer:
                         self.shutdowns += 1
         self._log(now)
 
-    def summary(self) -> dict:
-        return {"boots": self.boots, "power_downs": self.shutdowns,
-                "max_power_wait_s": self.max_wait, "runnable_left_unbooted": self.unbooted_runnable}
+    def report(self, log: RunLog) -> None:
+        log.extra.update({"boots": self.boots, "power_downs": self.shutdowns,
+                          "max_power_wait_s": self.max_wait, "runnable_left_unbooted": self.unbooted_runnable})
+        log.power_t, log.power_on, log.power_model = self.t, self.on, self.policy.power

@@ -1,7 +1,7 @@
 """``hpo profile colocate``: measure how the project's workloads slow each other down.
 
-Each workload (``WORKLOADS``: the example MLP and character GPT at two sizes)
-trains in its own process on the local device. For every pair, both are
+Each workload (``WORKLOADS``: the example MLP and character GPT of ``hpo.examples`` at
+two sizes) trains in its own process on the local device. For every pair, both are
 measured alone and then together, in the same run and back to back, so the
 slowdown (alone / together steps per second) is taken under the same
 background load. On a CPU both processes are pinned to the same cores (one
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import itertools
 import math
 import multiprocessing as mp
@@ -30,17 +29,24 @@ import sys
 import time
 from pathlib import Path
 
-from .interference import write_table
-from .live.memory_probe import PeakMemory
+from ..interference import write_table
+from .memory_probe import PeakMemory
 
 WORKER_TIMEOUT = 600.0  # seconds a worker may take to start up and report
-# name -> (module with a ``workload``, config overrides)
+# name -> (example in ``hpo.examples``, config overrides)
 WORKLOADS = {
-    "mlp-small": ("hpo.examples.mlp_digits", {"width": 64, "depth": 2, "batch_size": 64}),
-    "mlp-large": ("hpo.examples.mlp_digits", {"width": 512, "depth": 3, "batch_size": 128}),
-    "gpt-small": ("hpo.examples.char_gpt", {"width": 64, "n_layer": 2, "batch_size": 32}),
-    "gpt-large": ("hpo.examples.char_gpt", {"width": 128, "n_layer": 3, "block_size": 64, "batch_size": 32}),
+    "mlp-small": ("mlp_digits", {"width": 64, "depth": 2, "batch_size": 64}),
+    "mlp-large": ("mlp_digits", {"width": 512, "depth": 3, "batch_size": 128}),
+    "gpt-small": ("char_gpt", {"width": 64, "n_layer": 2, "batch_size": 32}),
+    "gpt-large": ("char_gpt", {"width": 128, "n_layer": 3, "block_size": 64, "batch_size": 32}),
 }
+
+
+def _workload(example: str):
+    """The example's ``Workload``, imported in the worker that trains it (it imports torch)."""
+    from hpo.examples import char_gpt, mlp_digits
+
+    return {"mlp_digits": mlp_digits, "char_gpt": char_gpt}[example].workload
 
 
 def _train(name: str, device: str, cores: list[int], threads: int, warmup: float, seconds: float,
@@ -53,8 +59,8 @@ def _train(name: str, device: str, cores: list[int], threads: int, warmup: float
     if device == "cpu":
         os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
-    module, overrides = WORKLOADS[name]
-    workload = importlib.import_module(module).workload
+    example, overrides = WORKLOADS[name]
+    workload = _workload(example)
     config = workload.resolve(overrides)
     torch.manual_seed(0)
     memory = PeakMemory()
@@ -170,11 +176,9 @@ def measure(names: list[str], device: str, cores: list[int], seconds: float,
     return rows
 
 
-def add_profile_parser(subparsers) -> None:
-    """Register ``profile colocate`` on an argparse ``subparsers`` object."""
-    p = subparsers.add_parser("profile", help="measure workloads on the local device")
-    sub = p.add_subparsers(dest="profile_command", required=True)
-    c = sub.add_parser("colocate", help="pairwise co-location slowdowns -> interference CSV",
+def add_colocate_parser(subparsers) -> None:
+    """Register ``colocate`` on the argparse ``subparsers`` of ``hpo profile``."""
+    c = subparsers.add_parser("colocate", help="pairwise co-location slowdowns -> interference CSV",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("--out", required=True, help="CSV to write")
     c.add_argument("--workloads", default=",".join(WORKLOADS),

@@ -2,10 +2,10 @@
 
 Wire into the main CLI with ``add_job_parser(subparsers)``; standalone:
 
-    python -m scheduler_bridge.job_cli job start --journal /var/lib/hpo/journal.jsonl \\
+    python -m scheduler_bridge.live.cli job start --journal /var/lib/hpo/journal.jsonl \\
         --storage /shared/hpo --policy qssf
-    python -m scheduler_bridge.job_cli job submit mypkg.train:main --gpus 4 --set lr=0.1
-    python -m scheduler_bridge.job_cli job list
+    python -m scheduler_bridge.live.cli job submit mypkg.train:main --gpus 4 --set lr=0.1
+    python -m scheduler_bridge.live.cli job list
 
 Every command joins an existing Ray cluster (``--address``, else ``RAY_ADDRESS``,
 else ``auto``). Bad input prints one line naming it and exits with 2.
@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-from .policies.registry import POLICY_NAMES
+from ..policies.registry import POLICY_NAMES
 
 EXIT_BAD_INPUT = 2
 
@@ -89,8 +89,8 @@ def _config(pairs: list[str]) -> dict:
 
 @_guarded
 def _cmd_start(args) -> int:
-    from .live import client
-    from .policies.tiresias import Tiresias
+    from . import client
+    from ..policies.tiresias import Tiresias
 
     env = {"env_vars": {"PYTHONPATH": args.pythonpath}} if args.pythonpath else None
     tiresias = {}
@@ -116,7 +116,7 @@ def _cmd_start(args) -> int:
         raise ValueError(f"--interference, --pack-* and --profile-* options need --policy lucid, "
                          f"got --policy {args.policy}")
     if args.policy == "lucid":
-        from .live.allocator import _live_lucid
+        from .allocator import _live_lucid
         _live_lucid(dict(lucid), True, 0)   # a bad table or knob fails here, naming the row and column
     _connect(args.address)
     client.start_allocator(args.journal, args.storage, args.policy, base_policy=args.base_policy,
@@ -128,14 +128,14 @@ def _cmd_start(args) -> int:
 
 @_guarded
 def _cmd_submit(args) -> int:
-    from .live import client
+    from . import client
 
     fields = dict(name=args.name, user=args.user, vc=args.vc, config=_config(args.set),
                   batch_size=args.batch_size, min_batch=args.min_batch, max_batch=args.max_batch,
                   application=args.application, min_gpus=args.min_gpus, max_gpus=args.max_gpus,
                   expected_seconds=args.expected_seconds, bubble_fraction=args.bubble_fraction,
                   workload=args.workload)
-    from .live.job_state import JobSpec
+    from .job_state import JobSpec
     JobSpec(entrypoint=args.entrypoint, gpus=args.gpus, **fields)   # bad input fails before connecting
     _connect(args.address)
     print(client.submit(args.entrypoint, args.gpus, **fields))
@@ -144,7 +144,7 @@ def _cmd_submit(args) -> int:
 
 @_guarded
 def _cmd_list(args) -> int:
-    from .live import client
+    from . import client
 
     _connect(args.address)
     jobs = client.list_jobs()
@@ -169,7 +169,7 @@ def job_table(jobs: list[dict]) -> str:
 
 @_guarded
 def _cmd_cancel(args) -> int:
-    from .live import client
+    from . import client
 
     _connect(args.address)
     ok = client.cancel(args.job_id)
@@ -179,7 +179,7 @@ def _cmd_cancel(args) -> int:
 
 @_guarded
 def _cmd_stop(args) -> int:
-    from .live import client
+    from . import client
 
     _connect(args.address)
     client.stop_allocator(release_jobs=True)

@@ -2,8 +2,12 @@
 
 Wire into the main CLI with ``add_sim_parser(subparsers)``; standalone:
 
-    python -m scheduler_bridge.cli sim --trace philly.csv --format philly \\
-        --policy fifo,qssf,sjf --gpus 500 --json out.json --plot out.png
+    python -m scheduler_bridge.simulation.cli sim --trace philly --policy fifo,qssf,sjf --gpus 500 \\
+        --json out.json --plot out.png
+
+``--trace`` takes a CSV file (with ``--format``) or the name of a shipped trace (``philly``,
+``workload-1`` ... ``workload-8``, ``workloads-0.5/workload-N``, ``workloads-1.5/workload-N``:
+``data_files.shipped_traces``), whose format is known.
 
 Several policies (comma list, or ``--compare``) run on the same trace and print
 a table; ``--json`` then holds a list of summaries. Policies include
@@ -22,13 +26,14 @@ import os
 import sys
 from pathlib import Path
 
-from .cluster import ClusterSpec
-from .interference import InterferenceTable
-from .power_model import PowerModel
-from .policies.registry import POLICIES, check_policy_name, make_policy
-from .simulation.simulator import simulate
-from .simulation.synthetic import add_tuning_work
-from .simulation.traces import FORMATS, TraceError, load_trace
+from ..cluster import ClusterSpec
+from ..data_files import shipped_traces
+from ..interference import InterferenceTable
+from ..power_model import PowerModel
+from ..policies.registry import POLICIES, check_policy_name, make_policy
+from .simulator import simulate
+from .synthetic import add_tuning_work
+from .traces import FORMATS, TraceError, load_trace
 
 TABLE_KEYS = ("policy", "completed", "avg_jct", "p50_jct", "p99_jct", "avg_queue", "p999_queue",
               "makespan", "utilization", "on_utilization", "energy_kwh", "wall_s")
@@ -40,8 +45,11 @@ def add_sim_parser(subparsers) -> None:
     """Register the ``sim`` subcommand on an argparse ``subparsers`` object."""
     p = subparsers.add_parser("sim", help="replay a cluster trace under scheduling policies",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", required=True, help="trace file (CSV)")
-    p.add_argument("--format", required=True, choices=FORMATS, help="trace format")
+    p.add_argument("--trace", required=True,
+                   help="trace file (CSV), or a shipped trace: philly, workload-1 ... workload-8 (Pollux, "
+                        "load 1.0x), workloads-0.5/workload-N, workloads-1.5/workload-N")
+    p.add_argument("--format", default=None, choices=FORMATS,
+                   help="trace format (default: the shipped trace's; required for a file)")
     p.add_argument("--policy", default=None,
                    help=f"one policy or a comma list of: {', '.join(POLICIES)}")
     p.add_argument("--compare", action="store_true",
@@ -156,8 +164,25 @@ def check_outputs(args, names: list[str]) -> str | None:
     return None
 
 
+def resolve_trace(args) -> str | None:
+    """Point ``args.trace`` at the shipped file it names (a file of that name here wins) and fill in
+    its format; the problem, as a message, if the format is still unknown."""
+    shipped = shipped_traces()
+    if args.trace in shipped and not Path(args.trace).exists():
+        path, fmt = shipped[args.trace]
+        args.trace, args.format = str(path), args.format or fmt
+    if args.format is None:
+        if not Path(args.trace).exists():
+            return f"--trace {args.trace}: no such file, nor a shipped trace ({', '.join(shipped)})"
+        return f"--trace {args.trace}: give its --format ({', '.join(FORMATS)})"
+    return None
+
+
 def run_sim(args) -> int:
     """Handler of ``hpo sim``; returns the exit code."""
+    bad = resolve_trace(args)
+    if bad:
+        return _fail(bad)
     spec_policies = args.policy or (COMPARE_DEFAULT[args.format] if args.compare else None)
     if not spec_policies:
         return _fail("give --policy NAME[,NAME...] or --compare")
@@ -179,7 +204,7 @@ def run_sim(args) -> int:
         interference = InterferenceTable.load(args.interference) if args.interference else None
         trace = load_trace(args.trace, args.format, args.profiles)
         if args.limit:
-            from .jobs import Trace
+            from ..jobs import Trace
             trace = Trace(trace.jobs[: args.limit], trace.source, trace.tuning, trace.t0)
         if "tuning-aware" in names:
             n_tune = 20 if args.tuning_jobs is None else args.tuning_jobs
@@ -189,7 +214,7 @@ def run_sim(args) -> int:
                                     bubble_fraction=args.bubble_fraction, seed=args.seed)
         profiles = None
         if args.format == "pollux":
-            from .app_profiles import load_profiles
+            from ..app_profiles import load_profiles
             profiles = load_profiles(args.profiles or Path(args.trace).parent.parent / "traces")
         deadline = args.deadline if args.deadline is not None else (
             8 * 3600.0 if args.format == "pollux" else None)
@@ -216,13 +241,13 @@ def run_sim(args) -> int:
         for r in results:
             r.to_csv(_per_policy_path(args.csv, r.policy, len(results) > 1))
     if args.plot:
-        from .simulation.plots import plot_results
+        from .plots import plot_results
         plot_results(results, args.plot)
     return 0
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scheduler_bridge.cli")
+    parser = argparse.ArgumentParser(prog="python -m scheduler_bridge.simulation.cli")
     sub = parser.add_subparsers(dest="command", required=True)
     add_sim_parser(sub)
     args = parser.parse_args(argv)
