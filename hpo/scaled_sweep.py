@@ -1,7 +1,8 @@
 """How a sweep with `scaling:` runs: tune the muP proxy, then carry its best config to the target.
 
 The path: the user's workload -> `proxy_workload` (muP at the proxy width, base shapes at the
-target; CompleteP at the proxy depth, relative to the target's) -> an ordinary (or fused) sweep -> `transfer_config` on the best proxy trial ->
+target; at the proxy depth, CompleteP's base depth by default) -> an ordinary (or fused) sweep ->
+`transfer_config` on the best proxy trial ->
 `transfer.json`, and, when asked, the target trained with it (eagerly during the sweep, or after).
 `ScaledEngine` is that path as the Tuner's engine, wrapped around the engine that tunes the proxy.
 """

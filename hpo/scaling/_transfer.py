@@ -206,7 +206,9 @@ def train_target(
     """Train the target with `transfer.target_config` (hpo.base.training.TrialTrainer, in this process).
 
     `workload` is the user's workload; the target is built through `target_workload`, which is
-    the user's own model when muP's base width is the target width. The trained target is saved
+    the user's own model when muP's base width is the target width and, if depth is scaled, the
+    base depth the target's (by default its residual branches carry CompleteP's factor, which
+    `transfer.json` records). The trained target is saved
     in `checkpoint_dir` (see `run_target`).
     """
     from hpo.scaling._mup import target_workload
