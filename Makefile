@@ -32,7 +32,7 @@ run: setup
 
 # Everything, as CI runs it: the fast tier and the slow multi-process / multi-node tier.
 test: setup
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=30
 
 # The fast tier (under 3 minutes on 2 cores): no test marked slow.
 test-fast: setup

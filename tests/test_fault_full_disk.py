@@ -147,29 +147,30 @@ def test_hpo_results_rebuild_onto_a_full_disk_is_one_line_with_exit_status_2(tmp
 
 
 SWEEP_TRAINABLE = FILL + '''
-import glob, json, os, time
+import csv, os, time
 from ray import tune
 
 
-def trials_in_saved_state(run):
-    """How many trials the newest saved Tune state of `run` lists (0 before Tune saved one)."""
-    states = sorted(glob.glob(os.path.join(run, "experiment_state-*.json")))
+def finished_rows(run):
+    """How many rows of `run`'s results.csv say completed (0 before the driver wrote one)."""
     try:
-        return len(json.loads(open(states[-1]).read())["trial_data"]) if states else 0
-    except (OSError, ValueError):  # replaced while read: read the next one
+        with open(os.path.join(run, "results.csv"), newline="") as rows:
+            return sum(row.get("status") == "completed" for row in csv.DictReader(rows))
+    except (OSError, csv.Error):  # not there yet, or replaced while read: read the next one
         return 0
 
 
 def train(config):
     """Reports its score; the configuration `fill` (the last, x = 0..fill run one after another)
-    fills the run's disk before its last report, once Tune's saved state lists every trial."""
+    fills the run's disk before its last report, once results.csv holds every trial before it as
+    finished (a row is written finished only after Tune's saved state says so)."""
     for step in range(1, 3):
         time.sleep(0.1)
         if config["x"] == config["fill"] and step == 2:
             deadline = time.monotonic() + 120
-            while trials_in_saved_state(os.path.join(config["disk"], "runs", "full")) < config["fill"] + 1:
+            while finished_rows(os.path.join(config["disk"], "runs", "full")) < config["fill"]:
                 if time.monotonic() > deadline:
-                    raise RuntimeError("Tune saved no state listing every trial within 120 s")
+                    raise RuntimeError("results.csv did not list the finished trials within 120 s")
                 time.sleep(0.05)
             keep_full(config["disk"])
         tune.report({"score": float(config["x"]) + 1.0 / step})
