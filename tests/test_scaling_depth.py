@@ -130,8 +130,8 @@ def test_fused_adam_gives_each_member_its_own_eps_per_parameter_as_torch_groups_
     references = [build_torch_optimizer(alone[b].items(), hparams[b], eps_multipliers=eps_multipliers[b]) for b in range(2)]
     for _ in range(3):
         grads = {name: 1e-3 * torch.randn(2, *shape) for name, shape in shapes.items()}
-        for name, param in fused.items():
-            param.grad.copy_(grads[name])
+        optimizer.zero_grad()  # gradients come from backward, whose hooks tell the optimizer which parameters got one
+        sum((param * grads[name]).sum() for name, param in fused.items()).backward()
         optimizer.step()
         for b, reference in enumerate(references):
             for name, param in alone[b].items():
