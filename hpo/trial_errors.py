@@ -5,11 +5,12 @@ Tune retries a failed trial up to `max_failures` times, whatever failed. A trial
 its first report has nothing to resume from: its next attempt runs the same code on the same
 config from the start, so a failure there is almost always the code's or the config's (a typo'd
 key, a shape mismatch), and every retry pays for it again with a full traceback. So an attempt
-that follows a failure before the first report is the last one unless it reports: once it
+that follows such a failure before the first report is the last one unless it reports: once it
 reports, the trial gets its whole `max_failures` back. Tune decides a retry as the failure arrives,
 before any callback hears of it, so this is set when the first failure is retried (on the public
 `Trial.max_failures` Tune reads), and an attempt that fails before reporting is not retried, even
-if its error differs from the first one's.
+if its error differs from the first one's. A process lost (an actor killed, a node removed) is no
+such failure: its error has no frames of the trial's code, and it is retried as Tune would.
 
 Tune logs each failure with Ray's traceback, most of it Ray's own frames (`hpo.console` keeps
 that record off the console). `TrialErrorCallback` prints instead the frames of the user's code,
@@ -57,6 +58,13 @@ def user_frames(traceback_text: str) -> str:
     return "\n".join(kept)
 
 
+def raised_in_code(error_text: str) -> bool:
+    """Whether the newest failure in a trial's error file is an exception the trial's code raised
+    (it has frames), not its process lost: an actor killed, its node removed or out of memory, whose
+    error has no traceback. Only the first kind repeats on a retry that runs the same code."""
+    return any(_FRAME.match(line) for line in last_failure(error_text).splitlines())
+
+
 def exception_line(traceback_text: str) -> str:
     """`KeyError: 'channels'`: the last unindented line of a traceback."""
     lines = [line for line in traceback_text.splitlines() if line.strip() and not line.startswith(" ")]
@@ -85,7 +93,7 @@ class TrialErrorCallback(Callback):
             trial.max_failures = self._budgets.pop(trial.trial_id)
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        if not trial.has_reported_at_least_once:
+        if not trial.has_reported_at_least_once and raised_in_code(self._failure_text(trial)):
             self._budgets.setdefault(trial.trial_id, trial.max_failures)
             trial.max_failures = trial.num_failures  # the attempt now starting is retried only if it reports
         self._show(trial, "it runs again" + ("; a second failure before its first report is final"
@@ -96,11 +104,16 @@ class TrialErrorCallback(Callback):
         held_back = budget is not None and (budget < 0 or trial.num_failures <= budget)
         self._show(trial, "not retried: it failed again before its first report" if held_back else "no retries left")
 
+    @staticmethod
+    def _failure_text(trial: Any) -> str:
+        written = trial.error_file  # on the driver, written as the failure arrived; copied to the run folder later
+        return Path(written).read_text(errors="replace") if written and Path(written).exists() else ""
+
     def _show(self, trial: Any, next_step: str) -> None:
         if self.verbose < 1:
             return
-        written = trial.error_file  # on the driver, written as the failure arrived; copied to the run folder later
-        text = Path(written).read_text(errors="replace") if written and Path(written).exists() else ""
+        written = trial.error_file
+        text = self._failure_text(trial)
         frames = user_frames(last_failure(text)) or "(no traceback recorded)"
         attempt = f"attempt {trial.num_failures}"
         where = f" (full traceback: {Path(trial.path) / Path(written).name})" if written and trial.path else ""
