@@ -22,8 +22,27 @@ run the transfer needs is reported separately as compute_ratio_with_target_run).
     python benchmarks/mup_transfer.py --quick --json results/mup_transfer_quick.json   # CPU, < 10 min
     python benchmarks/mup_transfer.py --device cuda --json results/mup_transfer_gpu.json
 
-Needs torch, mup, matplotlib; not Ray (nor pydantic): it trains in-process with the optimizer
-and muP factors the sweep uses (`hpo.base.hparams.build_torch_optimizer` + `lr_multipliers`).
+`--depth` asks the same of depth at a fixed width (char-GPT at width 64, muP base 256): the best
+log2(lr) at depths 1, 2, 4, 8 and 16 on two seeds, without depth scaling (the residual branches
+added as they are) and with it (hpo.scaling's CompleteP: branches x (L/L_base)^-alpha, hidden
+Adam lr x (L/L_base)^(alpha-1), hidden eps x (L/L_base)^-alpha, L_base = 2); the drift of the
+optimum in grid steps, worst over the seeds, is `depth_drift_steps` (scaled) and
+`depth_drift_steps_unscaled`. Then the joint transfer: tune a proxy of width 64 and depth 2 (muP
+relative to the target's width, CompleteP relative to the proxy's depth: what `hpo.scaling` builds
+for `scaling: {target_width: 256, ratio: 4, target_depth: 8, proxy_depth: 2}`), carry its best lr
+with `hpo.scaling.transfer_config` to the target of width 256 and depth 8, and compare with direct
+tuning of the target on the same grid: `joint_transfer: {gap, compute_ratio}` (training FLOPs of
+the proxy sweep over the direct one). The same target without depth scaling is tuned as well
+(`joint_transfer.target_without_depth_scaling`).
+
+    python benchmarks/mup_transfer.py --depth --quick --json benchmarks/results/mup_transfer_depth_cpu_quick.json
+    python benchmarks/mup_transfer.py --depth --device cuda --json benchmarks/results/mup_transfer_depth_gpu.json
+
+`--resume` reuses the runs a cut-short run left in `<json>.partial.json`. The CPU preset takes about 45-60 minutes on one core of the 2-core box (each run on one torch
+thread; the target's direct sweep is 7 runs of width 256 and depth 8).
+
+Needs torch, mup, matplotlib and pydantic; not Ray: it trains in-process with the optimizer and
+the muP and depth factors the sweep uses (`hpo.base.hparams.workload_optimizer`).
 """
 
 from __future__ import annotations
@@ -32,6 +51,9 @@ import argparse
 import importlib.util
 import json
 import math
+import os
+import platform
+import subprocess
 import sys
 import time
 import types
@@ -58,8 +80,8 @@ if not _ray_installed():
 import torch  # noqa: E402
 
 from examples.char_gpt import workload as char_gpt  # noqa: E402
-from hpo.base.hparams import OptimHParams, build_torch_optimizer  # noqa: E402
-from hpo.scaling import MuPWorkload, transfer_config  # noqa: E402
+from hpo.base.hparams import OptimHParams, workload_optimizer  # noqa: E402
+from hpo.scaling import MuPWorkload, ScalingConfig, transfer_config  # noqa: E402
 
 PRESETS = {
     # 2-core CPU, under 10 minutes.
@@ -75,13 +97,6 @@ PRESETS = {
         readout_zero_init=True,
     ),
 }  # fmt: skip
-
-
-class _Scaling:
-    """The two numbers `transfer_config` reads (hpo.ScalingConfig needs pydantic; not here)."""
-
-    def __init__(self, proxy: int, target: int):
-        self.proxy, self.target_width, self.base = proxy, target, target
 
 
 def run_config(settings: dict, log2_lr: int, width: int, parametrization: str) -> dict:
@@ -112,7 +127,7 @@ def train(workload, config: dict, steps: int, device: torch.device) -> dict:
     torch.manual_seed(int(config["seed"]))
     model = workload.build_model(config).to(device)
     hparams = OptimHParams.from_config(config)
-    optimizer = build_torch_optimizer(model.named_parameters(), hparams, workload.lr_multipliers(model, hparams.optimizer))
+    optimizer = workload_optimizer(workload, model, hparams)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, hparams.lr_factor)
     batches = workload.train_batches(config, int(config["data_seed"]))
     start = time.perf_counter()
@@ -187,6 +202,307 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+DEPTH_PRESETS = {
+    # 2-core CPU, one torch thread: about 45-60 minutes (see the docstring).
+    "quick": dict(
+        width=64, base_width=256, depths=[1, 2, 4, 8, 16], base_depth=2, depth_alpha=1.0, seeds=[0, 1],
+        log2_lrs=list(range(-11, -4)), steps=150, batch_size=32, block_size=32, readout_zero_init=False,
+        joint=dict(proxy_width=64, proxy_depth=2, target_width=256, target_depth=8),
+    ),
+    # One GPU. Not yet measured: sized like the width preset's runs, a little over 10 minutes is expected on an H100.
+    "full": dict(
+        width=128, base_width=1024, depths=[2, 4, 8, 16, 32], base_depth=4, depth_alpha=1.0, seeds=[0, 1],
+        log2_lrs=list(range(-14, -4)), steps=500, batch_size=64, block_size=64, readout_zero_init=True,
+        joint=dict(proxy_width=128, proxy_depth=4, target_width=1024, target_depth=16),
+    ),
+}  # fmt: skip
+
+
+class DepthRuns:
+    """Every run of the depth benchmark, trained once: a run is its workload and its config."""
+
+    def __init__(self, settings: dict, device: torch.device, progress: Path | None, resume: bool = False):
+        self.settings, self.device, self.progress = settings, device, progress
+        self.runs: dict[str, dict] = {}
+        self.used: set[str] = set()  # the runs this result reads: a resumed file may hold others
+        self.resumed: set[str] = set()
+        if resume and progress and progress.exists():  # a run cut short: keep what it finished
+            for run in json.loads(progress.read_text()):
+                self.runs[self.key(run["workload"], run["config"])] = run
+            self.resumed = set(self.runs)
+
+    @staticmethod
+    def key(workload: str, config: dict) -> str:
+        return f"{workload} {json.dumps(config, sort_keys=True)}"
+
+    def config(self, log2_lr: int, width: int, depth: int, seed: int) -> dict:
+        return {**run_config({**self.settings, "n_layer": depth}, log2_lr, width, "mup"), "seed": seed, "data_seed": seed}
+
+    def run(self, workload, config: dict) -> dict:
+        key = self.key(repr(workload), config)
+        if key not in self.runs:
+            self.runs[key] = {"workload": repr(workload), "config": config, **train(workload, config, self.settings["steps"], self.device)}
+            if self.progress:  # progress survives a run cut short by a time limit
+                self.progress.parent.mkdir(parents=True, exist_ok=True)
+                self.progress.write_text(json.dumps(list(self.runs.values()), indent=1) + "\n")
+            run = self.runs[key]
+            print(f"{workload!r} n_layer {config['n_layer']} seed {config['seed']} log2(lr) {math.log2(config['lr']):g}: "
+                  f"val_loss {run['val_loss']:.4f} ({run['seconds']:.1f}s)", flush=True)  # fmt: skip
+        self.used.add(key)
+        return self.runs[key]
+
+    def sweep(self, workload, width: int, depth: int, seed: int) -> list[dict]:
+        return [self.run(workload, self.config(lr, width, depth, seed)) for lr in self.settings["log2_lrs"]]
+
+
+def depth_workload(settings: dict, width: int, base_width: int, depth: int, scaled: bool) -> MuPWorkload:
+    """muP at `width` (base `base_width`); with `scaled`, depth-scaled relative to the preset's base
+    depth. At the base depth depth scaling is the identity (tests/test_scaling_depth.py checks it
+    bit for bit), so that run is the unscaled one."""
+    if not scaled or depth == settings["base_depth"]:
+        return MuPWorkload(char_gpt, width, base_width=base_width)
+    return MuPWorkload(
+        char_gpt, width, base_width=base_width, depth=depth, base_depth=settings["base_depth"], depth_alpha=settings["depth_alpha"]
+    )
+
+
+def drift_steps(best: dict[int, int | None]) -> int | None:
+    """How far the best grid index moves across depths, in grid steps."""
+    found = [i for i in best.values() if i is not None]
+    return max(found) - min(found) if found else None
+
+
+def depth_drift(runs: DepthRuns, settings: dict) -> dict:
+    """The best log2(lr) per depth and seed, with and without depth scaling, and what it costs."""
+    lrs, depths, seeds = settings["log2_lrs"], settings["depths"], settings["seeds"]
+    loss: dict[str, dict[str, dict[str, list[float]]]] = {"unscaled": {}, "scaled": {}}
+    for seed in seeds:
+        for depth in sorted(depths, reverse=True):  # deepest first: the slowest runs, while the machine is fresh
+            for kind in ("unscaled", "scaled"):
+                workload = depth_workload(settings, settings["width"], settings["base_width"], depth, kind == "scaled")
+                sweep = runs.sweep(workload, settings["width"], depth, seed)
+                loss[kind].setdefault(str(seed), {})[str(depth)] = [r["val_loss"] for r in sweep]
+    summary: dict = {"loss": loss, "best_log2_lr": {}, "drift_steps": {}, "flank_above_optimum": {}, "carry_shallow_optimum": {}}
+    for kind in ("unscaled", "scaled"):
+        mean = {str(d): [sum(loss[kind][str(s)][str(d)][i] for s in seeds) / len(seeds) for i in range(len(lrs))] for d in depths}
+        best = {s: {d: best_index(loss[kind][str(s)][str(d)]) for d in depths} for s in seeds}
+        best_mean = {d: best_index(mean[str(d)]) for d in depths}
+        summary["best_log2_lr"][kind] = {
+            **{f"seed {s}": {str(d): None if i is None else lrs[i] for d, i in best[s].items()} for s in seeds},
+            "seed mean": {str(d): None if i is None else lrs[i] for d, i in best_mean.items()},
+        }
+        per_seed = [drift_steps(best[s]) for s in seeds]
+        summary["drift_steps"][kind] = {
+            "worst over seeds": None if None in per_seed else max(per_seed),
+            "per seed": dict(zip(map(str, seeds), per_seed)),
+            "seed mean": drift_steps(best_mean),
+        }
+        summary["flank_above_optimum"][kind] = {
+            str(d): mean[str(d)][i + 1] - mean[str(d)][i] if i is not None and i + 1 < len(lrs) else None for d, i in best_mean.items()
+        }
+        shallow, deep, seed = depths[1] if len(depths) > 1 else depths[0], depths[-1], seeds[0]
+        carried = best[seed][shallow]
+        deep_losses = loss[kind][str(seed)][str(deep)]
+        summary["carry_shallow_optimum"][kind] = {
+            "from_depth": shallow, "to_depth": deep, "seed": seed,
+            "loss_at_carried_lr": None if carried is None else deep_losses[carried],
+            "best_loss": min((v for v in deep_losses if math.isfinite(v)), default=math.nan),
+        }  # fmt: skip
+    summary["mean_loss"] = {
+        kind: {str(d): [sum(loss[kind][str(s)][str(d)][i] for s in seeds) / len(seeds) for i in range(len(lrs))] for d in depths}
+        for kind in ("unscaled", "scaled")
+    }
+    return summary
+
+
+def joint_transfer(runs: DepthRuns, settings: dict) -> dict:
+    """Tune the proxy (narrow and shallow), transfer with hpo.scaling, compare with tuning the target.
+
+    The proxy and the target are the ones `hpo.scaling` builds for this `scaling:` block (base
+    width the target's, base depth the proxy's). The target without depth scaling (its residual
+    branches unmultiplied) is tuned too, to show what depth scaling changes.
+    """
+    joint, lrs, seed = settings["joint"], settings["log2_lrs"], settings["seeds"][0]
+    scaling = ScalingConfig(
+        target_width=joint["target_width"], proxy_width=joint["proxy_width"],
+        target_depth=joint["target_depth"], proxy_depth=joint["proxy_depth"], depth_alpha=settings["depth_alpha"],
+    )  # fmt: skip
+    if scaling.depth_base != settings["base_depth"]:
+        raise ValueError(f"the drift table's base depth {settings['base_depth']} must be the joint proxy's, {scaling.depth_base}")
+    proxy = depth_workload(settings, scaling.proxy, scaling.base, scaling.depth_proxy, scaled=True)
+    target = depth_workload(settings, scaling.target_width, scaling.base, scaling.target_depth, scaled=True)
+    unscaled = depth_workload(settings, scaling.target_width, scaling.base, scaling.target_depth, scaled=False)
+    proxy_sweep = runs.sweep(proxy, scaling.proxy, scaling.depth_proxy, seed)
+    direct_sweep = runs.sweep(target, scaling.target_width, scaling.target_depth, seed)
+    unscaled_sweep = runs.sweep(unscaled, scaling.target_width, scaling.target_depth, seed)
+    proxy_losses, direct_losses = [r["val_loss"] for r in proxy_sweep], [r["val_loss"] for r in direct_sweep]
+    unscaled_losses = [r["val_loss"] for r in unscaled_sweep]
+    proxy_best = lrs[best_index(proxy_losses)]
+    transfer = transfer_config(runs.config(proxy_best, scaling.proxy, scaling.depth_proxy, seed), scaling, depth_key=char_gpt.depth_key)
+    transferred = runs.run(target, transfer.target_config)  # the direct sweep's run at that lr: same workload and config
+    direct_best = min(v for v in direct_losses if math.isfinite(v))
+    unscaled_best = min(v for v in unscaled_losses if math.isfinite(v))
+    unscaled_transferred = unscaled_losses[lrs.index(proxy_best)]
+    proxy_flops, direct_flops = sum(r["flops"] for r in proxy_sweep), sum(r["flops"] for r in direct_sweep)
+    return {
+        "gap": transferred["val_loss"] / direct_best - 1.0,
+        "compute_ratio": proxy_flops / direct_flops,
+        "compute_ratio_with_target_run": (proxy_flops + transferred["flops"]) / direct_flops,
+        "wall_clock_ratio": sum(r["seconds"] for r in proxy_sweep) / sum(r["seconds"] for r in direct_sweep),
+        "transferred_loss": transferred["val_loss"],
+        "direct_best_loss": direct_best,
+        "proxy_best_log2_lr": proxy_best,
+        "direct_best_log2_lr": lrs[best_index(direct_losses)],
+        "proxy": {"width": scaling.proxy, "depth": scaling.depth_proxy, "losses": proxy_losses},
+        "target": {"width": scaling.target_width, "depth": scaling.target_depth, "losses": direct_losses},
+        "target_without_depth_scaling": {
+            "losses": unscaled_losses,
+            "best_loss": unscaled_best,
+            "best_log2_lr": lrs[best_index(unscaled_losses)],
+            "loss_at_proxy_best_lr": unscaled_transferred,
+            "gap": unscaled_transferred / unscaled_best - 1.0,
+        },
+        "seed": seed,
+        "target_config": transfer.target_config,
+        "scaled": transfer.scaled,
+        "flagged": transfer.flagged,
+    }
+
+
+def plot_depth(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lrs, depths, drift = results["log2_lrs"], results["depths"], results["drift"]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    colors = plt.cm.viridis([i / max(1, len(depths) - 1) for i in range(len(depths))])
+    low = min(v for kind in drift["mean_loss"].values() for losses in kind.values() for v in losses if math.isfinite(v))
+    titles = {"unscaled": "without depth scaling", "scaled": f"with depth scaling (alpha {results['settings']['depth_alpha']:g})"}
+    for ax, kind in zip(axes, ("unscaled", "scaled")):
+        for color, depth in zip(colors, depths):
+            losses = drift["mean_loss"][kind][str(depth)]
+            ax.plot(lrs, losses, "-o", ms=3, color=color, label=f"depth {depth}")
+            i = best_index(losses)
+            if i is not None:
+                ax.plot([lrs[i]], [losses[i]], "*", ms=12, color=color, markeredgecolor="black")
+        ax.set_title(f"{titles[kind]}: drift {drift['drift_steps'][kind]['worst over seeds']} step(s)")
+        ax.set_xlabel("log2(learning rate)")
+        ax.set_ylim(low - 0.05, low + 1.0)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"validation loss, mean of seeds {results['seeds']}")
+    axes[1].legend(loc="upper right", fontsize=8)
+    joint = results["joint_transfer"]
+    for part, style in (("proxy", "-o"), ("target", "-s")):
+        ax = axes[2]
+        ax.plot(lrs, joint[part]["losses"], style, ms=3, label=f"{part}: width {joint[part]['width']}, depth {joint[part]['depth']}")
+    axes[2].plot(lrs, joint["target_without_depth_scaling"]["losses"], "--", color="gray", label="target without depth scaling")
+    i = lrs.index(joint["proxy_best_log2_lr"])
+    axes[2].plot([lrs[i]], [joint["transferred_loss"]], "*", ms=14, color="tab:red", markeredgecolor="black", label="transferred")
+    axes[2].set_title(f"joint transfer: gap {100 * joint['gap']:.2f}% at {100 * joint['compute_ratio']:.1f}% of the compute")
+    axes[2].set_xlabel("log2(learning rate)")
+    axes[2].grid(alpha=0.3)
+    axes[2].legend(fontsize=8)
+    fig.suptitle(f"char-GPT at width {results['settings']['width']} (muP base {results['settings']['base_width']}), "
+                 f"{results['settings']['steps']} steps, AdamW (stars: optimum)")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def depth_main(args: argparse.Namespace, device: torch.device) -> dict:
+    settings = dict(DEPTH_PRESETS["quick" if args.quick else "full"])
+    for key in ("depths", "seeds", "log2_lrs"):
+        if getattr(args, key) is not None:
+            settings[key] = sorted(getattr(args, key))
+    for key in ("steps", "base_depth", "depth_alpha"):
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
+    started, cpu_started, commit = time.perf_counter(), time.process_time(), _commit()
+    runs = DepthRuns(settings, device, args.json.with_suffix(".partial.json") if args.json else None, args.resume)
+    drift = depth_drift(runs, settings)
+    joint = joint_transfer(runs, settings)
+    scaled, unscaled = drift["drift_steps"]["scaled"]["worst over seeds"], drift["drift_steps"]["unscaled"]["worst over seeds"]
+    results = {
+        "mode": "depth",
+        "depths": settings["depths"],
+        "log2_lrs": settings["log2_lrs"],
+        "seeds": settings["seeds"],
+        "depth_drift_steps": scaled,
+        "depth_drift_steps_unscaled": unscaled,
+        "joint_transfer": joint,
+        "checks": {
+            "scaled_drift_at_most_one_step": scaled is not None and scaled <= 1,
+            "unscaled_optimum_moves": unscaled is not None and unscaled >= 1,
+            "carrying_the_shallow_optimum_costs_less_with_scaling": _carry_cost(drift, "scaled") < _carry_cost(drift, "unscaled"),
+            "joint_within_1pct": joint["gap"] <= 0.01,
+            "joint_compute_at_most_10pct": joint["compute_ratio"] <= 0.10,
+        },
+        "drift": drift,
+        "settings": settings,
+        "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+        "machine": f"{platform.node()}: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
+        "commit": commit,
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "runs": len(runs.used),
+        "runs_resumed": len(runs.used & runs.resumed),
+        "run_seconds": sum(runs.runs[k]["seconds"] for k in runs.used),
+        "seconds": time.perf_counter() - started,
+        # On one torch thread the process's CPU time is about what the run takes on an idle core,
+        # whatever else the machine was doing.
+        "cpu_seconds": time.process_time() - cpu_started,
+    }
+    plot_path = args.plot or (args.json.with_suffix(".png") if args.json else ROOT / "results" / "mup_transfer_depth.png")
+    plot_path.parent.mkdir(parents=True, exist_ok=True)
+    plot_depth(results, plot_path)
+    results["plot"] = str(plot_path)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    print_depth_table(results)
+    return results
+
+
+def print_depth_table(results: dict) -> None:
+    drift = results["drift"]
+    print(f"\nbest log2(lr) by depth (seed mean; per seed in the JSON), grid {results['log2_lrs'][0]}..{results['log2_lrs'][-1]}")
+    print(f"{'depth':>6} {'unscaled':>9} {'scaled':>7} {'flank unscaled':>15} {'flank scaled':>13}")
+    for depth in results["depths"]:
+        row = [drift["best_log2_lr"][k]["seed mean"][str(depth)] for k in ("unscaled", "scaled")]
+        flank = [drift["flank_above_optimum"][k][str(depth)] for k in ("unscaled", "scaled")]
+        print(f"{depth:>6} {row[0]!s:>9} {row[1]!s:>7} {_fmt(flank[0]):>15} {_fmt(flank[1]):>13}")
+    joint = results["joint_transfer"]
+    print(json.dumps({
+        "depth_drift_steps": results["depth_drift_steps"], "depth_drift_steps_unscaled": results["depth_drift_steps_unscaled"],
+        "drift_steps": drift["drift_steps"], "carry_shallow_optimum": drift["carry_shallow_optimum"],
+        "joint_transfer": {k: joint[k] for k in ("gap", "compute_ratio", "transferred_loss", "direct_best_loss", "proxy_best_log2_lr", "direct_best_log2_lr")},
+        "target_without_depth_scaling": {k: v for k, v in joint["target_without_depth_scaling"].items() if k != "losses"},
+        "checks": results["checks"], "seconds": results["seconds"], "cpu_seconds": results["cpu_seconds"],
+    }, indent=2))  # fmt: skip
+
+
+def _carry_cost(drift: dict, kind: str) -> float:
+    """What the deepest model loses at the shallow model's best lr, against its own best."""
+    carry = drift["carry_shallow_optimum"][kind]
+    return math.inf if carry["loss_at_carried_lr"] is None else carry["loss_at_carried_lr"] - carry["best_loss"]
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.3f}"
+
+
+def _commit() -> str:
+    """The checkout's commit, `-dirty` when tracked files differ from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty.stdout.strip() else "")
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="CPU-sized run: widths 64-256, under 10 minutes")
@@ -198,6 +514,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, help="override the preset's training steps per run")
     parser.add_argument("--readout-zero-init", type=int, choices=[0, 1], help="override the preset's readout init")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--depth", action="store_true", help="transfer across depth (and width and depth jointly)")
+    parser.add_argument("--depths", type=int, nargs="+", help="--depth: override the preset's depths")
+    parser.add_argument("--seeds", type=int, nargs="+", help="--depth: override the preset's seeds")
+    parser.add_argument("--base-depth", type=int, help="--depth: override the depth where depth scaling is the identity")
+    parser.add_argument("--depth-alpha", type=float, help="--depth: 1 CompleteP (default), 0.5 Depth-muP")
+    parser.add_argument("--resume", action="store_true", help="--depth: reuse the runs <json>.partial.json already holds")
     args = parser.parse_args(argv)
 
     settings = dict(PRESETS["quick" if args.quick else "full"])
@@ -213,6 +535,8 @@ def main(argv: list[str] | None = None) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     torch.set_num_threads(args.threads)
+    if args.depth:
+        return depth_main(args, device)
     widths, log2_lrs, steps = settings["widths"], settings["log2_lrs"], settings["steps"]
     proxy, target = widths[0], widths[-1]
 
@@ -246,7 +570,7 @@ def main(argv: list[str] | None = None) -> dict:
     proxy_losses = loss["mup"][str(proxy)]
     proxy_best = log2_lrs[best_index(proxy_losses)]
     proxy_config = run_config(settings, proxy_best, proxy, "mup")
-    transfer = transfer_config(proxy_config, _Scaling(proxy, target))
+    transfer = transfer_config(proxy_config, ScalingConfig(target_width=target, proxy_width=proxy))
     target_config = transfer.target_config
     reused = target_config == run_config(settings, proxy_best, target, "mup")  # same config and seed: same run
     target_run = runs[("mup", target, proxy_best)] if reused else train(

@@ -30,7 +30,7 @@ from hpo.base.hparams import OptimHParams
 #: muP's transferable keys that are neither optimizer settings nor structure (hpo.scaling.TRANSFERABLE
 #: minus the optimizer keys); a test keeps the two lists in step.
 MULTIPLIER_KEYS: frozenset[str] = frozenset(
-    {"init_std", "output_mult", "emb_mult", "attn_mult", "attn_scale", "readout_zero_init"}
+    {"init_std", "output_mult", "emb_mult", "attn_mult", "attn_scale", "readout_zero_init", "residual_mult"}
 )
 
 FUSIBLE_KEYS: frozenset[str] = (OptimHParams.keys() - {"optimizer"}) | {"seed"} | MULTIPLIER_KEYS

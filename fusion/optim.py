@@ -12,6 +12,7 @@ The arithmetic follows `torch.optim.SGD/Adam/AdamW` (single-tensor path) operati
 operation, so a member trains as `hpo.base.hparams.build_torch_optimizer` would train it alone:
 - learning rate of member b at its step s for parameter n: `lr_b * lr_multiplier_b[n] * lr_factor_b(s)`
   (`OptimHParams.lr_factor`, the same schedule `TrialTrainer` applies through LambdaLR);
+- Adam's eps of member b for parameter n: `eps_b * eps_multiplier_b[n]` (depth scaling's per-group eps);
 - per-member gradient clipping by each member's own global norm, computed as `clip_grad_norm_`
   computes it (each parameter's norm, then the norm of those: one norm over the whole row
   rounds differently);
@@ -78,6 +79,7 @@ class FusedOptimizer:
         lr_multipliers: Sequence[Mapping[str, float]] | None = None,
         steps: Sequence[int] | None = None,
         weight_decay_multipliers: Sequence[Mapping[str, float]] | None = None,
+        eps_multipliers: Sequence[Mapping[str, float]] | None = None,
     ):
         # Frozen parameters stay out of the matrices, as torch.optim never touches them.
         self.names = [name for name, param in params.items() if param.requires_grad]
@@ -122,6 +124,7 @@ class FusedOptimizer:
             param.register_post_accumulate_grad_hook(self._receiver(i))
         self.lr_multipliers = self._multiplier_matrix(lr_multipliers)
         self.weight_decay_multipliers = self._multiplier_matrix(weight_decay_multipliers)
+        self.eps_multipliers = self._multiplier_matrix(eps_multipliers)
         total = self.offsets[-1]
         self.state = {
             name: torch.zeros(self.num_members, total, dtype=first.dtype, device=first.device) for name in STATE_NAMES[self.kind]
@@ -160,6 +163,9 @@ class FusedOptimizer:
         self._beta2 = column([hp.beta2 for hp in hps])
         self._one_minus_beta2 = column([1 - hp.beta2 for hp in hps])
         self._eps = column([hp.eps for hp in hps])
+        if self.eps_multipliers is not None:  # per element, in double and rounded once, as torch rounds a group's eps
+            eps = torch.tensor([hp.eps for hp in hps], dtype=torch.float64, device=device).view(-1, 1)
+            self._eps = (eps * self.eps_multipliers).to(dtype)
         self._weight_decay = column([hp.weight_decay for hp in hps])
         #: AdamW's decay in double precision (per element with muP's multipliers), rounded once per step.
         self._decay64 = torch.tensor([hp.weight_decay for hp in hps], dtype=torch.float64, device=device).view(-1, 1)
@@ -418,6 +424,8 @@ class FusedOptimizer:
             self.lr_multipliers = self.lr_multipliers[rows]
         if self.weight_decay_multipliers is not None and self.weight_decay_multipliers.shape[0] > 1:
             self.weight_decay_multipliers = self.weight_decay_multipliers[rows]
+        if self.eps_multipliers is not None and self.eps_multipliers.shape[0] > 1:
+            self.eps_multipliers = self.eps_multipliers[rows]
         self.hparams = [self.hparams[i] for i in index]
         self.steps = [self.steps[i] for i in index]
         self._sync_step_counts()

@@ -122,6 +122,7 @@ class FusedTrainer:
         models = [build_member(workload, config) for config in self.configs]
         multipliers = [workload.lr_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         decay_multipliers = [workload.weight_decay_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
+        eps_multipliers = [workload.eps_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         example, _ = self.batches.batch(0)
         witnesses = copy_witnesses(models, choose_witnesses(self.configs, self.hparams)) if verify else {}
         fused = fuse_models(models, example, strategy)
@@ -139,6 +140,7 @@ class FusedTrainer:
             self.hparams,
             multipliers,
             weight_decay_multipliers=decay_multipliers,
+            eps_multipliers=eps_multipliers,
         )
         self.iteration = 0
         self.step = 0

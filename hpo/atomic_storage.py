@@ -1,15 +1,27 @@
-"""A local filesystem for Tune's storage on which no file is ever seen half-written.
+"""A local filesystem for Tune's storage on which no file is ever seen half-written, and a file
+that did not change is not written again.
 
-Tune keeps a run's state (`experiment_state-*.json`, `tuner.pkl`, the searcher's state) in a
-staging folder and copies the whole folder to the run's storage after each snapshot, about once a
-second, writing every file in place. A driver killed during that copy (or a disk that fills up)
-leaves a truncated `tuner.pkl` or state file, and `--resume` must then refuse the run. On this
-filesystem each file Tune writes goes to a temporary file in the same folder that is flushed,
-fsynced and renamed over the target when complete: the storage holds the old file or the new one,
+Tune keeps a run's state (`experiment_state-*.json`, `tuner.pkl`, the searcher's state) and its
+trials' logs (`params.json`, `result.json`, `progress.csv`) in a staging folder and copies the
+whole folder to the run's storage at each save of its state, writing every file in place. A
+driver killed during that copy (or a disk that fills up) leaves a truncated `tuner.pkl` or state
+file, and `--resume` must then refuse the run. On this filesystem a file Tune writes is replaced
+atomically when its writer closes it: the new bytes go to a temporary file in the same folder
+that is fsynced and renamed over the target, so the storage holds the old file or the new one,
 never a torn one. A write that fails (ENOSPC) removes its temporary file and raises, and so does
 a stream closed while an exception raised after it was opened propagates (a second Ctrl-C while
 Tune saves its state, an error in the writer between two writes): pyarrow closes the stream on its
 way out, and the bytes written until then are not the file.
+
+What a save costs is what changed since the last one, not the size of the sweep. A file of up to
+`IN_MEMORY_BYTES` is held in memory until it is closed and compared with the file it would
+replace: most of what Tune copies at each save (every finished trial's logs, `tuner.pkl`) is
+byte for byte what the storage holds, and is neither written, fsynced nor renamed again. So a
+finished trial's files and a checkpoint are made durable once, when they are written, and a save
+fsyncs the files that changed: the run state, the searcher's state and the logs of the trials that
+reported since the last save. Before, every file of every trial was rewritten and fsynced at
+each save, about once a second: the work grew with the sweep, and a 1000-trial sweep spent most
+of its driver's time in `fsync`.
 
 It is `pyarrow.fs.LocalFileSystem` (which Tune uses for a local `storage_path`) with that one
 change, passed to Tune as `RunConfig(storage_filesystem=...)` and `Tuner.restore(...,
@@ -28,31 +40,74 @@ import pyarrow
 import pyarrow.fs
 
 
-class _ReplacedWhenClosed(io.FileIO):
-    """A temporary file beside `target` that replaces it on a clean close, and is removed after a
-    failed write."""
+#: Files up to this size are compared with the file they replace before anything is written
+#: (Tune's state of a sweep of about a hundred trials; its trials' logs are a few KB each).
+IN_MEMORY_BYTES = 1 << 20
+
+
+class _ReplacedWhenClosed(io.RawIOBase):
+    """The new content of `target`: it replaces `target` on a clean close unless it is what
+    `target` holds already, and is dropped after a failed write (see the module docstring).
+
+    While what was written is the start of what `target` holds, it is only kept in memory; at
+    the first byte that differs it goes to a temporary file, in `write`, so that a full disk
+    raises there: pyarrow's `copy_files`, which Tune's save uses, drops an error raised by
+    `close`."""
 
     def __init__(self, target: str):
-        folder, name = os.path.split(target)
-        handle, self._temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=folder or ".")
-        super().__init__(handle, "wb")
         self._target = target
+        self._pending = bytearray()  # what was written, while it matches the target's start
+        self._old: bytes | None = None  # the target's content (read at the first write), None if missing or large
+        self._read_old = False
+        self._spilled: io.FileIO | None = None  # else a temporary file beside the target
+        self._temporary = ""
         self._failed = False
         # An exception already being handled where the stream is opened (a file written in an
         # `except` block) is the writer's context, not a failure of this write.
         self._handling = sys.exc_info()[1]
 
+    def writable(self) -> bool:
+        return True
+
     def write(self, data: Any) -> int:
         """All of `data`, or OSError: a raw write may stop short where the disk fills up."""
         view = memoryview(data).cast("B")
         try:
-            rest = view
-            while rest:
-                rest = rest[super().write(rest):]
+            if self._spilled is None and not self._target_continues_with(view):
+                self._spill()
+            if self._spilled is None:
+                self._pending += view
+            else:
+                _write_all(self._spilled, view)
         except BaseException:  # a full disk, or a KeyboardInterrupt between two raw writes
             self._failed = True
             raise
         return len(view)
+
+    def _target_continues_with(self, view: memoryview) -> bool:
+        """Whether the target's next bytes, after those written so far, are `view`."""
+        old = self._old_content()
+        start = len(self._pending)
+        return old is not None and old[start:start + len(view)] == view
+
+    def _old_content(self) -> bytes | None:
+        if not self._read_old:
+            self._read_old = True
+            try:
+                if os.stat(self._target).st_size <= IN_MEMORY_BYTES:
+                    with open(self._target, "rb") as file:
+                        self._old = file.read(IN_MEMORY_BYTES + 1)
+            except FileNotFoundError:
+                pass
+        return self._old
+
+    def _spill(self) -> None:
+        """Go on in a temporary file beside the target, starting with what was written so far."""
+        folder, name = os.path.split(self._target)
+        handle, self._temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=folder or ".")
+        self._spilled = io.FileIO(handle, "wb")
+        _write_all(self._spilled, memoryview(self._pending))
+        self._pending, self._old = bytearray(), None
 
     def close(self) -> None:
         if self.closed:
@@ -60,17 +115,29 @@ class _ReplacedWhenClosed(io.FileIO):
         if sys.exc_info()[1] not in (None, self._handling):
             self._failed = True  # closed by a `with` block (or pyarrow) that an exception is leaving
         try:
-            if not self._failed:
-                os.fsync(self.fileno())
-        except OSError:
+            unchanged = self._spilled is None and self._old_content() == self._pending
+            if not self._failed and not unchanged:
+                if self._spilled is None:  # the content is a shorter start of the target's, or empty
+                    self._spill()
+                os.fsync(self._spilled.fileno())
+                self._spilled.close()
+                os.replace(self._temporary, self._target)
+                self._temporary = ""
+        except BaseException:
             self._failed = True
             raise
         finally:
-            super().close()
-            if self._failed:
+            if self._spilled is not None:
+                self._spilled.close()
+            if self._temporary:
                 os.unlink(self._temporary)
-            else:
-                os.replace(self._temporary, self._target)
+            self._pending, self._old = bytearray(), None
+            super().close()
+
+
+def _write_all(file: io.FileIO, view: memoryview) -> None:
+    while view:
+        view = view[file.write(view):]
 
 
 class AtomicLocalHandler(pyarrow.fs.FileSystemHandler):

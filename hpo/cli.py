@@ -251,7 +251,7 @@ def _newest_run_of(sweep_file: Path) -> Path:
 def _cmd_coord_check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from hpo.scaling import coord_check
+    from hpo.scaling import coord_check, depth_contract_problem, depth_coord_check
     from hpo.sweep_file import describe_exception
     from hpo.trainables import TrainableNotFound, resolve_trainable
     from hpo.base.workload import Workload
@@ -267,18 +267,24 @@ def _cmd_coord_check(args: argparse.Namespace) -> int:
     if not isinstance(workload, Workload):
         print(f"error: {args.trainable!r} is a function; the coordinate check needs a Workload", file=sys.stderr)
         return EXIT_BAD_INPUT
-    config = dict(args.set)
-    report = coord_check(
-        workload,
-        widths=args.widths,
-        config={key: _literal(value) for key, value in config.items()},
-        tolerance=args.tolerance,
-        plot_path=args.plot,
-        parametrization=args.parametrization,
-    )
-    print(report.summary())
-    print(f"plot: {report.plot_path}")
-    return 0 if report.ok else 1
+    config = {key: _literal(value) for key, value in dict(args.set).items()}
+    if args.depths and (problem := depth_contract_problem(workload)):
+        print(f"error: --depths: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    common = dict(config=config, tolerance=args.tolerance, parametrization=args.parametrization)
+    reports = []
+    if args.widths or not args.depths:
+        reports.append(coord_check(workload, widths=args.widths or [32, 64, 128, 256], plot_path=args.plot, **common))
+    if args.depths:
+        plot = Path(args.plot)
+        depth_plot = str(plot.with_name(f"{plot.stem}_depth{plot.suffix}"))
+        reports.append(depth_coord_check(
+            workload, args.depths, base_depth=args.base_depth, depth_alpha=args.depth_alpha, plot_path=depth_plot, **common
+        ))  # fmt: skip
+    for report in reports:
+        print(report.summary())
+        print(f"plot: {report.plot_path}")
+    return 0 if all(report.ok for report in reports) else 1
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -426,13 +432,19 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_argument("--mode", choices=["min", "max"], default=None, help="with --rebuild: min or max")
     results.set_defaults(func=_cmd_results)
 
-    check = commands.add_parser("coord-check", help="muP coordinate check of a workload over several widths")
+    check = commands.add_parser("coord-check", help="muP coordinate check of a workload over several widths (and depths)")
     check.add_argument("trainable", help="built-in example name or package.module:workload")
-    check.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128, 256], help="model widths to compare (default: 32 64 128 256)")
+    check.add_argument("--widths", type=int, nargs="+", default=None,
+                       help="model widths to compare (default: 32 64 128 256, unless only --depths is given)")
+    check.add_argument("--depths", type=int, nargs="+", default=None,
+                       help="also check across depth (CompleteP), e.g. 2 4 8 16; needs the workload's depth contract")
+    check.add_argument("--base-depth", type=int, default=None, help="with --depths: depth where scaling is the identity (default: the shallowest)")
+    check.add_argument("--depth-alpha", type=float, default=1.0, help="with --depths: 1 CompleteP (default), 0.5 Depth-muP")
     check.add_argument("--set", action="append", default=[], type=_key_value, metavar="KEY=VALUE", help="fixed config values")
     check.add_argument("--tolerance", type=float, default=None, help="largest allowed slope of log activation size")
     check.add_argument("--parametrization", choices=["mup", "sp"], default="mup", help="muP (default) or standard parametrisation, to compare")
-    check.add_argument("--plot", default="coord_check.png", help="where to write the plot (default: coord_check.png)")
+    check.add_argument("--plot", default="coord_check.png",
+                       help="where to write the plot (default: coord_check.png; the depth check's gets a _depth suffix)")
     check.set_defaults(func=_cmd_coord_check)
 
     for name, (_, summary, _) in ENGINE_COMMANDS.items():

@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from hpo.errors import ConfigIssue, SweepConfigError
+from hpo.scoped_environ import scoped_environ
 
 if TYPE_CHECKING:  # the spec imports this module, and the spec loads where Ray is not installed
     from ray import tune
@@ -167,10 +167,13 @@ def _wandb_callback(spec: WandbSpec, sweep: str, experiment_dir: Path) -> tune.C
             if not sys.is_finalizing():
                 super().__del__()
 
-    if spec.mode != "online":
-        # Ray asks for an API key unless W&B's own switch says offline; the logging actors get
-        # the mode through wandb.init below, this only spares the driver's key check.
-        os.environ["WANDB_MODE"] = spec.mode
+        def setup(self, *args: Any, **kwargs: Any) -> None:
+            """Ray asks for an API key here unless W&B's own switch says offline. The logging
+            actors get the mode through `wandb.init` below, so the switch is set only while Ray
+            checks: the process's environment is the user's again afterwards."""
+            with scoped_environ({"WANDB_MODE": spec.mode} if spec.mode != "online" else {}):
+                super().setup(*args, **kwargs)
+
     directory = Path(spec.dir or experiment_dir).expanduser().resolve()
     directory.mkdir(parents=True, exist_ok=True)
     init = {key: value for key, value in {"entity": spec.entity, "tags": spec.tags}.items() if value}

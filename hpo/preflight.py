@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hpo.errors import ConfigIssue, SweepConfigError
+from hpo.scaling._config import ScalingConfig
 from hpo.sweep_file import LoadedSweep, describe_exception
 from hpo.trainables import TrainableSource, is_workload, reported_metrics
 
@@ -234,26 +235,33 @@ def keys_named_by(cls: type) -> set[str] | None:
 
 
 def check_scaling(loaded: LoadedSweep, notes: list[ConfigIssue]) -> list[ConfigIssue]:
-    """muP scaling: the proxy's model is built (at the proxy width, and as shapes at the base width
-    and twice it) to find the readout and show that `width` sizes the model. Runs user code."""
-    from hpo.scaling import ScalingError, proxy_workload
+    """muP and depth scaling: the workload has the depth contract a `target_depth` needs, and the
+    proxy's model is built (at the proxy width and depth, and as shapes at the base width and
+    twice it) to find the readout and show that `width` and the depth key size the model. Runs user code."""
+    from hpo.scaling import ScalingError, depth_contract_problem, proxy_workload
 
-    spec = loaded.spec
-    if "width" in spec.parameters:
-        return [loaded.issue("parameters.width", (
-            "with scaling, width is set by scaling.proxy_width/ratio: remove 'width' from the parameters"
-        ))]
+    spec, workload = loaded.spec, loaded.trainable
+    if spec.scaling.scales_depth and (problem := depth_contract_problem(workload)):
+        return [loaded.issue("scaling.target_depth", f"{problem}; or drop target_depth")]
+    searched = spec.scaling.searched_size_problems(spec.parameters, workload.depth_key)
+    if searched:
+        return [loaded.issue(f"parameters.{key}", problem) for key, problem in searched.items()]
     constants = {key: p.value for key, p in spec.parameters.items() if p.distribution == "constant"}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            proxy_workload(loaded.trainable, spec.scaling, config=constants)
+            proxy_workload(workload, spec.scaling, config=constants)
         except ScalingError as exc:
             return [loaded.issue("scaling", " ".join(str(exc).split()))]
         except Exception as exc:  # the user's build_model failed: one line, where it failed
-            return [loaded.issue("scaling", f"building the proxy model at width {spec.scaling.proxy} failed: {describe_exception(exc)}")]
+            return [loaded.issue("scaling", f"building the proxy model at {_proxy_sizes(spec.scaling)} failed: {describe_exception(exc)}")]
     notes += [loaded.issue("scaling", f"warning: {' '.join(str(w.message).split())}") for w in caught]
     return []
+
+
+def _proxy_sizes(scaling: ScalingConfig) -> str:
+    sizes = {"width": scaling.proxy, "depth": scaling.depth_proxy}
+    return " and ".join(f"{dimension} {size}" for dimension, size in sizes.items() if size is not None)
 
 
 # -- resources -------------------------------------------------------------------------------

@@ -170,8 +170,8 @@ class ProgressCallback(Callback):
             self._ending[trial.trial_id] = (trial, outcome)
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
-        """A trial's line is printed once Tune's saved run state holds its end (within about a
-        second): a driver killed before that would see `--resume` run it again, and what was
+        """A trial's line is printed once Tune's saved run state holds its end (within a second in
+        a sweep of up to 100 trials, see `hpo.api.Tuner._save_period`): a driver killed before that would see `--resume` run it again, and what was
         printed as finished is final."""
         self._print_saved_ends(trials)
         self._count_earlier_ends(trials)

@@ -1,7 +1,8 @@
 """How a sweep with `scaling:` runs: tune the muP proxy, then carry its best config to the target.
 
 The path: the user's workload -> `proxy_workload` (muP at the proxy width, base shapes at the
-target) -> an ordinary (or fused) sweep -> `transfer_config` on the best proxy trial ->
+target; at the proxy depth, CompleteP's base depth by default) -> an ordinary (or fused) sweep ->
+`transfer_config` on the best proxy trial ->
 `transfer.json`, and, when asked, the target trained with it (eagerly during the sweep, or after).
 `ScaledEngine` is that path as the Tuner's engine, wrapped around the engine that tunes the proxy.
 """
@@ -14,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from hpo.results import SweepResult
-from hpo.scaling import EagerTransferCallback, ScalingError, complete_transfer, coord_check, proxy_workload
+from hpo.scaling import (
+    EagerTransferCallback,
+    ScalingError,
+    complete_transfer,
+    coord_check,
+    depth_contract_problem,
+    depth_coord_check,
+    proxy_workload,
+)
 from hpo.scaling._config import ScalingConfig
 from hpo.scaling._transfer import TARGET_CHECKPOINT_DIR
 from hpo.base.workload import Workload
@@ -34,17 +43,27 @@ def constant_keys(param_space: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_proxy(workload: Workload, scaling: ScalingConfig, param_space: Mapping[str, Any], plot_dir: Path) -> Workload:
-    """The proxy workload; with `coord_check`, only after muP's coordinate check passes."""
-    if "width" in param_space:
-        raise ScalingError("with scaling, width is set by scaling.proxy_width/ratio: remove 'width' from the parameters")
+    """The proxy workload; with `coord_check`, only after the coordinate check of every scaled
+    dimension (width: muP's; depth: CompleteP's) passes."""
+    if scaling.scales_depth and (problem := depth_contract_problem(workload)):
+        raise ScalingError(f"scaling.target_depth: {problem}")
+    if searched := scaling.searched_size_problems(param_space, workload.depth_key):
+        raise ScalingError(next(iter(searched.values())))
     constants = constant_keys(param_space)
     proxy = proxy_workload(workload, scaling, config=constants)
     if scaling.coord_check:
         plot_dir.mkdir(parents=True, exist_ok=True)
-        report = coord_check(workload, scaling=scaling, config=constants, plot_path=str(plot_dir / "coord_check.png"))
-        print(report.summary(), flush=True)
-        if not report.ok:
-            raise ScalingError(report.summary())
+        reports = []
+        if scaling.scales_width:
+            reports.append(coord_check(workload, scaling=scaling, config=constants, plot_path=str(plot_dir / "coord_check.png")))
+        if scaling.scales_depth:
+            reports.append(
+                depth_coord_check(workload, scaling=scaling, config=constants, plot_path=str(plot_dir / "coord_check_depth.png"))
+            )
+        for report in reports:
+            print(report.summary(), flush=True)
+            if not report.ok:
+                raise ScalingError(report.summary())
     return proxy
 
 

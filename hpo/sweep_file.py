@@ -322,7 +322,7 @@ def describe_plan(loaded: LoadedSweep) -> str:
     if spec.fusion:
         lines.append(f"fusion: {spec.fusion.model_dump()}")
     if spec.scaling:
-        lines.append(f"scaling: proxy width {spec.scaling.proxy} -> target width {spec.scaling.target_width}")
+        lines.append(f"scaling: {spec.scaling.describe()}")
     return "\n".join(lines)
 
 

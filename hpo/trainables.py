@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 BUILTIN = {
     "mlp_digits": "hpo.examples.mlp_digits:workload",
     "char_gpt": "hpo.examples.char_gpt:workload",
+    "vit_digits": "hpo.examples.vit_digits:workload",
 }
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from patience import patience
+from ray_cluster import ensure_ray_token
 
 pytestmark = pytest.mark.slow   # a multi-node Ray cluster for the module
 
@@ -99,21 +100,6 @@ def wait_for(cond, timeout=60.0, what="condition", poll=0.2):
 
 
 # ---- fixtures -------------------------------------------------------------------
-def ensure_ray_token() -> None:
-    """Give this user a cluster token if none is set (`ray get-auth-token --generate`).
-
-    `ray.init` writes ~/.ray/auth_token when it starts a local Ray, but a `Cluster`'s head is
-    started without it: on a fresh machine (CI's), with token authentication on and no token
-    yet, its GCS exits at once ("Ray couldn't find an authentication token") and the start
-    times out 30 s later."""
-    from hpo.base.ray_runtime import keep_token_private
-
-    ray_cli = Path(sys.executable).with_name("ray")
-    subprocess.run([str(ray_cli), "get-auth-token", "--generate"], check=True, capture_output=True,
-                   timeout=patience(120))
-    keep_token_private()
-
-
 @pytest.fixture(scope="module")
 def cluster():
     import ray

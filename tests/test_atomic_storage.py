@@ -1,12 +1,19 @@
 """Tune's storage: a file is replaced whole when its writer finishes, and never by what a writer
 that stopped part-way had written (a second Ctrl-C while Tune saves its state, an error in the
-writer)."""
+writer); a file written again with the content it has is not written at all, so a save of Tune's
+state costs what changed since the last one."""
 
 from __future__ import annotations
 
-import pytest
+import tempfile
+from pathlib import Path
 
-from hpo.atomic_storage import atomic_local_filesystem
+import pyarrow.fs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpo.atomic_storage import IN_MEMORY_BYTES, atomic_local_filesystem
 
 
 @pytest.fixture
@@ -42,3 +49,55 @@ def test_a_file_written_while_an_error_is_handled_is_written(saved):
         with atomic_local_filesystem().open_output_stream(str(saved)) as stream:
             stream.write(b'{"trials": 3}')
     assert saved.read_bytes() == b'{"trials": 3}'
+
+
+def test_a_file_written_again_unchanged_is_left_as_it_was(saved):
+    before = saved.stat()
+    with atomic_local_filesystem().open_output_stream(str(saved)) as stream:
+        stream.write(b'{"trials": 2}')
+    after = saved.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), "nothing was written"
+
+
+def test_a_file_larger_than_is_held_in_memory_is_replaced_whole_or_not_at_all(saved):
+    big = b"x" * (IN_MEMORY_BYTES + 1)
+    with atomic_local_filesystem().open_output_stream(str(saved)) as stream:
+        stream.write(big[:10])
+        stream.write(big[10:])
+    assert saved.read_bytes() == big
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_local_filesystem().open_output_stream(str(saved)) as stream:
+            stream.write(b"y" * (IN_MEMORY_BYTES + 1))
+            raise KeyboardInterrupt()
+    assert saved.read_bytes() == big
+    assert [p.name for p in saved.parent.iterdir()] == [saved.name]
+
+
+contents = st.binary(max_size=64)
+
+
+@settings(max_examples=30, deadline=None)
+@given(files=st.dictionaries(st.sampled_from(["state.json", "t1/result.json", "t1/params.json", "t2/result.json",
+                                              "t2/progress.csv", "t3/a/b.bin"]), contents, min_size=1),
+       changes=st.dictionaries(st.sampled_from(["state.json", "t1/result.json", "t2/result.json", "t3/a/b.bin"]),
+                               contents))
+def test_copying_a_folder_again_as_tune_saves_writes_only_the_files_that_changed(files, changes):
+    """Tune copies its whole staging folder to the storage at each save (`pyarrow.fs.copy_files`)."""
+    with tempfile.TemporaryDirectory() as root:
+        staging, storage = Path(root, "staging"), Path(root, "storage")
+        for name, content in files.items():
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
+            (staging / name).write_bytes(content)
+        filesystem = atomic_local_filesystem()
+        filesystem.create_dir(str(storage))  # as Tune's upload does before it copies
+        pyarrow.fs.copy_files(str(staging), str(storage), destination_filesystem=filesystem)
+        inodes = {name: (storage / name).stat().st_ino for name in files}
+        for name, content in changes.items():
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
+            (staging / name).write_bytes(content)
+        pyarrow.fs.copy_files(str(staging), str(storage), destination_filesystem=filesystem)
+        now = {**files, **changes}
+        assert {name: (storage / name).read_bytes() for name in now} == now
+        rewritten = {name for name in files if (storage / name).stat().st_ino != inodes[name]}
+        assert rewritten == {name for name in files if files[name] != now[name]}
+        assert not list(storage.rglob("*.partial"))

@@ -147,30 +147,41 @@ def test_hpo_results_rebuild_onto_a_full_disk_is_one_line_with_exit_status_2(tmp
 
 
 SWEEP_TRAINABLE = FILL + '''
-import csv, os, time
+import csv, glob, json, os, time
 from ray import tune
 
 
-def finished_rows(run):
-    """How many rows of `run`'s results.csv say completed (0 before the driver wrote one)."""
+def trials_in_saved_state(run):
+    """How many trials the newest saved Tune state of `run` lists (0 before Tune saved one)."""
+    states = sorted(glob.glob(os.path.join(run, "experiment_state-*.json")))
     try:
-        with open(os.path.join(run, "results.csv"), newline="") as rows:
-            return sum(row.get("status") == "completed" for row in csv.DictReader(rows))
-    except (OSError, csv.Error):  # not there yet, or replaced while read: read the next one
+        return len(json.loads(open(states[-1]).read())["trial_data"]) if states else 0
+    except (OSError, ValueError):  # replaced while read: read the next one
+        return 0
+
+
+def completed_in_results(run):
+    """How many rows of `run`'s results.csv say completed (0 before the driver wrote it)."""
+    try:
+        with open(os.path.join(run, "results.csv")) as rows:
+            return sum(row["status"] == "completed" for row in csv.DictReader(rows))
+    except (OSError, KeyError):
         return 0
 
 
 def train(config):
     """Reports its score; the configuration `fill` (the last, x = 0..fill run one after another)
-    fills the run's disk before its last report, once results.csv holds every trial before it as
-    finished (a row is written finished only after Tune's saved state says so)."""
+    fills the run's disk before its last report, once Tune's saved state lists every trial and
+    results.csv holds the others as completed (the driver writes it after the save that records
+    their end: filling the disk at the save alone raced that write, and on a slow box won it)."""
+    run = os.path.join(config["disk"], "runs", "full")
     for step in range(1, 3):
         time.sleep(0.1)
         if config["x"] == config["fill"] and step == 2:
             deadline = time.monotonic() + 120
-            while finished_rows(os.path.join(config["disk"], "runs", "full")) < config["fill"]:
+            while trials_in_saved_state(run) < config["fill"] + 1 or completed_in_results(run) < config["fill"]:
                 if time.monotonic() > deadline:
-                    raise RuntimeError("results.csv did not list the finished trials within 120 s")
+                    raise RuntimeError("no saved state listing every trial, or no results.csv with the others completed, within 120 s")
                 time.sleep(0.05)
             keep_full(config["disk"])
         tune.report({"score": float(config["x"]) + 1.0 / step})

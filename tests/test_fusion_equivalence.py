@@ -14,6 +14,8 @@ from examples.char_gpt import workload as char_gpt
 from examples.mlp_digits import workload as mlp_digits
 from fusion import FusedTrainer
 from hpo.base.training import TrialTrainer
+from hpo.examples.vit_digits import workload as vit_digits
+from hpo.scaling import MuPWorkload
 
 
 
@@ -97,6 +99,17 @@ def test_muP_multipliers_may_differ_between_members():
         {**MLP, "seed": 1, "lr": 2e-3, "output_mult": 0.25, "init_std": 0.05},
     ]
     assert_members_match_trained_alone(mlp_digits, configs)
+
+
+def test_depth_scaled_proxy_members_match_training_alone():
+    # CompleteP's residual multiplier (per member here: the users' residual_mult differ) and its
+    # per-parameter Adam eps and lr, fused as each member's torch.optim groups train it alone.
+    proxy = MuPWorkload(vit_digits, 16, base_width=32, depth=1, base_depth=4)
+    configs = [
+        {"steps_per_iteration": 25, "seed": 0, "lr": 2e-3, "eps": 1e-4},
+        {"steps_per_iteration": 25, "seed": 1, "lr": 4e-3, "eps": 1e-3, "residual_mult": 0.5, "weight_decay": 0.1},
+    ]
+    assert_members_match_trained_alone(proxy, configs)
 
 
 @pytest.mark.cuda

@@ -96,10 +96,8 @@ def test_the_dashboard_imports_beside_rays_own_dashboards():
 def test_every_metric_and_label_the_dashboard_queries_is_served_by_rays_prometheus_endpoint(ray_local):
     sweep = "grafana-check"
     controller = start_controller(sweep, "val_loss", "min")
-    ray_local.get(controller.trial_started.remote("t1"))
-    ray_local.get(controller.trial_started.remote("t2"))
-    ray_local.get(controller.trial_result.remote("t1", 0.25))
-    ray_local.get(controller.trial_ended.remote("t1", "TERMINATED"))
+    ray_local.get(controller.update.remote({"t1": "RUNNING", "t2": None}, [(0.5, "t2"), (0.25, "t1")]))
+    ray_local.get(controller.update.remote({"t1": "TERMINATED"}))
     used = used_series(load_dashboard())
     assert set(used) == {"ray_hpo_trials_running", "ray_hpo_trials_finished", "ray_hpo_best_metric"}
 

@@ -225,3 +225,17 @@ def test_the_refusal_to_scale_a_function_points_at_the_workload_guide(tmp_path, 
     err = capsys.readouterr().err
     assert "scaling needs a Workload trainable" in err and "docs/workload_guide.md" in err and "workload.py" not in err
 
+
+def test_coord_check_across_depth_needs_the_depth_contract(capsys):
+    assert main(["coord-check", "mlp_digits", "--depths", "2", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("error: --depths: workload 'mlp_digits' has no depth contract"), err
+
+
+def test_coord_check_across_depth_passes_a_depth_scaled_vit_and_writes_its_plot(tmp_path, capsys):
+    plot = tmp_path / "coord.png"
+    args = ["--depths", "1", "2", "4", "--set", "width=16", "--set", "lr=0.003", "--plot", str(plot)]
+    assert main(["coord-check", "vit_digits", *args]) == 0
+    out = capsys.readouterr().out
+    assert "coordinate check (mup, depths [1, 2, 4], 4 steps): OK" in out, out
+    assert (tmp_path / "coord_depth.png").stat().st_size > 10_000 and not plot.exists(), "only the depth check ran"

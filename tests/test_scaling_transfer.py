@@ -80,3 +80,28 @@ def test_the_trained_target_is_saved_and_loads_back_with_the_same_metric(tmp_pat
     restored.restore(run.checkpoint)
     assert restored.iteration == 2
     assert restored.evaluate()["val_loss"] == pytest.approx(run.value)
+
+
+def test_depth_transfer_sets_the_targets_depth_and_says_how_each_dimension_scaled():
+    scaling = ScalingConfig(target_width=256, ratio=4, target_depth=8, proxy_depth=2)
+    result = transfer_config({"lr": 0.01, "residual_mult": 0.5, "n_layer": 2}, scaling, depth_key="n_layer")
+    assert result.proxy_config == {"lr": 0.01, "residual_mult": 0.5, "n_layer": 2, "width": 64}
+    assert result.target_config == {"lr": 0.01, "residual_mult": 0.5, "n_layer": 8, "width": 256}
+    assert result.transferred == ["lr", "residual_mult"], "the user's branch multiplier transfers; hpo scales it"
+    assert (result.proxy_depth, result.target_depth, result.base_depth) == (2, 8, 2)
+    depth = result.scaled["depth"]
+    assert (depth["key"], depth["alpha"], depth["parametrization"]) == ("n_layer", 1.0, "CompleteP (Dey et al. 2025)")
+    assert depth["proxy_factors"] == {**depth["proxy_factors"], "residual_mult": 1.0, "hidden_adam_eps_factor": 1.0}
+    assert depth["target_factors"] == {
+        **depth["target_factors"], "residual_mult": 0.25, "hidden_adam_lr_factor": 1.0, "hidden_adam_eps_factor": 0.25,
+    }
+    assert result.scaled["width"]["proxy_width_mult"] == 0.25
+
+
+def test_a_depth_only_transfer_keeps_the_width_and_needs_the_depth_key():
+    scaling = ScalingConfig(target_depth=12, depth_ratio=3)
+    result = transfer_config({"lr": 0.01, "width": 96}, scaling, depth_key="depth")
+    assert result.target_config == {"lr": 0.01, "width": 96, "depth": 12}
+    assert set(result.scaled) == {"depth"} and result.kept == ["width"]
+    with pytest.raises(ValueError, match="needs the workload's depth_key"):
+        transfer_config({"lr": 0.01}, scaling)

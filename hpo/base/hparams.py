@@ -96,21 +96,23 @@ def build_torch_optimizer(
     hp: OptimHParams,
     lr_multipliers: Mapping[str, float] | None = None,
     weight_decay_multipliers: Mapping[str, float] | None = None,
+    eps_multipliers: Mapping[str, float] | None = None,
 ) -> torch.optim.Optimizer:
     """PyTorch's own optimizer for one unfused trial (the reference the fused optimizers match).
 
-    Parameters with lr or weight-decay multipliers (muP) go into their own parameter group;
-    LambdaLR schedules scale every group's initial lr by the same factor, so the multipliers
-    survive the schedule.
+    Parameters with lr, weight-decay or Adam-eps multipliers (muP, depth scaling) go into their
+    own parameter group; LambdaLR schedules scale every group's initial lr by the same factor, so
+    the multipliers survive the schedule. SGD has no eps, so its eps multipliers are ignored.
     """
-    lr_scales, wd_scales = lr_multipliers or {}, weight_decay_multipliers or {}
-    groups: dict[tuple[float, float], list[torch.nn.Parameter]] = {}
+    lr_scales, wd_scales, eps_scales = lr_multipliers or {}, weight_decay_multipliers or {}, eps_multipliers or {}
+    groups: dict[tuple[float, float, float], list[torch.nn.Parameter]] = {}
     for name, param in named_params:
-        key = (float(lr_scales.get(name, 1.0)), float(wd_scales.get(name, 1.0)))
+        key = (float(lr_scales.get(name, 1.0)), float(wd_scales.get(name, 1.0)), float(eps_scales.get(name, 1.0)))
         groups.setdefault(key, []).append(param)
     params = [
         {"params": group, "lr": hp.lr * lr_scale, "weight_decay": hp.weight_decay * wd_scale}
-        for (lr_scale, wd_scale), group in groups.items()
+        | ({} if hp.optimizer == "sgd" else {"eps": hp.eps * eps_scale})
+        for (lr_scale, wd_scale, eps_scale), group in groups.items()
     ]
     if hp.optimizer == "sgd":
         return torch.optim.SGD(
@@ -121,10 +123,11 @@ def build_torch_optimizer(
 
 
 def workload_optimizer(workload: "Workload", model: torch.nn.Module, hp: OptimHParams) -> torch.optim.Optimizer:
-    """The optimizer a trial of `workload` trains `model` with, the workload's muP factors included."""
+    """The optimizer a trial of `workload` trains `model` with, its muP and depth factors included."""
     return build_torch_optimizer(
         model.named_parameters(),
         hp,
         workload.lr_multipliers(model, hp.optimizer),
         workload.weight_decay_multipliers(model, hp.optimizer),
+        workload.eps_multipliers(model, hp.optimizer),
     )

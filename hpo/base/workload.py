@@ -30,6 +30,10 @@ from torch.utils.data import DataLoader, Dataset
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
+#: Config key of the depth contract: a model multiplies every residual branch by it
+#: (`x = x + config["residual_mult"] * branch(x)`); `hpo.scaling` sets it when it scales depth.
+RESIDUAL_MULT = "residual_mult"
+
 
 class Workload(ABC):
     """What one trial trains. Subclasses fill in the model factory, the data and the loss.
@@ -41,6 +45,12 @@ class Workload(ABC):
       `batch_size` among the hyperparameters, so fused members can share inputs.
     - `loss(output, target)` is a *mean* over the batch, so summing members' losses gives each
       member exactly its own gradient.
+
+    Depth contract (only for `scaling: {target_depth: ...}`): `depth_key` names the config key
+    that sets the number of residual blocks, the blocks live under the module `residual_blocks`,
+    and `build_model` multiplies every residual branch by `config["residual_mult"]`. Depth
+    scaling needs all three: it changes the depth, the branch multiplier and the learning rate
+    and Adam eps of the blocks' parameters together (see `hpo.scaling`).
     """
 
     name: str = "workload"
@@ -52,6 +62,12 @@ class Workload(ABC):
     eval_metric_names: tuple[str, ...] = ("loss", "accuracy")
     #: Optimizer steps between two reports to Tune (one "training iteration").
     steps_per_iteration: int = 20
+    #: Depth contract: the config key that sets the number of residual blocks (`n_layer`,
+    #: `depth`, ...); None: the workload cannot be scaled in depth.
+    depth_key: str | None = None
+    #: Depth contract: the module (dotted name) holding the residual blocks; its parameters are
+    #: the hidden ones whose learning rate and Adam eps depth scaling changes.
+    residual_blocks: str = "blocks"
 
     def resolve(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """The config a trial actually runs with: workload defaults overlaid by the sweep's values."""
@@ -81,6 +97,14 @@ class Workload(ABC):
         """Per-parameter weight-decay multipliers, by parameter name; missing names mean 1.0.
 
         muP's optimizers scale decay per parameter too (decoupled decay stays lr * wd per weight).
+        """
+        return {}
+
+    def eps_multipliers(self, model: nn.Module, optimizer: str) -> Mapping[str, float]:
+        """Per-parameter multipliers of Adam's `eps`, by parameter name; missing names mean 1.0.
+
+        Depth scaling (CompleteP) shrinks the hidden layers' eps with depth, so that it stays below
+        their shrinking updates; plain workloads need none.
         """
         return {}
 
@@ -135,8 +159,11 @@ class DatasetWorkload(Workload):
         metric: str = "val_loss",
         mode: str = "min",
         steps_per_iteration: int | None = None,
+        depth_key: str | None = None,
+        residual_blocks: str = "blocks",
     ):
         self.model_factory, self.train, self.val, self.loss_fn = model, train, val, loss
+        self.depth_key, self.residual_blocks = depth_key, residual_blocks
         self.metric_fns = dict(metrics or {})
         if "loss" in self.metric_fns:
             raise ValueError("metrics: 'loss' is always reported (as val_loss); name the extra metric otherwise")

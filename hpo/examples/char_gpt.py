@@ -10,6 +10,10 @@ muP knobs (config keys; their defaults are the plain nanoGPT model): `attn_scale
 muP's 1/d attention), `attn_mult`, `emb_mult`, `output_mult`, `init_std` and `readout_zero_init`. They are the
 hyperparameters muP transfers from a narrow proxy to the wide target (Tensor Programs V,
 table 1); `hpo.scaling` does the width-dependent part (MuReadout, base shapes, per-layer lr).
+
+Depth contract (`scaling: {target_depth: ...}`): `n_layer` blocks under `blocks`, each residual
+branch multiplied by `residual_mult` (1 by default: the plain model). `hpo.scaling` sets it to
+(L/L_base)**-alpha and scales the blocks' learning rate and Adam eps, as CompleteP does.
 """
 
 from __future__ import annotations
@@ -39,8 +43,12 @@ def load_corpus() -> tuple[str, torch.Tensor]:
     return vocabulary, torch.tensor([index[char] for char in text], dtype=torch.long)
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, width: int, head_dim: int, dropout: float, attn_scale: str, attn_mult: float = 1.0):
+class SelfAttention(nn.Module):
+    """Multi-head self-attention on `F.scaled_dot_product_attention`, causal unless `causal=False`."""
+
+    def __init__(
+        self, width: int, head_dim: int, dropout: float, attn_scale: str, attn_mult: float = 1.0, causal: bool = True
+    ):
         super().__init__()
         if width % head_dim:
             raise ValueError(f"width {width} is not a multiple of head_dim {head_dim}")
@@ -49,6 +57,7 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
         self.dropout = dropout
+        self.causal = causal
         # Standard parametrisation scales logits by 1/sqrt(d); muP needs 1/d so that they stay
         # O(1) as the head dimension grows (Tensor Programs V, section 4).
         # --- muP: attention multiplier (a transferable hyperparameter) ---
@@ -59,22 +68,26 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(width, dim=-1)
         q, k, v = (t.view(batch, time, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0, scale=self.scale
+            q, k, v, is_causal=self.causal, dropout_p=self.dropout if self.training else 0.0, scale=self.scale
         )
         return self.proj(y.transpose(1, 2).reshape(batch, time, width))
 
 
 class Block(nn.Module):
-    def __init__(self, width: int, head_dim: int, dropout: float, attn_scale: str, attn_mult: float = 1.0):
+    def __init__(
+        self, width: int, head_dim: int, dropout: float, attn_scale: str, attn_mult: float = 1.0, residual_mult: float = 1.0
+    ):
         super().__init__()
         self.ln_1 = nn.LayerNorm(width)
-        self.attn = CausalSelfAttention(width, head_dim, dropout, attn_scale, attn_mult)
+        self.attn = SelfAttention(width, head_dim, dropout, attn_scale, attn_mult)
         self.ln_2 = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.Dropout(dropout))
+        # --- depth scaling: residual-branch multiplier (CompleteP's (L/L_base)**-alpha, set by hpo.scaling) ---
+        self.residual_mult = residual_mult
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        x = x + self.residual_mult * self.attn(self.ln_1(x))
+        return x + self.residual_mult * self.mlp(self.ln_2(x))
 
 
 class CharGPT(nn.Module):
@@ -92,20 +105,23 @@ class CharGPT(nn.Module):
         output_mult: float = 1.0,
         init_std: float | None = None,
         readout_zero_init: bool = False,
+        residual_mult: float = 1.0,
     ):
         super().__init__()
         self.block_size = block_size
         self.token_embedding = nn.Embedding(vocab_size, width)
         self.position_embedding = nn.Embedding(block_size, width)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.Sequential(*(Block(width, head_dim, dropout, attn_scale, attn_mult) for _ in range(n_layer)))
+        self.blocks = nn.Sequential(
+            *(Block(width, head_dim, dropout, attn_scale, attn_mult, residual_mult) for _ in range(n_layer))
+        )
         self.ln_f = nn.LayerNorm(width)
         self.readout = nn.Linear(width, vocab_size)
         # --- muP: input and output multipliers (transferable hyperparameters) ---
         self.emb_mult = emb_mult
         self.output_mult = output_mult
         if init_std is not None:  # GPT-2 init; under hpo.scaling it is redrawn with mup.init's width rules
-            self.apply(lambda module: _normal_init(module, init_std))
+            self.apply(lambda module: normal_init(module, init_std))
         if readout_zero_init:  # muP's recommended readout init: logits start at 0 at every width
             nn.init.zeros_(self.readout.weight)
             nn.init.zeros_(self.readout.bias)
@@ -116,7 +132,8 @@ class CharGPT(nn.Module):
         return self.output_mult * self.readout(self.ln_f(self.blocks(x)))
 
 
-def _normal_init(module: nn.Module, std: float) -> None:
+def normal_init(module: nn.Module, std: float) -> None:
+    """GPT-2's init, for `model.apply`: Linear and Embedding weights ~ N(0, std), biases zero."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, std=std)
         if getattr(module, "bias", None) is not None:
@@ -138,11 +155,14 @@ class CharGPTWorkload(Workload):
         "output_mult": 1.0,
         "init_std": None,
         "readout_zero_init": False,
+        "residual_mult": 1.0,
         "batch_size": 32,
         "optimizer": "adamw",
         "lr": 3e-3,
     }
     steps_per_iteration = 25
+    depth_key = "n_layer"  # depth contract: n_layer blocks under `blocks`, branches x residual_mult
+    residual_blocks = "blocks"
 
     def build_model(self, config: Mapping[str, Any]) -> nn.Module:
         vocabulary, _ = load_corpus()
@@ -159,6 +179,7 @@ class CharGPTWorkload(Workload):
             output_mult=float(config["output_mult"]),
             init_std=None if config["init_std"] is None else float(config["init_std"]),
             readout_zero_init=bool(config["readout_zero_init"]),
+            residual_mult=float(config["residual_mult"]),
         )
 
     @staticmethod

@@ -1,8 +1,10 @@
 """muP proxy tuning: scale the model down, tune the proxy, transfer to the target.
 
-- `ScalingConfig`: the validated `scaling:` block (target width, proxy width or ratio, ...).
-- `proxy_workload` / `target_workload`: a user's `Workload` built in muP (Microsoft's `mup`).
-- `coord_check`: muP's coordinate check over several widths, with a plot and a verdict.
+- `ScalingConfig`: the validated `scaling:` block (target width and depth, proxy sizes or ratios, ...).
+- `proxy_workload` / `target_workload`: a user's `Workload` built in muP (Microsoft's `mup`) and,
+  for depth, CompleteP (`hpo.scaling._depth`: residual-branch multiplier, per-group lr and eps).
+- `coord_check` / `depth_coord_check`: the coordinate check over several widths (muP) or depths
+  (CompleteP), with a plot and a verdict.
 - `transfer_config` / `train_target` / `complete_transfer`: the proxy's best config carried to
   the target, `transfer.json`, and the optional final training of the target.
 - `EagerTransferPolicy` and `EagerTransferCallback` (a `ray.tune.Callback`): train the target
@@ -18,8 +20,10 @@ from hpo.base.lazy_names import lazy_names
 _LAZY = {
     "CoordCheckReport": "hpo.scaling._coord_check",
     "coord_check": "hpo.scaling._coord_check",
+    "depth_coord_check": "hpo.scaling._coord_check",
     "Decision": "hpo.scaling._eager",
     "EagerTransferPolicy": "hpo.scaling._eager",
+    "depth_contract_problem": "hpo.scaling._depth",
     "MuPWorkload": "hpo.scaling._mup",
     "ScalingError": "hpo.scaling._mup",
     "mup_factors": "hpo.scaling._mup",
@@ -54,6 +58,8 @@ __all__ = [
     "TransferResult",
     "complete_transfer",
     "coord_check",
+    "depth_contract_problem",
+    "depth_coord_check",
     "mup_factors",
     "proxy_workload",
     "target_workload",

@@ -182,7 +182,7 @@ class EagerTransferCallback(tune.Callback):
             return
         self._stop_target()
         policy = self._policy()
-        config = transfer_config(policy.running_config, self.scaling).target_config
+        config = transfer_config(policy.running_config, self.scaling, depth_key=self.target.depth_key).target_config
         actor_cls = ray.remote(_TargetTrainer).options(
             num_cpus=self.scaling.target_cpus, num_gpus=self.scaling.target_gpus, max_restarts=0
         )

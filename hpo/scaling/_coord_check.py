@@ -9,21 +9,27 @@ and output activations grow like width**0.5 to width**1. Sizes may shrink with w
 readout output does at initialisation, as width**-0.5); growth is what breaks transfer, so a
 module fails when its slope exceeds `tolerance`.
 
+`depth_coord_check` asks the same across depth (CompleteP, Dey et al. 2025): models of 2, 4, 8...
+residual blocks, depth-scaled as the proxy sweep trains them, against log2(depth), on the modules
+every depth has. Without depth scaling the residual stream leaving the blocks grows with depth.
+
 Example::
 
     report = coord_check(workload, widths=[64, 128, 256, 512], base_width=512, plot_path="coord.png")
     assert report.ok, report.summary()
+    depth_coord_check(char_gpt, depths=[2, 4, 8, 16], plot_path="coord_depth.png").raise_for_failure()
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hpo.base.hparams import OptimHParams, workload_optimizer
+from hpo.scaling._depth import depth_contract_problem
 from hpo.scaling._mup import MuPWorkload, ScalingError
 from hpo.base.workload import Workload
 
@@ -38,12 +44,13 @@ class CoordCheckReport:
     ok: bool
     parametrization: str
     tolerance: float
-    widths: list[int]
+    points: list[int]  # the widths (or depths) compared
     steps: int
-    slopes: dict[str, float]  # module -> largest slope of log2(mean |output|) vs log2(width) over steps
+    slopes: dict[str, float]  # module -> largest slope of log2(mean |output|) vs log2(width or depth) over steps
     offending: dict[str, float]  # modules whose slope exceeds the tolerance
     plot_path: str | None = None
-    sizes: list[dict[str, Any]] = field(default_factory=list)  # {"width", "module", "t", "l1"}
+    sizes: list[dict[str, Any]] = field(default_factory=list)  # {"point", "module", "t", "l1"}
+    dimension: str = "width"  # or "depth"
 
     def raise_for_failure(self) -> "CoordCheckReport":
         """Raise `ScalingError` with the offending layers unless the check passed; else return self."""
@@ -53,18 +60,28 @@ class CoordCheckReport:
 
     def summary(self) -> str:
         head = (
-            f"coordinate check ({self.parametrization}, widths {self.widths}, {self.steps} steps): "
-            f"{'OK' if self.ok else 'FAILED'}; tolerance: activation size may grow at most like width**{self.tolerance:g}"
+            f"coordinate check ({self.parametrization}, {self.dimension}s {self.points}, {self.steps} steps): "
+            f"{'OK' if self.ok else 'FAILED'}; tolerance: activation size may grow at most like "
+            f"{self.dimension}**{self.tolerance:g}"
         )
         if self.ok:
             worst = max(self.slopes.items(), key=lambda kv: kv[1]) if self.slopes else ("-", 0.0)
-            return f"{head}; steepest module {worst[0]!r} at width**{worst[1]:.2f}"
-        layers = ", ".join(f"{name} (width**{slope:.2f})" for name, slope in sorted(self.offending.items(), key=lambda kv: -kv[1]))
-        return (
-            f"{head}. Activations that grow with width: {layers}. The model is not muP-correct: check that the "
-            "output layer is the readout (scaling.readout), that custom inits use mup.init or `init_std`, and "
-            "that no layer multiplies by a width-dependent constant."
+            return f"{head}; steepest module {worst[0]!r} at {self.dimension}**{worst[1]:.2f}"
+        layers = ", ".join(
+            f"{name} ({self.dimension}**{slope:.2f})" for name, slope in sorted(self.offending.items(), key=lambda kv: -kv[1])
         )
+        if self.dimension == "depth":
+            fix = (
+                "The model is not depth-scaled: check that every residual branch is multiplied by "
+                "config['residual_mult'], that the blocks sit under the workload's `residual_blocks`, and that "
+                "no init grows with depth."
+            )
+        else:
+            fix = (
+                "The model is not muP-correct: check that the output layer is the readout (scaling.readout), that "
+                "custom inits use mup.init or `init_std`, and that no layer multiplies by a width-dependent constant."
+            )
+        return f"{head}. Activations that grow with {self.dimension}: {layers}. {fix}"
 
 
 def coord_check(
@@ -92,38 +109,114 @@ def coord_check(
         readout = scaling.readout
         tolerance = tolerance if tolerance is not None else scaling.coord_check_tolerance
         if widths is None:
-            widths = [w for w in (scaling.proxy * 2**k for k in range(4)) if w <= scaling.target_width]
-    tolerance = 0.25 if tolerance is None else tolerance
-    if not widths or len(widths) < 2:
-        raise ValueError(f"coord_check needs at least two widths, got {widths}")
-    widths = sorted(int(w) for w in widths)
-    if parametrization not in ("mup", "sp"):
-        raise ValueError(f"parametrization must be 'mup' or 'sp', got {parametrization!r}")
+            widths = _doublings(scaling.proxy, scaling.target_width)
+    widths = _points(widths, "widths")
     base_width = base_width or widths[-1]
 
-    sums: dict[tuple[int, str, int], float] = {}
-    for width in widths:
+    def build(width: int) -> tuple[Workload, dict[str, Any]]:
+        scaled = MuPWorkload(workload, width, base_width, readout) if parametrization == "mup" else workload
+        return scaled, scaled.resolve({**(config or {}), "width": width})
+
+    return _check("width", widths, build, steps, seeds, tolerance, plot_path, parametrization)
+
+
+def depth_coord_check(
+    workload: Workload,
+    depths: Sequence[int] | None = None,
+    *,
+    scaling: "ScalingConfig | None" = None,
+    base_depth: int | None = None,
+    depth_alpha: float = 1.0,
+    config: Mapping[str, Any] | None = None,
+    steps: int = 4,
+    seeds: int = 3,
+    tolerance: float | None = None,
+    plot_path: str | None = None,
+    parametrization: str = "mup",
+) -> CoordCheckReport:
+    """The coordinate check across depth: do activation sizes stay flat as blocks are added?
+
+    Each depth's model is depth-scaled (`depth_alpha`, relative to `base_depth`, by default the
+    shallowest) as the sweep trains it; the modules compared are those every depth has (the
+    embeddings, the first block, the residual stream leaving the blocks, the readout). Without
+    depth scaling (`parametrization="sp"`) the residual stream and the logits grow with depth.
+    `scaling` supplies the base depth, alpha, tolerance, the proxy's width (in muP) and by default
+    depths from the proxy up by factors of 2, capped at the target.
+    """
+    if problem := depth_contract_problem(workload):
+        raise ScalingError(problem)
+    width: tuple[int, int] | None = None
+    readout = "readout"
+    if scaling is not None:
+        base_depth = base_depth or scaling.depth_base
+        depth_alpha = scaling.depth_alpha
+        tolerance = tolerance if tolerance is not None else scaling.coord_check_tolerance
+        readout = scaling.readout
+        if scaling.scales_width:
+            width = (scaling.proxy, scaling.base)
+        if depths is None:
+            depths = _doublings(scaling.depth_proxy, scaling.target_depth)
+    depths = _points(depths, "depths")
+    base_depth = base_depth or depths[0]
+
+    def build(depth: int) -> tuple[Workload, dict[str, Any]]:
         if parametrization == "mup":
-            scaled: Workload = MuPWorkload(workload, width, base_width, readout)
+            scaled: Workload = MuPWorkload(
+                workload, *(width or (None, None)), readout, depth=depth, base_depth=base_depth, depth_alpha=depth_alpha
+            )
         else:
-            scaled = workload
-        run_config = scaled.resolve({**(config or {}), "width": width})
+            scaled = MuPWorkload(workload, *width, readout) if width else workload
+        return scaled, scaled.resolve({**(config or {}), workload.depth_key: depth})
+
+    return _check("depth", depths, build, steps, seeds, tolerance, plot_path, parametrization)
+
+
+def _doublings(proxy: int, target: int) -> list[int]:
+    """The proxy's size up by factors of 2 (at most 4 sizes) below the target, and the target."""
+    points = [size for size in (proxy * 2**k for k in range(4)) if size < target]
+    return [*points, target] if len(points) < 4 else points
+
+
+def _points(points: Sequence[int] | None, name: str) -> list[int]:
+    if not points or len(points) < 2:
+        raise ValueError(f"the coordinate check needs at least two {name}, got {points}")
+    return sorted(int(p) for p in points)
+
+
+def _check(
+    dimension: str,
+    points: list[int],
+    build: Callable[[int], tuple[Workload, dict[str, Any]]],
+    steps: int,
+    seeds: int,
+    tolerance: float | None,
+    plot_path: str | None,
+    parametrization: str,
+) -> CoordCheckReport:
+    """Record every module's mean |output| at each point (width or depth), fit the slopes, judge."""
+    tolerance = 0.25 if tolerance is None else tolerance
+    if parametrization not in ("mup", "sp"):
+        raise ValueError(f"parametrization must be 'mup' or 'sp', got {parametrization!r}")
+    sums: dict[tuple[int, str, int], float] = {}
+    for point in points:
+        scaled, run_config = build(point)
         for seed in range(seeds):
             for (module, t), l1 in _record_sizes(scaled, run_config, seed, steps).items():
-                sums[(width, module, t)] = sums.get((width, module, t), 0.0) + l1 / seeds
+                sums[(point, module, t)] = sums.get((point, module, t), 0.0) + l1 / seeds
 
-    sizes = [{"width": w, "module": m, "t": t, "l1": v} for (w, m, t), v in sorted(sums.items())]
-    slopes = _slopes(sizes, widths)
+    sizes = [{"point": w, "module": m, "t": t, "l1": v} for (w, m, t), v in sorted(sums.items())]
+    slopes = _slopes(sizes, points)
     offending = {name: slope for name, slope in slopes.items() if slope > tolerance}
     report = CoordCheckReport(
         ok=not offending,
         parametrization=parametrization,
         tolerance=tolerance,
-        widths=list(widths),
+        points=list(points),
         steps=steps,
         slopes=slopes,
         offending=offending,
         sizes=sizes,
+        dimension=dimension,
     )
     if plot_path is not None:
         report.plot_path = str(plot_coord_check(report, plot_path))
@@ -158,39 +251,39 @@ def _record_sizes(workload: Workload, config: Mapping[str, Any], seed: int, step
     return sizes
 
 
-def _slopes(sizes: list[dict[str, Any]], widths: Sequence[int]) -> dict[str, float]:
-    """Per module: the largest least-squares slope of log2(l1) on log2(width) over the steps."""
-    x = torch.log2(torch.tensor(widths, dtype=torch.float64))
+def _slopes(sizes: list[dict[str, Any]], points: Sequence[int]) -> dict[str, float]:
+    """Per module: the largest least-squares slope of log2(l1) on log2(width or depth) over the steps."""
+    x = torch.log2(torch.tensor(points, dtype=torch.float64))
     x = x - x.mean()
     series: dict[tuple[str, int], dict[int, float]] = {}
     for row in sizes:
-        series.setdefault((row["module"], row["t"]), {})[row["width"]] = row["l1"]
+        series.setdefault((row["module"], row["t"]), {})[row["point"]] = row["l1"]
     slopes: dict[str, float] = {}
-    for (module, _t), by_width in series.items():
-        if len(by_width) != len(widths) or min(by_width.values()) <= 0:
-            continue  # a module missing at some width, or exactly zero (zero-initialised)
-        y = torch.log2(torch.tensor([by_width[w] for w in widths], dtype=torch.float64))
+    for (module, _t), by_point in series.items():
+        if len(by_point) != len(points) or min(by_point.values()) <= 0:
+            continue  # a module missing at some point (a deeper block), or exactly zero (zero-initialised)
+        y = torch.log2(torch.tensor([by_point[w] for w in points], dtype=torch.float64))
         slope = float((x * (y - y.mean())).sum() / (x * x).sum())
         slopes[module] = max(slopes.get(module, float("-inf")), slope)
     return slopes
 
 
 def plot_coord_check(report: CoordCheckReport, path: str):
-    """mup-style plot: mean |output| against width, one panel per step, one line per module."""
+    """mup-style plot: mean |output| against width (or depth), one panel per step, one line per module."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     steps = sorted({row["t"] for row in report.sizes})
-    modules = sorted({row["module"] for row in report.sizes})
+    modules = sorted(report.slopes)  # at every point and nonzero: what the verdict judged
     fig, axes = plt.subplots(1, len(steps), figsize=(4 * len(steps) + 3, 4), sharey=True, squeeze=False)
     for ax, t in zip(axes[0], steps):
         for module in modules:
             rows = [r for r in report.sizes if r["t"] == t and r["module"] == module]
             bad = module in report.offending
             ax.plot(
-                [r["width"] for r in rows],
+                [r["point"] for r in rows],
                 [r["l1"] for r in rows],
                 marker="o",
                 markersize=3,
@@ -201,10 +294,10 @@ def plot_coord_check(report: CoordCheckReport, path: str):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         ax.set_title(f"t={t}")
-        ax.set_xlabel("width")
+        ax.set_xlabel(report.dimension)
     axes[0][0].set_ylabel("mean |activation|")
     fig.legend(loc="center right", fontsize=6, ncol=1 + len(modules) // 30)
-    verdict = "OK" if report.ok else f"FAILED: {len(report.offending)} layer(s) grow with width (red)"
+    verdict = "OK" if report.ok else f"FAILED: {len(report.offending)} layer(s) grow with {report.dimension} (red)"
     fig.suptitle(f"coordinate check, {report.parametrization}: {verdict}")
     fig.tight_layout(rect=(0, 0, 0.8, 0.95))
     fig.savefig(path, dpi=110)

@@ -15,12 +15,19 @@ a base width (by default the target's, so the target itself is ordinary parametr
 5. `lr_multipliers` returns the per-parameter factors that `mup.MuAdam`/`MuAdamW`/`MuSGD` apply,
    so the plain trainer and the fused optimizers both train the proxy in muP.
 
+With a depth (`scaling.target_depth`), the same wrapper also builds the model at the proxy's
+number of residual blocks (the workload's `depth_key`), passes the residual-branch multiplier
+`residual_mult` x (L/L_base)**-alpha to the factory, and multiplies the learning rate and Adam eps
+of the parameters inside the blocks by CompleteP's depth factors (`hpo.scaling._depth`).
+
 Example::
 
     from examples.char_gpt import workload
     from hpo.scaling import ScalingConfig, proxy_workload
     proxy = proxy_workload(workload, ScalingConfig(target_width=256, ratio=4))
     model = proxy.build_model(proxy.resolve({"lr": 2**-7}))   # width 64, muP relative to 256
+    deep = proxy_workload(workload, ScalingConfig(target_width=256, ratio=4, target_depth=8, proxy_depth=2))
+    model = deep.build_model(deep.resolve({}))   # 2 blocks; the depth-8 target's branches get x 2/8
 """
 
 from __future__ import annotations
@@ -34,7 +41,16 @@ import mup
 import torch
 from torch import nn
 
-from hpo.base.workload import Batch, Workload
+from hpo.base.workload import RESIDUAL_MULT, Batch, Workload
+from hpo.scaling._depth import (
+    ADAM_OPTIMIZERS,
+    depth_contract_problem,
+    depth_settings,
+    hidden_eps_factor,
+    hidden_lr_factor,
+    hidden_parameters,
+    residual_multiplier,
+)
 
 if TYPE_CHECKING:
     from hpo.scaling._config import ScalingConfig
@@ -45,38 +61,75 @@ class ScalingError(ValueError):
 
 
 class MuPWorkload(Workload):
-    """`workload` built at `width` in muP with base width `base_width`; everything else delegated.
+    """`workload` built at `width` in muP with base width `base_width`, and at `depth` residual
+    blocks scaled relative to `base_depth` (CompleteP for `depth_alpha` 1, Depth-muP for 0.5; see
+    `hpo.scaling._depth`); everything else delegated. `width=None` leaves the width alone (a
+    depth-only proxy), `depth=None` the depth (a width-only proxy, exactly as before depth scaling).
 
-    Picklable (Ray ships it to workers): it holds only the user's workload and three numbers.
+    Picklable (Ray ships it to workers): it holds only the user's workload and a few numbers.
     """
 
-    def __init__(self, workload: Workload, width: int, base_width: int, readout: str = "readout"):
+    def __init__(
+        self,
+        workload: Workload,
+        width: int | None,
+        base_width: int | None = None,
+        readout: str = "readout",
+        *,
+        depth: int | None = None,
+        base_depth: int | None = None,
+        depth_alpha: float = 1.0,
+    ):
         if isinstance(workload, MuPWorkload):
             raise ScalingError("workload is already muP-scaled; wrap the user's workload, not a proxy")
+        if width is None and depth is None:
+            raise ScalingError("MuPWorkload needs a width, a depth or both to scale")
+        if width is not None and base_width is None:
+            raise ScalingError("muP needs base_width (the width where muP equals the user's model) with width")
+        if depth is not None and (problem := depth_contract_problem(workload)):
+            raise ScalingError(problem)
         self.inner = workload
-        self.width = int(width)
-        self.base_width = int(base_width)
+        self.width = None if width is None else int(width)
+        self.base_width = None if base_width is None else int(base_width)
         self.readout = readout
-        self.name = f"{workload.name}_mup{self.width}"
+        self.depth = None if depth is None else int(depth)
+        self.base_depth = self.depth if base_depth is None else int(base_depth)
+        self.depth_alpha = float(depth_alpha)
+        self.name = workload.name + (f"_mup{self.width}" if self.width is not None else "")
+        self.name += f"_depth{self.depth}" if self.depth is not None else ""
         self.metric = workload.metric
         self.mode = workload.mode
-        self.defaults = {**workload.defaults, "width": self.width}
+        self.defaults = {**workload.defaults, **self._sizes()}
         self.steps_per_iteration = workload.steps_per_iteration
         if hasattr(workload, "eval_metric_names"):
             self.eval_metric_names = workload.eval_metric_names
+        self.depth_key, self.residual_blocks = workload.depth_key, workload.residual_blocks
 
     def __repr__(self) -> str:
-        return f"MuPWorkload({self.inner.name!r}, width={self.width}, base_width={self.base_width}, readout={self.readout!r})"
+        depth = "" if self.depth is None else f", depth={self.depth}, base_depth={self.base_depth}, depth_alpha={self.depth_alpha:g}"
+        return (
+            f"MuPWorkload({self.inner.name!r}, width={self.width}, base_width={self.base_width}, "
+            f"readout={self.readout!r}{depth})"
+        )
+
+    def _sizes(self) -> dict[str, int]:
+        """The config keys this workload forces: `width` and the depth key, where scaled."""
+        sizes = {} if self.width is None else {"width": self.width}
+        if self.depth is not None:
+            sizes[self.inner.depth_key] = self.depth
+        return sizes
 
     # -- the model ---------------------------------------------------------------------------
 
     def resolve(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        """The user's resolution, with `width` forced to this workload's width."""
-        return {**self.inner.resolve(config), "width": self.width}
+        """The user's resolution, with `width` (and the depth key) forced to this workload's."""
+        return {**self.inner.resolve(config), **self._sizes()}
 
     def build_model(self, config: Mapping[str, Any]) -> nn.Module:
-        config = {**config, "width": self.width}
+        config = self._model_config(config)
         model = self.inner.build_model(config)
+        if self.width is None:
+            return model
         _swap_readout(model, self.readout, self.inner.name)
         base, delta = self._shape_models(config)
         try:
@@ -96,6 +149,15 @@ class MuPWorkload(Workload):
                     tensor.zero_()
         return model
 
+    def _model_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """What the user's factory gets: the sizes, and with depth scaling the residual-branch
+        multiplier `residual_mult` (the config's own value, a transferable multiplier) x (L/L_base)**-alpha."""
+        config = {**config, **self._sizes()}
+        if self.depth is not None:
+            factor = residual_multiplier(self.depth, self.base_depth, self.depth_alpha)
+            config[RESIDUAL_MULT] = float(config.get(RESIDUAL_MULT, 1.0)) * factor
+        return config
+
     def _shape_models(self, config: Mapping[str, Any]) -> tuple[nn.Module, nn.Module]:
         """Models at the base width and at twice it, on the meta device (shapes only)."""
         base = _build_shapes_only(self.inner, {**config, "width": self.base_width})
@@ -109,22 +171,74 @@ class MuPWorkload(Workload):
         return base, delta
 
     def validate(self, config: Mapping[str, Any] | None = None) -> nn.Module:
-        """Build the model once, raising `ScalingError` or warning about attention; returns the model."""
+        """Build the model once, raising `ScalingError` or warning about attention (width) and an
+        unread residual multiplier (depth); returns the model."""
         config = self.resolve(config or {})
         model = self.build_model(config)
-        base, delta = self._shape_models(config)
-        for message in attention_scale_problems(base, delta):
-            warnings.warn(message, UserWarning, stacklevel=2)
+        if self.width is not None:
+            base, delta = self._shape_models(self._model_config(config))
+            for message in attention_scale_problems(base, delta):
+                warnings.warn(message, UserWarning, stacklevel=2)
+        if self.depth is not None:
+            self._check_depth_contract(config)
         return model
 
-    # -- optimizer factors (what mup.MuAdam / MuAdamW / MuSGD do) -----------------------------
+    def _check_depth_contract(self, config: Mapping[str, Any]) -> None:
+        """The depth key must add blocks under `residual_blocks`, and the factory should read `residual_mult`."""
+        key, blocks = self.inner.depth_key, self.inner.residual_blocks
+        counts = {}
+        for depth in (self.depth, self.depth + 1):
+            model = _build_shapes_only(self.inner, {**self._model_config(config), key: depth})
+            counts[depth] = len(hidden_parameters(model, blocks))
+        if counts[self.depth] == 0 or counts[self.depth + 1] <= counts[self.depth]:
+            raise ScalingError(
+                f"depth scaling: workload {self.inner.name!r} has {counts[self.depth]} parameters under "
+                f"{blocks!r} at {key}={self.depth} and {counts[self.depth + 1]} at {key}={self.depth + 1}; its "
+                f"build_model must build config[{key!r}] residual blocks under the module `residual_blocks` "
+                f"(now {blocks!r})"
+            )
+        if not _reads_residual_mult(self.inner, self._model_config(config), blocks):
+            warnings.warn(
+                f"depth scaling: the residual blocks of workload {self.inner.name!r} compute the same with "
+                f"{RESIDUAL_MULT}=1 and 2; multiply every residual branch by config[{RESIDUAL_MULT!r}] "
+                "(x = x + residual_mult * branch(x)), or the proxy's optimum will not transfer across depth",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    # -- optimizer factors (muP's, as mup.MuAdam / MuAdamW / MuSGD set them, times depth's) ----
 
     def lr_multipliers(self, model: nn.Module, optimizer: str) -> dict[str, float]:
-        return {name: lr for name, (lr, _) in mup_factors(model, optimizer).items()}
+        factors = {} if self.width is None else {name: lr for name, (lr, _) in mup_factors(model, optimizer).items()}
+        if self.depth is not None:
+            depth_factor = hidden_lr_factor(self.depth, self.base_depth, self.depth_alpha, optimizer)
+            for name in self._hidden(model):
+                factors[name] = factors.get(name, 1.0) * depth_factor
+        return factors
 
     def weight_decay_multipliers(self, model: nn.Module, optimizer: str) -> dict[str, float]:
-        """mup also scales weight decay per parameter (the inverse of the lr factor); see `mup_factors`."""
+        """mup also scales weight decay per parameter (the inverse of the lr factor); see `mup_factors`.
+        Depth leaves weight decay alone (`hpo.scaling._depth`)."""
+        if self.width is None:
+            return {}
         return {name: wd for name, (_, wd) in mup_factors(model, optimizer).items()}
+
+    def eps_multipliers(self, model: nn.Module, optimizer: str) -> dict[str, float]:
+        """CompleteP's hidden Adam eps x (L/L_base)**-alpha; nothing for SGD or a width-only proxy."""
+        if self.depth is None or optimizer not in ADAM_OPTIMIZERS:
+            return {}
+        factor = hidden_eps_factor(self.depth, self.base_depth, self.depth_alpha)
+        return dict.fromkeys(self._hidden(model), factor)
+
+    def _hidden(self, model: nn.Module) -> list[str]:
+        names = hidden_parameters(model, self.inner.residual_blocks)
+        if not names:
+            raise ScalingError(
+                f"depth scaling: the model of workload {self.inner.name!r} has no parameters under "
+                f"{self.inner.residual_blocks!r}; set the workload's `residual_blocks` to the module that holds "
+                "its residual blocks"
+            )
+        return names
 
     # -- delegated ------------------------------------------------------------------------------
 
@@ -144,22 +258,25 @@ class MuPWorkload(Workload):
 def proxy_workload(
     workload: Workload, scaling: "ScalingConfig", *, config: Mapping[str, Any] | None = None, validate: bool = True
 ) -> MuPWorkload:
-    """The muP proxy of `workload` at `scaling.proxy` width, with muP base `scaling.base`.
+    """The proxy of `workload`: `scaling.proxy` width in muP with base `scaling.base`, and
+    `scaling.depth_proxy` blocks depth-scaled relative to `scaling.depth_base` (each where scaled).
 
     With `validate`, builds the proxy once now (from `config`, e.g. the sweep's constant keys, over
     the workload's defaults) so that a model muP cannot handle fails here, with the layer and the
     fix, not inside a Ray worker; attention scaling problems are warned about.
     """
-    proxy = MuPWorkload(workload, scaling.proxy, scaling.base, scaling.readout)
+    proxy = MuPWorkload(workload, scaling.proxy, scaling.base, scaling.readout, **depth_settings(scaling, target=False))
     if validate:
         proxy.validate(config)
     return proxy
 
 
 def target_workload(workload: Workload, scaling: "ScalingConfig") -> MuPWorkload:
-    """The target at `scaling.target_width`. With the default base (the target width) every muP
-    factor is 1 and the model equals the user's own, so transferred values apply unchanged."""
-    return MuPWorkload(workload, scaling.target_width, scaling.base, scaling.readout)
+    """The target at `scaling.target_width` and `scaling.target_depth`. At the default base width
+    (the target's) every muP factor is 1, so in width the model is the user's own; in depth it
+    carries CompleteP's factors relative to the base depth (by default the proxy's), which is
+    where the proxy's values were tuned. Transferred values apply to it unchanged."""
+    return MuPWorkload(workload, scaling.target_width, scaling.base, scaling.readout, **depth_settings(scaling, target=True))
 
 
 def mup_factors(model: nn.Module, optimizer: str) -> dict[str, tuple[float, float]]:
@@ -281,3 +398,24 @@ def attention_scale_problems(base: nn.Module, delta: nn.Module) -> list[str]:
                 "`attn_scale: inv_d` to stay muP-correct if head_dim is ever scaled."
             )
     return problems
+
+
+def _reads_residual_mult(workload: Workload, config: Mapping[str, Any], blocks: str) -> bool:
+    """Whether the residual blocks' outputs change with `residual_mult` (same weights, one eval batch)."""
+    inputs = workload.eval_batches(config)[0][0][:2]
+    outputs = []
+    for mult in (1.0, 2.0):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = workload.build_model({**config, RESIDUAL_MULT: mult}).eval()
+        seen: list[torch.Tensor] = []
+        hooks = [
+            module.register_forward_hook(lambda _m, _i, out: seen.append(out) if isinstance(out, torch.Tensor) else None)
+            for module in model.get_submodule(blocks).children()
+        ]
+        with torch.no_grad():
+            model(inputs)
+        for hook in hooks:
+            hook.remove()
+        outputs.append(seen)
+    return any(not torch.equal(a, b) for a, b in zip(*outputs))

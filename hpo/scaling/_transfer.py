@@ -1,9 +1,10 @@
 """Carrying the proxy's best configuration to the target, and (optionally) training the target.
 
 Under muP (Tensor Programs V, table 1) the optimisation hyperparameters and the init and
-multiplier scales transfer across width; regularisation does not. Because the proxy's muP base
-shapes are the target's, transferred values apply to the target unchanged: the only edit is
-`width`. Everything else is sorted into transferred, flagged (re-tune on a small target sweep),
+multiplier scales transfer across width; under CompleteP (Dey et al. 2025) the same ones transfer
+across depth; regularisation does not. The proxy and the target share their bases (muP's base
+shapes, CompleteP's base depth), so transferred values apply to the target unchanged: the only
+edits are `width` and the workload's depth key. Everything else is sorted into transferred, flagged (re-tune on a small target sweep),
 kept (architecture and run settings) and unknown (carried, but nothing says it transfers).
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpo.base.workload import Workload
+from hpo.scaling._depth import depth_description
 
 if TYPE_CHECKING:
     from hpo.scaling._config import ScalingConfig
@@ -31,7 +33,7 @@ TRANSFERABLE: frozenset[str] = frozenset(
     {
         "lr", "optimizer", "beta1", "beta2", "momentum", "nesterov",
         "lr_schedule", "warmup_steps", "schedule_steps", "lr_gamma", "min_lr_ratio",
-        "init_std", "readout_zero_init", "output_mult", "emb_mult", "attn_mult", "attn_scale",
+        "init_std", "readout_zero_init", "output_mult", "emb_mult", "attn_mult", "attn_scale", "residual_mult",
     }
 )  # fmt: skip
 
@@ -41,12 +43,13 @@ NON_TRANSFERABLE: Mapping[str, str] = {
     "dropout": "regularisation does not transfer under muP (Tensor Programs V, table 1); re-tune on the target",
     "batch_size": "muP transfers across width; batch size transfers only empirically: re-tune or keep fixed",
     "grad_clip": "the global gradient norm grows with width, so a clipping threshold does not transfer; re-tune",
-    "eps": "mup does not width-scale Adam's eps; fine only while eps is far below the gradient scale",
+    "eps": "mup does not width-scale Adam's eps (depth scaling does, for the residual blocks); fine only while eps is far below the gradient scale",
 }
 
-#: Architecture and run settings: carried unchanged, not hyperparameters muP speaks about.
+#: Architecture and run settings: carried unchanged, not hyperparameters muP speaks about (`width`
+#: and the depth key only where that dimension is not scaled).
 KEPT: frozenset[str] = frozenset(
-    {"n_layer", "depth", "head_dim", "n_head", "block_size", "seq_len", "seed", "data_seed", "steps_per_iteration"}
+    {"width", "n_layer", "depth", "head_dim", "n_head", "block_size", "seq_len", "seed", "data_seed", "steps_per_iteration"}
 )
 
 
@@ -77,12 +80,17 @@ class TransferResult:
     flagged: dict[str, str]
     kept: list[str]
     unknown: dict[str, str]
-    proxy_width: int
-    target_width: int
-    base_width: int
+    proxy_width: int | None
+    target_width: int | None
+    base_width: int | None
     metric: str | None = None
     proxy_metric: float | None = None
     target_run: TargetRun | None = None
+    proxy_depth: int | None = None
+    target_depth: int | None = None
+    base_depth: int | None = None
+    #: What scaled and how: per dimension ("width", "depth") its sizes, base, rule and factors.
+    scaled: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,11 +109,12 @@ def transfer_config(
     best_proxy_config: Mapping[str, Any],
     scaling: "ScalingConfig",
     *,
+    depth_key: str | None = None,
     metric: str | None = None,
     proxy_metric: float | None = None,
 ) -> TransferResult:
-    """The target config for `best_proxy_config`: every value carried unchanged, `width` set to
-    the target's, and each key sorted by whether muP says it transfers.
+    """The target config for `best_proxy_config`: every value carried unchanged, `width` (and the
+    workload's `depth_key`) set to the target's, and each key sorted by whether it transfers.
 
     Example::
 
@@ -113,16 +122,28 @@ def transfer_config(
                                  ScalingConfig(target_width=1024, ratio=8))
         result.target_config   # {"lr": 0.01, "weight_decay": 0.1, "width": 1024}
         result.flagged         # {"weight_decay": "regularisation does not transfer ..."}
+        transfer_config({"lr": 0.01}, ScalingConfig(target_depth=16, proxy_depth=4), depth_key="n_layer")
+        # target_config {"lr": 0.01, "n_layer": 16}
     """
-    proxy = dict(best_proxy_config)
-    if "width" in proxy and int(proxy["width"]) != scaling.proxy:
-        raise ValueError(
-            f"best_proxy_config has width {proxy['width']}, but scaling.proxy is {scaling.proxy}: "
-            "is this a proxy trial's config?"
-        )
+    proxy, target = dict(best_proxy_config), dict(best_proxy_config)
+    sizes: dict[str, tuple[int, int]] = {}
+    if scaling.scales_width:
+        sizes["width"] = (scaling.proxy, scaling.target_width)
+    if scaling.scales_depth:
+        if depth_key is None:
+            raise ValueError("scaling.target_depth needs the workload's depth_key to set the target's depth")
+        sizes[depth_key] = (scaling.depth_proxy, scaling.target_depth)
+    for key, (proxy_size, target_size) in sizes.items():
+        if key in proxy and int(proxy[key]) != proxy_size:
+            raise ValueError(
+                f"best_proxy_config has {key} {proxy[key]}, but scaling.{'proxy' if key == 'width' else 'depth_proxy'} is "
+                f"{proxy_size}: "
+                "is this a proxy trial's config?"
+            )
+        proxy[key], target[key] = proxy_size, target_size
     transferred, kept, flagged, unknown = [], [], {}, {}
-    for key in sorted(proxy):
-        if key == "width":
+    for key in sorted(best_proxy_config):
+        if key in sizes:
             continue
         if key in TRANSFERABLE:
             transferred.append(key)
@@ -133,8 +154,8 @@ def transfer_config(
         else:
             unknown[key] = "not a known muP hyperparameter: carried unchanged, transfer not guaranteed"
     return TransferResult(
-        proxy_config={**proxy, "width": scaling.proxy},
-        target_config={**proxy, "width": scaling.target_width},
+        proxy_config=proxy,
+        target_config=target,
         transferred=transferred,
         flagged=flagged,
         kept=kept,
@@ -144,7 +165,34 @@ def transfer_config(
         base_width=scaling.base,
         metric=metric,
         proxy_metric=proxy_metric,
+        proxy_depth=scaling.depth_proxy,
+        target_depth=scaling.target_depth,
+        base_depth=scaling.depth_base,
+        scaled=_scaled(scaling, depth_key),
     )
+
+
+def _scaled(scaling: "ScalingConfig", depth_key: str | None) -> dict[str, Any]:
+    """`transfer.json`'s account of each scaled dimension: sizes, base, the rule and its factors."""
+    scaled: dict[str, Any] = {}
+    if scaling.scales_width:
+        scaled["width"] = {
+            "proxy": scaling.proxy,
+            "target": scaling.target_width,
+            "base": scaling.base,
+            "parametrization": "muP (Tensor Programs V), Microsoft's mup",
+            "rule": (
+                "readout becomes mup.MuReadout (output x base/width); matrix-like parameters: Adam lr x base/width, "
+                "weight decay x width/base, init variance x base/width; SGD per mup.MuSGD; Adam eps unchanged"
+            ),
+            "proxy_width_mult": scaling.proxy / scaling.base,
+            "target_width_mult": scaling.target_width / scaling.base,
+        }
+    if scaling.scales_depth:
+        scaled["depth"] = depth_description(
+            depth_key, scaling.depth_proxy, scaling.target_depth, scaling.depth_base, scaling.depth_alpha
+        )
+    return scaled
 
 
 def train_target(
@@ -158,7 +206,9 @@ def train_target(
     """Train the target with `transfer.target_config` (hpo.base.training.TrialTrainer, in this process).
 
     `workload` is the user's workload; the target is built through `target_workload`, which is
-    the user's own model when muP's base width is the target width. The trained target is saved
+    the user's own model when muP's base width is the target width and, if depth is scaled, the
+    base depth the target's (by default its residual branches carry CompleteP's factor, which
+    `transfer.json` records). The trained target is saved
     in `checkpoint_dir` (see `run_target`).
     """
     from hpo.scaling._mup import target_workload
@@ -180,7 +230,9 @@ def complete_transfer(
     """After the proxy sweep: transfer, write `out_dir/transfer.json`, and with
     `scaling.final_training` train the target, save it in `out_dir/target_checkpoint`, and write
     the file again with its metric and checkpoint."""
-    result = transfer_config(best_proxy_config, scaling, metric=metric, proxy_metric=proxy_metric)
+    result = transfer_config(
+        best_proxy_config, scaling, depth_key=workload.depth_key, metric=metric, proxy_metric=proxy_metric
+    )
     result.write_json(out_dir)  # first, so the transfer survives a failed final training
     if scaling.final_training:
         result.target_run = train_target(
