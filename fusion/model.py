@@ -112,6 +112,22 @@ class FusedModel(nn.Module):
         for name, tensor in own.items():
             tensor[index].copy_(state[name])
 
+    @contextmanager
+    def parameters_replaced(self, replacements: Mapping[int, torch.Tensor]) -> Iterator[None]:
+        """Run the model with `replacements[id(p)]` in place of each parameter p it lists, in every
+        module that holds p (a tied weight too); both paths read their tensors at call time."""
+        swapped = []
+        try:
+            for module in self.module.modules():
+                for name, param in module._parameters.items():
+                    if param is not None and id(param) in replacements:
+                        swapped.append((module._parameters, name, param))
+                        module._parameters[name] = replacements[id(param)]
+            yield
+        finally:
+            for table, name, param in swapped:
+                table[name] = param
+
     @torch.no_grad()
     def select_members(self, index: Sequence[int]) -> None:
         """Keep only the members at `index` (in that order), repacking every parameter and buffer."""

@@ -474,6 +474,21 @@ class FusedOptimizer:
                 value = state["params"].get(name, {}).get(state_name)
                 view[index].copy_(value if value is not None else torch.zeros_like(view[index]))
 
+    def cast_parameters(self, dtype: torch.dtype) -> dict[int, torch.Tensor]:
+        """Every optimized parameter in `dtype` for one step, by the id of its (master) parameter.
+
+        One cast of the whole `[B, P]` matrix instead of one per weight and use: the forward and
+        backward run on views of that copy, and each gradient is added into the master gradient
+        matrix in one kernel (cast and accumulate), so the update and its state stay in full precision."""
+        return dict(zip(map(id, self.params), _CastOnce.apply(self, dtype, *self.params)))
+
+    def _accumulate(self, grads: Sequence[torch.Tensor | None]) -> None:
+        """Add lower-precision gradients into the gradient matrix, flagging the parameters that got one."""
+        for i, (grad, view) in enumerate(zip(grads, self._grad_views)):
+            if grad is not None:
+                view.add_(grad)
+                self._received[i] = True
+
     def tensors(self) -> list[torch.Tensor]:
         """Every matrix the optimizer holds: parameters, gradients, state and scratch (for sizing)."""
         return [self._params_flat, self._grads_flat, *self.state.values(), *self._scratch]
@@ -496,3 +511,21 @@ class FusedOptimizer:
         for name, matrix in state["state"].items():
             self.state[name].copy_(matrix)
         self._mark_static()
+
+
+class _CastOnce(torch.autograd.Function):
+    """Views of one lower-precision copy of the parameter matrix, differentiable to each parameter.
+
+    A parameter that the forward leaves unused gets no gradient (not a zero one), so its step is
+    skipped exactly as in full precision."""
+
+    @staticmethod
+    def forward(ctx, optimizer: FusedOptimizer, dtype: torch.dtype, *params: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.set_materialize_grads(False)
+        ctx.optimizer = optimizer
+        return tuple(optimizer.unflat(optimizer._params_flat.to(dtype)))
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor | None):
+        ctx.optimizer._accumulate(grads)
+        return None, None, *(None for _ in grads)

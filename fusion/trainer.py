@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Hashable, Mapping, Sequence
-from contextlib import nullcontext
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -70,8 +70,9 @@ def compile_mode(requested: str, device: torch.device) -> str:
 class FusedTrainer:
     """B configurations of `workload` trained as one fused model with one fused optimizer.
 
-    `dtype` is "fp32" or "bf16" (bf16 autocast for forward and loss; weights and optimizer
-    state stay fp32). `strategy` is passed to `fusion.fuse_models` ("auto", "stacked", "vmap").
+    `dtype` is "fp32" or "bf16" (bf16 autocast for forward and loss, on a bf16 copy of the
+    weights cast once per step; the master weights, their gradients and the optimizer state stay
+    fp32). `strategy` is passed to `fusion.fuse_models` ("auto", "stacked", "vmap").
     `verify` (default on) trains a float64 copy of the group beside each member's own model for
     a few steps before anything trains, and refuses a group that differs
     (`fusion.verification`); off, a model that fuses wrongly trains on unnoticed.
@@ -156,10 +157,19 @@ class FusedTrainer:
 
     # -- training ------------------------------------------------------------------------------
 
-    def _autocast(self):
+    @contextmanager
+    def _autocast(self) -> Iterator[None]:
+        """bf16: the fp32 master weights cast once (one kernel) for the step or evaluation, and
+        autocast choosing each op's precision. A compiled step casts inside its graph instead."""
         if self.dtype == "fp32":
-            return nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=DTYPES[self.dtype])
+            yield
+            return
+        with torch.autocast(device_type=self.device.type, dtype=DTYPES[self.dtype]):
+            if self.compile_path != "off":
+                yield
+                return
+            with self.model.parameters_replaced(self.optimizer.cast_parameters(DTYPES[self.dtype])):
+                yield
 
     def member_losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """`[B]` losses: the workload's (mean) loss of each member's slice of `output`."""

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from examples.char_gpt import workload as char_gpt
 from examples.mlp_digits import workload as mlp_digits
@@ -150,6 +151,31 @@ def test_auto_strategy_uses_module_swapping_when_it_fits_and_vmap_otherwise():
     assert FusedTrainer(char_gpt, [gpt, {**gpt, "seed": 1}]).model.strategy == "stacked"
     # a per-member multiplier kept as a float attribute of the user's module: only vmap stacks it
     assert FusedTrainer(char_gpt, [gpt, {**gpt, "seed": 1, "attn_mult": 2.0}]).model.strategy == "vmap"
+
+
+class _AttentionKernelCalls(TorchDispatchMode):
+    """Records the shape of the query each attention kernel (forward or backward) is called on."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, tuple[int, ...]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "scaled_dot_product" in func.name():
+            self.calls.append((func.name(), tuple(args[0].shape)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_char_gpt_causal_attention_runs_once_per_layer_on_all_members_folded():
+    # GPT proxies stay off vmap: each layer's causal attention is one kernel call on [B*N, heads, T, d]
+    gpt = char_gpt.resolve({"width": 32, "head_dim": 16, "n_layer": 2, "block_size": 8, "batch_size": 3})
+    trainer = FusedTrainer(char_gpt, [{**gpt, "seed": s, "lr": 1e-3 * (s + 1)} for s in range(4)])
+    assert trainer.model.strategy == "stacked"
+    with _AttentionKernelCalls() as kernels:
+        trainer.train_step(*trainer.batches.batch(0))
+    forward = [shape for name, shape in kernels.calls if not name.endswith("_backward")]
+    backward = [shape for name, shape in kernels.calls if name.endswith("_backward")]
+    assert forward == backward == [(4 * 3, 2, 8, 16)] * 2
 
 
 def test_per_member_attention_and_output_multipliers_fuse():
