@@ -17,7 +17,6 @@ import json
 import math
 import numbers
 import os
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from hpo.base.atomic_files import write_all_atomically, write_atomically
 
 RESULTS_FILE = "results.csv"
 SUMMARY_FILE = "summary.json"
@@ -172,35 +173,6 @@ def best_record(
     return pick(candidates, key=lambda pair: pair[0])[1]
 
 
-def write_atomically(path: Path, write: Any) -> None:
-    """Run `write(temporary_path)`, then rename the result over `path` (same folder, so atomic)."""
-    write_all_atomically({path: write})
-
-
-def write_all_atomically(writes: Mapping[Path, Any]) -> None:
-    """Write every file to a temporary beside it (fsynced) before renaming any of them into place:
-    a failed write (a full disk) changes none of the files, so a reader never pairs a new file with
-    an old one. The OSError names the file that could not be written."""
-    staged: dict[Path, str] = {}
-    try:
-        for path, write in writes.items():
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                handle, staged[path] = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-                os.close(handle)
-                write(staged[path])
-                with open(staged[path], "rb") as written:
-                    os.fsync(written.fileno())
-            except OSError as exc:
-                raise OSError(exc.errno, exc.strerror, str(path)) from exc
-        for path, temporary in staged.items():
-            os.replace(temporary, path)
-    finally:
-        for temporary in staged.values():
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-
-
 def write_run_files(
     directory: Path, records: Sequence[TrialRecord], metric: str, mode: str, max_iterations: int | None
 ) -> pd.DataFrame:
@@ -222,7 +194,7 @@ def write_run_files(
     text = json.dumps(summary, indent=2, default=str) + "\n"
     write_all_atomically({
         directory / RESULTS_FILE: lambda temporary: frame.to_csv(temporary, index=False),
-        directory / SUMMARY_FILE: lambda temporary: Path(temporary).write_text(text),
+        directory / SUMMARY_FILE: text,
     })
     return frame
 
