@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 
 from hpo.base.atomic_files import write_all_atomically, write_atomically
+from hpo.tune_state import DAMAGED, newest_state, trial_states
 
 RESULTS_FILE = "results.csv"
 SUMMARY_FILE = "summary.json"
@@ -301,12 +302,11 @@ def _verdict(folder: Path) -> str:
 
 def saved_configs(experiment: Path) -> dict[str, dict[str, Any]]:
     """Each trial's config in Tune's newest saved run state (empty if there is none or it is damaged)."""
-    states = sorted(experiment.glob("experiment_state-*.json"))
+    newest = newest_state(experiment)
     try:
-        entries = json.loads(states[-1].read_text())["trial_data"] if states else []
-        trials = [json.loads(entry[0] if isinstance(entry, list) else entry) for entry in entries]
+        trials = trial_states(newest) if newest else []
         return {str(trial["trial_id"]): dict(trial.get("config") or {}) for trial in trials}
-    except (OSError, ValueError, KeyError, TypeError):
+    except DAMAGED:
         return {}
 
 
@@ -333,19 +333,15 @@ class SavedRunState:
         """`relist` lists the folder now: at a sweep's end, when Tune has just saved its last state."""
         now = time.monotonic()
         if relist or self._newest is None or now - self._listed_at >= self.LIST_EVERY_S:
-            states = sorted(self.experiment.glob("experiment_state-*.json"))
-            self._newest, self._listed_at = (states[-1] if states else None), now
+            self._newest, self._listed_at = newest_state(self.experiment), now
         newest = self._newest
         try:
             seen = (newest, newest.stat().st_mtime_ns) if newest else ()
             if seen and seen != self._seen:
-                ended = set()
-                for entry in json.loads(newest.read_text())["trial_data"]:
-                    state = json.loads(entry[0] if isinstance(entry, list) else entry)
-                    if state["status"] in ("TERMINATED", "ERROR"):
-                        ended.add(state["trial_id"])
+                states = trial_states(newest)
+                ended = {state["trial_id"] for state in states if state["status"] in ("TERMINATED", "ERROR")}
                 self._seen, self._ended = seen, ended
-        except (OSError, ValueError, KeyError, TypeError):
+        except DAMAGED:
             pass  # being replaced, or damaged: read it again at the next step
         return self._ended
 
