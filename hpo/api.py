@@ -45,6 +45,7 @@ from hpo.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
 from hpo.trainables import is_workload, resolve_trainable
 from hpo.trial_errors import TrialErrorCallback
 from hpo.trial_output import with_trial_output
+from hpo.tune_state import DAMAGED, STATE_PATTERN, newest_state, state_files, trial_entries
 
 if TYPE_CHECKING:
     from hpo.base.workload import Workload
@@ -411,26 +412,24 @@ def latest_run(storage: Path, name: str) -> Path | None:
 def nothing_ran(path: Path) -> bool:
     """Whether a run folder holds neither a saved Tune state nor a trial's folder: a run stopped
     before it began, which loses nothing by being started again."""
-    return not any(path.glob("experiment_state-*.json")) and not any(path.glob("*/params.json"))
+    return not state_files(path) and not any(path.glob("*/params.json"))
 
 
 def verify_run_state(path: Path) -> None:
     """Refuse a run whose Tune state is missing or damaged, naming the file; see RunStateError."""
     rebuild = f"rebuild its results from the trials' own folders with: hpo results {path} --rebuild"
-    states = sorted(path.glob("experiment_state-*.json"))
-    if not states:
+    newest = newest_state(path)
+    if newest is None:
         if nothing_ran(path):
             raise RunStateError(f"{path}: nothing ran in this run (it was stopped before Tune saved any state); "
                                 "start the sweep again, without --resume")
-        raise RunStateError(f"{path}: no experiment_state-*.json; this is not a resumable run ({rebuild})")
-    newest = states[-1]
+        raise RunStateError(f"{path}: no {STATE_PATTERN}; this is not a resumable run ({rebuild})")
     try:
-        state = json.loads(newest.read_text())
-        trials = state["trial_data"]
-        for entry in trials:  # each trial: its JSON state, and its run metadata, as JSON strings
-            for part in entry if isinstance(entry, list) else [entry]:
+        trials = trial_entries(newest)
+        for parts in trials:
+            for part in parts:
                 json.loads(part)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except DAMAGED as exc:
         raise RunStateError(f"{newest}: damaged run state ({type(exc).__name__}: {exc}); {rebuild}") from None
     tuner = path / "tuner.pkl"
     if not tuner.exists() or tuner.stat().st_size == 0:

@@ -7,9 +7,9 @@ whole folder to the run's storage at each save of its state, writing every file 
 driver killed during that copy (or a disk that fills up) leaves a truncated `tuner.pkl` or state
 file, and `--resume` must then refuse the run. On this filesystem a file Tune writes is replaced
 atomically when its writer closes it: the new bytes go to a temporary file in the same folder
-that is fsynced and renamed over the target, so the storage holds the old file or the new one,
-never a torn one. A write that fails (ENOSPC) removes its temporary file and raises, and so does
-a stream closed while an exception raised after it was opened propagates (a second Ctrl-C while
+that is renamed over the target under the project's one rule (`hpo.base.atomic_files`: the file
+and then its folder fsynced), so the storage holds the old file or the new one, never a torn
+one. A write that fails (ENOSPC) removes its temporary file and raises, and so does a stream closed while an exception raised after it was opened propagates (a second Ctrl-C while
 Tune saves its state, an error in the writer between two writes): pyarrow closes the stream on its
 way out, and the bytes written until then are not the file.
 
@@ -38,6 +38,8 @@ from typing import Any
 
 import pyarrow
 import pyarrow.fs
+
+from hpo.base.atomic_files import replace_durably
 
 
 #: Files up to this size are compared with the file they replace before anything is written
@@ -119,9 +121,8 @@ class _ReplacedWhenClosed(io.RawIOBase):
             if not self._failed and not unchanged:
                 if self._spilled is None:  # the content is a shorter start of the target's, or empty
                     self._spill()
-                os.fsync(self._spilled.fileno())
                 self._spilled.close()
-                os.replace(self._temporary, self._target)
+                replace_durably(self._temporary, self._target)
                 self._temporary = ""
         except BaseException:
             self._failed = True

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import torch
 from ray import tune
 
 from fusion.trainer import FusedTrainer
+from hpo.base.atomic_files import replace_folder_durably
 from hpo.base.checkpointing import KEEP_NEWEST, checkpoint_due
 from hpo.fused_members import STATUS_FILE, member_ids
 from hpo.results import MEMBERS_DIR
@@ -111,8 +111,7 @@ def fused_group_trainable(
                     shutil.rmtree(staging, ignore_errors=True)
                     staging.mkdir(parents=True)
                     save_trial_state(trainer.member_state_dict(member_id), staging)
-                    shutil.rmtree(target, ignore_errors=True)
-                    os.replace(staging, target)  # a checkpoint folder is whole or absent
+                    replace_folder_durably(staging, target)
                     for old in sorted(folder.glob("checkpoint_*"))[:-KEEP_NEWEST]:
                         shutil.rmtree(old, ignore_errors=True)
                 paths[member_id] = str(target)

@@ -28,7 +28,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hpo.results import MEMBERS_DIR, STATUS_FILE, SweepResult, TrialRecord, records_from_trial_dirs, write_atomically
+from hpo.base.atomic_files import write_atomically
+from hpo.results import MEMBERS_DIR, STATUS_FILE, SweepResult, TrialRecord, records_from_trial_dirs
 
 
 def member_ids(group_trial_id: str, size: int) -> list[str]:
@@ -136,7 +137,7 @@ class MemberBook:
                     self._ended.append(member)
                 elif not (folder / "params.json").exists():
                     text = json.dumps(member.config, default=str)
-                    write_atomically(folder / "params.json", lambda temporary: Path(temporary).write_text(text))
+                    write_atomically(folder / "params.json", text)
             members.append(member)
         return members
 
@@ -184,9 +185,9 @@ class MemberBook:
         self._ended.append(member)
         folder = self.folder / member.trial_id
         if error:
-            write_atomically(folder / "error.txt", lambda temporary: Path(temporary).write_text(error))
+            write_atomically(folder / "error.txt", error)
         text = json.dumps({"status": status})
-        write_atomically(folder / STATUS_FILE, lambda temporary: Path(temporary).write_text(text))
+        write_atomically(folder / STATUS_FILE, text)
 
     def records(self, groups: Iterable[str] | None = None) -> list[TrialRecord]:
         """One record per member of `groups` (default: the groups Tune has added), read back from

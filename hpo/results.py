@@ -17,7 +17,6 @@ import json
 import math
 import numbers
 import os
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -25,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from hpo.base.atomic_files import write_all_atomically, write_atomically
+from hpo.tune_state import DAMAGED, newest_state, trial_states
 
 RESULTS_FILE = "results.csv"
 SUMMARY_FILE = "summary.json"
@@ -172,35 +174,6 @@ def best_record(
     return pick(candidates, key=lambda pair: pair[0])[1]
 
 
-def write_atomically(path: Path, write: Any) -> None:
-    """Run `write(temporary_path)`, then rename the result over `path` (same folder, so atomic)."""
-    write_all_atomically({path: write})
-
-
-def write_all_atomically(writes: Mapping[Path, Any]) -> None:
-    """Write every file to a temporary beside it (fsynced) before renaming any of them into place:
-    a failed write (a full disk) changes none of the files, so a reader never pairs a new file with
-    an old one. The OSError names the file that could not be written."""
-    staged: dict[Path, str] = {}
-    try:
-        for path, write in writes.items():
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                handle, staged[path] = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-                os.close(handle)
-                write(staged[path])
-                with open(staged[path], "rb") as written:
-                    os.fsync(written.fileno())
-            except OSError as exc:
-                raise OSError(exc.errno, exc.strerror, str(path)) from exc
-        for path, temporary in staged.items():
-            os.replace(temporary, path)
-    finally:
-        for temporary in staged.values():
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-
-
 def write_run_files(
     directory: Path, records: Sequence[TrialRecord], metric: str, mode: str, max_iterations: int | None
 ) -> pd.DataFrame:
@@ -222,7 +195,7 @@ def write_run_files(
     text = json.dumps(summary, indent=2, default=str) + "\n"
     write_all_atomically({
         directory / RESULTS_FILE: lambda temporary: frame.to_csv(temporary, index=False),
-        directory / SUMMARY_FILE: lambda temporary: Path(temporary).write_text(text),
+        directory / SUMMARY_FILE: text,
     })
     return frame
 
@@ -329,12 +302,11 @@ def _verdict(folder: Path) -> str:
 
 def saved_configs(experiment: Path) -> dict[str, dict[str, Any]]:
     """Each trial's config in Tune's newest saved run state (empty if there is none or it is damaged)."""
-    states = sorted(experiment.glob("experiment_state-*.json"))
+    newest = newest_state(experiment)
     try:
-        entries = json.loads(states[-1].read_text())["trial_data"] if states else []
-        trials = [json.loads(entry[0] if isinstance(entry, list) else entry) for entry in entries]
+        trials = trial_states(newest) if newest else []
         return {str(trial["trial_id"]): dict(trial.get("config") or {}) for trial in trials}
-    except (OSError, ValueError, KeyError, TypeError):
+    except DAMAGED:
         return {}
 
 
@@ -361,19 +333,15 @@ class SavedRunState:
         """`relist` lists the folder now: at a sweep's end, when Tune has just saved its last state."""
         now = time.monotonic()
         if relist or self._newest is None or now - self._listed_at >= self.LIST_EVERY_S:
-            states = sorted(self.experiment.glob("experiment_state-*.json"))
-            self._newest, self._listed_at = (states[-1] if states else None), now
+            self._newest, self._listed_at = newest_state(self.experiment), now
         newest = self._newest
         try:
             seen = (newest, newest.stat().st_mtime_ns) if newest else ()
             if seen and seen != self._seen:
-                ended = set()
-                for entry in json.loads(newest.read_text())["trial_data"]:
-                    state = json.loads(entry[0] if isinstance(entry, list) else entry)
-                    if state["status"] in ("TERMINATED", "ERROR"):
-                        ended.add(state["trial_id"])
+                states = trial_states(newest)
+                ended = {state["trial_id"] for state in states if state["status"] in ("TERMINATED", "ERROR")}
                 self._seen, self._ended = seen, ended
-        except (OSError, ValueError, KeyError, TypeError):
+        except DAMAGED:
             pass  # being replaced, or damaged: read it again at the next step
         return self._ended
 

@@ -54,7 +54,6 @@ with `close(failure)` is told when it leaves the stage.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from contextlib import nullcontext
@@ -65,6 +64,7 @@ from typing import Any, Protocol
 
 import torch
 
+from hpo.base.atomic_files import write_atomically
 from hpo.base.trial_state import rng_devices
 from pipeline_bubble.guests import GuestWork
 from pipeline_bubble.harvest_policy import HISTORY, OBSERVE_EVERY, SAFETY, WINDOW_HISTORY, WINDOW_QUANTILE, quantile
@@ -245,10 +245,8 @@ class BubbleExecutor:
     def checkpoint(self) -> None:
         if self.guest is None or self.checkpoint_path is None:
             return
-        self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.checkpoint_path.with_suffix(".partial")
-        torch.save({"guest": self.guest.state_dict(), "harvested_steps": self.stats.steps}, partial)
-        os.replace(partial, self.checkpoint_path)
+        state = {"guest": self.guest.state_dict(), "harvested_steps": self.stats.steps}
+        write_atomically(self.checkpoint_path, lambda temporary: torch.save(state, temporary))
         self._since_checkpoint = 0
 
     def begin_batch(self) -> None:

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpo.base.atomic_files import write_atomically
 from hpo.base.actor_names import ALLOCATOR_NAME, NAMESPACE
 from .memory_probe import PeakMemory
 
@@ -92,14 +92,7 @@ class JobContext:
         if not self.is_chief:
             return
         data = _encode_state(state)
-        d = Path(self.checkpoint_dir)
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".{CHECKPOINT_FILE}.{os.getpid()}.tmp"
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, d / CHECKPOINT_FILE)
+        write_atomically(Path(self.checkpoint_dir) / CHECKPOINT_FILE, data)
         if progress is not None:
             self._report_progress(progress)
 

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from hpo.base.atomic_files import write_atomically
+
 log = logging.getLogger(__name__)
 
 FILE_MODE = 0o600
@@ -174,13 +176,8 @@ class Journal:
             elif line.strip():
                 skipped += 1
         kept = self.path.with_name(self.path.name + ".unframed")
-        tmp = self.path.with_name(f".{self.path.name}.convert")
-        for dest, content in ((kept, data), (tmp, b"".join(framed))):
-            with os.fdopen(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE), "wb") as f:
-                f.write(content)
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_atomically(kept, data)
+        write_atomically(self.path, b"".join(framed))
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
         self.note(f"{self.path}: converted {len(framed)} records of the unframed format "
