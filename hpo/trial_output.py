@@ -7,7 +7,8 @@ for the duration of each trial, the worker's `sys.stdout` and `sys.stderr` prefi
 the trial's id (the id the progress lines show), and put back what was there when the trial
 returns or raises; the next trial on that worker gets its own prefix.
 
-The same wrapper quiets Ray's own logger on the workers when the driver asks for it
+The wrapper also keeps a worker that Ray ends from printing its exit as an ignored exception
+(`quiet_exit_in_finalizers`). The same wrapper quiets Ray's own logger on the workers when the driver asks for it
 (`quiet_ray_on_workers`, which `hpo run` calls): Ray Tune's INFO lines, such as "Checkpoint
 successfully created at ..." after every checkpoint, then stay off the terminal among the user's
 prints. Set inside the trial, not through a `worker_process_setup_hook`, which needs a runtime env
@@ -86,6 +87,8 @@ def trial_output(trial_id: str, ray_log_level: str | None = None) -> Iterator[No
     """Prefix this process's stdout and stderr with `trial_id` (and set Ray's logger to
     `ray_log_level`) until the block ends, however it ends. Nested blocks (a class trainable's
     `reset_config` calling its `setup`) prefix once."""
+    if sys.unraisablehook is sys.__unraisablehook__:
+        sys.unraisablehook = quiet_exit_in_finalizers
     saved = sys.stdout, sys.stderr
     ray_logger = logging.getLogger("ray")
     saved_level = ray_logger.level
@@ -102,6 +105,16 @@ def trial_output(trial_id: str, ray_log_level: str | None = None) -> Iterator[No
             stream.flush()
         sys.stdout, sys.stderr = saved
         ray_logger.setLevel(saved_level)
+
+
+def quiet_exit_in_finalizers(unraisable: Any) -> None:
+    """The unraisable-exception hook of a trial's worker. Ray ends a worker it no longer needs by
+    raising SystemExit in it; when that lands inside a weakref or finalizer callback, Python prints
+    "Exception ignored in ..." with a traceback on the sweep's console after the sweep ended. A
+    worker exiting as asked is not an error, so that one is dropped; every other unraisable
+    exception is printed as Python prints it."""
+    if not isinstance(unraisable.exc_value, SystemExit):
+        sys.__unraisablehook__(unraisable)
 
 
 #: The `tune.Trainable` methods a class trainable's code runs in: `setup` (from `__init__`), the ones

@@ -10,7 +10,7 @@ import sys
 import pytest
 from ray import tune
 
-from hpo.trial_output import trial_output, with_trial_output
+from hpo.trial_output import quiet_exit_in_finalizers, trial_output, with_trial_output
 
 
 def test_lines_printed_in_a_trial_carry_its_id_on_stdout_and_stderr(capsys):
@@ -71,3 +71,21 @@ def test_a_class_trainables_own_methods_print_under_its_trial_id(capsys):
     printed = [line for line in capsys.readouterr().out.splitlines() if "setting" in line or "stepping" in line]
     # Outside Tune a Trainable's trial id is "default".
     assert printed == ["[trial default] setting up", "[trial default] stepping"]
+
+
+def test_a_worker_ended_by_ray_prints_no_ignored_exception_but_other_finalizer_errors_still_show(capsys, monkeypatch):
+    """Ray's SystemExit landing in a weakref callback printed "Exception ignored in ..." after the sweep."""
+    class Finalizer:
+        def __init__(self, error: BaseException):
+            self.error = error
+
+        def __del__(self):
+            raise self.error
+
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)  # a worker's (pytest sets its own)
+    with trial_output("t1"):
+        assert sys.unraisablehook is quiet_exit_in_finalizers
+    Finalizer(SystemExit(1))
+    assert capsys.readouterr().err == ""
+    Finalizer(ValueError("a real bug"))
+    assert "ValueError: a real bug" in capsys.readouterr().err
