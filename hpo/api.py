@@ -357,14 +357,15 @@ def expected_trials(param_space: Mapping[str, Any], num_samples: int) -> float:
     every combination of the space's grid searches (`inf` for `num_samples=-1`)."""
     if num_samples < 0:
         return math.inf
-    return num_samples * _grid_size(param_space)
+    return num_samples * grid_size(param_space)
 
 
-def _grid_size(space: Any) -> int:
+def grid_size(space: Any) -> int:
+    """How many configurations one sample of `space` expands to: the product of its grid searches."""
     if isinstance(space, Mapping):
         if set(space) == {"grid_search"}:
             return len(space["grid_search"])
-        return math.prod(_grid_size(value) for value in space.values())
+        return math.prod(grid_size(value) for value in space.values())
     return 1
 
 

@@ -28,7 +28,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler, TrialScheduler
 from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Searcher
 
-from hpo.api import Trainable, Tuner
+from hpo.api import Trainable, Tuner, grid_size
 from hpo.atomic_storage import atomic_local_filesystem, is_local_path
 from hpo.base.checkpointing import KEEP_NEWEST
 from hpo.logging_callbacks import as_logging_spec, logger_callbacks
@@ -247,12 +247,4 @@ def trial_total(config: Mapping[str, Any] | None, num_samples: int, search_alg: 
         return None
     if search_alg is not None and not isinstance(search_alg, BasicVariantGenerator):
         return num_samples
-    return num_samples * _grid_size(config or {})
-
-
-def _grid_size(space: Any) -> int:
-    if isinstance(space, Mapping):
-        if set(space) == {"grid_search"}:
-            return len(space["grid_search"])
-        return math.prod(_grid_size(value) for value in space.values())
-    return 1
+    return num_samples * grid_size(config or {})
