@@ -93,11 +93,12 @@ class TrialErrorCallback(Callback):
             trial.max_failures = self._budgets.pop(trial.trial_id)
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        if not trial.has_reported_at_least_once and raised_in_code(self._failure_text(trial)):
+        text = self._failure_text(trial)
+        if not trial.has_reported_at_least_once and raised_in_code(text):
             self._budgets.setdefault(trial.trial_id, trial.max_failures)
             trial.max_failures = trial.num_failures  # the attempt now starting is retried only if it reports
         self._show(trial, "it runs again" + ("; a second failure before its first report is final"
-                                              if not trial.has_reported_at_least_once else ""))
+                                              if not trial.has_reported_at_least_once else ""), text)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         budget = self._budgets.pop(trial.trial_id, None)
@@ -109,11 +110,12 @@ class TrialErrorCallback(Callback):
         written = trial.error_file  # on the driver, written as the failure arrived; copied to the run folder later
         return Path(written).read_text(errors="replace") if written and Path(written).exists() else ""
 
-    def _show(self, trial: Any, next_step: str) -> None:
+    def _show(self, trial: Any, next_step: str, text: str | None = None) -> None:
+        """Print the failure in `text` (the trial's error file, read here unless the caller has it)."""
         if self.verbose < 1:
             return
         written = trial.error_file
-        text = self._failure_text(trial)
+        text = self._failure_text(trial) if text is None else text
         frames = user_frames(last_failure(text)) or "(no traceback recorded)"
         attempt = f"attempt {trial.num_failures}"
         where = f" (full traceback: {Path(trial.path) / Path(written).name})" if written and trial.path else ""
