@@ -109,10 +109,22 @@ def test_every_line_a_trial_prints_carries_that_trials_id_when_one_process_serve
 
 
 @pytest.mark.slow
+def test_one_trial_id_in_the_progress_lines_the_rows_and_the_trial_folders(run_from_root):
+    """Issue 34: the id a progress line names is the row's `trial_id` and is in its trial's folder
+    and checkpoint path, under the CLI as under `hpo.run` (tests/test_progress_line.py)."""
+    proc, run = run_from_root
+    rows = pd.read_csv(run / "results.csv")
+    printed = re.findall(r"^\[\s*\d/2\] trial (\w+) finished after 2 it: loss=", proc.stdout, re.M)
+    assert sorted(printed) == sorted(rows["trial_id"]), proc.stdout
+    folders = [folder.name for folder in run.iterdir() if folder.is_dir()]
+    for trial_id, checkpoint in zip(rows["trial_id"], rows["checkpoint"]):
+        assert [name for name in folders if f"_{trial_id}_" in name] == [Path(checkpoint).parent.name], (trial_id, folders)
+
+
+@pytest.mark.slow
 def test_the_console_shows_hpos_progress_lines_and_no_optuna_or_tune_chatter(run_from_root):
     proc, _ = run_from_root
     console = proc.stdout + proc.stderr
-    assert len(re.findall(r"^\[\s*\d/2\] trial \w+ finished after 2 it: loss=", proc.stdout, re.M)) == 2, proc.stdout
     assert "A new study created" not in console  # Optuna's INFO line
     assert "Checkpoint successfully created" not in console  # Ray Tune's INFO line, on the workers
     for table in ("Trial status", "Trial name", "Current time", "+-----"):  # Tune's status tables
