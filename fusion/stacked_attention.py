@@ -320,9 +320,9 @@ class MemberScales(float):
     The members' values live in a float64 buffer of the module (`name`), so every row-wise
     operation on the fused model (removing members, the guard's copy of some rows, moving it to
     a device) keeps them right; they are read to the host once per such change, never per step.
-    Only `MemberScaledAttention` reads them. As a number it is NaN, so any other use (arithmetic,
-    a kernel taking it as a scalar) makes the probe's outputs NaN, and the group is fused by
-    vmap instead (which stacks any scalar attribute)."""
+    Only `MemberScaledAttention` reads them. Any other use fails, and the group is fused by vmap
+    instead (which stacks any scalar attribute): Python arithmetic, comparisons and truth tests
+    raise, and as a number (a kernel taking it as a scalar) it is NaN, which the probe rejects."""
 
     def __new__(cls, module: nn.Module, name: str) -> "MemberScales":
         scales = super().__new__(cls, math.nan)
@@ -332,6 +332,14 @@ class MemberScales(float):
 
     def __reduce__(self):
         return MemberScales, (self.module, self.name)
+
+    def _refused(self, *args: object) -> None:
+        raise TypeError(f"a per-member attribute of the stacked path ({self.name}) is only a scaled_dot_product_attention scale")
+
+    __bool__ = __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __int__ = __index__ = __round__ = _refused
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _refused
+    __pow__ = __rpow__ = __neg__ = __abs__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _refused
+    __hash__ = object.__hash__
 
     @property
     def values(self) -> tuple[float, ...]:
