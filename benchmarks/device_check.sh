@@ -12,7 +12,7 @@
 #   device_check_<device>.json   commit, device, torch, the pytest outcome and every row
 #                                (fused/serial step ms, launches per step, TFLOP/s on CUDA)
 # Full run: the MLP and the char-GPT proxy at width 64 and 512, 6 layers, B = 1, 16, 64, 128,
-# fp32 and bf16, --compile off and graphs. --quick: width 32, 2 layers, B = 1, 2, fp32, 2 steps.
+# fp32 and bf16, --compile off,graphs (side by side). --quick: width 32, 2 layers, B = 1, 2, fp32, 2 steps.
 set -euo pipefail
 
 device=cuda
@@ -43,9 +43,9 @@ done
 if [ "$quick" = 1 ]; then
     widths="32"; members="1,2"; extra=(--layers 2 --block 16 --batch 8 --steps 2 --repeats 1 --serial-cap 1); dtypes="fp32"; modes="off"
 else
-    widths="64 512"; members="1,16,64,128"; extra=(--layers 6 --steps 10 --repeats 3); dtypes="fp32,bf16"; modes="off graphs"
+    widths="64 512"; members="1,16,64,128"; extra=(--layers 6 --steps 10 --repeats 3); dtypes="fp32,bf16"; modes="off,graphs"
 fi
-[ "$device" = cpu ] && [ "$quick" = 0 ] && dtypes="fp32" && modes="off inductor"
+[ "$device" = cpu ] && [ "$quick" = 0 ] && dtypes="fp32" && modes="off,inductor"
 
 pytest_status=skipped
 if [ "$device" = cuda ]; then
@@ -55,12 +55,11 @@ fi
 
 runs=()
 for width in $widths; do
-    for mode in $modes; do
-        json="$work/fusion_${width}_${mode}.json"
-        PYTHONPATH="$repo" "$python" benchmarks/fusion_throughput.py --device "$device" --models mlp,char_gpt \
-            --width "$width" --members "$members" --dtypes "$dtypes" --compile "$mode" --no-concurrent "${extra[@]}" --json "$json"
-        runs+=("$json")
-    done
+    # the paths side by side: timed in the same rounds, one row each
+    json="$work/fusion_${width}.json"
+    PYTHONPATH="$repo" "$python" benchmarks/fusion_throughput.py --device "$device" --models mlp,char_gpt \
+        --width "$width" --members "$members" --dtypes "$dtypes" --compile "$modes" --no-concurrent "${extra[@]}" --json "$json"
+    runs+=("$json")
 done
 
 PYTHONPATH="$repo" "$python" - "$out/device_check_${device}.json" "$pytest_status" "${runs[@]}" <<'PY'

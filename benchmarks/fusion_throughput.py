@@ -30,11 +30,17 @@ clocked around its calls; the best of `--repeats` rounds is kept.
 
 A larger proxy: `--width --layers --block --batch` override the models' width, layers (the
 MLP's hidden layers, the GPT's blocks), the GPT's context and the batch; `--compile` picks the
-fused step's path (`FusedTrainer(compile=...)`: off, inductor, graphs). Each row then also has
-the fused and serial step times (`*_step_ms`: one step of all B members) and the fused step's
-launches per step, counted with torch.profiler over a few steps: CUDA kernels on a GPU, leaf
-ATen ops on a CPU (an inductor kernel on a CPU is no ATen op and is not counted there). The
-JSON records the commit, the device's name and torch's version.
+fused step's paths (`FusedTrainer(compile=...)`: off, inductor, graphs; several, comma-separated,
+are timed side by side in the same rounds against one serial baseline, one row each, with
+`fused_vs_off` and `launches_off_vs_this` against eager). Each row then also has the fused and
+serial step times (`*_step_ms`: one step of all B members) and the fused step's launches per
+step, counted with torch.profiler over a few steps (`launches_per_step`): CUDA kernels on a GPU;
+on a CPU, as their stand-in, the ATen ops that compute plus inductor's generated C++ kernels
+(`fused_launches_per_step`), and the ATen ops dispatched, views included
+(`fused_aten_ops_per_step`). The JSON records the commit, the device's name, torch's version
+and the load averages around the run.
+
+    flock /tmp/bench.lock python benchmarks/fusion_throughput.py --device cpu --models char_gpt --members 16 --steps 5 --repeats 3 --serial-cap 4 --no-concurrent --compile off,inductor --json benchmarks/results/fusion_compile_cpu.json
 
     python benchmarks/fusion_throughput.py --device cuda --models char_gpt --width 512 --layers 6 --members 1,16,64,128 --compile graphs --json gpt512_graphs.json
 
@@ -315,8 +321,25 @@ def resize_models(args: argparse.Namespace) -> None:
             base["batch_size"] = args.batch
 
 
-def launches_per_step(step: Callable[[], None], device: torch.device, steps: int = 3) -> float:
-    """Kernels (CUDA) or leaf ATen ops (CPU) one call of `step` launches, by torch.profiler."""
+#: ATen ops that run no kernel of their own: views, allocations, and conversions or copies
+#: that are no-ops when they have no child op (`to` of a tensor already in that dtype).
+NO_KERNEL = frozenset({
+    "view", "_unsafe_view", "_reshape_alias", "as_strided", "alias", "reshape", "expand", "expand_as", "t", "transpose",
+    "permute", "unsqueeze", "squeeze", "slice", "select", "split", "split_with_sizes", "unflatten", "flatten", "narrow",
+    "unbind", "chunk", "view_as", "resolve_conj", "resolve_neg", "detach", "lift_fresh", "empty", "empty_strided",
+    "empty_like", "resize_", "set_", "to", "_to_copy", "contiguous", "lift", "numpy_T", "_nested_tensor_size",
+})
+
+
+def launches_per_step(step: Callable[[], None], device: torch.device, steps: int = 3) -> dict[str, float]:
+    """What one call of `step` launches, by torch.profiler over `steps` calls (the first call,
+    which compiles and captures, is left out):
+    - `launches`: kernels. On CUDA the CUDA kernels. On a CPU, as their stand-in, every ATen op
+      that computes (`NO_KERNEL` aside) and calls no such op itself (a matmul counts once, its
+      views not at all), plus every kernel inductor generated (C++ kernels, profiled through
+      `torch._inductor.config.cpp.enable_kernel_profile`);
+    - `aten_ops`: the ATen ops dispatched without an ATen op below them, views and no-ops
+      included, inductor's own kernels not: the host's per-op work (CPU only)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -328,11 +351,21 @@ def launches_per_step(step: Callable[[], None], device: torch.device, steps: int
             step()
         synchronize(device)
     events = prof.events()
+
+    def aten(event: Any) -> bool:
+        return event.name.startswith("aten::")
+
+    def computes(event: Any) -> bool:
+        return aten(event) and event.name[len("aten::"):] not in NO_KERNEL
+
+    def computes_below(event: Any) -> bool:
+        return any(computes(child) or computes_below(child) for child in event.cpu_children)
+
     if device.type == "cuda":
-        count = sum(1 for e in events if e.device_type == DeviceType.CUDA)
-    else:
-        count = sum(1 for e in events if e.name.startswith("aten::") and not any(c.name.startswith("aten::") for c in e.cpu_children))
-    return count / steps
+        return {"launches": sum(1 for e in events if e.device_type == DeviceType.CUDA) / steps}
+    kernels = sum(1 for e in events if "cpp_fused" in e.name or (computes(e) and not computes_below(e)))
+    aten_ops = sum(1 for e in events if aten(e) and not any(aten(c) for c in e.cpu_children))
+    return {"launches": kernels / steps, "aten_ops": aten_ops / steps}
 
 
 def flops_per_sample(model: str) -> float:
@@ -538,37 +571,50 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     steps, warmup = (args.steps or (4 if args.quick else 20)), 2
     global REPEATS
     REPEATS = args.repeats or (3 if args.quick else 5)
+    modes = args.compile.split(",")
+    if device.type == "cpu" and modes != ["off"]:
+        # inductor's C++ kernels show in the profile, so the launch count has them
+        importlib.import_module("torch._inductor.config").cpp.enable_kernel_profile = True
+    load_before = os.getloadavg()
     load_corpus()
     peaks = {dtype: matmul_peak(device, dtype) for dtype in dtypes} if device.type == "cuda" else {}
     rows = []
     for model in args.models.split(","):
         for dtype in dtypes:
             for b in members:
-                row: dict[str, Any] = {"model": model, "device": device.type, "dtype": dtype, "B": b, "concurrent": None}
-                row["compile"] = args.compile
-                methods = {
-                    "serial": serial_steps(model, b, dtype, device, args.serial_cap),
-                    "fused": fused_steps(model, b, dtype, device, args.compile),
-                }
-                row["fused_launches_per_step"] = launches_per_step(methods["fused"][0][0], device)
+                # every compile mode's fused step beside the same serial baseline, in the same rounds
+                methods = {"serial": serial_steps(model, b, dtype, device, args.serial_cap)}
+                counts = {}
+                for mode in modes:
+                    methods[f"fused_{mode}"] = fused_steps(model, b, dtype, device, mode)
+                    counts[mode] = launches_per_step(methods[f"fused_{mode}"][0][0], device)
                 if model.startswith("mlp"):
                     methods["hand_bmm"] = hand_bmm_steps(model, b, dtype, device)
-                row.update(measure(methods, steps, warmup, device))
-                row.setdefault("hand_bmm", None)
+                rates = measure(methods, steps, warmup, device)
                 del methods
-                row["ratio"] = row["fused"] / row["serial"]
                 samples = b * int(member_configs(model, 1)[0]["batch_size"])
-                row["fused_step_ms"] = 1000 * samples / row["fused"]
-                row["serial_step_ms"] = 1000 * samples / row["serial"]  # B members one step each, one after another
-                if device.type == "cuda":
-                    achieved = row["fused"] * flops_per_sample(model)
-                    row["fused_tflops"] = achieved / 1e12
-                    row["peak_tflops"] = peaks[dtype] / 1e12
-                    row["peak_fraction"] = achieved / peaks[dtype]
-                if row["hand_bmm"]:
-                    row["fused_vs_hand_bmm"] = row["fused"] / row["hand_bmm"]
-                rows.append(row)
-                print_row(row)
+                for mode in modes:
+                    row: dict[str, Any] = {"model": model, "device": device.type, "dtype": dtype, "B": b, "concurrent": None}
+                    row["compile"] = mode
+                    row["serial"], row["fused"], row["hand_bmm"] = rates["serial"], rates[f"fused_{mode}"], rates.get("hand_bmm")
+                    row["fused_launches_per_step"] = counts[mode]["launches"]
+                    if "aten_ops" in counts[mode]:
+                        row["fused_aten_ops_per_step"] = counts[mode]["aten_ops"]
+                    if mode != "off" and "off" in modes:
+                        row["fused_vs_off"] = row["fused"] / rates["fused_off"]
+                        row["launches_off_vs_this"] = counts["off"]["launches"] / counts[mode]["launches"]
+                    row["ratio"] = row["fused"] / row["serial"]
+                    row["fused_step_ms"] = 1000 * samples / row["fused"]
+                    row["serial_step_ms"] = 1000 * samples / row["serial"]  # B members one step each, one after another
+                    if device.type == "cuda":
+                        achieved = row["fused"] * flops_per_sample(model)
+                        row["fused_tflops"] = achieved / 1e12
+                        row["peak_tflops"] = peaks[dtype] / 1e12
+                        row["peak_fraction"] = achieved / peaks[dtype]
+                    if row["hand_bmm"]:
+                        row["fused_vs_hand_bmm"] = row["fused"] / row["hand_bmm"]
+                    rows.append(row)
+                    print_row(row)
     # Ray last, so its worker processes never compete with the other measurements.
     concurrent_cap = args.concurrent_cap if args.concurrent_cap is not None else (4 if args.quick else 16)
     if device.type == "cpu" and not args.no_concurrent and importlib.util.find_spec("ray") is None:
@@ -586,6 +632,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "rows": rows,
         "commit": git_commit(),
+        # a shared machine: the 1/5/15-minute load averages around the run say how shared
+        "load_average": {"before": load_before, "after": os.getloadavg()},
         "machine": {
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(),
@@ -623,7 +671,8 @@ def fmt(value: Any) -> str:
 
 COLUMNS = (
     "model", "dtype", "B", "compile", "serial", "concurrent", "fused", "hand_bmm", "ratio", "fused_vs_hand_bmm",
-    "fused_step_ms", "serial_step_ms", "fused_launches_per_step", "peak_fraction",
+    "fused_step_ms", "serial_step_ms", "fused_launches_per_step", "fused_aten_ops_per_step", "fused_vs_off",
+    "launches_off_vs_this", "peak_fraction",
 )
 
 
@@ -653,13 +702,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, help="the MLPs' hidden layers and the GPT's blocks")
     parser.add_argument("--block", type=int, help="the GPT's context length")
     parser.add_argument("--batch", type=int, help="samples per member per step")
-    parser.add_argument("--compile", choices=("off", "inductor", "graphs"), default="off", help="the fused step's path")
+    parser.add_argument(
+        "--compile", default="off", help="the fused step's paths, comma-separated (off, inductor, graphs): timed side by side"
+    )
     parser.add_argument("--dtypes", help="comma-separated fp32,bf16 (default: both on CUDA, fp32 on CPU)")
     parser.add_argument(
         "--zoo", help="time the fusion zoo instead (tests/fusion_zoo.py): 'all' or comma-separated names; CPU, fp32"
     )
     parser.add_argument("--guard", action="store_true", help="measure the differential guard's cost instead (MLP and char GPT; CPU)")
     args = parser.parse_args(argv)
+    unknown = [mode for mode in args.compile.split(",") if mode not in ("off", "inductor", "graphs")]
+    if unknown:
+        parser.error(f"--compile: {unknown[0]!r} is not a path; expected off, inductor or graphs, comma-separated")
     resize_models(args)
     if args.guard:
         global REPEATS

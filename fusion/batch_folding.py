@@ -249,13 +249,18 @@ class LayerHooks:
     def inputs(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Positional inputs without a batch dimension go to every member (a layer's data);
         keyword ones stay shared (masks, which the fused layers take either way)."""
-        unfolded: dict[int, torch.Tensor] = {}  # `query is key is value` stays true
+        # `query is key is value` stays true. Pairs compared by `is` rather than a dict by `id()`:
+        # TorchDynamo (torch 2.11) cannot trace `id()` of a tensor made inside the compiled step.
+        unfolded: list[tuple[torch.Tensor, torch.Tensor]] = []
 
         def convert(specs: tuple[Spec, ...], expand: bool) -> Callable[[torch.Tensor, int], torch.Tensor]:
             def unfold(t: torch.Tensor, i: int) -> torch.Tensor:
-                if id(t) not in unfolded:
-                    unfolded[id(t)] = self.batch.unfold(t, specs[i], expand)
-                return unfolded[id(t)]
+                for seen, done in unfolded:
+                    if seen is t:
+                        return done
+                done = self.batch.unfold(t, specs[i], expand)
+                unfolded.append((t, done))
+                return done
 
             return unfold
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -58,7 +58,7 @@ from fusion.layers import (
     member_batch_norm,
     member_linear,
 )
-from fusion.stacked_attention import ATTENTION_FUSERS
+from fusion.stacked_attention import ATTENTION_FUSERS, MemberScaledAttention, MemberScales, sdpa_arguments
 from fusion.stacked_rnn import RNN_FUSERS
 from hpo.base.workload import Workload
 
@@ -156,6 +156,8 @@ class StackedModel(FusedModel):
     ):
         super().__init__(module, internal)
         self.batch, self.layouts, self.outputs = batch, dict(layouts), outputs
+        #: Whether some layer holds a per-member attention scale (`MemberScales`).
+        self.member_scaled = any(isinstance(v, MemberScales) for m in module.modules() for v in vars(m).values())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_members(x.unsqueeze(0).expand(self.num_members, *x.shape))
@@ -163,7 +165,7 @@ class StackedModel(FusedModel):
     def forward_members(self, xs: torch.Tensor) -> torch.Tensor:
         """Each member on its own input: `xs` is `[B, N, ...]` (the independence check uses this)."""
         folded = self.batch.fold_input(xs)
-        with _without_fast_paths():
+        with _without_fast_paths(), MemberScaledAttention() if self.member_scaled else nullcontext():
             output = self.module(folded)
         return map_tensors(output, lambda t, i: self.batch.unfold(t, self.outputs[i]))
 
@@ -348,8 +350,6 @@ class _MemberBatchNorm(_UnderVmap):
 
 _BATCH_NORM_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
 _BATCH_NORM_DEFAULTS = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-_SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
 
 
 class _StackedKernels(TorchFunctionMode):
@@ -370,11 +370,11 @@ class _StackedKernels(TorchFunctionMode):
                 return _MemberBatchNorm.apply(*(bound[name] for name in _BATCH_NORM_ARGS))
         if func is F.scaled_dot_product_attention:
             self.calls += 1
-            bound = {**_SDPA_DEFAULTS, **dict(zip(_SDPA_ARGS, args)), **kwargs}
+            bound = sdpa_arguments(args, kwargs)
             if isinstance(bound["scale"], torch.Tensor):  # a per-member multiplier (muP's attn_mult)
                 bound["query"] = bound["query"] * bound["scale"]
                 bound["scale"] = 1.0
-            return _FoldedAttention.apply(*(bound[name] for name in _SDPA_ARGS))
+            return _FoldedAttention.apply(*bound.values())
         return func(*args, **kwargs)
 
 
@@ -483,10 +483,12 @@ def _leaves(model: nn.Module) -> set[int]:
     return found
 
 
-def _stack_tree(modules: Sequence[nn.Module], path: str, memo: dict[int, nn.Module], leaves: set[int]) -> nn.Module:
+def _stack_tree(
+    modules: Sequence[nn.Module], path: str, memo: dict[int, nn.Module], leaves: set[int], internal: set[str]
+) -> nn.Module:
     """The fused tree for `modules` (one per member); a submodule registered under several names
     (`self.a = self.b = block`) becomes one fused module under all of them, as in the members.
-    The ids of the fused layers go into `leaves`."""
+    The ids of the fused layers go into `leaves`, the names of the buffers fusion adds into `internal`."""
     first = modules[0]
     if id(first) in memo:
         return memo[id(first)]
@@ -501,12 +503,18 @@ def _stack_tree(modules: Sequence[nn.Module], path: str, memo: dict[int, nn.Modu
         if any(v is not None for v in first._parameters.values()) or any(v is not None for v in first._buffers.values()):
             raise _NotStackable(f"layer '{path or '<root>'}' ({type(first).__name__}) holds its own tensors")
         differing = _differing_attributes(modules)
-        if differing:
-            raise _NotStackable(f"layer '{path or '<root>'}' differs between members in {differing}")
+        values = {key: [getattr(m, key) for m in modules] for key in differing}
+        scalars = {key: v for key, v in values.items() if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)}
+        if len(scalars) < len(differing):
+            raise _NotStackable(f"layer '{path or '<root>'}' differs between members in {sorted(set(differing) - set(scalars))}")
         fused = copy.copy(first)
         fused._parameters, fused._buffers = {}, {}
+        for key, v in scalars.items():  # a per-member attention scale; any other use fails the probe (see MemberScales)
+            fused.register_buffer(f"{key}_per_member", torch.tensor(v, dtype=torch.float64))
+            setattr(fused, key, MemberScales(fused, f"{key}_per_member"))
+            internal.add(f"{path}.{key}_per_member".lstrip("."))
         fused._modules = {
-            name: None if child is None else _stack_tree([m._modules[name] for m in modules], f"{path}.{name}".lstrip("."), memo, leaves)
+            name: None if child is None else _stack_tree([m._modules[name] for m in modules], f"{path}.{name}".lstrip("."), memo, leaves, internal)
             for name, child in first._modules.items()
         }
     memo[id(first)] = fused
@@ -543,7 +551,8 @@ def _stacked(models: Sequence[nn.Module], internal: set[str], example_input: tor
     except Unfoldable as reason:
         raise _NotStackable(f"its batch dimension cannot be followed: {reason}") from reason
     leaves: set[int] = set()
-    fused = _stack_tree(models, "", {}, leaves)
+    internal = set(internal)
+    fused = _stack_tree(models, "", {}, leaves, internal)
     _tie_parameters(fused, models[0])
     _freeze_as_members(fused, models[0])
     batch = Batch()

@@ -18,16 +18,26 @@ computed from token ids has the member dimension in front); both layouts are acc
 `key_padding_mask` `[N, S]` or `[B, N, S]`, `attn_mask` `[L, S]`, `[N*H, L, S]`, `[B, L, S]` or
 `[B, N*H, L, S]`. Configurations this does not implement (separate key/value widths, `bias_k`,
 `add_zero_attn`) are left to the vmap path.
+
+A user's own attention module whose scale differs between members (muP's `attn_mult` and
+`attn_scale`, kept as a float attribute passed to `scaled_dot_product_attention(scale=...)`)
+stacks too: the attribute becomes `MemberScales`, and `MemberScaledAttention` (entered by the
+stacked model's forward) runs the folded call in runs of members that share a scale, each with
+that Python float. One call when every member has the same scale, one per run otherwise:
+folding the scale into the query instead (`q * s`, scale 1) rounds differently from the kernel's
+own scaling, and members must compute what they compute alone (bit-exact in float64).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 
 from fusion.layers import FusedLinear, NotStackedHere, _member_gemm, _param, _placement, _random_like, _stack, member_linear
 
@@ -292,3 +302,95 @@ def _fold_attention_mask(mask: torch.Tensor | None, members: int, bsz: int, head
 
 
 ATTENTION_FUSERS = {nn.MultiheadAttention: FusedMultiheadAttention.from_members}
+
+
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
+
+
+def sdpa_arguments(args: tuple, kwargs: dict) -> dict:
+    """A `scaled_dot_product_attention` call's arguments by name, in its order, defaults filled in."""
+    given = {**_SDPA_DEFAULTS, **dict(zip(_SDPA_ARGS, args)), **kwargs}
+    return {name: given[name] for name in _SDPA_ARGS}
+
+
+class MemberScales(float):
+    """A float attribute of a user module that differs between members, on the stacked path.
+
+    The members' values live in a float64 buffer of the module (`name`), so every row-wise
+    operation on the fused model (removing members, the guard's copy of some rows, moving it to
+    a device) keeps them right; they are read to the host once per such change, never per step.
+    Only `MemberScaledAttention` reads them. Any other use fails, and the group is fused by vmap
+    instead (which stacks any scalar attribute): Python arithmetic, comparisons and truth tests
+    raise, and as a number (a kernel taking it as a scalar) it is NaN, which the probe rejects."""
+
+    def __new__(cls, module: nn.Module, name: str) -> "MemberScales":
+        scales = super().__new__(cls, math.nan)
+        scales.module, scales.name = module, name
+        scales._read: tuple[torch.Tensor | None, tuple[float, ...]] = (None, ())
+        return scales
+
+    def __reduce__(self):
+        return MemberScales, (self.module, self.name)
+
+    def _refused(self, *args: object) -> None:
+        raise TypeError(f"a per-member attribute of the stacked path ({self.name}) is only a scaled_dot_product_attention scale")
+
+    __bool__ = __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __int__ = __index__ = __round__ = _refused
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _refused
+    __pow__ = __rpow__ = __neg__ = __abs__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _refused
+    __hash__ = object.__hash__
+
+    @property
+    def values(self) -> tuple[float, ...]:
+        tensor = self.module._buffers[self.name]
+        if self._read[0] is not tensor:
+            self._read = (tensor, tuple(tensor.tolist()))
+        return self._read[1]
+
+
+class MemberScaledAttention(TorchFunctionMode):
+    """Routes `scaled_dot_product_attention(..., scale=MemberScales)` to `member_scaled_attention`."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            bound = sdpa_arguments(args, kwargs)
+            if isinstance(bound["scale"], MemberScales):
+                return member_scaled_attention(**bound)
+        return func(*args, **kwargs)
+
+
+def member_scaled_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: MemberScales,
+    enable_gqa: bool,
+) -> torch.Tensor:
+    """Attention on the members folded member-major into dimension 0 (`[B*N, ...]`), each member
+    with its own scale: one kernel call per run of members sharing a scale (the probe and the
+    independence check catch a layout where dimension 0 is not the members' fold)."""
+    values = scale.values
+    members = len(values)
+    if query.shape[0] % members or key.shape[0] != query.shape[0] or value.shape[0] != query.shape[0]:
+        raise RuntimeError(f"a per-member attention scale needs the {members} members folded into dimension 0, got {tuple(query.shape)}")
+    per_member = query.shape[0] // members
+    outputs, start = [], 0
+    for member_scale, run in itertools.groupby(values):
+        rows = slice(start * per_member, (start + len(list(run))) * per_member)
+        start = rows.stop // per_member
+        mask = attn_mask
+        if mask is not None and mask.dim() == query.dim() and mask.shape[0] == query.shape[0]:
+            mask = mask[rows]
+        outputs.append(
+            F.scaled_dot_product_attention(
+                query[rows], key[rows], value[rows], attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
+                scale=member_scale, enable_gqa=enable_gqa,
+            )
+        )
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+

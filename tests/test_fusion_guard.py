@@ -86,14 +86,14 @@ def test_verify_false_trains_the_group_unchecked(monkeypatch):
 
 
 def test_attention_whose_key_bias_rounds_differently_is_accepted_on_the_vmap_path():
-    # a per-member attention multiplier takes the vmap path, which rounds the key bias's
-    # (mathematically zero) gradient differently; Adam with the default eps turns that noise
-    # into lr-sized steps in a direction the outputs ignore
-    # (here member 2's qkv.bias ends 3.2e-12 apart after the check's 2 steps)
+    # a per-member attention multiplier on the vmap path (where a per-member emb_mult, which the
+    # model's code computes with, sends the group) rounds the key bias's (mathematically zero)
+    # gradient differently; Adam with the default eps turns that noise into lr-sized steps in a
+    # direction the outputs ignore (member 2's qkv.bias ended 3.2e-12 apart after the check's 2 steps)
     base = char_gpt.resolve({"width": 16, "n_layer": 1, "batch_size": 4, "block_size": 8})
     configs = [
         {**base, "seed": 0, "optimizer": "adamw", "lr": 3e-3, "weight_decay": 0.1},
-        {**base, "seed": 1, "optimizer": "adamw", "lr": 1e-2, "attn_mult": 2.0, "grad_clip": 0.3, "warmup_steps": 2},
+        {**base, "seed": 1, "optimizer": "adamw", "lr": 1e-2, "attn_mult": 2.0, "emb_mult": 1.5, "grad_clip": 0.3, "warmup_steps": 2},
         {**base, "seed": 2, "optimizer": "adamw", "lr": 2e-2, "beta2": 0.95, "lr_schedule": "cosine", "schedule_steps": 5},
     ]
     trainer = FusedTrainer(char_gpt, configs)

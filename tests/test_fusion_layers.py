@@ -6,6 +6,8 @@ import copy
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -13,6 +15,7 @@ from examples.char_gpt import workload as char_gpt
 from examples.mlp_digits import workload as mlp_digits
 from fusion import FusedTrainer, FusionError, build_member, fuse_models
 from hpo.base.training import TrialTrainer
+from hpo.examples.char_gpt import SelfAttention
 
 
 def conv1d_net() -> nn.Module:
@@ -149,8 +152,10 @@ def test_auto_strategy_uses_module_swapping_when_it_fits_and_vmap_otherwise():
     assert FusedTrainer(mlp_digits, [mlp, {**mlp, "seed": 1}]).model.strategy == "stacked"
     # code that reads shapes (`batch, time, width = x.shape`) runs on the members folded into the batch
     assert FusedTrainer(char_gpt, [gpt, {**gpt, "seed": 1}]).model.strategy == "stacked"
-    # a per-member multiplier kept as a float attribute of the user's module: only vmap stacks it
-    assert FusedTrainer(char_gpt, [gpt, {**gpt, "seed": 1, "attn_mult": 2.0}]).model.strategy == "vmap"
+    # a per-member attention scale (muP's attn_mult) stacks: it only reaches scaled_dot_product_attention
+    assert FusedTrainer(char_gpt, [gpt, {**gpt, "seed": 1, "attn_mult": 2.0}]).model.strategy == "stacked"
+    # a per-member multiplier the user's code computes with (emb_mult): only vmap stacks it
+    assert FusedTrainer(char_gpt, [gpt, {**gpt, "seed": 1, "emb_mult": 2.0}]).model.strategy == "vmap"
 
 
 class _AttentionKernelCalls(TorchDispatchMode):
@@ -176,6 +181,26 @@ def test_char_gpt_causal_attention_runs_once_per_layer_on_all_members_folded():
     forward = [shape for name, shape in kernels.calls if not name.endswith("_backward")]
     backward = [shape for name, shape in kernels.calls if name.endswith("_backward")]
     assert forward == backward == [(4 * 3, 2, 8, 16)] * 2
+
+
+@settings(max_examples=8, derandomize=True, deadline=None, database=None)
+@given(
+    scales=st.lists(st.tuples(st.sampled_from([0.5, 1.0, 2.5]), st.sampled_from(["inv_sqrt_d", "inv_d"])), min_size=1, max_size=4),
+    causal=st.booleans(),
+)
+def test_members_with_their_own_attention_scales_stack_and_compute_what_they_compute_alone(scales, causal):
+    # muP's attention scale per member (attn_mult, attn_scale) stays on the stacked path, bit-exact in float64
+    members = [
+        SelfAttention(16, 8, 0.0, attn_scale, attn_mult, causal=causal).double()
+        for attn_mult, attn_scale in scales
+    ]
+    for seed, member in enumerate(members):
+        torch.manual_seed(seed)
+        member.apply(lambda m: m.reset_parameters() if isinstance(m, nn.Linear) else None)
+    references = copy.deepcopy(members)
+    x = torch.randn(3, 6, 16, dtype=torch.float64)
+    fused = fuse_models(members, x, strategy="stacked")
+    assert_fused_equals_members(fused, references, x, exact=True)
 
 
 def test_per_member_attention_and_output_multipliers_fuse():
