@@ -47,9 +47,15 @@ else
 fi
 [ "$device" = cpu ] && [ "$quick" = 0 ] && dtypes="fp32" && modes="off,inductor"
 
+# mup (hpo/scaling) and PyYAML are pure Python and the GPU machine has neither: copy them from the
+# venv into the ignored .devdeps/ and carry that folder (run's carry: [".devdeps"]):
+#   mkdir -p .devdeps && cp -r .venv/lib/python3.11/site-packages/{mup,yaml} .devdeps/
+pythonpath="$repo"
+[ -d "$repo/.devdeps" ] && pythonpath="$repo:$repo/.devdeps"
 pytest_status=skipped
 if [ "$device" = cuda ]; then
-    if PYTHONPATH="$repo" "$python" -m pytest -q -m cuda tests >"$work/pytest.log" 2>&1; then pytest_status=passed; else pytest_status=failed; fi
+    # The project's addopts name a plugin the GPU machine lacks (pytest-instafail).
+    if PYTHONPATH="$pythonpath" "$python" -m pytest -q -o addopts="" -p no:cacheprovider -m cuda tests >"$work/pytest.log" 2>&1; then pytest_status=passed; else pytest_status=failed; fi
     tail -3 "$work/pytest.log"
 fi
 
@@ -57,7 +63,7 @@ runs=()
 for width in $widths; do
     # the paths side by side: timed in the same rounds, one row each
     json="$work/fusion_${width}.json"
-    PYTHONPATH="$repo" "$python" benchmarks/fusion_throughput.py --device "$device" --models mlp,char_gpt \
+    PYTHONPATH="$pythonpath" "$python" benchmarks/fusion_throughput.py --device "$device" --models mlp,char_gpt \
         --width "$width" --members "$members" --dtypes "$dtypes" --compile "$modes" --no-concurrent "${extra[@]}" --json "$json"
     runs+=("$json")
 done

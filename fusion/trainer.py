@@ -149,6 +149,8 @@ class FusedTrainer:
         if self.compile_path != "off":
             mode = "reduce-overhead" if self.compile_path == "graphs" else None
             self._forward_loss = torch.compile(self.forward_loss, fullgraph=True, mode=mode)
+            if self.compile_path == "graphs":
+                self._forward_loss = _graph_step(self._forward_loss)
             self.optimizer.compile_update(mode=mode)
 
     @property
@@ -443,3 +445,15 @@ def _fresh_state(workload: Workload, config: Mapping[str, Any]) -> dict[str, Any
     model = _member_model(workload, config)
     optimizer, schedule = trial_optimizer(workload, model, hp)
     return trial_state(model.state_dict(), optimizer, schedule, 0, 0)
+
+
+def _graph_step(compiled_forward_loss):
+    """CUDA graph trees hand out their output buffers again at the next replay: the optimizer's
+    graph, run after the backward, would overwrite the losses the step returns. So each step opens
+    a new generation, and the `[B]` losses are copied out of the graph's buffer (one small kernel)."""
+
+    def forward_loss(model: FusedModel, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled_forward_loss(model, inputs, targets).clone()
+
+    return forward_loss
