@@ -14,6 +14,7 @@ import random
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -72,6 +73,34 @@ def _profile(config: PipelineConfig, forward, backward, *, noise: float = 0.0, b
     graph = _truth(config, forward, backward, **truth)
     timelines = _record(graph, batches=batches + 1, noise=noise)
     return build_profile(timelines, config, _layers(split, forward, backward), job={"job": "synthetic"}), graph
+
+
+def test_a_profile_recorded_in_blocks_between_other_work_leaves_out_each_blocks_warm_up_and_the_time_between_blocks():
+    """As `profiling.profile_and_measure` records it: a block of the profiled configuration before each
+    measured block. A block's first batch (here twice as slow) and the other work between blocks
+    (here 10 s) are no part of the job's steady state."""
+    config, block = PipelineConfig(2, 4, 32, (2, 2)), 3
+    forward, backward = [0.010, 0.012], [0.020, 0.022]
+    truth = _truth(config, forward, backward)
+    timelines = []
+    for recorded in _record(truth, batches=3 * block):
+        timeline = StageTimeline(recorded.stage, recorded.stages, recorded.micro_batches, recorded.device)
+        for index, batch in enumerate(recorded.batches):
+            stretch, shift = (2.0 if index % block == 0 else 1.0), 10.0 * (index // block)
+            at = lambda t: batch.start + shift + (t - batch.start) * stretch  # noqa: E731
+            intervals = [replace(i, start=at(i.start), end=at(i.end)) for i in batch.intervals]
+            timeline.batches.append(BatchRecord(index, at(batch.start), at(batch.end), intervals))
+        timelines.append(timeline)
+    profile = build_profile(timelines, config, _layers((2, 2), forward, backward), job={"job": "synthetic"}, block=block)
+    assert profile.batches == 2 * block
+    for stage in profile.stages:
+        assert max(stage.between_s) < 1.0, "the time between blocks was counted as the job's own loop"
+        for instruction in stage.instructions:
+            assert max(instruction.duration_s) == pytest.approx(min(instruction.duration_s), abs=1e-9), instruction.name
+    assert replay(profile, config).iteration_s == pytest.approx(truth.steady().iteration_s, rel=1e-9)
+    with pytest.raises(ProfileError, match="in blocks of 3"):
+        build_profile([StageTimeline(t.stage, t.stages, t.micro_batches, t.device, t.batches[:1]) for t in timelines],
+                      config, profile.layers, job={"job": "synthetic"}, block=block)
 
 
 configs = st.builds(
