@@ -477,6 +477,21 @@ def test_hpo_profile_pipeline_profiles_a_deepspeed_job_and_measures_what_it_pred
     assert len(list((tmp_path / "gantt").glob("*.png"))) == 4
 
 
+@pytest.mark.slow
+def test_a_profile_recorded_in_the_measuring_processes_holds_a_block_per_measured_block(tmp_path):
+    """`profile_and_measure`: the profiled configuration trains on its own engine a block before each
+    measured block, so the profile and the measurement see the same host."""
+    from pipeline_bubble.profiling import MeasureRun, MLPJob, profile_and_measure
+
+    runs = [MeasureRun(PipelineConfig(2, 2, 16)), MeasureRun(PipelineConfig(2, 4, 16))]
+    profile, measured = profile_and_measure(MLPJob(width=64), PipelineConfig(2, 2, 16), runs, block=2, rounds=2, log_dir=tmp_path)
+    assert profile.batches == 4, "one kept batch from each of the 2 x 2 profiled blocks"
+    assert profile.stage_split() == (6, 7) and all(layer.forward_s > 0 for layer in profile.layers if layer.params)
+    assert [m.config for m in measured] == [r.config for r in runs]
+    assert all(len(t.batches) == 4 for m in measured for t in m.timelines), "the profile's batches are not the measured run's"
+    assert predict(profile, runs[1].config, iterations=5).iteration_s > 0
+
+
 def test_an_engine_given_its_jobs_profile_is_seeded_with_its_own_stages_predicted_windows():
     from types import SimpleNamespace
 
