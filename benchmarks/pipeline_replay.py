@@ -11,14 +11,23 @@ the blocks in ABBA order, and the table gives predicted against measured: iterat
 stage's bubble (with the closed-form theory's errors beside, `pipeline_bubble.timeline`), the
 guests' slowdown, and the harvest of the first batches with and without the seed.
 
+The profile the table predicts from is recorded in the measuring processes
+(`profiling.profile_and_measure`): the profiled configuration, on an engine of its own, trains a
+block before every measured block, so the profile sees the host as the measurement does. A
+profile recorded apart before the measurement (`profile_pipeline`, --profile-batches batches)
+seeds the seeded executors, and its own errors are reported beside (`profile_apart`): on a
+shared CPU host they carry the host's drift between the two minutes, the same offset in every
+configuration.
+
     flock /tmp/bench.lock python benchmarks/pipeline_replay.py --json benchmarks/results/pipeline_replay_cpu.json
     python benchmarks/pipeline_replay.py --device cuda --json benchmarks/results/pipeline_replay_cuda.json
 
 Flags: --block and --rounds (each configuration trains --rounds blocks of --block batches, default
-3 x 5; the first batch of a block is warm-up), --profile-batches (16), --iterations (batches each
+3 x 5; the first batch of a block is warm-up; the profiled one a block before each of them),
+--profile-batches (the profile recorded apart, 16), --iterations (batches each
 prediction replays, 100), --guest-ms (guest step lengths, default 4,8 on CPU, 1,2 on
 CUDA), --width and --micro-batch-size (the job; default 1024 and 128 on CPU, 8192 and 256 on
-CUDA), --gantt DIR (one chart per configuration and stage). A CPU run takes 2-3 minutes on a
+CUDA), --gantt DIR (one chart per configuration and stage). A CPU run takes 3-4 minutes on a
 quiet 2-core box. Needs torch and DeepSpeed to measure; the predictions need neither.
 """
 
@@ -78,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda when available")
     parser.add_argument("--block", type=int, default=5, help="batches each configuration trains back to back (the first is warm-up)")
     parser.add_argument("--rounds", type=int, default=3, help="blocks per configuration, in ABBA order")
-    parser.add_argument("--profile-batches", type=int, default=16, help="profiled batches (the first is warm-up)")
+    parser.add_argument("--profile-batches", type=int, default=16, help="batches of the profile recorded apart (the first is warm-up)")
     parser.add_argument("--iterations", type=int, default=100, help="batches each prediction replays")
     parser.add_argument("--guest-ms", default=None, help="two guest step lengths in ms (default 4,8 on CPU, 1,2 on CUDA)")
     parser.add_argument("--width", type=int, help="the job's hidden width")
@@ -90,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pipeline_bubble.profiling import MeasureRun, MLPJob, measure, profile_pipeline
+    from pipeline_bubble.profiling import MeasureRun, MLPJob, profile_and_measure, profile_pipeline
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     gpu = device == "cuda"
@@ -102,10 +111,22 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     load_before, started = os.getloadavg(), time.perf_counter()
 
-    profile = profile_pipeline(job, runs[0][1], batches=args.profile_batches, device=device, log_dir=args.out / "profile_logs")
-    profile.save(args.out / "profile.json")
+    # profiled once on its own, as a user profiles a job: what the seeded executors start from
+    apart = profile_pipeline(job, runs[0][1], batches=args.profile_batches, device=device, log_dir=args.out / "profile_logs")
+    apart.save(args.out / "profile_apart.json")
     profiled_s = time.perf_counter() - started
-    print(f"profiled {profile.config.label} on {device} in {profiled_s:.0f} s", flush=True)
+    print(f"profiled {apart.config.label} on {device} in {profiled_s:.0f} s", flush=True)
+    seeds = {name: predict(apart, config, iterations=args.iterations).typical for name, config, seeded in runs if seeded}
+    measure_runs = [
+        MeasureRun(config, [seeds[name].seed_windows(s) for s in range(config.stages)] if seeded else None)
+        for name, config, seeded in runs
+    ]
+    # profiled again in the measuring processes, a block before every measured block: the same host state
+    profile, measured_runs = profile_and_measure(job, runs[0][1], measure_runs, block=args.block, rounds=args.rounds,
+                                                 device=device, log_dir=args.out / "measure_logs")
+    profile.save(args.out / "profile.json")
+    measured = dict(zip([name for name, _, _ in runs], measured_runs))
+    measured_s = time.perf_counter() - started - profiled_s
 
     predictions, replay_ms = {}, {}
     for name, config, _ in runs:
@@ -113,33 +134,34 @@ def main(argv: list[str] | None = None) -> int:
         replay(profile, config)
         replay_ms[name] = (time.perf_counter() - begin) * 1e3
         predictions[name] = predict(profile, config, iterations=args.iterations)
-    measure_runs = [
-        MeasureRun(config, [predictions[name].typical.seed_windows(s) for s in range(config.stages)] if seeded else None)
-        for name, config, seeded in runs
-    ]
-    measured = dict(zip([name for name, _, _ in runs], measure(job, measure_runs, block=args.block, rounds=args.rounds, device=device, log_dir=args.out / "measure_logs")))
-    measured_s = time.perf_counter() - started - profiled_s
     (args.out / "measured.json").write_text(json.dumps({
         name: {"config": run.config.to_dict(), "seeded": run.seeded, "block": run.block, "guest_step_s": run.guest_step_s,
                "timelines": [t.to_dict() for t in run.timelines]}
         for name, run in measured.items()
     }))
 
-    rows = []
     baselines = {config: measured[name] for name, config, _ in runs if config.guest_step_s is None}
-    for name, config, seeded in runs:
-        run, baseline = measured[name], None
-        prediction = predictions[name]
-        if config.guest_step_s is not None:
-            baseline = baselines[replace(config, guest_step_s=None)]
-            steps = [s for s in run.guest_step_s if s]
-            # predicted for the guest step the executor measured (what it plans with) and its seeding
-            actual = replace(config, guest_step_s=sum(steps) / len(steps))
-            prediction = predict(profile, actual, iterations=args.iterations, seeded=seeded)
-        row = compare(prediction, run, baseline)
-        row["name"], row["replay_ms"] = name, replay_ms[name]
-        rows.append(row)
+
+    def rows_from(profile, predictions) -> list[dict]:
+        rows = []
+        for name, config, seeded in runs:
+            run, baseline = measured[name], None
+            prediction = predictions[name]
+            if config.guest_step_s is not None:
+                baseline = baselines[replace(config, guest_step_s=None)]
+                steps = [s for s in run.guest_step_s if s]
+                # predicted for the guest step the executor measured (what it plans with) and its seeding
+                actual = replace(config, guest_step_s=sum(steps) / len(steps))
+                prediction = predict(profile, actual, iterations=args.iterations, seeded=seeded)
+            row = compare(prediction, run, baseline)
+            row["name"], row["replay_ms"] = name, replay_ms[name]
+            rows.append(row)
+        return rows
+
+    rows = rows_from(profile, predictions)
     summary = summarize_errors(rows)
+    # the same predictions from the profile recorded apart, before the measurement: the host's drift
+    apart_summary = summarize_errors(rows_from(apart, {name: predict(apart, config, iterations=args.iterations) for name, config, _ in runs}))
     seeded, unseeded = measured["guests, m=4, seeded"], measured["guests, m=4, unseeded"]
     seeding = {
         "configuration": seeded.config.label,
@@ -170,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         f"({summary['passed']['slowdown']}/{summary['passed']['of_slowdown']} within 2 points)\n"
         f"first-batch harvest, guest seconds in batches 0-2: unseeded {seeding['first_batches_guest_s']['unseeded']}, "
         f"seeded {seeding['first_batches_guest_s']['seeded']}\n"
+        f"from the profile recorded apart, before the measurement: iteration error median {apart_summary['iteration_error']['median']:.1%}, "
+        f"worst {apart_summary['iteration_error']['worst']:.1%} ({apart_summary['passed']['iteration']}/{len(rows)} within 5%); "
+        f"bubbles {apart_summary['passed']['bubble']}/{len(rows)} within tolerance\n"
         f"replay of one configuration: {min(replay_ms.values()):.1f}-{max(replay_ms.values()):.1f} ms; "
         f"a foreign profile warns: {bool(foreign)}",
         flush=True,
@@ -191,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": torch.cuda.get_device_name(0) if gpu else None,
         "deepspeed": deepspeed.__version__,
         "job": job.describe(),
-        "profile": {"config": profile.config.to_dict(), "batches": profile.batches, "measured": profile.summary()},
+        "profile": {"config": profile.config.to_dict(), "batches": profile.batches, "measured": profile.summary(),
+                    "recorded": "in the measuring processes, a block before every measured block"},
+        "profile_apart": {"batches": apart.batches, "measured": apart.summary(), "summary": apart_summary,
+                          "recorded": "on its own before the measurement; seeds the seeded executors"},
         "settings": {"block": args.block, "rounds": args.rounds, "profile_batches": args.profile_batches, "iterations": args.iterations, "guest_s": guests_s},
         "rows": rows,
         "summary": summary,

@@ -20,7 +20,14 @@ from typing import Any
 
 from pipeline_bubble.profile import PipelineConfig
 from pipeline_bubble.replay import Prediction
-from pipeline_bubble.timeline import GUEST, WAIT, StageTimeline, stage_bubble_fractions, theoretical_bubble_fraction
+from pipeline_bubble.timeline import (
+    GUEST,
+    WAIT,
+    StageTimeline,
+    kept_batches,
+    stage_bubble_fractions,
+    theoretical_bubble_fraction,
+)
 
 ITERATION_TOLERANCE = 0.05
 BUBBLE_TOLERANCE = 0.10
@@ -42,20 +49,20 @@ class Measured:
     #: Batches trained back to back at a time; the first of each block is warm-up, left out.
     block: int = 0
 
-    def _kept(self, index: int) -> bool:
-        return index % self.block != 0 if self.block else index > 0
+    def kept(self) -> list[int]:
+        """The batches measured: all but each block's warm-up one."""
+        return kept_batches(min(len(t.batches) for t in self.timelines), self.block)
 
     def batch_times(self) -> list[float]:
         """Per batch after each warm-up, the slowest stage's time."""
-        spans = zip(*([b.span for b in t.batches] for t in self.timelines))
-        return [max(s) for i, s in enumerate(spans) if self._kept(i)]
+        return [max(t.batches[i].span for t in self.timelines) for i in self.kept()]
 
     def iteration_s(self) -> float:
         return median(self.batch_times())
 
     def bubble_s(self) -> list[float]:
         return [
-            median(b.total(WAIT) + b.total(GUEST) for i, b in enumerate(t.batches) if self._kept(i)) for t in self.timelines
+            median(t.batches[i].total(WAIT) + t.batches[i].total(GUEST) for i in self.kept()) for t in self.timelines
         ]
 
     def guest_s_by_batch(self) -> list[float]:
@@ -131,7 +138,7 @@ def compare(prediction: Prediction, measured: Measured, baseline: Measured | Non
             "slowdown_error": (prediction.slowdown or 0.0) - measured_slowdown,
             "guest_s_per_iteration": {
                 "predicted": sum(prediction.guest_s or []),
-                "measured": median(g for i, g in enumerate(guest_by_batch) if measured._kept(i)),
+                "measured": median(guest_by_batch[i] for i in measured.kept()),
             },
             "first_batches_guest_s": guest_by_batch[:3],
             "overruns": measured.overruns,

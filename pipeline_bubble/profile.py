@@ -37,7 +37,7 @@ from statistics import median
 from typing import Any
 
 from hpo.base.machine import fingerprint
-from pipeline_bubble.timeline import GUEST, StageTimeline
+from pipeline_bubble.timeline import GUEST, StageTimeline, kept_batches
 from pipeline_bubble.train_schedule import exchange_partners, stage_instructions
 
 FORMAT = "hydro-hpo pipeline profile"
@@ -234,19 +234,25 @@ def build_profile(
     *,
     job: dict[str, Any],
     skip: int = 1,
+    block: int = 0,
     machine: dict[str, Any] | None = None,
 ) -> PipelineProfile:
     """The profile of `timelines` (one per stage, recorded by the instrumented engine while the job ran
-    `config` without guests), the first `skip` batches left out (warm-up: buffers and shapes)."""
+    `config` without guests), the first `skip` batches left out (warm-up: buffers and shapes); or,
+    for a job trained in blocks of `block` batches between other work (as `profiling.measure`
+    trains every configuration), each block's first (`timeline.kept_batches`)."""
     timelines = sorted(timelines, key=lambda t: t.stage)
     streams = [stage_instructions(config.micro_batches, config.stages, s) for s in range(config.stages)]
     partners = exchange_partners(streams)
     if len(timelines) != config.stages:
         raise ProfileError(f"{len(timelines)} stage timelines for {config.stages} stages")
-    batches = min(len(t.batches) for t in timelines) - skip
+    recorded_count = min(len(t.batches) for t in timelines)
+    kept = kept_batches(recorded_count, block, skip)
+    batches = len(kept)
     if batches < 1:
-        raise ProfileError(f"needs more than {skip} batch(es) per stage to profile, got {batches + skip}")
-    records = [[t.batches[skip + b] for t in timelines] for b in range(batches)]
+        left_out = f"in blocks of {block}, each block's first left out" if block else f"the first {skip} left out"
+        raise ProfileError(f"no batch to profile: {recorded_count} recorded per stage, {left_out}")
+    records = [[t.batches[i] for t in timelines] for i in kept]
     spans = []  # [batch][stage] -> the stage's instruction intervals, checked against the schedule
     for b, per_stage in enumerate(records):
         spans.append([])
@@ -255,7 +261,7 @@ def build_profile(
             names = [i.name for i in intervals]
             if names != [i.name for i in streams[stage]]:
                 raise ProfileError(
-                    f"stage {stage}, batch {skip + b}: the recorded instructions are not DeepSpeed's TrainSchedule "
+                    f"stage {stage}, batch {kept[b]}: the recorded instructions are not DeepSpeed's TrainSchedule "
                     f"for p={config.stages} m={config.micro_batches}: {names[:6]}..."
                 )
             spans[-1].append(intervals)
@@ -290,7 +296,9 @@ def build_profile(
             instructions.append(row)
         tail = [records[b][stage].end - spans[b][stage][-1].end for b in range(batches)]
         recorded = timelines[stage].batches
-        between = [recorded[b + 1].start - recorded[b].end for b in range(skip, len(recorded) - 1)]
+        # the job's own loop between two batches it trains back to back (never across blocks)
+        pairs = set(kept)
+        between = [recorded[i + 1].start - recorded[i].end for i in kept if i + 1 in pairs]
         first, stop = bounds[stage], bounds[stage + 1]
         params = sum(layer.params for layer in layers[first:stop])
         stages.append(StageProfile(stage, [first, stop], params, tail, between, instructions))

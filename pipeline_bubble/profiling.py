@@ -277,6 +277,25 @@ class _ProfileRun:
     device: str
 
 
+def _profiled_stage(engine, stage: nn.Sequential, data, config: PipelineConfig, layer_batches: int) -> dict[str, Any]:
+    """This rank's part of a profile, once `engine` has trained the profiled batches: its timeline so
+    far, then its layers timed over `layer_batches` more batches and on their own at `SIZE_FACTORS`."""
+    timeline = engine.bubble_recorder.timeline.to_dict()
+    timer = LayerTimer(stage, engine.device)
+    with timer, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")  # the stage's first layer, see LayerTimer
+        for _ in range(layer_batches):
+            engine.train_batch(data)
+        seconds = timer.layer_seconds()
+        sizes = sorted({max(1, round(config.micro_batch_size * factor)) for factor in SIZE_FACTORS})
+        timed = time_at_sizes(stage, timer.example, sizes) if timer.example is not None else [[] for _ in stage]
+    layers = [
+        asdict(LayerProfile(type(layer).__name__, sum(p.numel() for p in layer.parameters()), out, f, b, at))
+        for layer, out, (f, b), at in zip(stage, timer.output_bytes, seconds, timed)
+    ]
+    return {"stage": engine.stage_id, "timeline": timeline, "layers": layers}
+
+
 def _profile_rank(rank: int, world_size: int, run: _ProfileRun) -> dict[str, Any]:
     from pipeline_bubble.instrumented_engine import instrument
 
@@ -286,20 +305,19 @@ def _profile_rank(rank: int, world_size: int, run: _ProfileRun) -> dict[str, Any
     data = run.job.batches(run.config.micro_batch_size, engine.device)
     for _ in range(run.batches):
         engine.train_batch(data)
-    timeline = engine.bubble_recorder.timeline.to_dict()
-    timer = LayerTimer(stage, engine.device)
-    with timer, warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Full backward hook is firing")  # the stage's first layer, see LayerTimer
-        for _ in range(run.layer_batches):
-            engine.train_batch(data)
-        seconds = timer.layer_seconds()
-        sizes = sorted({max(1, round(run.config.micro_batch_size * factor)) for factor in SIZE_FACTORS})
-        timed = time_at_sizes(stage, timer.example, sizes) if timer.example is not None else [[] for _ in stage]
-    layers = [
-        asdict(LayerProfile(type(layer).__name__, sum(p.numel() for p in layer.parameters()), out, f, b, at))
-        for layer, out, (f, b), at in zip(stage, timer.output_bytes, seconds, timed)
-    ]
-    return {"stage": engine.stage_id, "timeline": timeline, "layers": layers}
+    return _profiled_stage(engine, stage, data, run.config, run.layer_batches)
+
+
+def _profile_from(results: list[dict[str, Any]], config: PipelineConfig, job: PipelineJob, block: int = 0) -> PipelineProfile:
+    results = sorted(results, key=lambda r: r["stage"])
+    timelines = [StageTimeline.from_dict(r["timeline"]) for r in results]
+    layers = [LayerProfile(**layer) for r in results for layer in r["layers"]]
+    return build_profile(timelines, config, layers, job=job.describe(), block=block)
+
+
+def _profiled(config: PipelineConfig, job: PipelineJob) -> PipelineConfig:
+    """`config` as a profile records it: the split it ran spelled out, no guests."""
+    return replace(config, split=config.split or job.default_split(config.stages), guest_step_s=None)
 
 
 def profile_pipeline(
@@ -313,15 +331,10 @@ def profile_pipeline(
     timeout_s: float = 900,
 ) -> PipelineProfile:
     """Run `config` of `job` for `batches` batches (the first is warm-up) and return its profile."""
-    config = replace(config, split=config.split or job.default_split(config.stages), guest_step_s=None)
+    config = _profiled(config, job)
     run = _ProfileRun(job, config, batches, layer_batches, device)
-    results = sorted(
-        launch(_profile_rank, config.stages, run, timeout_s=timeout_s, log_dir=log_dir, same_device=device.startswith("cuda")),
-        key=lambda r: r["stage"],
-    )
-    timelines = [StageTimeline.from_dict(r["timeline"]) for r in results]
-    layers = [LayerProfile(**layer) for r in results for layer in r["layers"]]
-    return build_profile(timelines, config, layers, job=job.describe())
+    results = launch(_profile_rank, config.stages, run, timeout_s=timeout_s, log_dir=log_dir, same_device=device.startswith("cuda"))
+    return _profile_from(results, config, job)
 
 
 # ---- measuring ---------------------------------------------------------------------------------------
@@ -342,6 +355,9 @@ class _MeasureRequest:
     rounds: int
     device: str
     profile_steps: int = 8
+    #: A configuration profiled in the same processes, a block before every measured block.
+    profile: PipelineConfig | None = None
+    layer_batches: int = 2
 
 
 def calibrated_guest(step_s: float, seed: int, device: torch.device) -> tuple[Any, float]:
@@ -380,13 +396,19 @@ def _measure_rank(rank: int, world_size: int, request: _MeasureRequest) -> dict[
         engines.append(instrument(engine, executor))
         executors.append(executor)
         data.append(request.job.batches(run.config.micro_batch_size, engine.device))
+    profiled = None
+    if request.profile is not None:
+        engine, stage = build_engine(request.job, request.profile)
+        profiled = (instrument(engine), stage, request.job.batches(request.profile.micro_batch_size, engine.device))
     for round_ in range(request.rounds):
         order = range(len(engines)) if round_ % 2 == 0 else reversed(range(len(engines)))  # ABBA: no order bias
         for index in order:
-            for _ in range(request.block):  # back to back, as the job runs
-                engines[index].train_batch(data[index])
+            for engine, batches in ([(profiled[0], profiled[2])] if profiled else []) + [(engines[index], data[index])]:
+                for _ in range(request.block):  # back to back, as the job runs
+                    engine.train_batch(batches)
     return {
         "stage": engines[0].stage_id,
+        "profile": _profiled_stage(*profiled, request.profile, request.layer_batches) if profiled else None,
         "runs": [
             {
                 "timeline": engine.bubble_recorder.timeline.to_dict(),
@@ -415,16 +437,54 @@ def measure(
     the steady state a replay predicts), then the next; `rounds` times, in turn forward and
     backward (ABBA), so a busy host slows them alike. The first batch of every block is warm-up.
     """
-    stages = {run.config.stages for run in runs}
+    return _measured(_launch_measure(_MeasureRequest(job, runs, block, rounds, device), log_dir, timeout_s), runs, block)
+
+
+def profile_and_measure(
+    job: PipelineJob,
+    config: PipelineConfig,
+    runs: list[MeasureRun],
+    *,
+    block: int = 6,
+    rounds: int = 2,
+    layer_batches: int = 2,
+    device: str = "cpu",
+    log_dir: str | Path | None = None,
+    timeout_s: float = 1800,
+) -> tuple[PipelineProfile, list[Measured]]:
+    """Profile `config` of `job` in the processes that measure `runs` (as `measure` does), and return the
+    profile and what each run measured.
+
+    Why in the same processes. A profile recorded apart carries the host's state of its own minute:
+    on a shared 2-core host the profiled configuration's batches took 13% longer (median) in the
+    measurement that followed its profile, every instruction's compute and every configuration
+    alike, which no replay of that profile can know. So the profiled configuration trains a block
+    before every measured block, on its own engine (its batches are not the measured run's), its
+    profile holds all those blocks, each block's first left out, and then its layers are timed as
+    `profile_pipeline` times them.
+    """
+    profiled = _profiled(config, job)
+    if any(run.config.stages != profiled.stages for run in runs):
+        raise ValueError(f"the profiled configuration has {profiled.stages} stages; every run measured with it needs as many")
+    request = _MeasureRequest(job, runs, block, rounds, device, profile=profiled, layer_batches=layer_batches)
+    results = _launch_measure(request, log_dir, timeout_s)
+    return _profile_from([r["profile"] for r in results], profiled, job, block=block), _measured(results, runs, block)
+
+
+def _launch_measure(request: _MeasureRequest, log_dir: str | Path | None, timeout_s: float) -> list[dict[str, Any]]:
+    stages = {run.config.stages for run in request.runs}
     if len(stages) != 1:
         raise ValueError(f"runs measured together need one stage count, got {sorted(stages)}")
-    if block < 2 or rounds < 1:
-        raise ValueError(f"needs block >= 2 (the first batch is warm-up) and rounds >= 1, got {block}, {rounds}")
-    request = _MeasureRequest(job, runs, block, rounds, device)
-    results = sorted(
+    if request.block < 2 or request.rounds < 1:
+        raise ValueError(f"needs block >= 2 (the first batch is warm-up) and rounds >= 1, got {request.block}, {request.rounds}")
+    device = request.device
+    return sorted(
         launch(_measure_rank, stages.pop(), request, timeout_s=timeout_s, log_dir=log_dir, same_device=device.startswith("cuda")),
         key=lambda r: r["stage"],
     )
+
+
+def _measured(results: list[dict[str, Any]], runs: list[MeasureRun], block: int) -> list[Measured]:
     measured = []
     for index, run in enumerate(runs):
         per_stage = [r["runs"][index] for r in results]

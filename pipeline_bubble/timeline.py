@@ -24,6 +24,15 @@ GUEST = "guest"
 _PASSES = ("ForwardPass", "BackwardPass")  # DeepSpeed's schedule instructions that compute a micro-batch
 
 
+def kept_batches(count: int, block: int = 0, skip: int = 1) -> list[int]:
+    """The indices of `count` recorded batches a measurement keeps: trained in blocks of `block`
+    batches back to back, all but each block's first (warm-up: the stages meet again after other
+    work); else all after the first `skip`."""
+    if block:
+        return [i for i in range(count) if i % block]
+    return list(range(skip, count))
+
+
 def theoretical_bubble_fraction(stages: int, micro_batches: int) -> float:
     """Idle share of each stage in a synchronous pipeline schedule (GPipe / 1F1B): (p-1)/(m+p-1)."""
     if stages < 1 or micro_batches < 1:

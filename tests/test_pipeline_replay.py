@@ -14,6 +14,7 @@ import random
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -72,6 +73,34 @@ def _profile(config: PipelineConfig, forward, backward, *, noise: float = 0.0, b
     graph = _truth(config, forward, backward, **truth)
     timelines = _record(graph, batches=batches + 1, noise=noise)
     return build_profile(timelines, config, _layers(split, forward, backward), job={"job": "synthetic"}), graph
+
+
+def test_a_profile_recorded_in_blocks_between_other_work_leaves_out_each_blocks_warm_up_and_the_time_between_blocks():
+    """As `profiling.profile_and_measure` records it: a block of the profiled configuration before each
+    measured block. A block's first batch (here twice as slow) and the other work between blocks
+    (here 10 s) are no part of the job's steady state."""
+    config, block = PipelineConfig(2, 4, 32, (2, 2)), 3
+    forward, backward = [0.010, 0.012], [0.020, 0.022]
+    truth = _truth(config, forward, backward)
+    timelines = []
+    for recorded in _record(truth, batches=3 * block):
+        timeline = StageTimeline(recorded.stage, recorded.stages, recorded.micro_batches, recorded.device)
+        for index, batch in enumerate(recorded.batches):
+            stretch, shift = (2.0 if index % block == 0 else 1.0), 10.0 * (index // block)
+            at = lambda t: batch.start + shift + (t - batch.start) * stretch  # noqa: E731
+            intervals = [replace(i, start=at(i.start), end=at(i.end)) for i in batch.intervals]
+            timeline.batches.append(BatchRecord(index, at(batch.start), at(batch.end), intervals))
+        timelines.append(timeline)
+    profile = build_profile(timelines, config, _layers((2, 2), forward, backward), job={"job": "synthetic"}, block=block)
+    assert profile.batches == 2 * block
+    for stage in profile.stages:
+        assert max(stage.between_s) < 1.0, "the time between blocks was counted as the job's own loop"
+        for instruction in stage.instructions:
+            assert max(instruction.duration_s) == pytest.approx(min(instruction.duration_s), abs=1e-9), instruction.name
+    assert replay(profile, config).iteration_s == pytest.approx(truth.steady().iteration_s, rel=1e-9)
+    with pytest.raises(ProfileError, match="in blocks of 3"):
+        build_profile([StageTimeline(t.stage, t.stages, t.micro_batches, t.device, t.batches[:1]) for t in timelines],
+                      config, profile.layers, job={"job": "synthetic"}, block=block)
 
 
 configs = st.builds(
@@ -446,6 +475,21 @@ def test_hpo_profile_pipeline_profiles_a_deepspeed_job_and_measures_what_it_pred
     # scripted timings (test_pipeline_bubble.py) and measured by benchmarks/pipeline_replay.py.
     assert rows[1]["seeded"] and len(guest["first_batches_guest_s"]) == 3 and guest["step_s"]["admitted"] == 0.001
     assert len(list((tmp_path / "gantt").glob("*.png"))) == 4
+
+
+@pytest.mark.slow
+def test_a_profile_recorded_in_the_measuring_processes_holds_a_block_per_measured_block(tmp_path):
+    """`profile_and_measure`: the profiled configuration trains on its own engine a block before each
+    measured block, so the profile and the measurement see the same host."""
+    from pipeline_bubble.profiling import MeasureRun, MLPJob, profile_and_measure
+
+    runs = [MeasureRun(PipelineConfig(2, 2, 16)), MeasureRun(PipelineConfig(2, 4, 16))]
+    profile, measured = profile_and_measure(MLPJob(width=64), PipelineConfig(2, 2, 16), runs, block=2, rounds=2, log_dir=tmp_path)
+    assert profile.batches == 4, "one kept batch from each of the 2 x 2 profiled blocks"
+    assert profile.stage_split() == (6, 7) and all(layer.forward_s > 0 for layer in profile.layers if layer.params)
+    assert [m.config for m in measured] == [r.config for r in runs]
+    assert all(len(t.batches) == 4 for m in measured for t in m.timelines), "the profile's batches are not the measured run's"
+    assert predict(profile, runs[1].config, iterations=5).iteration_s > 0
 
 
 def test_an_engine_given_its_jobs_profile_is_seeded_with_its_own_stages_predicted_windows():
