@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpo.base.ray_runtime import start_local_ray  # before anything imports ray: loopback only
+from hpo.base.ray_runtime import RAY_TOKEN_FILE, start_local_ray  # before anything imports ray: loopback only
 
 # Token authentication on, whatever the shell says: a test Ray is as reachable as any other, and
 # subprocess clients given `--address` inherit the mode (an explicit address never auto-enables it);
@@ -126,12 +126,41 @@ def uses_shared_ray(item: pytest.Item) -> bool:
     return "ray_local" in getattr(item, "fixturenames", ())
 
 
+#: Modules that must not run beside each other on parallel workers (`make test` runs two,
+#: pytest-xdist's `--dist loadgroup`): each set runs on one worker, one module after another.
+#: Multi-node clusters: two at once on 2 cores starve each other's raylets past Ray's fixed 30 s
+#: registration. Fake Ray processes: each module asserts that none of its fakes is left, which the
+#: other's would break.
+RUN_ALONE = {
+    "clusters": ("test_node_loss", "test_allocator_live"),
+    "fake_ray_processes": ("test_failed_ray_start", "test_ray_watchdog"),
+}
+_GROUP_OF = {module: group for group, modules in RUN_ALONE.items() for module in modules}
+
+
 def pytest_collection_modifyitems(session, config, items):
     """Modules that use the shared Ray run after all others, one after another, so that it starts
     once, and modules that start their own Ray, or check that none is running, never meet it.
-    Tests keep their order within a module, and modules within each part."""
+    Tests keep their order within a module, and modules within each part.
+
+    Under parallel workers a module is one unit of work (its module-scoped fixtures, the shared
+    Ray among them, start once per module), handed out in this order, so that on each worker the
+    modules with the shared Ray still come last; `RUN_ALONE`'s sets are one unit each."""
     shared = {item.module.__name__ for item in items if uses_shared_ray(item)}
     items.sort(key=lambda item: item.module.__name__ in shared)
+    for item in items:
+        name = item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(_GROUP_OF.get(name, name)))
+
+
+def pytest_configure(config):
+    """One cluster token for the whole run, made before parallel workers start their Rays: a Ray
+    that starts where this user has no token yet writes a new one, and two workers doing so at
+    once (on a fresh CI machine) would each hand their clients the other's."""
+    if not hasattr(config, "workerinput") and not RAY_TOKEN_FILE.exists():
+        from ray_cluster import ensure_ray_token
+
+        ensure_ray_token()
 
 
 @pytest.fixture(scope="session", autouse=True)
