@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import os
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -56,19 +56,24 @@ class SharedRay:
     #: How long a module's actors get to release their resources after its last test.
     RELEASE_S = 30.0
 
-    def get(self):
+    def get(self, start_lock: Path):
+        """`start_lock`: a file that parallel workers share, held while this one's Ray starts, so
+        that two never start at once: on 2 cores two starts together often ran past the 30 s Ray
+        gives a raylet to register."""
         import ray
 
         if not ray.is_initialized():
-            start_local_ray(
-                num_cpus=2,
-                num_gpus=4,
-                object_store_memory=128 * 1024**2,
-                # Trainables defined in test modules must import on Ray's workers too.
-                runtime_env={"env_vars": {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}},
-                # Ray's own metrics interval (10 s), not 1 s: at 1 s every Ray process spent 40-70 ms
-                # of each second recording metrics on a loaded 2-core box (4-7% of a core each).
-            )
+            with start_lock.open("a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                start_local_ray(
+                    num_cpus=2,
+                    num_gpus=4,
+                    object_store_memory=128 * 1024**2,
+                    # Trainables defined in test modules must import on Ray's workers too.
+                    runtime_env={"env_vars": {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}},
+                    # Ray's own metrics interval (10 s), not 1 s: at 1 s every Ray process spent 40-70 ms
+                    # of each second recording metrics on a loaded 2-core box (4-7% of a core each).
+                )
         return ray
 
     def release(self, module: str) -> None:
@@ -101,9 +106,10 @@ _SHARED_RAY = SharedRay()
 
 
 @pytest.fixture(scope="module")
-def ray_local(request):
+def ray_local(request, tmp_path_factory):
     """The suite's shared real Ray (`SharedRay`), checked for leftovers after this module."""
-    yield _SHARED_RAY.get()
+    # Parallel workers' temporary folders share a parent (pytest-xdist's `popen-gw<N>`).
+    yield _SHARED_RAY.get(tmp_path_factory.getbasetemp().parent / "ray-start.lock")
     _SHARED_RAY.release(request.module.__name__)
 
 
@@ -170,24 +176,3 @@ def shared_ray_ends_with_the_session():
 
     if ray.is_initialized():
         ray.shutdown()
-
-
-_SESSION: dict[str, int] = {}
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session, exitstatus):
-    _SESSION["exitstatus"] = int(exitstatus)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config):
-    """End the test process once pytest has reported, with pytest's own exit status, without
-    Python's interpreter teardown. After the whole suite (some 40 Ray sessions, DeepSpeed, torch,
-    MLflow, W&B and pyarrow filesystems in one process), that teardown segfaulted in two of three
-    full runs, after every test had passed; each module, and each group of modules tried, exits
-    cleanly on its own. The cause is not found yet (see the closing note of this change)."""
-    if "exitstatus" in _SESSION:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(_SESSION["exitstatus"])
