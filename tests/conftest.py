@@ -7,6 +7,7 @@ import gc
 import os
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -150,13 +151,16 @@ def pytest_collection_modifyitems(session, config, items):
     Tests keep their order within a module, and modules within each part.
 
     Under parallel workers a module is one unit of work (its module-scoped fixtures, the shared
-    Ray among them, start once per module), handed out in this order, so that on each worker the
-    modules with the shared Ray still come last; `RUN_ALONE`'s sets are one unit each."""
+    Ray among them, start once per module), handed out in this order (`--no-loadscope-reorder`),
+    so that on each worker the modules with the shared Ray still come last; `RUN_ALONE`'s sets
+    are one unit each. Within each part the units with the most slow tests go first, so that a
+    long one does not start last and leave the other worker idle until it ends."""
     shared = {item.module.__name__ for item in items if uses_shared_ray(item)}
-    items.sort(key=lambda item: item.module.__name__ in shared)
+    group = {item: _GROUP_OF.get(item.module.__name__, item.module.__name__) for item in items}
+    slow = Counter(group[item] for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: (item.module.__name__ in shared, -slow[group[item]]))
     for item in items:
-        name = item.module.__name__
-        item.add_marker(pytest.mark.xdist_group(_GROUP_OF.get(name, name)))
+        item.add_marker(pytest.mark.xdist_group(group[item]))
 
 
 def pytest_configure(config):
