@@ -47,9 +47,9 @@ run: $(RUN_STAMP)
 
 # Everything, as CI runs it: the fast tier and the slow multi-process / multi-node tier. Two
 # workers (pytest-xdist): most slow tests wait on Ray and on subprocesses, so two overlap well on
-# 2 cores. A module runs whole on one worker, in tests/conftest.py's order (which xdist must keep);
+# 2 cores. A module runs whole on one worker, in tests/conftest.py's order (its scheduler);
 # its RUN_ALONE keeps apart those that must not overlap. `-n 0` runs everything in one process.
-TEST_WORKERS := -n 2 --dist loadgroup --no-loadscope-reorder
+TEST_WORKERS := -n 2
 
 test: setup-bubbles
 	$(VENV)/bin/python -m pytest -q --durations=30 $(TEST_WORKERS)

@@ -133,11 +133,10 @@ def uses_shared_ray(item: pytest.Item) -> bool:
     return "ray_local" in getattr(item, "fixturenames", ())
 
 
-#: Modules that must not run beside each other on parallel workers (`make test` runs two,
-#: pytest-xdist's `--dist loadgroup`): each set runs on one worker, one module after another.
-#: Multi-node clusters: two at once on 2 cores starve each other's raylets past Ray's fixed 30 s
-#: registration. Fake Ray processes: each module asserts that none of its fakes is left, which the
-#: other's would break.
+#: Modules that must not run beside each other on parallel workers (`make test` runs two): each
+#: set runs on one worker, one module after another. Multi-node clusters: two at once on 2 cores
+#: starve each other's raylets past Ray's fixed 30 s registration. Fake Ray processes: each module
+#: asserts that none of its fakes is left, which the other's would break.
 RUN_ALONE = {
     "clusters": ("test_node_loss", "test_allocator_live"),
     "fake_ray_processes": ("test_failed_ray_start", "test_ray_watchdog"),
@@ -145,22 +144,42 @@ RUN_ALONE = {
 _GROUP_OF = {module: group for group, modules in RUN_ALONE.items() for module in modules}
 
 
+def work_unit(module: str) -> str:
+    """What runs whole on one parallel worker: the module (its module-scoped fixtures, the shared
+    Ray among them, start once per module), or its `RUN_ALONE` set."""
+    return _GROUP_OF.get(module, module)
+
+
 def pytest_collection_modifyitems(session, config, items):
     """Modules that use the shared Ray run after all others, one after another, so that it starts
     once, and modules that start their own Ray, or check that none is running, never meet it.
     Tests keep their order within a module, and modules within each part.
 
-    Under parallel workers a module is one unit of work (its module-scoped fixtures, the shared
-    Ray among them, start once per module), handed out in this order (`--no-loadscope-reorder`),
-    so that on each worker the modules with the shared Ray still come last; `RUN_ALONE`'s sets
-    are one unit each. Within each part the units with the most slow tests go first, so that a
-    long one does not start last and leave the other worker idle until it ends."""
+    Parallel workers are handed their work units in this order (`pytest_xdist_make_scheduler`),
+    so on each worker the modules with the shared Ray still come last. Within each part the units
+    with the most slow tests go first, so that a long one does not start last and leave the other
+    worker idle until it ends."""
     shared = {item.module.__name__ for item in items if uses_shared_ray(item)}
-    group = {item: _GROUP_OF.get(item.module.__name__, item.module.__name__) for item in items}
-    slow = Counter(group[item] for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: (item.module.__name__ in shared, -slow[group[item]]))
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group[item]))
+    slow = Counter(work_unit(item.module.__name__) for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: (item.module.__name__ in shared, -slow[work_unit(item.module.__name__)]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduler, handing out `work_unit`s whole in collection order.
+
+    Not `--dist loadgroup`: with pytest 9 its `xdist_group` marks are lost (xdist 3.8 renames a
+    test through `Item._nodeid`, which pytest no longer reads), so it splits modules test by test.
+    Not xdist's reordering of units by size either: the order is what keeps the shared Ray last."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return work_unit(Path(path).stem)
+
+    config.option.loadscopereorder = False
+    return WorkUnits(config, log)
 
 
 def pytest_configure(config):
