@@ -45,17 +45,22 @@ lock:
 run: $(RUN_STAMP)
 	$(VENV)/bin/hpo run configs/quickstart.yaml
 
-# Everything, as CI runs it: the fast tier and the slow multi-process / multi-node tier.
+# Everything, as CI runs it: the fast tier and the slow multi-process / multi-node tier. Two
+# workers (pytest-xdist): most slow tests wait on Ray and on subprocesses, so two overlap well on
+# 2 cores. A module runs whole on one worker, in tests/conftest.py's order (its scheduler);
+# its RUN_ALONE keeps apart those that must not overlap. `-n 0` runs everything in one process.
+TEST_WORKERS := -n 2
+
 test: setup-bubbles
-	$(VENV)/bin/python -m pytest -q --durations=30
+	$(VENV)/bin/python -m pytest -q --durations=30 $(TEST_WORKERS)
 
 # The fast tier (under 3 minutes on 2 cores): no test marked slow.
 test-fast: setup
-	$(VENV)/bin/python -m pytest -q -m "not slow"
+	$(VENV)/bin/python -m pytest -q -m "not slow" $(TEST_WORKERS)
 
 # The slow tier alone: real DeepSpeed pipelines, Ray clusters, Tune sweeps.
 test-slow: setup-bubbles
-	$(VENV)/bin/python -m pytest -q -m slow
+	$(VENV)/bin/python -m pytest -q -m slow $(TEST_WORKERS)
 
 clean:
 	rm -rf $(VENV) runs configs/runs

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import os
-import sys
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from hpo.base.ray_runtime import start_local_ray  # before anything imports ray: loopback only
+from hpo.base.ray_runtime import RAY_TOKEN_FILE, start_local_ray  # before anything imports ray: loopback only
 
 # Token authentication on, whatever the shell says: a test Ray is as reachable as any other, and
 # subprocess clients given `--address` inherit the mode (an explicit address never auto-enables it);
@@ -56,19 +57,24 @@ class SharedRay:
     #: How long a module's actors get to release their resources after its last test.
     RELEASE_S = 30.0
 
-    def get(self):
+    def get(self, start_lock: Path):
+        """`start_lock`: a file that parallel workers share, held while this one's Ray starts, so
+        that two never start at once: on 2 cores two starts together often ran past the 30 s Ray
+        gives a raylet to register."""
         import ray
 
         if not ray.is_initialized():
-            start_local_ray(
-                num_cpus=2,
-                num_gpus=4,
-                object_store_memory=128 * 1024**2,
-                # Trainables defined in test modules must import on Ray's workers too.
-                runtime_env={"env_vars": {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}},
-                # Ray's own metrics interval (10 s), not 1 s: at 1 s every Ray process spent 40-70 ms
-                # of each second recording metrics on a loaded 2-core box (4-7% of a core each).
-            )
+            with start_lock.open("a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                start_local_ray(
+                    num_cpus=2,
+                    num_gpus=4,
+                    object_store_memory=128 * 1024**2,
+                    # Trainables defined in test modules must import on Ray's workers too.
+                    runtime_env={"env_vars": {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}},
+                    # Ray's own metrics interval (10 s), not 1 s: at 1 s every Ray process spent 40-70 ms
+                    # of each second recording metrics on a loaded 2-core box (4-7% of a core each).
+                )
         return ray
 
     def release(self, module: str) -> None:
@@ -101,9 +107,10 @@ _SHARED_RAY = SharedRay()
 
 
 @pytest.fixture(scope="module")
-def ray_local(request):
+def ray_local(request, tmp_path_factory):
     """The suite's shared real Ray (`SharedRay`), checked for leftovers after this module."""
-    yield _SHARED_RAY.get()
+    # Parallel workers' temporary folders share a parent (pytest-xdist's `popen-gw<N>`).
+    yield _SHARED_RAY.get(tmp_path_factory.getbasetemp().parent / "ray-start.lock")
     _SHARED_RAY.release(request.module.__name__)
 
 
@@ -126,12 +133,63 @@ def uses_shared_ray(item: pytest.Item) -> bool:
     return "ray_local" in getattr(item, "fixturenames", ())
 
 
+#: Modules that must not run beside each other on parallel workers (`make test` runs two): each
+#: set runs on one worker, one module after another. Multi-node clusters: two at once on 2 cores
+#: starve each other's raylets past Ray's fixed 30 s registration. Fake Ray processes: each module
+#: asserts that none of its fakes is left, which the other's would break.
+RUN_ALONE = {
+    "clusters": ("test_node_loss", "test_allocator_live"),
+    "fake_ray_processes": ("test_failed_ray_start", "test_ray_watchdog"),
+}
+_GROUP_OF = {module: group for group, modules in RUN_ALONE.items() for module in modules}
+
+
+def work_unit(module: str) -> str:
+    """What runs whole on one parallel worker: the module (its module-scoped fixtures, the shared
+    Ray among them, start once per module), or its `RUN_ALONE` set."""
+    return _GROUP_OF.get(module, module)
+
+
 def pytest_collection_modifyitems(session, config, items):
     """Modules that use the shared Ray run after all others, one after another, so that it starts
     once, and modules that start their own Ray, or check that none is running, never meet it.
-    Tests keep their order within a module, and modules within each part."""
+    Tests keep their order within a module, and modules within each part.
+
+    Parallel workers are handed their work units in this order (`pytest_xdist_make_scheduler`),
+    so on each worker the modules with the shared Ray still come last. Within each part the units
+    with the most slow tests go first, so that a long one does not start last and leave the other
+    worker idle until it ends."""
     shared = {item.module.__name__ for item in items if uses_shared_ray(item)}
-    items.sort(key=lambda item: item.module.__name__ in shared)
+    slow = Counter(work_unit(item.module.__name__) for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: (item.module.__name__ in shared, -slow[work_unit(item.module.__name__)]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduler, handing out `work_unit`s whole in collection order.
+
+    Not `--dist loadgroup`: with pytest 9 its `xdist_group` marks are lost (xdist 3.8 renames a
+    test through `Item._nodeid`, which pytest no longer reads), so it splits modules test by test.
+    Not xdist's reordering of units by size either: the order is what keeps the shared Ray last."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return work_unit(Path(path).stem)
+
+    config.option.loadscopereorder = False
+    return WorkUnits(config, log)
+
+
+def pytest_configure(config):
+    """One cluster token for the whole run, made before parallel workers start their Rays: a Ray
+    that starts where this user has no token yet writes a new one, and two workers doing so at
+    once (on a fresh CI machine) would each hand their clients the other's."""
+    if not hasattr(config, "workerinput") and not RAY_TOKEN_FILE.exists():
+        from ray_cluster import ensure_ray_token
+
+        ensure_ray_token()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -140,24 +198,3 @@ def shared_ray_ends_with_the_session():
     ray = sys.modules.get("ray")  # a run that never imported Ray (the GPU machine has none) has none to end
     if ray is not None and ray.is_initialized():
         ray.shutdown()
-
-
-_SESSION: dict[str, int] = {}
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session, exitstatus):
-    _SESSION["exitstatus"] = int(exitstatus)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config):
-    """End the test process once pytest has reported, with pytest's own exit status, without
-    Python's interpreter teardown. After the whole suite (some 40 Ray sessions, DeepSpeed, torch,
-    MLflow, W&B and pyarrow filesystems in one process), that teardown segfaulted in two of three
-    full runs, after every test had passed; each module, and each group of modules tried, exits
-    cleanly on its own. The cause is not found yet (see the closing note of this change)."""
-    if "exitstatus" in _SESSION:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(_SESSION["exitstatus"])
