@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import fcntl
 import gc
+import importlib.util
 import os
+import sys
 import time
 import warnings
 from collections import Counter
@@ -186,7 +188,7 @@ def pytest_configure(config):
     """One cluster token for the whole run, made before parallel workers start their Rays: a Ray
     that starts where this user has no token yet writes a new one, and two workers doing so at
     once (on a fresh CI machine) would each hand their clients the other's."""
-    if not hasattr(config, "workerinput") and not RAY_TOKEN_FILE.exists():
+    if not hasattr(config, "workerinput") and not RAY_TOKEN_FILE.exists() and importlib.util.find_spec("ray"):
         from ray_cluster import ensure_ray_token
 
         ensure_ray_token()
