@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import hpo.base.ray_runtime  # noqa: F401  before anything imports ray: the local Ray listens on loopback only
-from hpo.errors import SweepConfigError
+from hpo.config.errors import SweepConfigError
 
 EXIT_BAD_INPUT = 2
 #: The sweep ran, but no finished trial reported its metric.
@@ -31,8 +31,8 @@ EXIT_STORAGE_FULL = 2
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from hpo.preflight import preflight
-    from hpo.sweep_file import describe_plan, load_sweep
+    from hpo.config.preflight import preflight
+    from hpo.config.sweep_file import describe_plan, load_sweep
 
     loaded = load_sweep(args.file, execute=not args.no_exec, for_ray=False)
     warnings = preflight(loaded, address=args.address)
@@ -66,8 +66,8 @@ def _submit_to_allocator(spec) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from hpo.preflight import preflight
-    from hpo.sweep_file import describe_plan, load_sweep
+    from hpo.config.preflight import preflight
+    from hpo.config.sweep_file import describe_plan, load_sweep
 
     loaded = load_sweep(args.file, for_ray=not args.dry_run)
     if args.address and not args.dry_run:
@@ -76,7 +76,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(describe_plan(loaded))
         return 0
-    from hpo.sweep import build_tuner
+    from hpo.tuner.sweep import build_tuner
 
     fusion = loaded.spec.fusion
     if args.allocator and (fusion is None or not fusion.enabled or fusion.placement != "bubbles"):
@@ -85,7 +85,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     run_path = None
     if args.resume:
-        from hpo.api import RunStateError, latest_run, verify_run_state
+        from hpo.tuner.tuner import RunStateError, latest_run, verify_run_state
 
         run_path = latest_run(Path(loaded.storage), loaded.spec.name)
         if run_path is None:
@@ -137,7 +137,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _interrupted(run: Path | None, sweep_file: str) -> str:
     """The line for a Ctrl-C that stopped `hpo run` outside Tune's own handling of it; whether
     anything ran is `--resume`'s own test (`nothing_ran`), so the line and `--resume` agree."""
-    from hpo.api import nothing_ran
+    from hpo.tuner.tuner import nothing_ran
 
     if run is None or nothing_ran(run):
         return f"error: interrupted before any trial ran; nothing was lost; start it again with: hpo run {sweep_file}"
@@ -152,7 +152,7 @@ def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
     from ray.exceptions import RuntimeEnvSetupError
 
     from hpo.base.ray_runtime import code_runtime_env, ensure_ray
-    from hpo.trial_output import quiet_ray_on_workers
+    from hpo.reporting.trial_output import quiet_ray_on_workers
 
     quiet_ray_on_workers()  # Tune's INFO lines stay off the console among the trials' prints
     # and those logged before a trial's code runs (Tune's "Restored on ..." as a resumed trial
@@ -169,10 +169,10 @@ def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
 
 
 def _report(result, sweep_file: str) -> int:
-    """Print the table, the best configuration and the files (`hpo.console.report`); the exit
+    """Print the table, the best configuration and the files (`hpo.reporting.console.report`); the exit
     status says whether every trial ran (0), the sweep was interrupted (EXIT_INTERRUPTED), some
     trial errored (EXIT_TRIALS_ERRORED), or none reported the metric (1)."""
-    from hpo import console
+    from hpo.reporting import console
 
     verdict = console.report(result, f"hpo run {sweep_file} --resume")
     return {console.OK: 0, console.INTERRUPTED: EXIT_INTERRUPTED, console.ERRORED: EXIT_TRIALS_ERRORED,
@@ -182,7 +182,7 @@ def _report(result, sweep_file: str) -> int:
 def _cmd_results(args: argparse.Namespace) -> int:
     """Reprint a stored run's table, best configuration and files; `--rebuild` first rewrites
     results.csv and summary.json from the trials' own folders (for a run whose state is damaged)."""
-    from hpo.results import RESULTS_FILE, SUMMARY_FILE, records_from_trial_dirs, summary_table, write_run_files
+    from hpo.reporting.results_files import RESULTS_FILE, SUMMARY_FILE, records_from_trial_dirs, summary_table, write_run_files
 
     run = Path(args.run_dir)
     if run.is_file():  # a sweep file: its newest run, where `hpo run FILE` stored it
@@ -211,7 +211,7 @@ def _cmd_results(args: argparse.Namespace) -> int:
     print()
     best = summary.get("best")
     if best:
-        from hpo.console import config_text
+        from hpo.reporting.console import config_text
 
         print(f"Best configuration ({summary['metric']} = {best['value']:.4g}): {config_text(best['config'])}")
         if best.get("checkpoint"):
@@ -236,9 +236,9 @@ def _verdicts(results_file: Path) -> dict[str, str]:
 
 def _newest_run_of(sweep_file: Path) -> Path:
     """The newest run of a sweep file (the one `--resume` continues); read without running its code."""
-    from hpo.api import latest_run
-    from hpo.spec import SweepSpec
-    from hpo.sweep_file import LoadedSweep, YamlSource
+    from hpo.tuner.tuner import latest_run
+    from hpo.config.spec import SweepSpec
+    from hpo.config.sweep_file import LoadedSweep, YamlSource
 
     source = YamlSource.from_file(sweep_file)
     loaded = LoadedSweep(SweepSpec.from_source(source), None, source)
@@ -252,8 +252,8 @@ def _cmd_coord_check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hpo.scaling import coord_check, depth_contract_problem, depth_coord_check
-    from hpo.sweep_file import describe_exception
-    from hpo.trainables import TrainableNotFound, resolve_trainable
+    from hpo.config.sweep_file import describe_exception
+    from hpo.config.trainable_lookup import TrainableNotFound, resolve_trainable
     from hpo.base.workload import Workload
 
     try:  # a module in the current folder is importable, as it is for `python -m`
@@ -465,10 +465,10 @@ def _engine_args(name: str, argv: list[str]) -> argparse.Namespace:
 
 
 def _quiet_tune() -> None:
-    """Tune's own console output stays off for the process (`hpo.console.quiet_tune`)."""
+    """Tune's own console output stays off for the process (`hpo.reporting.console.quiet_tune`)."""
     import logging
 
-    from hpo.console import quiet_tune
+    from hpo.reporting.console import quiet_tune
 
     quiet_tune()
     # a full disk is reported in one line (see main); Tune's tracebacks of the same error would bury it

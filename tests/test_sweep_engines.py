@@ -9,16 +9,16 @@ import pytest
 from ray import tune
 
 from examples.mlp_digits import workload as mlp_digits
-from hpo.api import PlainEngine, SweepEngine, Tuner
-from hpo.controller import ControllerCallback
-from hpo.fused_scheduler import GroupScheduler
-from hpo.fused_search import GroupSearcher
-from hpo.fused_sweep import BubbleEngine, FusedEngine
+from hpo.tuner.tuner import PlainEngine, SweepEngine, Tuner
+from hpo.reporting.dashboard_actor import ControllerCallback
+from hpo.engines.fused.scheduler import GroupScheduler
+from hpo.engines.fused.search import GroupSearcher
+from hpo.engines.fused.engine import BubbleEngine, FusedEngine
 from hpo.base.actor_names import broker_name
-from hpo.member_trial import FusionCallback
+from hpo.engines.bubbles.relay_trial import FusionCallback
 from hpo.base.actor_names import NAMESPACE
-from hpo.scaled_sweep import ScaledEngine
-from hpo.spec import CheckpointPolicy, FusionConfig
+from hpo.engines.scaled import ScaledEngine
+from hpo.config.spec import CheckpointPolicy, FusionConfig
 
 SPACE = {"lr": tune.grid_search([1e-3, 1e-2, 3e-2, 1e-1]), "width": 16}
 PROXY_SPACE = {"lr": tune.grid_search([1e-3, 1e-2])}  # scaling sets the width

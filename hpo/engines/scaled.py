@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hpo.results import SweepResult
+from hpo.reporting.results_files import SweepResult
 from hpo.scaling import (
     EagerTransferCallback,
     ScalingError,

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from hpo.errors import ConfigIssue, SweepConfigError
-from hpo.scoped_environ import scoped_environ
+from hpo.config.errors import ConfigIssue, SweepConfigError
+from hpo.base.scoped_environ import scoped_environ
 
 if TYPE_CHECKING:  # the spec imports this module, and the spec loads where Ray is not installed
     from ray import tune

@@ -26,12 +26,12 @@ from typing import Any
 import pandas as pd
 
 from hpo.base.atomic_files import write_all_atomically, write_atomically
-from hpo.tune_state import DAMAGED, newest_state, trial_states
+from hpo.reporting.tune_state import DAMAGED, newest_state, trial_states
 
 RESULTS_FILE = "results.csv"
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "curves.png"
-#: Under a fused sweep's experiment folder: one folder per configuration (`hpo.fused_members`).
+#: Under a fused sweep's experiment folder: one folder per configuration (`hpo.engines.fused.members`).
 MEMBERS_DIR = "members"
 #: Tune's bookkeeping in every result: not metrics a user compares trials by.
 TUNE_METADATA = frozenset({
@@ -289,7 +289,7 @@ def records_from_trial_dirs(experiment: Path, verdicts: Mapping[str, str] | None
     return records
 
 
-#: A fused member's verdict, written when its scheduler ended it (`hpo.fused_members.MemberBook.end`).
+#: A fused member's verdict, written when its scheduler ended it (`hpo.engines.fused.members.MemberBook.end`).
 STATUS_FILE = "status.json"
 
 
@@ -317,7 +317,7 @@ class SavedRunState:
     """Which trials Tune's newest saved run state (`experiment_state-*.json`) holds as ended: the
     trials a resumed run will not run again. The file is read again only when it changes, and the
     folder listed at most every `LIST_EVERY_S`: Tune saves its state once a second at most
-    (`hpo.api.Tuner._save_period`), while its controller steps (and asks) hundreds of times a second, and listing a sweep's folder each time
+    (`hpo.tuner.tuner.Tuner._save_period`), while its controller steps (and asks) hundreds of times a second, and listing a sweep's folder each time
     cost 0.2 s of a 64-trial sweep's driver."""
 
     LIST_EVERY_S = 0.25
@@ -351,7 +351,7 @@ def results_file_callback(experiment: Path, metric: str, mode: str, max_iteratio
     ends, so every finished trial is on disk whatever happens to the driver afterwards.
 
     A row says a trial ended only once Tune's saved run state says so too (every second in a sweep of
-    up to 100 trials, see `hpo.api.Tuner._save_period`): a driver killed in between would see `--resume` run the trial again, and what
+    up to 100 trials, see `hpo.tuner.tuner.Tuner._save_period`): a driver killed in between would see `--resume` run the trial again, and what
     results.csv holds as finished is final. Until then the row is written as running."""
     from ray.tune import Callback
 
@@ -409,7 +409,7 @@ class SweepResult:
         self.controller: Any = None  # the sweep's `hpo:sweep:<name>` actor handle, when one ran
         self.actors: list[Any] = []  # every actor the sweep owns (controller, fusion broker)
         self.paths: dict[str, Path] = {}  # the files `write` wrote
-        #: With muP scaling: the folder of the trained target (`hpo.scaled_sweep.finish`), if trained.
+        #: With muP scaling: the folder of the trained target (`hpo.engines.scaled.finish`), if trained.
         self.target_checkpoint: str | None = None
         if records is None:
             self.records = [record_from_result(result) for result in self.results]

@@ -1,4 +1,4 @@
-"""`hpo.Tuner` mirrors `ray.tune.Tuner` (and `hpo.run`, in `hpo.sweep`, mirrors `tune.run`).
+"""`hpo.Tuner` mirrors `ray.tune.Tuner` (and `hpo.run`, in `hpo.tuner.sweep`, mirrors `tune.run`).
 
 It accepts what Tune accepts (a function trainable, Tune domains, Tune searchers and schedulers)
 and additionally a `Workload`, which unlocks muP scaling and trial fusion. It returns a
@@ -37,15 +37,15 @@ from ray import tune
 from ray.tune.schedulers import FIFOScheduler, HyperBandScheduler, PopulationBasedTraining
 
 from hpo.base.checkpointing import checkpoints_to_keep
-from hpo.controller import ControllerCallback, start_controller
+from hpo.reporting.dashboard_actor import ControllerCallback, start_controller
 from hpo.base.ray_runtime import ensure_ray
-from hpo.results import SweepResult, ended, results_file_callback
-from hpo.scoped_environ import scoped_environ
-from hpo.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
-from hpo.trainables import is_workload, resolve_trainable
-from hpo.trial_errors import TrialErrorCallback
-from hpo.trial_output import with_trial_output
-from hpo.tune_state import DAMAGED, STATE_PATTERN, newest_state, state_files, trial_entries
+from hpo.reporting.results_files import SweepResult, ended, results_file_callback
+from hpo.base.scoped_environ import scoped_environ
+from hpo.config.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
+from hpo.config.trainable_lookup import is_workload, resolve_trainable
+from hpo.reporting.trial_errors import TrialErrorCallback
+from hpo.reporting.trial_output import with_trial_output
+from hpo.reporting.tune_state import DAMAGED, STATE_PATTERN, newest_state, state_files, trial_entries
 
 if TYPE_CHECKING:
     from hpo.base.workload import Workload
@@ -60,9 +60,9 @@ class SweepEngine(Protocol):
     """How one mode runs a sweep in Tune; the `Tuner` composes one, chosen when it is built.
 
     The modes: plain trials (`PlainEngine`), fused groups that are Tune's trials
-    (`hpo.fused_sweep.FusedEngine`), fused groups in pipeline bubbles with a relay trial per
-    configuration (`hpo.fused_sweep.BubbleEngine`), and a muP proxy sweep around any of those
-    (`hpo.scaled_sweep.ScaledEngine`). `start` comes first: what it starts (Ray must be up) is
+    (`hpo.engines.fused.engine.FusedEngine`), fused groups in pipeline bubbles with a relay trial per
+    configuration (`hpo.engines.fused.engine.BubbleEngine`), and a muP proxy sweep around any of those
+    (`hpo.engines.scaled.ScaledEngine`). `start` comes first: what it starts (Ray must be up) is
     what the other calls hand to Tune.
     """
 
@@ -86,7 +86,7 @@ class SweepEngine(Protocol):
 
 
 class PlainEngine:
-    """Every configuration is a Tune trial of its own; a `Workload` trains as `hpo.workload_trial` says."""
+    """Every configuration is a Tune trial of its own; a `Workload` trains as `hpo.engines.workload_trial` says."""
 
     def __init__(
         self,
@@ -111,7 +111,7 @@ class PlainEngine:
     def trainable(self) -> Any:
         trainable = self.user_trainable
         if is_workload(trainable):
-            from hpo.workload_trial import workload_trainable
+            from hpo.engines.workload_trial import workload_trainable
 
             trainable = workload_trainable(
                 trainable, self.max_iterations, threads=max(1, int(self.resources.get("cpu", 1))),
@@ -175,7 +175,7 @@ class Tuner:
                              "state into another, across fused groups; use ASHA or HyperBand, or turn fusion off")
         user_workload = self.trainable
         if scaling is not None:
-            from hpo import scaled_sweep  # muP is an optional extra (`hydro-hpo[mup]`): loaded by scaled sweeps only
+            from hpo.engines import scaled as scaled_sweep  # muP is an optional extra (`hydro-hpo[mup]`): loaded by scaled sweeps only
 
             scaling = scaled_sweep.as_scaling_config(scaling)
             self.trainable = scaled_sweep.build_proxy(user_workload, scaling, self.param_space, self.storage / self.name)
@@ -193,7 +193,7 @@ class Tuner:
                 self.trainable, self.resources, self.param_space, self.max_iterations, self.checkpoint,
                 metric, self.mode, self._iterations(),
             )
-        from hpo.fused_sweep import BubbleEngine, FusedEngine
+        from hpo.engines.fused.engine import BubbleEngine, FusedEngine
 
         if fusion.placement == "bubbles":
             return BubbleEngine(self.trainable, fusion, self.resources, self.param_space, self.max_iterations, metric, self.mode)

@@ -16,14 +16,14 @@ from ray import tune
 from ray.tune.logger import LoggerCallback, TBXLoggerCallback
 
 from fusion.broker import start_broker
-from hpo.controller import ControllerCallback
-from hpo.fused_members import GROUP_DIR_PREFIX, MemberBook, MemberTrial
-from hpo.fused_scheduler import GroupScheduler
+from hpo.reporting.dashboard_actor import ControllerCallback
+from hpo.engines.fused.members import GROUP_DIR_PREFIX, MemberBook, MemberTrial
+from hpo.engines.fused.scheduler import GroupScheduler
 from hpo.base.actor_names import NAMESPACE, broker_name
-from hpo.member_trial import MEMBER_TRIAL_RESOURCES, FusionCallback, fused_member_trainable
-from hpo.progress import ProgressCallback
-from hpo.results import SweepResult, results_file_callback
-from hpo.spec import CheckpointPolicy, FusionConfig
+from hpo.engines.bubbles.relay_trial import MEMBER_TRIAL_RESOURCES, FusionCallback, fused_member_trainable
+from hpo.reporting.progress import ProgressCallback
+from hpo.reporting.results_files import SweepResult, results_file_callback
+from hpo.config.spec import CheckpointPolicy, FusionConfig
 from hpo.base.workload import Workload
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def group_slots(group_resources: Mapping[str, float]) -> int:
 
 @dataclass
 class FusedSweep:
-    """What Tune is given to run a sweep as fused groups (see `hpo.fused_members`)."""
+    """What Tune is given to run a sweep as fused groups (see `hpo.engines.fused.members`)."""
 
     book: MemberBook
     trainable: Any
@@ -123,8 +123,8 @@ def fused_sweep(
     from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
     from fusion.grouping import structural_signature
-    from hpo.fused_group_trial import fused_group_trainable, group_checkpoint_config
-    from hpo.fused_search import ConfigList, GroupSearcher
+    from hpo.engines.fused.group_trial import fused_group_trainable, group_checkpoint_config
+    from hpo.engines.fused.search import ConfigList, GroupSearcher
 
     metric, mode = tune_config.metric, tune_config.mode or "min"
     book = MemberBook(experiment, workload.name)
@@ -279,7 +279,7 @@ def member_results_callback(book: MemberBook, experiment: Path, metric: str, mod
     folder reads and 2N fsyncs on the driver's thread, between the groups' steps."""
     from ray.tune import Callback
 
-    from hpo.results import write_run_files
+    from hpo.reporting.results_files import write_run_files
 
     class MemberResultsCallback(Callback):
         def __init__(self) -> None:
@@ -385,7 +385,7 @@ class FusedEngine:
 
 class BubbleEngine:
     """A sweep fused into pipeline jobs' bubbles: one light relay Tune trial per configuration
-    (`hpo.member_trial`); the broker forms groups and the bubble pool trains them outside Tune.
+    (`hpo.engines.bubbles.relay_trial`); the broker forms groups and the bubble pool trains them outside Tune.
 
     `start` starts the broker (B is measured first with `max_members: auto`); the other calls
     come after it."""

@@ -21,7 +21,7 @@ from typing import Any
 from ray.tune.search import Searcher
 from ray.tune.search.variant_generator import generate_variants
 
-from hpo.fused_members import MemberBook, member_ids
+from hpo.engines.fused.members import MemberBook, member_ids
 
 #: The key of a group trial's config that lists its members' configs.
 MEMBERS_KEY = "members"
