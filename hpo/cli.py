@@ -85,7 +85,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     run_path = None
     if args.resume:
-        from hpo.tuner.tuner import RunStateError, latest_run, verify_run_state
+        from hpo.tuner.run_folders import RunStateError, latest_run, verify_run_state
 
         run_path = latest_run(Path(loaded.storage), loaded.spec.name)
         if run_path is None:
@@ -137,7 +137,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _interrupted(run: Path | None, sweep_file: str) -> str:
     """The line for a Ctrl-C that stopped `hpo run` outside Tune's own handling of it; whether
     anything ran is `--resume`'s own test (`nothing_ran`), so the line and `--resume` agree."""
-    from hpo.tuner.tuner import nothing_ran
+    from hpo.tuner.run_folders import nothing_ran
 
     if run is None or nothing_ran(run):
         return f"error: interrupted before any trial ran; nothing was lost; start it again with: hpo run {sweep_file}"
@@ -236,7 +236,7 @@ def _verdicts(results_file: Path) -> dict[str, str]:
 
 def _newest_run_of(sweep_file: Path) -> Path:
     """The newest run of a sweep file (the one `--resume` continues); read without running its code."""
-    from hpo.tuner.tuner import latest_run
+    from hpo.tuner.run_folders import latest_run
     from hpo.config.spec import SweepSpec
     from hpo.config.sweep_file import LoadedSweep, YamlSource
 

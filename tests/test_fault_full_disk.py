@@ -22,7 +22,7 @@ import pytest
 from patience import patience
 
 from hpo.cli import EXIT_STORAGE_FULL
-from hpo.tuner.tuner import verify_run_state
+from hpo.tuner.run_folders import verify_run_state
 
 pytestmark = pytest.mark.slow
 

@@ -118,15 +118,14 @@ def test_max_concurrent_trials_never_limits_the_searcher_of_a_fused_sweep():
 def fused(tmp_path, search_alg, num_samples: int, slots: int, capsys):
     from ray import tune
 
-    from hpo.engines.fused.engine import fused_sweep
-    from hpo.config.spec import CheckpointPolicy
+    from hpo.config.spec import FusionConfig
+    from hpo.engines._base import SweepPlan
+    from hpo.engines.fused.engine import FusedEngine
 
     space = {"lr": tune.grid_search([1e-3 * (i + 1) for i in range(16)])} if search_alg is None else {"lr": tune.loguniform(1e-4, 1e-1)}
-    sweep = fused_sweep(
-        tmp_path, mlp_digits, 128, {"cpu": 1}, space,
-        tune.TuneConfig(metric="val_loss", mode="min", num_samples=num_samples, search_alg=search_alg),
-        2, CheckpointPolicy(), "fp32", slots,
-    )
+    tune_config = tune.TuneConfig(metric="val_loss", mode="min", num_samples=num_samples, search_alg=search_alg)
+    engine = FusedEngine(SweepPlan(mlp_digits, {"cpu": 1}, space, tune_config, 2), FusionConfig(max_members=128))
+    sweep = engine.build(tmp_path, 128, slots)
     return sweep.members_per_group, capsys.readouterr().out
 
 

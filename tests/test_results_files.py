@@ -12,7 +12,7 @@ import pytest
 
 from hpo.cli import EXIT_BAD_INPUT, main
 from hpo.reporting.results_files import RESULTS_FILE, SUMMARY_FILE, SavedRunState, TrialRecord, best_record, records_from_trial_dirs, write_run_files
-from hpo.tuner.tuner import RunStateError, fresh_run_name, latest_run, verify_run_state
+from hpo.tuner.run_folders import RunStateError, fresh_run_name, latest_run, verify_run_state
 
 
 def record(trial_id, loss, iterations=3, **kwargs):

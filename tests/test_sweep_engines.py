@@ -1,5 +1,6 @@
-"""The Tuner composes one engine per mode, chosen when it is built; each engine is specified alone
-by what it hands Tune: the trainable, the search space, the Tune and run configs, the result."""
+"""The Tuner composes one engine per mode, chosen once when it is built (`engine_for`); each engine
+is specified alone by what it hands Tune: the trainable, the search space, the Tune and run configs,
+the result."""
 
 from __future__ import annotations
 
@@ -9,16 +10,18 @@ import pytest
 from ray import tune
 
 from examples.mlp_digits import workload as mlp_digits
-from hpo.tuner.tuner import PlainEngine, SweepEngine, Tuner
-from hpo.reporting.dashboard_actor import ControllerCallback
+from hpo.base.actor_names import NAMESPACE, broker_name
+from hpo.config.spec import CheckpointPolicy, FusionConfig
+from hpo.engines._base import SweepEngine, SweepPlan
+from hpo.engines.bubbles.engine import BubbleEngine
+from hpo.engines.bubbles.relay_trial import FusionCallback
+from hpo.engines.fused.engine import FusedEngine
 from hpo.engines.fused.scheduler import GroupScheduler
 from hpo.engines.fused.search import GroupSearcher
-from hpo.engines.fused.engine import BubbleEngine, FusedEngine
-from hpo.base.actor_names import broker_name
-from hpo.engines.bubbles.relay_trial import FusionCallback
-from hpo.base.actor_names import NAMESPACE
+from hpo.engines.plain import FunctionEngine, WorkloadEngine
 from hpo.engines.scaled import ScaledEngine
-from hpo.config.spec import CheckpointPolicy, FusionConfig
+from hpo.reporting.dashboard_actor import ControllerCallback
+from hpo.tuner.tuner import Tuner
 
 SPACE = {"lr": tune.grid_search([1e-3, 1e-2, 3e-2, 1e-1]), "width": 16}
 PROXY_SPACE = {"lr": tune.grid_search([1e-3, 1e-2])}  # scaling sets the width
@@ -34,27 +37,38 @@ def tuner(tmp_path, space=SPACE, **options) -> Tuner:
     )
 
 
+def plan(trainable, max_iterations: int = 3, metric: str | None = "val_loss", resources=None, **options) -> SweepPlan:
+    return SweepPlan(trainable, resources or {"cpu": 1}, SPACE, tune.TuneConfig(metric=metric, mode="min"),
+                     max_iterations, iterations=max_iterations, **options)
+
+
 def test_the_tuner_chooses_the_engine_of_its_mode_once_when_it_is_built(tmp_path):
+    def train(config):
+        tune.report({"val_loss": 0.0})
+
+    function = Tuner(train, tune_config=tune.TuneConfig(metric="val_loss", mode="min")).engine
     plain = tuner(tmp_path).engine
     fused = tuner(tmp_path, fusion=FusionConfig(max_members=4)).engine
     bubbles = tuner(tmp_path, fusion=FusionConfig(max_members=4, placement="bubbles")).engine
     off = tuner(tmp_path, fusion=FusionConfig(enabled=False)).engine
     scaled = tuner(tmp_path, PROXY_SPACE, scaling={"target_width": 64, "ratio": 4}, fusion=FusionConfig(max_members=2)).engine
-    assert [type(e) for e in (plain, fused, bubbles, off, scaled)] == [
-        PlainEngine, FusedEngine, BubbleEngine, PlainEngine, ScaledEngine
+    assert [type(e) for e in (function, plain, fused, bubbles, off, scaled)] == [
+        FunctionEngine, WorkloadEngine, FusedEngine, BubbleEngine, WorkloadEngine, ScaledEngine
     ]
-    assert isinstance(scaled.inner, FusedEngine) and scaled.inner.workload.name != mlp_digits.name  # the proxy
-    assert all(isinstance(e, SweepEngine) for e in (plain, fused, bubbles, scaled))
+    assert isinstance(scaled.inner, FusedEngine) and scaled.inner.plan.trainable.name != mlp_digits.name  # the proxy
+    assert all(isinstance(e, SweepEngine) for e in (function, plain, fused, bubbles, scaled))
 
 
 def test_a_plain_engine_gives_tune_the_users_space_and_a_results_file_per_trial(tmp_path):
-    engine = PlainEngine(mlp_digits, {"cpu": 2}, SPACE, 3, CheckpointPolicy(), "val_loss", "min", 3)
+    engine = WorkloadEngine(plan(mlp_digits, resources={"cpu": 2}))
     with pytest.raises(RuntimeError, match=r"start\(experiment\)"):
         engine.run_config(tune.RunConfig())
     assert engine.start(tmp_path / "plain") == []
     assert engine.param_space() == SPACE
-    config = tune.TuneConfig(metric="val_loss", mode="min", num_samples=3)
+    config = tune.TuneConfig(metric="val_loss", mode="min", num_samples=3, reuse_actors=True)
     assert engine.tune_config(config) is config
+    assert engine.tune_config(tune.TuneConfig()).reuse_actors, "a workload's trial process serves trial after trial"
+    assert engine.run_config(tune.RunConfig()).stop == {"training_iteration": 3}
     controller = ControllerCallback("plain", "val_loss", "min")
     callbacks = engine.run_config(tune.RunConfig(callbacks=[controller])).callbacks
     assert callbacks[0] is controller and type(callbacks[1]).__name__ == "ResultsFileCallback"
@@ -62,7 +76,7 @@ def test_a_plain_engine_gives_tune_the_users_space_and_a_results_file_per_trial(
 
 
 def test_a_plain_engine_without_a_metric_writes_no_results_files(tmp_path):
-    engine = PlainEngine(mlp_digits, {"cpu": 1}, SPACE, 3, CheckpointPolicy(), None, "min", 3)
+    engine = WorkloadEngine(plan(mlp_digits, metric=None))
     engine.start(tmp_path)
     assert engine.run_config(tune.RunConfig(callbacks=[])).callbacks == []
 
@@ -80,7 +94,7 @@ def test_a_plain_engine_without_a_metric_writes_no_results_files(tmp_path):
 def test_a_workload_trial_keeps_the_checkpoints_of_a_short_run_and_the_two_newest_of_a_long_one(tmp_path, iterations, every, kept):
     """Tune rewrites the whole sweep's state whenever a trial has written `num_to_keep` checkpoints
     since the last rewrite; a short trial that keeps all it writes never makes it do so."""
-    engine = PlainEngine(mlp_digits, {"cpu": 1}, SPACE, iterations, CheckpointPolicy(every=every), "val_loss", "min", iterations)
+    engine = WorkloadEngine(plan(mlp_digits, iterations, checkpoint=CheckpointPolicy(every=every)))
     engine.start(tmp_path)
     assert engine.run_config(tune.RunConfig()).checkpoint_config.num_to_keep == kept
 
@@ -89,17 +103,18 @@ def test_a_function_trainable_keeps_the_checkpoints_its_run_config_says(tmp_path
     def train(config):
         tune.report({"val_loss": 0.0})
 
-    engine = PlainEngine(train, {"cpu": 1}, SPACE, 8, CheckpointPolicy(), "val_loss", "min", 8)
+    engine = FunctionEngine(plan(train, 8))
     engine.start(tmp_path)
     keep_five = tune.RunConfig(checkpoint_config=tune.CheckpointConfig(num_to_keep=5))
     assert engine.run_config(keep_five).checkpoint_config.num_to_keep == 5
+    assert engine.run_config(keep_five).stop is None and not engine.tune_config(tune.TuneConfig()).reuse_actors
 
 
 def test_a_scaled_engine_tunes_through_its_inner_engine_and_adds_the_eager_transfer_last(tmp_path):
     scaling = {"target_width": 64, "ratio": 4, "eager_transfer": 0.5}
     engine = tuner(tmp_path, PROXY_SPACE, scaling=scaling).engine
     assert engine.start(tmp_path / "scaled") == []
-    proxy = engine.inner.user_trainable
+    proxy = engine.inner.plan.trainable
     assert engine.param_space() == PROXY_SPACE and engine.trainable().__name__ == proxy.name != mlp_digits.name
     callbacks = engine.run_config(tune.RunConfig(callbacks=[])).callbacks
     assert [type(c).__name__ for c in callbacks] == ["ResultsFileCallback", "EagerTransferCallback"]
@@ -108,10 +123,7 @@ def test_a_scaled_engine_tunes_through_its_inner_engine_and_adds_the_eager_trans
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
 def test_a_fused_engine_gives_tune_groups_and_replays_their_events_per_member(tmp_path):
-    engine = FusedEngine(
-        mlp_digits, FusionConfig(max_members=4), {"cpu": 1}, SPACE,
-        tune.TuneConfig(metric="val_loss", mode="min"), 2, CheckpointPolicy(),
-    )
+    engine = FusedEngine(plan(mlp_digits, 2), FusionConfig(max_members=4))
     with pytest.raises(RuntimeError, match=r"start\(experiment\)"):
         engine.trainable()
     assert engine.start(tmp_path / "fused") == []
@@ -132,7 +144,7 @@ def test_a_fused_engine_gives_tune_groups_and_replays_their_events_per_member(tm
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
 def test_a_bubble_engine_starts_the_broker_and_gives_tune_one_relay_per_configuration(tmp_path, ray_local):
-    engine = BubbleEngine(mlp_digits, FusionConfig(max_members=4, placement="bubbles"), {"cpu": 1}, SPACE, 2, "val_loss", "min")
+    engine = BubbleEngine(plan(mlp_digits, 2), FusionConfig(max_members=4, placement="bubbles"))
     with pytest.raises(RuntimeError, match=r"start\(experiment\)"):
         engine.trainable()
     (broker,) = engine.start(tmp_path / "relayed")
@@ -140,7 +152,7 @@ def test_a_bubble_engine_starts_the_broker_and_gives_tune_one_relay_per_configur
         assert ray_local.get_actor(broker_name("relayed"), namespace=NAMESPACE) is not None
         assert engine.members_per_group == 4 and engine.param_space() == SPACE
         assert engine.trainable().__name__ == "fused_relayed"
-        limited = tune.TuneConfig(max_concurrent_trials=3)
+        limited = tune.TuneConfig(max_concurrent_trials=3, reuse_actors=True)
         assert engine.tune_config(limited) is limited
         callbacks = engine.run_config(tune.RunConfig(callbacks=[])).callbacks
         assert [type(c) for c in callbacks][-1] is FusionCallback
