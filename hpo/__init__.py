@@ -23,7 +23,7 @@ _LAZY = {
     "Tuner": "hpo.tuner.tuner",
     "run": "hpo.tuner.sweep",
     "SweepConfigError": "hpo.config.errors",
-    "SweepResult": "hpo.reporting.results_files",
+    "SweepResult": "hpo.reporting.sweep_result",
     "SweepSpec": "hpo.config.spec",
     "FusionConfig": "hpo.config.spec",
     "ScalingConfig": "hpo.scaling._config",

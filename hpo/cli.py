@@ -7,17 +7,16 @@ Bad input never produces a traceback: a `SweepConfigError` prints each problem a
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
-import re
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import hpo.base.ray_runtime  # noqa: F401  before anything imports ray: the local Ray listens on loopback only
 from hpo.config.errors import SweepConfigError
+from hpo.reporting.tune_errors import storage_full, unreported_metric
 
 EXIT_BAD_INPUT = 2
 #: The sweep ran, but no finished trial reported its metric.
@@ -111,7 +110,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(_interrupted(getattr(tuner, "run_path", None) or run_path, args.file), file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:
-        reported = _unreported_metric(exc)
+        reported = unreported_metric(exc)
         if reported is None:
             raise
         metric = loaded.spec.metric.name
@@ -182,7 +181,8 @@ def _report(result, sweep_file: str) -> int:
 def _cmd_results(args: argparse.Namespace) -> int:
     """Reprint a stored run's table, best configuration and files; `--rebuild` first rewrites
     results.csv and summary.json from the trials' own folders (for a run whose state is damaged)."""
-    from hpo.reporting.results_files import RESULTS_FILE, SUMMARY_FILE, records_from_trial_dirs, summary_table, write_run_files
+    from hpo.reporting.rebuild import records_from_trial_dirs
+    from hpo.reporting.results_files import RESULTS_FILE, SUMMARY_FILE, summary_table, write_run_files
 
     run = Path(args.run_dir)
     if run.is_file():  # a sweep file: its newest run, where `hpo run FILE` stored it
@@ -473,7 +473,7 @@ def _quiet_tune() -> None:
     quiet_tune()
     # a full disk is reported in one line (see main); Tune's tracebacks of the same error would bury it
     for name in ("ray.tune.execution.tune_controller", "ray.tune.execution.experiment_state"):
-        logging.getLogger(name).addFilter(lambda record: not (record.exc_info and _storage_full(record.exc_info[1])))
+        logging.getLogger(name).addFilter(lambda record: not (record.exc_info and storage_full(record.exc_info[1])))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -493,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as exc:  # Tune wraps what its callbacks raise: a full disk is one line, anything else raises
-        full = _storage_full(exc)
+        full = storage_full(exc)
         if full is None:
             raise
         print(f"error: {full.filename or 'the run folder'}: {full.strerror}; nothing half-written was kept (the "
@@ -524,44 +524,6 @@ def entry() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
-
-
-def _causes(exc: BaseException | None) -> Iterator[BaseException]:
-    """`exc`, then what it was raised from or while handling, and so on (Tune wraps and re-raises)."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
-def _storage_full(exc: BaseException | None) -> OSError | None:
-    """The out-of-space OSError (ENOSPC, EDQUOT) that `exc` is or was caused by, if any."""
-    import errno
-
-    return next((e for e in _causes(exc) if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)), None)
-
-
-#: What Tune's strict metric check raises in its controller, which stops the whole sweep.
-_TUNE_MISSING_METRIC = re.compile(r"did not include the specified metric\(s\) `[^`]*`.*?Result: (\{.*?\})$", re.S | re.M)
-
-
-def _unreported_metric(exc: BaseException) -> str | None:
-    """When Tune stopped the sweep because a trial's result lacked the sweep's metric: what that
-    result held instead ('' when it cannot be read), so the user sees the name they meant."""
-    for cause in _causes(exc):
-        match = _TUNE_MISSING_METRIC.search(str(cause))
-        if match is None:
-            continue
-        from ray.tune.result import AUTO_RESULT_KEYS
-
-        try:
-            result = ast.literal_eval(match.group(1))
-        except (ValueError, SyntaxError):
-            return ""
-        tune_keys = {*AUTO_RESULT_KEYS, "done", "trial_id"}
-        return ", ".join(k for k in result if k not in tune_keys and not k.startswith("config/"))
-    return None
 
 
 if __name__ == "__main__":

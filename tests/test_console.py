@@ -11,7 +11,7 @@ import pandas as pd
 from ray import tune
 
 from hpo.reporting import console
-from hpo.reporting.results_files import SweepResult
+from hpo.reporting.sweep_result import SweepResult
 
 
 def sweep_result(folder, histories: dict[str, list[float]]) -> SweepResult:

@@ -47,7 +47,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine: scheduler_bridge.policies", ("scheduler_bridge.policies",)),
     ("engine: scheduler_bridge simulation, live", ("scheduler_bridge.simulation", "scheduler_bridge.live")),
     ("engine: scheduler_bridge", ("scheduler_bridge",)),
-    ("tune", ("hpo",)),  # the Tuner, the CLI, the sweep spec: composes the engines
+    # the Tune layer, bottom up: muP scaling (the proxy and the transfer, on the base alone); what a
+    # sweep asks for (the schema, the sweep file, the user's code, preflight: no Ray, no torch); what
+    # it tells its user (results, progress, loggers, the dashboard actor); the sweep engines, one per
+    # mode; the Tuner that composes one; and on top the `hpo` command and the package's public names
+    ("tune: scaling", ("hpo.scaling",)),
+    ("tune: config", ("hpo.config",)),
+    ("tune: reporting", ("hpo.reporting",)),
+    ("tune: engines", ("hpo.engines",)),
+    ("tune: tuner", ("hpo.tuner",)),
+    ("tune", ("hpo",)),  # the `hpo` command and `hpo`'s public names
 )
 #: Groups of module prefixes none of which may import another of its group, whatever their layers:
 #: the simulator and the live allocator share the policies, and either can be read without the other.

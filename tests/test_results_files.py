@@ -11,7 +11,9 @@ import pandas as pd
 import pytest
 
 from hpo.cli import EXIT_BAD_INPUT, main
-from hpo.reporting.results_files import RESULTS_FILE, SUMMARY_FILE, SavedRunState, TrialRecord, best_record, records_from_trial_dirs, write_run_files
+from hpo.reporting.live_results import SavedRunState
+from hpo.reporting.rebuild import records_from_trial_dirs
+from hpo.reporting.results_files import RESULTS_FILE, SUMMARY_FILE, TrialRecord, best_record, write_run_files
 from hpo.tuner.run_folders import RunStateError, fresh_run_name, latest_run, verify_run_state
 
 

@@ -11,7 +11,8 @@ from ray import tune
 
 import hpo
 from hpo.tuner.tuner import PROMPT_SAVE_MAX_TRIALS, SAVE_PERIOD_ENV, expected_trials
-from hpo.reporting.logging_callbacks import as_logging_spec, logger_callbacks
+from hpo.config.logging_spec import as_logging_spec
+from hpo.reporting.logging_callbacks import logger_callbacks
 from hpo.base.scoped_environ import scoped_environ
 
 

@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hpo.config.errors import ConfigIssue, SweepConfigError
-from hpo.reporting.logging_callbacks import MODELS_BY_PATH as LOGGING_MODELS, LoggingSpec
+from hpo.config.logging_spec import MODELS_BY_PATH as LOGGING_MODELS, LoggingSpec
 from hpo.scaling._config import ScalingConfig
 
 METHODS = ("random", "grid", "tpe", "optuna", "bayes")

@@ -18,7 +18,7 @@ from ray import tune
 from hpo.config.spec import CheckpointPolicy
 
 if TYPE_CHECKING:
-    from hpo.reporting.results_files import SweepResult
+    from hpo.reporting.sweep_result import SweepResult
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from ray.tune.schedulers import FIFOScheduler
 
 from hpo.base.checkpointing import checkpoints_to_keep
 from hpo.engines._base import SweepEngine, SweepPlan, workload_run_config, workload_tune_config
-from hpo.reporting.results_files import SweepResult, results_file_callback
+from hpo.reporting.live_results import results_file_callback
+from hpo.reporting.sweep_result import SweepResult
 
 
 class FunctionEngine(SweepEngine):

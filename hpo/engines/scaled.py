@@ -16,7 +16,7 @@ from typing import Any
 
 from hpo.base.workload import Workload
 from hpo.engines._base import SweepEngine, SweepPlan
-from hpo.reporting.results_files import SweepResult
+from hpo.reporting.sweep_result import SweepResult
 from hpo.scaling import (
     EagerTransferCallback,
     ScalingError,

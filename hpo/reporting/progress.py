@@ -62,7 +62,7 @@ class ProgressCallback(Callback):
         self._drawn_at = -math.inf
         self._shown = False
         self._ending: dict[str, tuple[Any, str]] = {}  # trials Tune ended, not yet in its saved state
-        self._saved: Any = None  # hpo.reporting.results_files.SavedRunState, once a trial has ended
+        self._saved: Any = None  # hpo.reporting.live_results.SavedRunState, once a trial has ended
         self._counted: set[str] = set()  # trials whose end is counted
         self._finished: dict[str, float] = {}  # finished trials' last values: the best is among these
 
@@ -180,7 +180,7 @@ class ProgressCallback(Callback):
         if not self._ending:
             return
         if self._saved is None:
-            from hpo.reporting.results_files import SavedRunState
+            from hpo.reporting.live_results import SavedRunState
 
             self._saved = SavedRunState(Path(next(iter(self._ending.values()))[0].path).parent)
         saved = self._saved.ended(relist)

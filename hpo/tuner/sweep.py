@@ -31,10 +31,11 @@ from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Searcher
 from hpo.tuner.tuner import Trainable, Tuner, grid_size
 from hpo.tuner.atomic_storage import atomic_local_filesystem, is_local_path
 from hpo.base.checkpointing import KEEP_NEWEST
-from hpo.reporting.logging_callbacks import as_logging_spec, logger_callbacks
+from hpo.config.logging_spec import as_logging_spec
+from hpo.reporting.logging_callbacks import logger_callbacks
 from hpo.reporting.console import quiet_tune, report
 from hpo.reporting.progress import ProgressCallback
-from hpo.reporting.results_files import SweepResult
+from hpo.reporting.sweep_result import SweepResult
 from hpo.config.spec import CheckpointPolicy, FusionConfig, ParameterSpec, SweepSpec
 from hpo.config.sweep_file import LoadedSweep, describe_plan, load_sweep
 from hpo.reporting.trial_errors import TrialErrorCallback

@@ -39,7 +39,8 @@ from hpo.config.trainable_lookup import resolve_trainable
 from hpo.engines._base import SweepEngine
 from hpo.engines.choice import engine_for
 from hpo.reporting.dashboard_actor import ControllerCallback, start_controller
-from hpo.reporting.results_files import SweepResult, ended
+from hpo.reporting.results_files import ended
+from hpo.reporting.sweep_result import SweepResult
 from hpo.reporting.trial_errors import TrialErrorCallback
 from hpo.reporting.trial_output import with_trial_output
 from hpo.tuner.run_folders import fresh_run_name, verify_run_state

@@ -16,7 +16,8 @@ from hpo.config.spec import FusionConfig
 from hpo.engines._base import SweepEngine, SweepPlan, workload_run_config, workload_tune_config
 from hpo.engines.bubbles.relay_trial import MEMBER_TRIAL_RESOURCES, FusionCallback, fused_member_trainable
 from hpo.engines.fused.group_size import group_size
-from hpo.reporting.results_files import SweepResult, results_file_callback
+from hpo.reporting.live_results import results_file_callback
+from hpo.reporting.sweep_result import SweepResult
 
 
 class BubbleEngine(SweepEngine):

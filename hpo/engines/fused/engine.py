@@ -19,7 +19,7 @@ from hpo.engines.fused.members import GROUP_DIR_PREFIX, MemberBook
 from hpo.engines.fused.scheduler import GroupScheduler
 from hpo.reporting.dashboard_actor import ControllerCallback
 from hpo.reporting.progress import ProgressCallback
-from hpo.reporting.results_files import SweepResult
+from hpo.reporting.sweep_result import SweepResult
 
 
 @dataclass

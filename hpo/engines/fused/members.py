@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from hpo.base.atomic_files import write_atomically
-from hpo.reporting.results_files import MEMBERS_DIR, STATUS_FILE, SweepResult, TrialRecord, records_from_trial_dirs
+from hpo.reporting.rebuild import STATUS_FILE, records_from_trial_dirs
+from hpo.reporting.results_files import MEMBERS_DIR, TrialRecord
+from hpo.reporting.sweep_result import SweepResult
 
 
 def member_ids(group_trial_id: str, size: int) -> list[str]:
