@@ -77,8 +77,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 0
     from hpo.tuner.sweep import build_tuner
 
-    fusion = loaded.spec.fusion
-    if args.allocator and (fusion is None or not fusion.enabled or fusion.placement != "bubbles"):
+    from hpo.config.spec import fused_placement
+
+    if args.allocator and fused_placement(loaded.spec.fusion) != "bubbles":
         print(f"error: {args.file}: hpo run --allocator runs a sweep where the allocator places its groups; "
               "it needs fusion: {placement: bubbles, max_members: N}", file=sys.stderr)
         return EXIT_BAD_INPUT

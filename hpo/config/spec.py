@@ -232,6 +232,13 @@ class FusionConfig(_Strict):
         return value
 
 
+
+def fused_placement(fusion: FusionConfig | None) -> Literal["device", "bubbles"] | None:
+    """Where a sweep's fused groups train, or None for a sweep that is not fused (no `fusion:`
+    block, or `enabled: false`): the one reading of the block that every question of mode asks."""
+    return fusion.placement if fusion is not None and fusion.enabled else None
+
+
 class CheckpointPolicy(_Strict):
     """How often a trial's state is persisted: after a crash a trial loses at most `every`
     iterations, and `at_end` keeps the final state (the one a user deploys or transfers). The

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from hpo.config.errors import ConfigIssue, SweepConfigError
-from hpo.config.spec import ParameterSpec, SweepSpec
+from hpo.config.spec import ParameterSpec, SweepSpec, fused_placement
 from hpo.config.trainable_lookup import TrainableNotFound, TrainableSource, found_in, locate_trainable, resolve_trainable
 
 #: Values (scalars, lists and mappings) a sweep file may expand to once aliases are followed.
@@ -362,7 +362,7 @@ def _number(value: float | None) -> str:
 def describe_searcher(spec: SweepSpec) -> str:
     """What `hpo.tuner.sweep.build_searcher` builds, in words."""
     if spec.searcher_kind == "tpe":
-        fused = spec.fusion is not None and spec.fusion.enabled
+        fused = fused_placement(spec.fusion) is not None
         limit = f", at most {spec.max_concurrent_trials} at once" if spec.max_concurrent_trials and not fused else ""
         return f"OptunaSearch (TPE, {spec.tpe_startup_trials} random start-up trials{limit})"
     return f"BasicVariantGenerator ({spec.searcher_kind})"

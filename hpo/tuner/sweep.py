@@ -36,7 +36,7 @@ from hpo.reporting.logging_callbacks import logger_callbacks
 from hpo.reporting.console import quiet_tune, report
 from hpo.reporting.progress import ProgressCallback
 from hpo.reporting.sweep_result import SweepResult
-from hpo.config.spec import CheckpointPolicy, FusionConfig, ParameterSpec, SweepSpec
+from hpo.config.spec import CheckpointPolicy, FusionConfig, ParameterSpec, SweepSpec, fused_placement
 from hpo.config.sweep_file import LoadedSweep, describe_plan, load_sweep
 from hpo.reporting.trial_errors import TrialErrorCallback
 from hpo.reporting.trial_output import quiet_ray_on_workers
@@ -87,7 +87,7 @@ def build_searcher(spec: SweepSpec) -> Searcher | BasicVariantGenerator:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         sampler = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=spec.tpe_startup_trials)
         searcher = OptunaSearch(metric=spec.metric.name, mode=spec.metric.mode, sampler=sampler)
-        fused = spec.fusion is not None and spec.fusion.enabled
+        fused = fused_placement(spec.fusion) is not None
         if spec.max_concurrent_trials and not fused:  # fused, the limit counts groups (`FusedEngine.slots`)
             return ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent_trials)
         return searcher
