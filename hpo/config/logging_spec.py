@@ -19,10 +19,12 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 #: The extra that installs every logging library.
 EXTRA = "hydro-hpo[logging]"
+#: The module each key of the block needs, and the package that installs it.
+LIBRARIES = {"tensorboard": ("tensorboardX", "tensorboardX"), "mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
 
 
 def _require(module: str, package: str) -> None:
@@ -66,26 +68,12 @@ class LoggingSpec(_Strict):
     mlflow: MLflowSpec | None = None
     wandb: WandbSpec | None = None
 
-    @field_validator("tensorboard")
+    @field_validator("tensorboard", "mlflow", "wandb")
     @classmethod
-    def _tensorboard_installed(cls, enabled: bool) -> bool:
-        if enabled:
-            _require("tensorboardX", "tensorboardX")
-        return enabled
-
-    @field_validator("mlflow")
-    @classmethod
-    def _mlflow_installed(cls, spec: MLflowSpec | None) -> MLflowSpec | None:
-        if spec is not None:
-            _require("mlflow", "mlflow")
-        return spec
-
-    @field_validator("wandb")
-    @classmethod
-    def _wandb_installed(cls, spec: WandbSpec | None) -> WandbSpec | None:
-        if spec is not None:
-            _require("wandb", "wandb")
-        return spec
+    def _installed(cls, value: Any, info: ValidationInfo) -> Any:
+        if value:  # `tensorboard: true`, or an `mlflow:` / `wandb:` block
+            _require(*LIBRARIES[info.field_name])
+        return value
 
 
 #: Nested models of the block, by key path in the sweep file (for "unknown key" suggestions).

@@ -11,7 +11,7 @@ import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ray import tune
 
@@ -76,6 +76,17 @@ class SweepEngine(abc.ABC):
     @abc.abstractmethod
     def result(self, grid: tune.ResultGrid) -> SweepResult:
         """Tune's grid as the sweep's result: one result per configuration."""
+
+
+T = TypeVar("T")
+
+
+def started(engine: SweepEngine, built: T | None, what: str) -> T:
+    """What `engine.start` built (`what` it does, for the message): Tune's pieces need Ray up and
+    the run's folder, so asking for them first is the caller's mistake, said as such."""
+    if built is None:
+        raise RuntimeError(f"{type(engine).__name__}.start(experiment) {what}; call it first")
+    return built
 
 
 def workload_tune_config(tune_config: tune.TuneConfig) -> tune.TuneConfig:

@@ -15,7 +15,7 @@ from ray import tune
 from ray.tune.schedulers import FIFOScheduler
 
 from hpo.base.checkpointing import checkpoints_to_keep
-from hpo.engines._base import SweepEngine, SweepPlan, workload_run_config, workload_tune_config
+from hpo.engines._base import SweepEngine, SweepPlan, started, workload_run_config, workload_tune_config
 from hpo.reporting.live_results import results_file_callback
 from hpo.reporting.sweep_result import SweepResult
 
@@ -44,9 +44,8 @@ class FunctionEngine(SweepEngine):
         """Every trial's row in `results.csv` as soon as it ends."""
         if not self.plan.metric:
             return run_config
-        if self.experiment is None:
-            raise RuntimeError(f"{type(self).__name__}.start(experiment) names the folder its results go to; call it first")
-        callback = results_file_callback(self.experiment, self.plan.metric, self.plan.mode, self.plan.iterations)
+        experiment = started(self, self.experiment, "names the folder its results go to")
+        callback = results_file_callback(experiment, self.plan.metric, self.plan.mode, self.plan.iterations)
         return replace(run_config, callbacks=[*(run_config.callbacks or []), callback])
 
     def result(self, grid: tune.ResultGrid) -> SweepResult:

@@ -13,7 +13,7 @@ from ray import tune
 from fusion.broker import start_broker
 from hpo.base.actor_names import NAMESPACE, broker_name
 from hpo.config.spec import FusionConfig
-from hpo.engines._base import SweepEngine, SweepPlan, workload_run_config, workload_tune_config
+from hpo.engines._base import SweepEngine, SweepPlan, started, workload_run_config, workload_tune_config
 from hpo.engines.bubbles.relay_trial import MEMBER_TRIAL_RESOURCES, FusionCallback, fused_member_trainable
 from hpo.engines.fused.group_size import group_size
 from hpo.reporting.live_results import results_file_callback
@@ -33,9 +33,7 @@ class BubbleEngine(SweepEngine):
 
     @property
     def experiment(self) -> Path:
-        if self._experiment is None:
-            raise RuntimeError("BubbleEngine.start(experiment) starts the sweep's broker; call it first")
-        return self._experiment
+        return started(self, self._experiment, "starts the sweep's broker")
 
     def start(self, experiment: Path) -> list[Any]:
         from pipeline_bubble.bubble_pool import bubble_group_launcher  # torch: only sweeps that lend bubbles

@@ -12,7 +12,7 @@ from ray import tune
 from ray.tune.logger import LoggerCallback
 
 from hpo.config.spec import FusionConfig
-from hpo.engines._base import SweepEngine, SweepPlan, workload_run_config, workload_tune_config
+from hpo.engines._base import SweepEngine, SweepPlan, started, workload_run_config, workload_tune_config
 from hpo.engines.fused.callbacks import member_callbacks, member_results_callback
 from hpo.engines.fused.group_size import group_size, group_slots
 from hpo.engines.fused.members import GROUP_DIR_PREFIX, MemberBook
@@ -52,9 +52,7 @@ class FusedEngine(SweepEngine):
 
     @property
     def sweep(self) -> FusedSweep:
-        if self._sweep is None:
-            raise RuntimeError("FusedEngine.start(experiment) builds the sweep's groups; call it first")
-        return self._sweep
+        return started(self, self._sweep, "builds the sweep's groups")
 
     def start(self, experiment: Path) -> list[Any]:
         members = group_size(self.plan.trainable, self.fusion, self.plan.resources, self.plan.param_space)
