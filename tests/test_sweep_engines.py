@@ -59,26 +59,25 @@ def test_the_tuner_chooses_the_engine_of_its_mode_once_when_it_is_built(tmp_path
     assert all(isinstance(e, SweepEngine) for e in (function, plain, fused, bubbles, scaled))
 
 
+CONFIG = tune.TuneConfig(metric="val_loss", mode="min")
+
+
 def test_a_plain_engine_gives_tune_the_users_space_and_a_results_file_per_trial(tmp_path):
     engine = WorkloadEngine(plan(mlp_digits, resources={"cpu": 2}))
-    with pytest.raises(RuntimeError, match=r"start\(experiment\)"):
-        engine.run_config(tune.RunConfig())
-    assert engine.start(tmp_path / "plain") == []
-    assert engine.param_space() == SPACE
-    config = tune.TuneConfig(metric="val_loss", mode="min", num_samples=3, reuse_actors=True)
-    assert engine.tune_config(config) is config
-    assert engine.tune_config(tune.TuneConfig()).reuse_actors, "a workload's trial process serves trial after trial"
-    assert engine.run_config(tune.RunConfig()).stop == {"training_iteration": 3}
     controller = ControllerCallback("plain", "val_loss", "min")
-    callbacks = engine.run_config(tune.RunConfig(callbacks=[controller])).callbacks
-    assert callbacks[0] is controller and type(callbacks[1]).__name__ == "ResultsFileCallback"
-    assert engine.trainable().__name__ == mlp_digits.name  # the workload as a checkpointing Tune function
+    run = engine.start(tmp_path / "plain", CONFIG, tune.RunConfig(callbacks=[controller]))
+    assert run.actors == [] and run.param_space == SPACE
+    assert run.tune_config.reuse_actors, "a workload's trial process serves trial after trial"
+    assert run.run_config.stop == {"training_iteration": 3}
+    assert run.run_config.callbacks[0] is controller and type(run.run_config.callbacks[1]).__name__ == "ResultsFileCallback"
+    assert run.trainable.__name__ == mlp_digits.name  # the workload as a checkpointing Tune function
+    config = tune.TuneConfig(metric="val_loss", mode="min", num_samples=3, reuse_actors=True)
+    assert engine.start(tmp_path / "plain", config, tune.RunConfig()).tune_config is config
 
 
 def test_a_plain_engine_without_a_metric_writes_no_results_files(tmp_path):
     engine = WorkloadEngine(plan(mlp_digits, metric=None))
-    engine.start(tmp_path)
-    assert engine.run_config(tune.RunConfig(callbacks=[])).callbacks == []
+    assert engine.start(tmp_path, CONFIG, tune.RunConfig(callbacks=[])).run_config.callbacks == []
 
 
 @pytest.mark.parametrize(
@@ -95,67 +94,63 @@ def test_a_workload_trial_keeps_the_checkpoints_of_a_short_run_and_the_two_newes
     """Tune rewrites the whole sweep's state whenever a trial has written `num_to_keep` checkpoints
     since the last rewrite; a short trial that keeps all it writes never makes it do so."""
     engine = WorkloadEngine(plan(mlp_digits, iterations, checkpoint=CheckpointPolicy(every=every)))
-    engine.start(tmp_path)
-    assert engine.run_config(tune.RunConfig()).checkpoint_config.num_to_keep == kept
+    assert engine.start(tmp_path, CONFIG, tune.RunConfig()).run_config.checkpoint_config.num_to_keep == kept
 
 
-def test_a_function_trainable_keeps_the_checkpoints_its_run_config_says(tmp_path):
+def test_a_function_trainable_keeps_the_checkpoints_and_the_stop_its_run_config_says(tmp_path):
     def train(config):
         tune.report({"val_loss": 0.0})
 
     engine = FunctionEngine(plan(train, 8))
-    engine.start(tmp_path)
     keep_five = tune.RunConfig(checkpoint_config=tune.CheckpointConfig(num_to_keep=5))
-    assert engine.run_config(keep_five).checkpoint_config.num_to_keep == 5
-    assert engine.run_config(keep_five).stop is None and not engine.tune_config(tune.TuneConfig()).reuse_actors
+    run = engine.start(tmp_path, CONFIG, keep_five)
+    assert run.run_config.checkpoint_config.num_to_keep == 5
+    assert run.run_config.stop is None and not run.tune_config.reuse_actors
 
 
 def test_a_scaled_engine_tunes_through_its_inner_engine_and_adds_the_eager_transfer_last(tmp_path):
     scaling = {"target_width": 64, "ratio": 4, "eager_transfer": 0.5}
     engine = tuner(tmp_path, PROXY_SPACE, scaling=scaling).engine
-    assert engine.start(tmp_path / "scaled") == []
+    run = engine.start(tmp_path / "scaled", CONFIG, tune.RunConfig(callbacks=[]))
     proxy = engine.inner.plan.trainable
-    assert engine.param_space() == PROXY_SPACE and engine.trainable().__name__ == proxy.name != mlp_digits.name
-    callbacks = engine.run_config(tune.RunConfig(callbacks=[])).callbacks
-    assert [type(c).__name__ for c in callbacks] == ["ResultsFileCallback", "EagerTransferCallback"]
+    assert run.actors == [] and run.param_space == PROXY_SPACE
+    assert run.trainable.__name__ == proxy.name != mlp_digits.name
+    assert [type(c).__name__ for c in run.run_config.callbacks] == ["ResultsFileCallback", "EagerTransferCallback"]
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
 def test_a_fused_engine_gives_tune_groups_and_replays_their_events_per_member(tmp_path):
     engine = FusedEngine(plan(mlp_digits, 2), FusionConfig(max_members=4))
-    with pytest.raises(RuntimeError, match=r"start\(experiment\)"):
-        engine.trainable()
-    assert engine.start(tmp_path / "fused") == []
-    assert engine.param_space() == {}  # groups are suggested whole
-    config = engine.tune_config(tune.TuneConfig(metric="val_loss", mode="min", max_concurrent_trials=4))
-    assert isinstance(config.search_alg, GroupSearcher) and isinstance(config.scheduler, GroupScheduler)
-    assert config.num_samples == -1
+    with pytest.raises(RuntimeError, match=r"start\(experiment"):
+        engine.result(None)
+    controller = ControllerCallback("fused", "val_loss", "min")
+    config = tune.TuneConfig(metric="val_loss", mode="min", max_concurrent_trials=4)
+    run = engine.start(tmp_path / "fused", config, tune.RunConfig(callbacks=[controller]))
+    assert run.actors == [] and run.param_space == {}  # groups are suggested whole
+    assert isinstance(run.tune_config.search_alg, GroupSearcher) and isinstance(run.tune_config.scheduler, GroupScheduler)
+    assert run.tune_config.num_samples == -1
     # two slots (2 CPUs) and four configurations: groups of two, and four member trials are two groups
     assert engine.sweep.members_per_group == 2
-    assert config.max_concurrent_trials == math.ceil(4 / 2)
-    controller = ControllerCallback("fused", "val_loss", "min")
-    run_config = engine.run_config(tune.RunConfig(callbacks=[controller]))
+    assert run.tune_config.max_concurrent_trials == math.ceil(4 / 2)
     # the controller hears members; TensorBoard logs members, in place of Tune's logger of groups
-    assert [type(c).__name__ for c in run_config.callbacks] == ["MemberCallbacks", "MemberTensorBoard"]
-    assert run_config.checkpoint_config is engine.sweep.checkpoint_config
+    assert [type(c).__name__ for c in run.run_config.callbacks] == ["MemberCallbacks", "MemberTensorBoard"]
+    assert run.run_config.checkpoint_config is engine.sweep.checkpoint_config
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
 def test_a_bubble_engine_starts_the_broker_and_gives_tune_one_relay_per_configuration(tmp_path, ray_local):
     engine = BubbleEngine(plan(mlp_digits, 2), FusionConfig(max_members=4, placement="bubbles"))
-    with pytest.raises(RuntimeError, match=r"start\(experiment\)"):
-        engine.trainable()
-    (broker,) = engine.start(tmp_path / "relayed")
+    limited = tune.TuneConfig(max_concurrent_trials=3, reuse_actors=True)
+    run = engine.start(tmp_path / "relayed", limited, tune.RunConfig(callbacks=[]))
+    (broker,) = run.actors
     try:
         assert ray_local.get_actor(broker_name("relayed"), namespace=NAMESPACE) is not None
-        assert engine.members_per_group == 4 and engine.param_space() == SPACE
-        assert engine.trainable().__name__ == "fused_relayed"
-        limited = tune.TuneConfig(max_concurrent_trials=3, reuse_actors=True)
-        assert engine.tune_config(limited) is limited
-        callbacks = engine.run_config(tune.RunConfig(callbacks=[])).callbacks
-        assert [type(c) for c in callbacks][-1] is FusionCallback
-        assert type(callbacks[0]).__name__ == "ResultsFileCallback"
+        assert engine.members_per_group == 4 and run.param_space == SPACE
+        assert run.trainable.__name__ == "fused_relayed"
+        assert run.tune_config is limited
+        assert [type(c) for c in run.run_config.callbacks][-1] is FusionCallback
+        assert type(run.run_config.callbacks[0]).__name__ == "ResultsFileCallback"
     finally:
         ray_local.kill(broker)

@@ -11,7 +11,7 @@ import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from ray import tune
 
@@ -44,49 +44,35 @@ class SweepPlan:
         return self.tune_config.mode or "min"
 
 
+@dataclass(frozen=True)
+class TuneRun:
+    """What an engine hands Tune: the trainable (with its per-trial resources), the search space,
+    the Tune and run configs, and the actors it started, which live as long as the sweep's result."""
+
+    trainable: Any
+    param_space: dict[str, Any]
+    tune_config: tune.TuneConfig
+    run_config: tune.RunConfig
+    actors: list[Any] = field(default_factory=list)
+
+
 class SweepEngine(abc.ABC):
     """How one mode runs a sweep in Tune; the `hpo.Tuner` composes one and asks it what differs.
 
-    The `Tuner` calls `start` first, once Ray is up: what it starts is what the other calls hand to
-    Tune, and the actors it returns live as long as the sweep's result. Then `trainable`,
-    `param_space`, `tune_config` and `run_config` build Tune's `Tuner`, and `result` turns Tune's
-    grid into the sweep's result. An engine never asks which mode it is in; it is one.
+    Two calls, each made once: `start`, once Ray is up, starts what the mode needs (a broker, the
+    groups' book) and returns what Tune is given; `result` turns Tune's grid into the sweep's
+    result. An engine never asks which mode it is in; it is one.
     """
 
     @abc.abstractmethod
-    def start(self, experiment: Path) -> list[Any]:
-        """Start what the mode needs before Tune runs; the actors returned live as long as the result."""
-
-    @abc.abstractmethod
-    def trainable(self) -> Any:
-        """The trainable Tune runs, with its per-trial resources."""
-
-    @abc.abstractmethod
-    def param_space(self) -> dict[str, Any]:
-        """The search space Tune is given."""
-
-    @abc.abstractmethod
-    def tune_config(self, tune_config: tune.TuneConfig) -> tune.TuneConfig:
-        """The sweep's TuneConfig as this mode hands it to Tune (searcher, scheduler, concurrency)."""
-
-    @abc.abstractmethod
-    def run_config(self, run_config: tune.RunConfig) -> tune.RunConfig:
-        """The sweep's RunConfig with the mode's callbacks (results files, relays) and checkpointing."""
+    def start(self, experiment: Path, tune_config: tune.TuneConfig, run_config: tune.RunConfig) -> TuneRun:
+        """Start what the mode needs in the run folder `experiment` and return what Tune runs: the
+        sweep's `tune_config` and `run_config` as this mode hands them to Tune (its searcher,
+        scheduler and concurrency; its callbacks and checkpointing)."""
 
     @abc.abstractmethod
     def result(self, grid: tune.ResultGrid) -> SweepResult:
         """Tune's grid as the sweep's result: one result per configuration."""
-
-
-T = TypeVar("T")
-
-
-def started(engine: SweepEngine, built: T | None, what: str) -> T:
-    """What `engine.start` built (`what` it does, for the message): Tune's pieces need Ray up and
-    the run's folder, so asking for them first is the caller's mistake, said as such."""
-    if built is None:
-        raise RuntimeError(f"{type(engine).__name__}.start(experiment) {what}; call it first")
-    return built
 
 
 def workload_tune_config(tune_config: tune.TuneConfig) -> tune.TuneConfig:

@@ -15,7 +15,7 @@ from ray import tune
 from ray.tune.schedulers import FIFOScheduler
 
 from hpo.base.checkpointing import checkpoints_to_keep
-from hpo.engines._base import SweepEngine, SweepPlan, started, workload_run_config, workload_tune_config
+from hpo.engines._base import SweepEngine, SweepPlan, TuneRun, workload_run_config, workload_tune_config
 from hpo.reporting.live_results import results_file_callback
 from hpo.reporting.sweep_result import SweepResult
 
@@ -25,26 +25,21 @@ class FunctionEngine(SweepEngine):
 
     def __init__(self, plan: SweepPlan):
         self.plan = plan
-        self.experiment: Path | None = None
 
-    def start(self, experiment: Path) -> list[Any]:
-        self.experiment = experiment
-        return []
+    def start(self, experiment: Path, tune_config: tune.TuneConfig, run_config: tune.RunConfig) -> TuneRun:
+        """The user's function and space as they are; every trial's row in `results.csv` as soon as it ends."""
+        return TuneRun(self._trainable(), dict(self.plan.param_space), self._tune_config(tune_config),
+                       self._run_config(experiment, run_config))
 
-    def trainable(self) -> Any:
+    def _trainable(self) -> Any:
         return tune.with_resources(self.plan.trainable, dict(self.plan.resources))
 
-    def param_space(self) -> dict[str, Any]:
-        return dict(self.plan.param_space)
-
-    def tune_config(self, tune_config: tune.TuneConfig) -> tune.TuneConfig:
+    def _tune_config(self, tune_config: tune.TuneConfig) -> tune.TuneConfig:
         return tune_config
 
-    def run_config(self, run_config: tune.RunConfig) -> tune.RunConfig:
-        """Every trial's row in `results.csv` as soon as it ends."""
+    def _run_config(self, experiment: Path, run_config: tune.RunConfig) -> tune.RunConfig:
         if not self.plan.metric:
             return run_config
-        experiment = started(self, self.experiment, "names the folder its results go to")
         callback = results_file_callback(experiment, self.plan.metric, self.plan.mode, self.plan.iterations)
         return replace(run_config, callbacks=[*(run_config.callbacks or []), callback])
 
@@ -56,7 +51,7 @@ class WorkloadEngine(FunctionEngine):
     """A `Workload`, one Tune trial per configuration: trained to `max_iterations`, its
     checkpoints written and kept as the sweep's checkpoint policy says."""
 
-    def trainable(self) -> Any:
+    def _trainable(self) -> Any:
         from hpo.engines.workload_trial import workload_trainable  # torch: only sweeps of a Workload
 
         plan = self.plan
@@ -66,16 +61,16 @@ class WorkloadEngine(FunctionEngine):
         )
         return tune.with_resources(trainable, dict(plan.resources))
 
-    def tune_config(self, tune_config: tune.TuneConfig) -> tune.TuneConfig:
+    def _tune_config(self, tune_config: tune.TuneConfig) -> tune.TuneConfig:
         return workload_tune_config(tune_config)
 
-    def run_config(self, run_config: tune.RunConfig) -> tune.RunConfig:
+    def _run_config(self, experiment: Path, run_config: tune.RunConfig) -> tune.RunConfig:
         """Checkpoints kept as `checkpoints_to_keep` says, and every trial's row as soon as it ends."""
         plan = self.plan
         keep = checkpoints_to_keep(plan.max_iterations, plan.checkpoint.every, plan.checkpoint.at_end)
         run_config = workload_run_config(run_config, plan.max_iterations)
         run_config = replace(run_config, checkpoint_config=replace(run_config.checkpoint_config, num_to_keep=keep))
-        return super().run_config(run_config)
+        return super()._run_config(experiment, run_config)
 
 
 def function_iterations(tune_config: tune.TuneConfig, run_config: tune.RunConfig, max_iterations: int) -> int | None:

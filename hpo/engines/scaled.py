@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.base.workload import Workload
-from hpo.engines._base import SweepEngine, SweepPlan
+from hpo.engines._base import SweepEngine, SweepPlan, TuneRun
 from hpo.reporting.sweep_result import SweepResult
 from hpo.scaling import (
     EagerTransferCallback,
@@ -127,28 +127,15 @@ class ScaledEngine(SweepEngine):
         self.inner, self.workload, self.scaling, self.plan = inner, workload, scaling, plan
         self.eager: Any = None
 
-    def start(self, experiment: Path) -> list[Any]:
-        if self.scaling.eager_transfer is not None:
-            self.eager = EagerTransferCallback(
-                self.workload, self.scaling, metric=self.plan.metric, mode=self.plan.mode,
-                max_iterations=self.plan.max_iterations,
-            )
-        return self.inner.start(experiment)
-
-    def trainable(self) -> Any:
-        return self.inner.trainable()
-
-    def param_space(self) -> dict[str, Any]:
-        return self.inner.param_space()
-
-    def tune_config(self, tune_config: Any) -> Any:
-        return self.inner.tune_config(tune_config)
-
-    def run_config(self, run_config: Any) -> Any:
-        run_config = self.inner.run_config(run_config)
-        if self.eager is None:
-            return run_config
-        return replace(run_config, callbacks=[*run_config.callbacks, self.eager])
+    def start(self, experiment: Path, tune_config: Any, run_config: Any) -> TuneRun:
+        """The inner engine's run, with the eager transfer's callback last (it hears every result)."""
+        run = self.inner.start(experiment, tune_config, run_config)
+        if self.scaling.eager_transfer is None:
+            return run
+        self.eager = EagerTransferCallback(
+            self.workload, self.scaling, metric=self.plan.metric, mode=self.plan.mode, max_iterations=self.plan.max_iterations,
+        )
+        return replace(run, run_config=replace(run.run_config, callbacks=[*run.run_config.callbacks, self.eager]))
 
     def result(self, grid: Any) -> SweepResult:
         result = self.inner.result(grid)

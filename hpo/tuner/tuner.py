@@ -36,7 +36,7 @@ from hpo.base.ray_runtime import ensure_ray
 from hpo.base.scoped_environ import scoped_environ
 from hpo.config.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
 from hpo.config.trainable_lookup import resolve_trainable
-from hpo.engines._base import SweepEngine
+from hpo.engines._base import SweepEngine, TuneRun
 from hpo.engines.choice import engine_for
 from hpo.reporting.dashboard_actor import ControllerCallback, start_controller
 from hpo.reporting.results_files import ended
@@ -101,28 +101,20 @@ class Tuner:
             return int(stop["training_iteration"])
         return DEFAULT_MAX_ITERATIONS
 
-    def _tune_trainable(self) -> Any:
-        """The Tune trainable this sweep runs, with its per-trial resources attached; whichever
-        engine built it, every line a trial prints carries the trial's id."""
-        return with_trial_output(self.engine.trainable())
-
-    def _run_config(self) -> tune.RunConfig:
+    def _start(self) -> TuneRun:
+        """The sweep's controller, then its engine's run: what Tune is given, and every actor the
+        sweep owns (the controller first). Whichever engine built the trainable, every line a trial
+        prints carries the trial's id."""
         metric = self.tune_config.metric
+        controller = start_controller(self.name, metric, self.mode) if metric else None
         callbacks = list(self.run_config.callbacks or [])
         if metric and not any(isinstance(cb, ControllerCallback) for cb in callbacks):
             callbacks.append(ControllerCallback(self.name, metric, self.mode))
         if not any(isinstance(cb, TrialErrorCallback) for cb in callbacks):
             callbacks.append(TrialErrorCallback(verbose=0))  # a failure repeated before any result is not retried
-        return self.engine.run_config(replace(self.run_config, name=self.name, callbacks=callbacks))
-
-    def _start_actors(self) -> list[Any]:
-        """The sweep's controller and whatever its engine starts (a fused sweep's broker); the Tuner owns them."""
-        metric = self.tune_config.metric
-        controller = start_controller(self.name, metric, self.mode) if metric else None
-        return [controller, *self.engine.start(self.storage / self.name)]
-
-    def _tune_config(self) -> tune.TuneConfig:
-        return self.engine.tune_config(self.tune_config)
+        run_config = replace(self.run_config, name=self.name, callbacks=callbacks)
+        run = self.engine.start(self.storage / self.name, self.tune_config, run_config)
+        return replace(run, trainable=with_trial_output(run.trainable), actors=[controller, *run.actors])
 
     def fit(self) -> SweepResult:
         """Run the sweep in a new run folder: a name already on disk gets the next versioned one."""
@@ -133,15 +125,11 @@ class Tuner:
         self.run_path = self.storage / name
         with scoped_environ(self._save_period()):
             ensure_ray()
-            actors = self._start_actors()
-            tuner = tune.Tuner(
-                self._tune_trainable(),
-                param_space=self.engine.param_space(),
-                tune_config=self._tune_config(),
-                run_config=self._run_config(),
-            )
+            run = self._start()
+            tuner = tune.Tuner(run.trainable, param_space=run.param_space, tune_config=run.tune_config,
+                               run_config=run.run_config)
             started = time.monotonic()
-            return self._wrap(tuner.fit(), actors, started)
+            return self._wrap(tuner.fit(), run.actors, started)
 
     def resume(self, path: str) -> SweepResult:
         """Continue an interrupted sweep stored at `path`: finished trials are kept, not re-run.
@@ -153,17 +141,17 @@ class Tuner:
         self.run_config = replace(self.run_config, name=self.run_path.name, storage_path=str(self.run_path.parent))
         with scoped_environ(self._save_period()):
             ensure_ray()
-            actors = self._start_actors()
+            run = self._start()
             tuner = tune.Tuner.restore(
                 path,
                 storage_filesystem=self.run_config.storage_filesystem,
-                trainable=self._tune_trainable(),
-                param_space=self.engine.param_space(),
+                trainable=run.trainable,
+                param_space=run.param_space,
                 resume_unfinished=True,
                 resume_errored=True,
             )
             started = time.monotonic()
-            return self._wrap(tuner.fit(), actors, started)
+            return self._wrap(tuner.fit(), run.actors, started)
 
     def _save_period(self) -> dict[str, str]:
         """How often Tune saves the sweep's state, chosen by what a save costs (see

@@ -12,7 +12,7 @@ from ray import tune
 from ray.tune.logger import LoggerCallback
 
 from hpo.config.spec import FusionConfig
-from hpo.engines._base import SweepEngine, SweepPlan, started, workload_run_config, workload_tune_config
+from hpo.engines._base import SweepEngine, SweepPlan, TuneRun, workload_run_config, workload_tune_config
 from hpo.engines.fused.callbacks import member_callbacks, member_results_callback
 from hpo.engines.fused.group_size import group_size, group_slots
 from hpo.engines.fused.members import GROUP_DIR_PREFIX, MemberBook
@@ -44,7 +44,7 @@ class FusedEngine(SweepEngine):
     process each, and its searcher and scheduler stand for the user's, which act on every member.
 
     `start` measures B (`max_members: auto` trains a dry run where the groups will run) and builds
-    what Tune is given (`build`), so it needs Ray up and comes before the other calls."""
+    what Tune is given (`build`), so it needs Ray up."""
 
     def __init__(self, plan: SweepPlan, fusion: FusionConfig, search_seed: int | None = None):
         self.plan, self.fusion, self.search_seed = plan, fusion, search_seed
@@ -52,12 +52,15 @@ class FusedEngine(SweepEngine):
 
     @property
     def sweep(self) -> FusedSweep:
-        return started(self, self._sweep, "builds the sweep's groups")
+        if self._sweep is None:
+            raise RuntimeError("FusedEngine.start(experiment, ...) builds the sweep's groups; call it first")
+        return self._sweep
 
-    def start(self, experiment: Path) -> list[Any]:
+    def start(self, experiment: Path, tune_config: tune.TuneConfig, run_config: tune.RunConfig) -> TuneRun:
+        """Groups are suggested whole by the group searcher, which holds the real space: Tune's is empty."""
         members = group_size(self.plan.trainable, self.fusion, self.plan.resources, self.plan.param_space)
         self._sweep = self.build(experiment, members, self.slots())
-        return []
+        return TuneRun(self._sweep.trainable, {}, self._tune_config(tune_config), self._run_config(run_config))
 
     def build(self, experiment: Path, members_per_group: int, slots: int) -> FusedSweep:
         """Group trials of up to `members_per_group` configurations; the user's searcher (or the
@@ -126,13 +129,7 @@ class FusedEngine(SweepEngine):
         slots, limit = group_slots(self.plan.resources), self.plan.tune_config.max_concurrent_trials
         return min(slots, limit) if limit else slots
 
-    def trainable(self) -> Any:
-        return self.sweep.trainable
-
-    def param_space(self) -> dict[str, Any]:
-        return {}  # groups are suggested whole by the group searcher, which holds the real space
-
-    def tune_config(self, tune_config: Any) -> Any:
+    def _tune_config(self, tune_config: tune.TuneConfig) -> tune.TuneConfig:
         """As many groups at once as there are group slots (`slots`)."""
         return replace(
             workload_tune_config(tune_config),
@@ -143,7 +140,7 @@ class FusedEngine(SweepEngine):
             trial_dirname_creator=self.sweep.group_dirname,
         )
 
-    def run_config(self, run_config: Any) -> Any:
+    def _run_config(self, run_config: tune.RunConfig) -> tune.RunConfig:
         """Progress, the dashboard and the results files count configurations: they hear of each
         member's events, not of the groups Tune runs."""
         run_config = workload_run_config(run_config, self.plan.max_iterations)
@@ -155,5 +152,6 @@ class FusedEngine(SweepEngine):
 
     def result(self, grid: Any) -> SweepResult:
         """The members of the groups Tune ran (restored ones included), one result each."""
+        book = self.sweep.book
         groups = {Path(r.path).name.removeprefix(GROUP_DIR_PREFIX) for r in grid}
-        return self.sweep.book.result(grid, self.plan.metric or "", self.plan.mode, self.plan.iterations, groups)
+        return book.result(grid, self.plan.metric or "", self.plan.mode, self.plan.iterations, groups)
