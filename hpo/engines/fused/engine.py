@@ -102,9 +102,6 @@ class FusedEngine(SweepEngine):
             inner, plan.param_space, members_per_group, lambda config: structural_signature(workload.resolve(config)),
             book, num_samples, metric, mode,
         )
-        # Tune hands a searcher the search space only with a non-empty param_space, and its own is
-        # empty (groups are suggested whole): the user's searcher gets the real space here.
-        searcher.set_search_properties(metric, mode, {})
         gpus = plan.resources.get("gpu", 0)
         trainable = fused_group_trainable(
             workload, experiment, metric, mode, plan.max_iterations,
