@@ -409,6 +409,22 @@ def test_the_simulator_and_the_live_allocator_import_not_each_other(bridge_impor
     assert problems == [f"{added} ({pair} are independent)"]
 
 
+@pytest.mark.parametrize(
+    ("importer", "imported", "layers"),
+    [
+        ("hpo.config.spec", "hpo.reporting.logging_callbacks", "tune: config -> tune: reporting"),
+        ("hpo.reporting.progress", "hpo.engines.plain", "tune: reporting -> tune: engines"),
+        ("hpo.engines.fused.engine", "hpo.tuner.tuner", "tune: engines -> tune: tuner"),
+        ("hpo.tuner.sweep", "hpo.cli", "tune: tuner -> tune"),
+    ],
+)
+def test_the_tune_layers_subpackages_import_only_those_below_them(importer, imported, layers):
+    """What a sweep asks for (config) knows nothing of how it is reported, reporting nothing of the
+    engines, the engines nothing of the Tuner that composes them."""
+    added = Import(importer, imported, 1)
+    assert layer_violations([added]) == [f"{added} ({layers})"]
+
+
 # ---- third-party imports are declared and locked -------------------------------------------------
 #: Where code that the tests, benchmarks or users run lives.
 SOURCE_DIRS = (*PACKAGES, "examples", "benchmarks", "tests", "tools")
