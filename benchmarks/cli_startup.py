@@ -33,7 +33,7 @@ COMMANDS = {
     "hpo run --dry-run": [*HPO, "run", "--dry-run", "configs/quickstart.yaml"],
     "hpo sim --help": [*HPO, "sim", "--help"],
     # The modules `hpo run` of a function trainable loads before `ray.init` (Ray and Tune included).
-    "function sweep's imports": ["-c", "import hpo.cli, hpo.sweep_file, hpo.preflight, hpo.sweep"],
+    "function sweep's imports": ["-c", "import hpo.cli, hpo.config.sweep_file, hpo.config.preflight, hpo.tuner.sweep"],
 }
 
 

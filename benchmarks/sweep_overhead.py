@@ -102,7 +102,7 @@ class WorkerMemory:
 def in_process(lrs: list[float], iterations: int) -> dict[str, Any]:
     import torch
 
-    from hpo.trainables import resolve_trainable
+    from hpo.config.trainable_lookup import resolve_trainable
     from hpo.base.training import TrialTrainer
 
     workload = resolve_trainable("mlp_digits")
@@ -157,7 +157,7 @@ def plain_tune(lrs: list[float], iterations: int, storage: str) -> dict[str, Any
     def train(config: dict[str, Any]) -> None:
         import torch
 
-        from hpo.trainables import resolve_trainable
+        from hpo.config.trainable_lookup import resolve_trainable
         from hpo.base.training import TrialTrainer
 
         torch.set_num_threads(1)

@@ -7,7 +7,7 @@ the group that already trains its configuration. Members resuming from checkpoin
 training step) are gathered until the group has `max_members` or no new member arrived for the
 window, then the group is launched by the `GroupLauncher` the sweep passes (pipeline bubbles:
 `pipeline_bubble.bubble_pool`). Sweeps fused on devices the sweep holds need no broker: Tune runs
-their groups as trials (`hpo.fused_group_trial`).
+their groups as trials (`hpo.engines.fused.group_trial`).
 
 Member trials talk only to the broker (`join`, then `fetch` per iteration, which the broker
 forwards to the member's group): looking up an actor imports its class's module in the caller,

@@ -7,7 +7,7 @@ fetched the previous one (or left), so the group trains at most one iteration ah
 results Tune is judging: a member that ASHA stops is dropped from the group (its parameters and
 optimizer state repacked away) before the iteration after next, and one that diverges before
 the next. (Sweeps fused on devices the sweep holds run each group as one Tune trial instead:
-`hpo.fused_group_trial`.)
+`hpo.engines.fused.group_trial`.)
 """
 
 from __future__ import annotations

@@ -20,12 +20,12 @@ from hpo.base.lazy_names import lazy_names
 _LAZY = {
     "Workload": "hpo.base.workload",
     "DatasetWorkload": "hpo.base.workload",
-    "Tuner": "hpo.api",
-    "run": "hpo.sweep",
-    "SweepConfigError": "hpo.errors",
-    "SweepResult": "hpo.results",
-    "SweepSpec": "hpo.spec",
-    "FusionConfig": "hpo.spec",
+    "Tuner": "hpo.tuner.tuner",
+    "run": "hpo.tuner.sweep",
+    "SweepConfigError": "hpo.config.errors",
+    "SweepResult": "hpo.reporting.sweep_result",
+    "SweepSpec": "hpo.config.spec",
+    "FusionConfig": "hpo.config.spec",
     "ScalingConfig": "hpo.scaling._config",
 }
 

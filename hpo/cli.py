@@ -7,17 +7,16 @@ Bad input never produces a traceback: a `SweepConfigError` prints each problem a
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
-import re
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import hpo.base.ray_runtime  # noqa: F401  before anything imports ray: the local Ray listens on loopback only
-from hpo.errors import SweepConfigError
+from hpo.config.errors import SweepConfigError
+from hpo.reporting.tune_errors import storage_full, unreported_metric
 
 EXIT_BAD_INPUT = 2
 #: The sweep ran, but no finished trial reported its metric.
@@ -31,8 +30,8 @@ EXIT_STORAGE_FULL = 2
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from hpo.preflight import preflight
-    from hpo.sweep_file import describe_plan, load_sweep
+    from hpo.config.preflight import preflight
+    from hpo.config.sweep_file import describe_plan, load_sweep
 
     loaded = load_sweep(args.file, execute=not args.no_exec, for_ray=False)
     warnings = preflight(loaded, address=args.address)
@@ -66,8 +65,8 @@ def _submit_to_allocator(spec) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from hpo.preflight import preflight
-    from hpo.sweep_file import describe_plan, load_sweep
+    from hpo.config.preflight import preflight
+    from hpo.config.sweep_file import describe_plan, load_sweep
 
     loaded = load_sweep(args.file, for_ray=not args.dry_run)
     if args.address and not args.dry_run:
@@ -76,16 +75,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(describe_plan(loaded))
         return 0
-    from hpo.sweep import build_tuner
+    from hpo.tuner.sweep import build_tuner
 
-    fusion = loaded.spec.fusion
-    if args.allocator and (fusion is None or not fusion.enabled or fusion.placement != "bubbles"):
+    from hpo.config.spec import fused_placement
+
+    if args.allocator and fused_placement(loaded.spec.fusion) != "bubbles":
         print(f"error: {args.file}: hpo run --allocator runs a sweep where the allocator places its groups; "
               "it needs fusion: {placement: bubbles, max_members: N}", file=sys.stderr)
         return EXIT_BAD_INPUT
     run_path = None
     if args.resume:
-        from hpo.api import RunStateError, latest_run, verify_run_state
+        from hpo.tuner.run_folders import RunStateError, latest_run, verify_run_state
 
         run_path = latest_run(Path(loaded.storage), loaded.spec.name)
         if run_path is None:
@@ -111,7 +111,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(_interrupted(getattr(tuner, "run_path", None) or run_path, args.file), file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:
-        reported = _unreported_metric(exc)
+        reported = unreported_metric(exc)
         if reported is None:
             raise
         metric = loaded.spec.metric.name
@@ -137,7 +137,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _interrupted(run: Path | None, sweep_file: str) -> str:
     """The line for a Ctrl-C that stopped `hpo run` outside Tune's own handling of it; whether
     anything ran is `--resume`'s own test (`nothing_ran`), so the line and `--resume` agree."""
-    from hpo.api import nothing_ran
+    from hpo.tuner.run_folders import nothing_ran
 
     if run is None or nothing_ran(run):
         return f"error: interrupted before any trial ran; nothing was lost; start it again with: hpo run {sweep_file}"
@@ -152,7 +152,7 @@ def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
     from ray.exceptions import RuntimeEnvSetupError
 
     from hpo.base.ray_runtime import code_runtime_env, ensure_ray
-    from hpo.trial_output import quiet_ray_on_workers
+    from hpo.reporting.trial_output import quiet_ray_on_workers
 
     quiet_ray_on_workers()  # Tune's INFO lines stay off the console among the trials' prints
     # and those logged before a trial's code runs (Tune's "Restored on ..." as a resumed trial
@@ -169,10 +169,10 @@ def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
 
 
 def _report(result, sweep_file: str) -> int:
-    """Print the table, the best configuration and the files (`hpo.console.report`); the exit
+    """Print the table, the best configuration and the files (`hpo.reporting.console.report`); the exit
     status says whether every trial ran (0), the sweep was interrupted (EXIT_INTERRUPTED), some
     trial errored (EXIT_TRIALS_ERRORED), or none reported the metric (1)."""
-    from hpo import console
+    from hpo.reporting import console
 
     verdict = console.report(result, f"hpo run {sweep_file} --resume")
     return {console.OK: 0, console.INTERRUPTED: EXIT_INTERRUPTED, console.ERRORED: EXIT_TRIALS_ERRORED,
@@ -182,7 +182,8 @@ def _report(result, sweep_file: str) -> int:
 def _cmd_results(args: argparse.Namespace) -> int:
     """Reprint a stored run's table, best configuration and files; `--rebuild` first rewrites
     results.csv and summary.json from the trials' own folders (for a run whose state is damaged)."""
-    from hpo.results import RESULTS_FILE, SUMMARY_FILE, records_from_trial_dirs, summary_table, write_run_files
+    from hpo.reporting.rebuild import records_from_trial_dirs
+    from hpo.reporting.results_files import RESULTS_FILE, SUMMARY_FILE, summary_table, write_run_files
 
     run = Path(args.run_dir)
     if run.is_file():  # a sweep file: its newest run, where `hpo run FILE` stored it
@@ -211,7 +212,7 @@ def _cmd_results(args: argparse.Namespace) -> int:
     print()
     best = summary.get("best")
     if best:
-        from hpo.console import config_text
+        from hpo.reporting.console import config_text
 
         print(f"Best configuration ({summary['metric']} = {best['value']:.4g}): {config_text(best['config'])}")
         if best.get("checkpoint"):
@@ -236,9 +237,9 @@ def _verdicts(results_file: Path) -> dict[str, str]:
 
 def _newest_run_of(sweep_file: Path) -> Path:
     """The newest run of a sweep file (the one `--resume` continues); read without running its code."""
-    from hpo.api import latest_run
-    from hpo.spec import SweepSpec
-    from hpo.sweep_file import LoadedSweep, YamlSource
+    from hpo.tuner.run_folders import latest_run
+    from hpo.config.spec import SweepSpec
+    from hpo.config.sweep_file import LoadedSweep, YamlSource
 
     source = YamlSource.from_file(sweep_file)
     loaded = LoadedSweep(SweepSpec.from_source(source), None, source)
@@ -252,8 +253,8 @@ def _cmd_coord_check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hpo.scaling import coord_check, depth_contract_problem, depth_coord_check
-    from hpo.sweep_file import describe_exception
-    from hpo.trainables import TrainableNotFound, resolve_trainable
+    from hpo.config.sweep_file import describe_exception
+    from hpo.config.trainable_lookup import TrainableNotFound, resolve_trainable
     from hpo.base.workload import Workload
 
     try:  # a module in the current folder is importable, as it is for `python -m`
@@ -465,15 +466,15 @@ def _engine_args(name: str, argv: list[str]) -> argparse.Namespace:
 
 
 def _quiet_tune() -> None:
-    """Tune's own console output stays off for the process (`hpo.console.quiet_tune`)."""
+    """Tune's own console output stays off for the process (`hpo.reporting.console.quiet_tune`)."""
     import logging
 
-    from hpo.console import quiet_tune
+    from hpo.reporting.console import quiet_tune
 
     quiet_tune()
     # a full disk is reported in one line (see main); Tune's tracebacks of the same error would bury it
     for name in ("ray.tune.execution.tune_controller", "ray.tune.execution.experiment_state"):
-        logging.getLogger(name).addFilter(lambda record: not (record.exc_info and _storage_full(record.exc_info[1])))
+        logging.getLogger(name).addFilter(lambda record: not (record.exc_info and storage_full(record.exc_info[1])))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -493,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as exc:  # Tune wraps what its callbacks raise: a full disk is one line, anything else raises
-        full = _storage_full(exc)
+        full = storage_full(exc)
         if full is None:
             raise
         print(f"error: {full.filename or 'the run folder'}: {full.strerror}; nothing half-written was kept (the "
@@ -524,44 +525,6 @@ def entry() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
-
-
-def _causes(exc: BaseException | None) -> Iterator[BaseException]:
-    """`exc`, then what it was raised from or while handling, and so on (Tune wraps and re-raises)."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
-def _storage_full(exc: BaseException | None) -> OSError | None:
-    """The out-of-space OSError (ENOSPC, EDQUOT) that `exc` is or was caused by, if any."""
-    import errno
-
-    return next((e for e in _causes(exc) if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)), None)
-
-
-#: What Tune's strict metric check raises in its controller, which stops the whole sweep.
-_TUNE_MISSING_METRIC = re.compile(r"did not include the specified metric\(s\) `[^`]*`.*?Result: (\{.*?\})$", re.S | re.M)
-
-
-def _unreported_metric(exc: BaseException) -> str | None:
-    """When Tune stopped the sweep because a trial's result lacked the sweep's metric: what that
-    result held instead ('' when it cannot be read), so the user sees the name they meant."""
-    for cause in _causes(exc):
-        match = _TUNE_MISSING_METRIC.search(str(cause))
-        if match is None:
-            continue
-        from ray.tune.result import AUTO_RESULT_KEYS
-
-        try:
-            result = ast.literal_eval(match.group(1))
-        except (ValueError, SyntaxError):
-            return ""
-        tune_keys = {*AUTO_RESULT_KEYS, "done", "trial_id"}
-        return ", ".join(k for k in result if k not in tune_keys and not k.startswith("config/"))
-    return None
 
 
 if __name__ == "__main__":

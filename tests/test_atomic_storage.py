@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpo.atomic_storage import IN_MEMORY_BYTES, atomic_local_filesystem
+from hpo.tuner.atomic_storage import IN_MEMORY_BYTES, atomic_local_filesystem
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ def test_help_and_version_import_no_engine(argv):
 def test_the_driver_of_a_function_trainable_sweep_imports_no_torch():
     """Every `hpo run` and `--resume` of a plain Tune function would pay torch's import (seconds on
     2 cores) for engines it never uses; a Workload's sweep loads them when it is built."""
-    probe = "import sys, hpo.cli, hpo.sweep, hpo.api\nprint('torch' in sys.modules)"
+    probe = "import sys, hpo.cli, hpo.tuner.sweep, hpo.tuner.tuner\nprint('torch' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=patience(300))
     assert proc.stdout.split() == ["False"], proc.stderr[-2000:]
 

@@ -18,8 +18,8 @@ import pytest
 from patience import patience
 
 from hpo.base.ray_runtime import SUBMITTED_JOB_CONFIG_ENV, _beside_submitted_job, code_runtime_env
-from hpo.sweep_file import load_sweep
-from hpo.trainables import found_in
+from hpo.config.sweep_file import load_sweep
+from hpo.config.trainable_lookup import found_in
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "USER-PRINT-7f3a"

@@ -10,8 +10,8 @@ import warnings
 import pandas as pd
 from ray import tune
 
-from hpo import console
-from hpo.results import SweepResult
+from hpo.reporting import console
+from hpo.reporting.sweep_result import SweepResult
 
 
 def sweep_result(folder, histories: dict[str, list[float]]) -> SweepResult:

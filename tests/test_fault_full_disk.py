@@ -22,7 +22,7 @@ import pytest
 from patience import patience
 
 from hpo.cli import EXIT_STORAGE_FULL
-from hpo.api import verify_run_state
+from hpo.tuner.run_folders import verify_run_state
 
 pytestmark = pytest.mark.slow
 
@@ -94,8 +94,8 @@ def keep_full(folder):
 STORAGE_LAYER = FILL + """
 import json, os, sys
 from pathlib import Path
-from hpo.results import TrialRecord, write_run_files
-from hpo.atomic_storage import atomic_local_filesystem
+from hpo.reporting.results_files import TrialRecord, write_run_files
+from hpo.tuner.atomic_storage import atomic_local_filesystem
 
 disk = Path(os.environ["DISK"])
 records = [TrialRecord(f"t{i}", {"x": i}, {"score": float(i), "training_iteration": 2}) for i in range(40)]

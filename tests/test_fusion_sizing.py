@@ -99,8 +99,8 @@ max_concurrent_trials: 2
 
 
 def spec_of(text: str):
-    from hpo.spec import SweepSpec
-    from hpo.sweep_file import YamlSource
+    from hpo.config.spec import SweepSpec
+    from hpo.config.sweep_file import YamlSource
 
     return SweepSpec.from_source(YamlSource.from_text(text, "sweep.yaml"))
 
@@ -109,7 +109,7 @@ def test_max_concurrent_trials_never_limits_the_searcher_of_a_fused_sweep():
     """A limit on the searcher caps how many configurations a group can draw: 2 members a group."""
     from ray.tune.search import ConcurrencyLimiter
 
-    from hpo.sweep import build_searcher
+    from hpo.tuner.sweep import build_searcher
 
     assert isinstance(build_searcher(spec_of(FUSED_TPE)), ConcurrencyLimiter), "unfused, it limits trials"
     assert not isinstance(build_searcher(spec_of(FUSED_TPE + "fusion: {max_members: 16}\n")), ConcurrencyLimiter)
@@ -118,15 +118,14 @@ def test_max_concurrent_trials_never_limits_the_searcher_of_a_fused_sweep():
 def fused(tmp_path, search_alg, num_samples: int, slots: int, capsys):
     from ray import tune
 
-    from hpo.fused_sweep import fused_sweep
-    from hpo.spec import CheckpointPolicy
+    from hpo.config.spec import FusionConfig
+    from hpo.engines._base import SweepPlan
+    from hpo.engines.fused.engine import FusedEngine
 
     space = {"lr": tune.grid_search([1e-3 * (i + 1) for i in range(16)])} if search_alg is None else {"lr": tune.loguniform(1e-4, 1e-1)}
-    sweep = fused_sweep(
-        tmp_path, mlp_digits, 128, {"cpu": 1}, space,
-        tune.TuneConfig(metric="val_loss", mode="min", num_samples=num_samples, search_alg=search_alg),
-        2, CheckpointPolicy(), "fp32", slots,
-    )
+    tune_config = tune.TuneConfig(metric="val_loss", mode="min", num_samples=num_samples, search_alg=search_alg)
+    engine = FusedEngine(SweepPlan(mlp_digits, {"cpu": 1}, space, tune_config, 2), FusionConfig(max_members=128))
+    sweep = engine.build(tmp_path, 128, slots)
     return sweep.members_per_group, capsys.readouterr().out
 
 
@@ -147,7 +146,7 @@ def test_a_searchers_concurrency_limiter_that_shrinks_groups_is_named(tmp_path, 
 
 
 def test_the_report_gives_the_groups_real_sizes():
-    from hpo.fused_members import FusedGroups
+    from hpo.engines.fused.members import FusedGroups
 
     assert str(FusedGroups.of([f"a_m{i:03d}" for i in range(8)] + [f"b_m{i:03d}" for i in range(8)])) == "2 of 8 members each"
     assert str(FusedGroups.of(["a_m000", "a_m001", "b_m000"])) == "2, of 2 and 1 members"

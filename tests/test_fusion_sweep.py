@@ -23,7 +23,7 @@ from patience import patience
 
 import hpo
 from examples.mlp_digits import workload as digits
-from hpo.sweep import build_tuner, load_sweep
+from hpo.tuner.sweep import build_tuner, load_sweep
 
 pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.slow]
 

@@ -13,7 +13,7 @@ import pytest
 
 from patience import patience
 
-from hpo.controller import start_controller
+from hpo.reporting.dashboard_actor import start_controller
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "hpo_dashboard.json"
 LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.+),\s*(?P<label>\w+)\)$")

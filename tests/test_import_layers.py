@@ -47,7 +47,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine: scheduler_bridge.policies", ("scheduler_bridge.policies",)),
     ("engine: scheduler_bridge simulation, live", ("scheduler_bridge.simulation", "scheduler_bridge.live")),
     ("engine: scheduler_bridge", ("scheduler_bridge",)),
-    ("tune", ("hpo",)),  # the Tuner, the CLI, the sweep spec: composes the engines
+    # the Tune layer, bottom up: muP scaling (the proxy and the transfer, on the base alone); what a
+    # sweep asks for (the schema, the sweep file, the user's code, preflight: no Ray, no torch); what
+    # it tells its user (results, progress, loggers, the dashboard actor); the sweep engines, one per
+    # mode; the Tuner that composes one; and on top the `hpo` command and the package's public names
+    ("tune: scaling", ("hpo.scaling",)),
+    ("tune: config", ("hpo.config",)),
+    ("tune: reporting", ("hpo.reporting",)),
+    ("tune: engines", ("hpo.engines",)),
+    ("tune: tuner", ("hpo.tuner",)),
+    ("tune", ("hpo",)),  # the `hpo` command and `hpo`'s public names
 )
 #: Groups of module prefixes none of which may import another of its group, whatever their layers:
 #: the simulator and the live allocator share the policies, and either can be read without the other.
@@ -398,6 +407,22 @@ def test_scheduler_bridge_model_sits_below_its_policies_which_import_neither_sim
 def test_the_simulator_and_the_live_allocator_import_not_each_other(bridge_imports, importer, imported, pair):
     added, problems = _bridge_problems(bridge_imports, importer, imported)
     assert problems == [f"{added} ({pair} are independent)"]
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported", "layers"),
+    [
+        ("hpo.config.spec", "hpo.reporting.logging_callbacks", "tune: config -> tune: reporting"),
+        ("hpo.reporting.progress", "hpo.engines.plain", "tune: reporting -> tune: engines"),
+        ("hpo.engines.fused.engine", "hpo.tuner.tuner", "tune: engines -> tune: tuner"),
+        ("hpo.tuner.sweep", "hpo.cli", "tune: tuner -> tune"),
+    ],
+)
+def test_the_tune_layers_subpackages_import_only_those_below_them(importer, imported, layers):
+    """What a sweep asks for (config) knows nothing of how it is reported, reporting nothing of the
+    engines, the engines nothing of the Tuner that composes them."""
+    added = Import(importer, imported, 1)
+    assert layer_violations([added]) == [f"{added} ({layers})"]
 
 
 # ---- third-party imports are declared and locked -------------------------------------------------

@@ -17,9 +17,9 @@ from patience import patience
 import hpo
 
 from hpo.cli import main
-from hpo.errors import SweepConfigError
-from hpo.spec import SweepSpec
-from hpo.sweep_file import YamlSource
+from hpo.config.errors import SweepConfigError
+from hpo.config.spec import SweepSpec
+from hpo.config.sweep_file import YamlSource
 
 X_VALUES = (0.0, 2.5)
 ITERATIONS = 2

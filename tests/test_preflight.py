@@ -16,7 +16,7 @@ import pytest
 from patience import patience
 
 from hpo.cli import main
-from hpo.preflight import machine_capacity
+from hpo.config.preflight import machine_capacity
 
 USER_CODE = '''\
 """A user's trainables, written outside the project."""

@@ -13,8 +13,8 @@ import pytest
 from ray import tune
 
 import hpo
-from hpo.fused_members import MemberTrial
-from hpo.progress import ProgressCallback, status_line
+from hpo.engines.fused.members import MemberTrial
+from hpo.reporting.progress import ProgressCallback, status_line
 
 TRIALS = 4
 TRIAL_LINE = re.compile(r"^\[\s*\d+/4\] trial \w+ finished after 3 it: loss=[\d.]+ \(best [\d.]+\)$")

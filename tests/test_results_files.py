@@ -11,8 +11,10 @@ import pandas as pd
 import pytest
 
 from hpo.cli import EXIT_BAD_INPUT, main
-from hpo.results import RESULTS_FILE, SUMMARY_FILE, SavedRunState, TrialRecord, best_record, records_from_trial_dirs, write_run_files
-from hpo.api import RunStateError, fresh_run_name, latest_run, verify_run_state
+from hpo.reporting.live_results import SavedRunState
+from hpo.reporting.rebuild import records_from_trial_dirs
+from hpo.reporting.results_files import RESULTS_FILE, SUMMARY_FILE, TrialRecord, best_record, write_run_files
+from hpo.tuner.run_folders import RunStateError, fresh_run_name, latest_run, verify_run_state
 
 
 def record(trial_id, loss, iterations=3, **kwargs):
@@ -165,7 +167,7 @@ def test_rebuild_keeps_the_verdicts_tune_gave_when_trials_ended_even_without_sum
 
 
 def test_a_fused_members_rows_take_the_verdict_its_scheduler_wrote_and_always_have_its_config(tmp_path):
-    from hpo.fused_members import MemberBook
+    from hpo.engines.fused.members import MemberBook
 
     book = MemberBook(tmp_path, "train")
     stopped, unstarted = book.add_group("g1", [{"lr": 0.1}, {"lr": 0.2}])
@@ -178,7 +180,7 @@ def test_a_fused_members_rows_take_the_verdict_its_scheduler_wrote_and_always_ha
 
 
 def test_a_resumed_fused_sweeps_group_list_is_read_from_its_members_folders(tmp_path):
-    from hpo.fused_members import MemberBook
+    from hpo.engines.fused.members import MemberBook
 
     earlier = MemberBook(tmp_path, "train")
     for group in ("g1", "g2"):

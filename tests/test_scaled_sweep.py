@@ -13,7 +13,7 @@ import yaml
 
 from hpo.base.checkpointing import CHECKPOINT_FILE
 from hpo.cli import main
-from hpo.sweep import build_tuner, load_sweep
+from hpo.tuner.sweep import build_tuner, load_sweep
 
 pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from fusion.optim import FusedOptimizer
 from hpo.base.checkpointing import CHECKPOINT_FILE
 from hpo.base.hparams import OptimHParams, build_torch_optimizer, workload_optimizer
 from hpo.examples.vit_digits import workload as vit_digits
-from hpo.scaled_sweep import build_proxy
+from hpo.engines.scaled import build_proxy
 from hpo.scaling import (
     MuPWorkload,
     ScalingConfig,

@@ -10,9 +10,9 @@ from hypothesis import given, strategies as st
 from ray import tune
 
 from hpo.cli import main
-from hpo.sweep import to_tune_domain
-from hpo.spec import DISTRIBUTION_ALIASES, ParameterSpec
-from hpo.sweep_file import YamlSource
+from hpo.tuner.sweep import to_tune_domain
+from hpo.config.spec import DISTRIBUTION_ALIASES, ParameterSpec
+from hpo.config.sweep_file import YamlSource
 
 
 def samples(spec: dict, n: int = 2000) -> list:

@@ -1,5 +1,6 @@
-"""The Tuner composes one engine per mode, chosen when it is built; each engine is specified alone
-by what it hands Tune: the trainable, the search space, the Tune and run configs, the result."""
+"""The Tuner composes one engine per mode, chosen once when it is built (`engine_for`); each engine
+is specified alone by what it hands Tune: the trainable, the search space, the Tune and run configs,
+the result."""
 
 from __future__ import annotations
 
@@ -9,16 +10,18 @@ import pytest
 from ray import tune
 
 from examples.mlp_digits import workload as mlp_digits
-from hpo.api import PlainEngine, SweepEngine, Tuner
-from hpo.controller import ControllerCallback
-from hpo.fused_scheduler import GroupScheduler
-from hpo.fused_search import GroupSearcher
-from hpo.fused_sweep import BubbleEngine, FusedEngine
-from hpo.base.actor_names import broker_name
-from hpo.member_trial import FusionCallback
-from hpo.base.actor_names import NAMESPACE
-from hpo.scaled_sweep import ScaledEngine
-from hpo.spec import CheckpointPolicy, FusionConfig
+from hpo.base.actor_names import NAMESPACE, broker_name
+from hpo.config.spec import CheckpointPolicy, FusionConfig
+from hpo.engines._base import SweepEngine, SweepPlan
+from hpo.engines.bubbles.engine import BubbleEngine
+from hpo.engines.bubbles.relay_trial import FusionCallback
+from hpo.engines.fused.engine import FusedEngine
+from hpo.engines.fused.scheduler import GroupScheduler
+from hpo.engines.fused.search import GroupSearcher
+from hpo.engines.plain import FunctionEngine, WorkloadEngine
+from hpo.engines.scaled import ScaledEngine
+from hpo.reporting.dashboard_actor import ControllerCallback
+from hpo.tuner.tuner import Tuner
 
 SPACE = {"lr": tune.grid_search([1e-3, 1e-2, 3e-2, 1e-1]), "width": 16}
 PROXY_SPACE = {"lr": tune.grid_search([1e-3, 1e-2])}  # scaling sets the width
@@ -34,37 +37,47 @@ def tuner(tmp_path, space=SPACE, **options) -> Tuner:
     )
 
 
+def plan(trainable, max_iterations: int = 3, metric: str | None = "val_loss", resources=None, **options) -> SweepPlan:
+    return SweepPlan(trainable, resources or {"cpu": 1}, SPACE, tune.TuneConfig(metric=metric, mode="min"),
+                     max_iterations, iterations=max_iterations, **options)
+
+
 def test_the_tuner_chooses_the_engine_of_its_mode_once_when_it_is_built(tmp_path):
+    def train(config):
+        tune.report({"val_loss": 0.0})
+
+    function = Tuner(train, tune_config=tune.TuneConfig(metric="val_loss", mode="min")).engine
     plain = tuner(tmp_path).engine
     fused = tuner(tmp_path, fusion=FusionConfig(max_members=4)).engine
     bubbles = tuner(tmp_path, fusion=FusionConfig(max_members=4, placement="bubbles")).engine
     off = tuner(tmp_path, fusion=FusionConfig(enabled=False)).engine
     scaled = tuner(tmp_path, PROXY_SPACE, scaling={"target_width": 64, "ratio": 4}, fusion=FusionConfig(max_members=2)).engine
-    assert [type(e) for e in (plain, fused, bubbles, off, scaled)] == [
-        PlainEngine, FusedEngine, BubbleEngine, PlainEngine, ScaledEngine
+    assert [type(e) for e in (function, plain, fused, bubbles, off, scaled)] == [
+        FunctionEngine, WorkloadEngine, FusedEngine, BubbleEngine, WorkloadEngine, ScaledEngine
     ]
-    assert isinstance(scaled.inner, FusedEngine) and scaled.inner.workload.name != mlp_digits.name  # the proxy
-    assert all(isinstance(e, SweepEngine) for e in (plain, fused, bubbles, scaled))
+    assert isinstance(scaled.inner, FusedEngine) and scaled.inner.plan.trainable.name != mlp_digits.name  # the proxy
+    assert all(isinstance(e, SweepEngine) for e in (function, plain, fused, bubbles, scaled))
+
+
+CONFIG = tune.TuneConfig(metric="val_loss", mode="min")
 
 
 def test_a_plain_engine_gives_tune_the_users_space_and_a_results_file_per_trial(tmp_path):
-    engine = PlainEngine(mlp_digits, {"cpu": 2}, SPACE, 3, CheckpointPolicy(), "val_loss", "min", 3)
-    with pytest.raises(RuntimeError, match=r"start\(experiment\)"):
-        engine.run_config(tune.RunConfig())
-    assert engine.start(tmp_path / "plain") == []
-    assert engine.param_space() == SPACE
-    config = tune.TuneConfig(metric="val_loss", mode="min", num_samples=3)
-    assert engine.tune_config(config) is config
+    engine = WorkloadEngine(plan(mlp_digits, resources={"cpu": 2}))
     controller = ControllerCallback("plain", "val_loss", "min")
-    callbacks = engine.run_config(tune.RunConfig(callbacks=[controller])).callbacks
-    assert callbacks[0] is controller and type(callbacks[1]).__name__ == "ResultsFileCallback"
-    assert engine.trainable().__name__ == mlp_digits.name  # the workload as a checkpointing Tune function
+    run = engine.start(tmp_path / "plain", CONFIG, tune.RunConfig(callbacks=[controller]))
+    assert run.actors == [] and run.param_space == SPACE
+    assert run.tune_config.reuse_actors, "a workload's trial process serves trial after trial"
+    assert run.run_config.stop == {"training_iteration": 3}
+    assert run.run_config.callbacks[0] is controller and type(run.run_config.callbacks[1]).__name__ == "ResultsFileCallback"
+    assert run.trainable.__name__ == mlp_digits.name  # the workload as a checkpointing Tune function
+    config = tune.TuneConfig(metric="val_loss", mode="min", num_samples=3, reuse_actors=True)
+    assert engine.start(tmp_path / "plain", config, tune.RunConfig()).tune_config is config
 
 
 def test_a_plain_engine_without_a_metric_writes_no_results_files(tmp_path):
-    engine = PlainEngine(mlp_digits, {"cpu": 1}, SPACE, 3, CheckpointPolicy(), None, "min", 3)
-    engine.start(tmp_path)
-    assert engine.run_config(tune.RunConfig(callbacks=[])).callbacks == []
+    engine = WorkloadEngine(plan(mlp_digits, metric=None))
+    assert engine.start(tmp_path, CONFIG, tune.RunConfig(callbacks=[])).run_config.callbacks == []
 
 
 @pytest.mark.parametrize(
@@ -80,70 +93,64 @@ def test_a_plain_engine_without_a_metric_writes_no_results_files(tmp_path):
 def test_a_workload_trial_keeps_the_checkpoints_of_a_short_run_and_the_two_newest_of_a_long_one(tmp_path, iterations, every, kept):
     """Tune rewrites the whole sweep's state whenever a trial has written `num_to_keep` checkpoints
     since the last rewrite; a short trial that keeps all it writes never makes it do so."""
-    engine = PlainEngine(mlp_digits, {"cpu": 1}, SPACE, iterations, CheckpointPolicy(every=every), "val_loss", "min", iterations)
-    engine.start(tmp_path)
-    assert engine.run_config(tune.RunConfig()).checkpoint_config.num_to_keep == kept
+    engine = WorkloadEngine(plan(mlp_digits, iterations, checkpoint=CheckpointPolicy(every=every)))
+    assert engine.start(tmp_path, CONFIG, tune.RunConfig()).run_config.checkpoint_config.num_to_keep == kept
 
 
-def test_a_function_trainable_keeps_the_checkpoints_its_run_config_says(tmp_path):
+def test_a_function_trainable_keeps_the_checkpoints_and_the_stop_its_run_config_says(tmp_path):
     def train(config):
         tune.report({"val_loss": 0.0})
 
-    engine = PlainEngine(train, {"cpu": 1}, SPACE, 8, CheckpointPolicy(), "val_loss", "min", 8)
-    engine.start(tmp_path)
+    engine = FunctionEngine(plan(train, 8))
     keep_five = tune.RunConfig(checkpoint_config=tune.CheckpointConfig(num_to_keep=5))
-    assert engine.run_config(keep_five).checkpoint_config.num_to_keep == 5
+    run = engine.start(tmp_path, CONFIG, keep_five)
+    assert run.run_config.checkpoint_config.num_to_keep == 5
+    assert run.run_config.stop is None and not run.tune_config.reuse_actors
 
 
 def test_a_scaled_engine_tunes_through_its_inner_engine_and_adds_the_eager_transfer_last(tmp_path):
     scaling = {"target_width": 64, "ratio": 4, "eager_transfer": 0.5}
     engine = tuner(tmp_path, PROXY_SPACE, scaling=scaling).engine
-    assert engine.start(tmp_path / "scaled") == []
-    proxy = engine.inner.user_trainable
-    assert engine.param_space() == PROXY_SPACE and engine.trainable().__name__ == proxy.name != mlp_digits.name
-    callbacks = engine.run_config(tune.RunConfig(callbacks=[])).callbacks
-    assert [type(c).__name__ for c in callbacks] == ["ResultsFileCallback", "EagerTransferCallback"]
+    run = engine.start(tmp_path / "scaled", CONFIG, tune.RunConfig(callbacks=[]))
+    proxy = engine.inner.plan.trainable
+    assert run.actors == [] and run.param_space == PROXY_SPACE
+    assert run.trainable.__name__ == proxy.name != mlp_digits.name
+    assert [type(c).__name__ for c in run.run_config.callbacks] == ["ResultsFileCallback", "EagerTransferCallback"]
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
 def test_a_fused_engine_gives_tune_groups_and_replays_their_events_per_member(tmp_path):
-    engine = FusedEngine(
-        mlp_digits, FusionConfig(max_members=4), {"cpu": 1}, SPACE,
-        tune.TuneConfig(metric="val_loss", mode="min"), 2, CheckpointPolicy(),
-    )
-    with pytest.raises(RuntimeError, match=r"start\(experiment\)"):
-        engine.trainable()
-    assert engine.start(tmp_path / "fused") == []
-    assert engine.param_space() == {}  # groups are suggested whole
-    config = engine.tune_config(tune.TuneConfig(metric="val_loss", mode="min", max_concurrent_trials=4))
-    assert isinstance(config.search_alg, GroupSearcher) and isinstance(config.scheduler, GroupScheduler)
-    assert config.num_samples == -1
+    engine = FusedEngine(plan(mlp_digits, 2), FusionConfig(max_members=4))
+    with pytest.raises(RuntimeError, match=r"start\(experiment"):
+        engine.result(None)
+    controller = ControllerCallback("fused", "val_loss", "min")
+    config = tune.TuneConfig(metric="val_loss", mode="min", max_concurrent_trials=4)
+    run = engine.start(tmp_path / "fused", config, tune.RunConfig(callbacks=[controller]))
+    assert run.actors == [] and run.param_space == {}  # groups are suggested whole
+    assert isinstance(run.tune_config.search_alg, GroupSearcher) and isinstance(run.tune_config.scheduler, GroupScheduler)
+    assert run.tune_config.num_samples == -1
     # two slots (2 CPUs) and four configurations: groups of two, and four member trials are two groups
     assert engine.sweep.members_per_group == 2
-    assert config.max_concurrent_trials == math.ceil(4 / 2)
-    controller = ControllerCallback("fused", "val_loss", "min")
-    run_config = engine.run_config(tune.RunConfig(callbacks=[controller]))
+    assert run.tune_config.max_concurrent_trials == math.ceil(4 / 2)
     # the controller hears members; TensorBoard logs members, in place of Tune's logger of groups
-    assert [type(c).__name__ for c in run_config.callbacks] == ["MemberCallbacks", "MemberTensorBoard"]
-    assert run_config.checkpoint_config is engine.sweep.checkpoint_config
+    assert [type(c).__name__ for c in run.run_config.callbacks] == ["MemberCallbacks", "MemberTensorBoard"]
+    assert run.run_config.checkpoint_config is engine.sweep.checkpoint_config
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
 def test_a_bubble_engine_starts_the_broker_and_gives_tune_one_relay_per_configuration(tmp_path, ray_local):
-    engine = BubbleEngine(mlp_digits, FusionConfig(max_members=4, placement="bubbles"), {"cpu": 1}, SPACE, 2, "val_loss", "min")
-    with pytest.raises(RuntimeError, match=r"start\(experiment\)"):
-        engine.trainable()
-    (broker,) = engine.start(tmp_path / "relayed")
+    engine = BubbleEngine(plan(mlp_digits, 2), FusionConfig(max_members=4, placement="bubbles"))
+    limited = tune.TuneConfig(max_concurrent_trials=3, reuse_actors=True)
+    run = engine.start(tmp_path / "relayed", limited, tune.RunConfig(callbacks=[]))
+    (broker,) = run.actors
     try:
         assert ray_local.get_actor(broker_name("relayed"), namespace=NAMESPACE) is not None
-        assert engine.members_per_group == 4 and engine.param_space() == SPACE
-        assert engine.trainable().__name__ == "fused_relayed"
-        limited = tune.TuneConfig(max_concurrent_trials=3)
-        assert engine.tune_config(limited) is limited
-        callbacks = engine.run_config(tune.RunConfig(callbacks=[])).callbacks
-        assert [type(c) for c in callbacks][-1] is FusionCallback
-        assert type(callbacks[0]).__name__ == "ResultsFileCallback"
+        assert engine.members_per_group == 4 and run.param_space == SPACE
+        assert run.trainable.__name__ == "fused_relayed"
+        assert run.tune_config is limited
+        assert [type(c) for c in run.run_config.callbacks][-1] is FusionCallback
+        assert type(run.run_config.callbacks[0]).__name__ == "ResultsFileCallback"
     finally:
         ray_local.kill(broker)

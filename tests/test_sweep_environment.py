@@ -10,9 +10,10 @@ import pytest
 from ray import tune
 
 import hpo
-from hpo.api import PROMPT_SAVE_MAX_TRIALS, SAVE_PERIOD_ENV, expected_trials
-from hpo.logging_callbacks import as_logging_spec, logger_callbacks
-from hpo.scoped_environ import scoped_environ
+from hpo.tuner.tuner import PROMPT_SAVE_MAX_TRIALS, SAVE_PERIOD_ENV, expected_trials
+from hpo.config.logging_spec import as_logging_spec
+from hpo.reporting.logging_callbacks import logger_callbacks
+from hpo.base.scoped_environ import scoped_environ
 
 
 class SeesThePeriod(tune.Callback):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from hpo.cli import EXIT_BAD_INPUT, main
-from hpo.results import TrialRecord, write_run_files
-from hpo.sweep_file import load_sweep
+from hpo.reporting.results_files import TrialRecord, write_run_files
+from hpo.config.sweep_file import load_sweep
 
 SWEEP = """\
 name: cnn

@@ -3,7 +3,7 @@ report repeats on a retry; a lost process (an actor killed, a node removed) does
 
 from __future__ import annotations
 
-from hpo.trial_errors import raised_in_code
+from hpo.reporting.trial_errors import raised_in_code
 
 CODE_ERROR = """Failure # 1 (occurred at 2026-11-27_16-08-46)
 ray::ImplicitFunc.train() (pid=123, ip=127.0.0.1, actor_id=abc)

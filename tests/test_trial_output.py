@@ -10,7 +10,7 @@ import sys
 import pytest
 from ray import tune
 
-from hpo.trial_output import quiet_exit_in_finalizers, trial_output, with_trial_output
+from hpo.reporting.trial_output import quiet_exit_in_finalizers, trial_output, with_trial_output
 
 
 def test_lines_printed_in_a_trial_carry_its_id_on_stdout_and_stderr(capsys):

@@ -1,4 +1,4 @@
-"""The one reader of Tune's saved run state (`hpo.tune_state`): the newest file is the one a resume
+"""The one reader of Tune's saved run state (`hpo.reporting.tune_state`): the newest file is the one a resume
 continues from, both layouts of a trial's entry read the same, and damage raises what readers catch."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from hpo.tune_state import DAMAGED, newest_state, trial_entries, trial_states
+from hpo.reporting.tune_state import DAMAGED, newest_state, trial_entries, trial_states
 
 
 def test_the_newest_state_is_read_whichever_layout_its_trials_have(tmp_path):

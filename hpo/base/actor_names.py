@@ -20,7 +20,7 @@ __all__ = ["ALLOCATOR_NAME", "NAMESPACE", "POOL_NAME", "broker_name", "controlle
 
 
 def controller_name(sweep: str) -> str:
-    """The sweep's controller: its face in the Ray dashboard (`hpo.controller`)."""
+    """The sweep's controller: its face in the Ray dashboard (`hpo.reporting.dashboard_actor`)."""
     return f"hpo:sweep:{sweep}"
 
 

@@ -70,7 +70,7 @@ def ensure_ray(
 
     `runtime_env` is the job's (`code_runtime_env`: the user's code folder). What trials print
     reaches this terminal, prefixed by Ray with the trainable's name and pid, as under plain Ray
-    Tune (and with the trial's id: `hpo.trial_output`, which also quiets Ray on the workers);
+    Tune (and with the trial's id: `hpo.reporting.trial_output`, which also quiets Ray on the workers);
     Ray's own INFO lines here do not, except with `dashboard`, where Ray's start-up line gives the
     dashboard's address. A Ray that is already up (a test fixture, a notebook) is used as it is.
     """

@@ -2,7 +2,7 @@
 
 This is the unfused path and the reference the fused engine is tested against: it uses
 PyTorch's own optimizers and the schedule from `hpo.base.hparams`. It knows nothing of Tune:
-`hpo.workload_trial` makes it a Tune trainable, and a bubble guest takes the same step.
+`hpo.engines.workload_trial` makes it a Tune trainable, and a bubble guest takes the same step.
 """
 
 from __future__ import annotations

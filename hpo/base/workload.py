@@ -2,7 +2,7 @@
 
 A plain Tune function trainable is opaque: nothing outside it can build its model at another
 width (muP proxies) or stack B of its models into one (fusion). A `Workload` exposes exactly
-those pieces, and `hpo.workload_trial` turns any workload into an ordinary Tune trainable, so one
+those pieces, and `hpo.engines.workload_trial` turns any workload into an ordinary Tune trainable, so one
 description serves the plain sweep, the fused group and the muP proxy alike.
 
 Example::

@@ -114,7 +114,7 @@ def submit_sweep(sweep: str, groups: int, *, request_id: str | None = None, **fi
     groups (tuning-aware policy only): the allocator places them as guests on idle GPUs and in
     running pipeline jobs' bubbles, and the bubble pool hands its fused groups only to those
     hosts. Cancel the job when the sweep ends."""
-    return submit("hpo.sweep:build_tuner", 1, request_id=request_id, kind="tuning", groups=groups,
+    return submit("hpo.tuner.sweep:build_tuner", 1, request_id=request_id, kind="tuning", groups=groups,
                   sweep=sweep, name=sweep, **fields)
 
 

@@ -1,6 +1,6 @@
 """The Tune trial of one fused group: one process, one fused model, every member's result at once.
 
-Tune runs a fused sweep's groups, not its members (`hpo.fused_members` says why). One `step` trains
+Tune runs a fused sweep's groups, not its members (`hpo.engines.fused.members` says why). One `step` trains
 one iteration of every live member and returns all their results in one Tune result
 (`member_results`, as JSON); the group's own value of the sweep's metric is its best member's, which is what
 Tune's metric check and the group's row in Tune's tables show.
@@ -26,8 +26,8 @@ from ray import tune
 from fusion.trainer import FusedTrainer
 from hpo.base.atomic_files import replace_folder_durably
 from hpo.base.checkpointing import KEEP_NEWEST, checkpoint_due
-from hpo.fused_members import STATUS_FILE, member_ids
-from hpo.results import MEMBERS_DIR
+from hpo.engines.fused.members import STATUS_FILE, member_ids
+from hpo.reporting.results_files import MEMBERS_DIR
 from hpo.base.trial_state import save_trial_state
 from hpo.base.workload import Workload
 

@@ -24,10 +24,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from hpo.errors import ConfigIssue, SweepConfigError
+from hpo.config.errors import ConfigIssue, SweepConfigError
 from hpo.scaling._config import ScalingConfig
-from hpo.sweep_file import LoadedSweep, describe_exception
-from hpo.trainables import TrainableSource, is_workload, reported_metrics
+from hpo.config.sweep_file import LoadedSweep, describe_exception
+from hpo.config.trainable_lookup import TrainableSource, is_workload, reported_metrics
 
 #: Config keys the trial trainer itself reads (`hpo.base.training.TrialTrainer`, `fusion.model`), and
 #: the Workload contract's `width` and `batch_size`, beyond the optimizer's (`OptimHParams`).
@@ -171,7 +171,7 @@ def check_workload_keys(loaded: LoadedSweep, notes: list[ConfigIssue]) -> list[C
     `config.get("key")`); when its source cannot be read, an unknown key is only a warning.
     """
     from hpo.base.hparams import OPTIMIZERS, SCHEDULES, OptimHParams
-    from hpo.spec import did_you_mean
+    from hpo.config.spec import did_you_mean
 
     workload = loaded.trainable
     spec = loaded.spec

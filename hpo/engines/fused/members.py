@@ -3,7 +3,7 @@ configuration, although Tune runs one trial per fused group.
 
 Tune's controller costs a process per running trial and processes every result; a member that was
 its own Tune trial cost a Ray worker (about 1 s of CPU and 195 MB) and a trip through the
-controller per iteration. Here Tune runs the *groups* (`hpo.fused_group_trial`), and the members
+controller per iteration. Here Tune runs the *groups* (`hpo.engines.fused.group_trial`), and the members
 live in the driver:
 
 - `MemberTrial` is what Tune's searchers, schedulers and logger callbacks are handed for a member:
@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from hpo.base.atomic_files import write_atomically
-from hpo.results import MEMBERS_DIR, STATUS_FILE, SweepResult, TrialRecord, records_from_trial_dirs
+from hpo.reporting.rebuild import STATUS_FILE, records_from_trial_dirs
+from hpo.reporting.results_files import MEMBERS_DIR, TrialRecord
+from hpo.reporting.sweep_result import SweepResult
 
 
 def member_ids(group_trial_id: str, size: int) -> list[str]:
@@ -234,7 +236,7 @@ def member_result(record: TrialRecord, folder: Path) -> Any:
     history = pd.DataFrame([by_iteration[i] for i in sorted(by_iteration)]) if by_iteration else None
     return tune.Result(
         # `done` as on a Tune trial's last result: the member ended (a sweep stopped by Ctrl-C
-        # leaves the others short, and `hpo.results.ended` reads both kinds of row alike)
+        # leaves the others short, and `hpo.reporting.results_files.ended` reads both kinds of row alike)
         metrics={"config": dict(record.config), **record.metrics, "done": not record.running},
         checkpoint=tune.Checkpoint.from_directory(record.checkpoint) if record.checkpoint else None,
         error=RuntimeError(record.error) if record.error else None,

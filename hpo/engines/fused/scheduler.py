@@ -22,8 +22,8 @@ from typing import Any
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from hpo.fused_members import MemberBook, MemberTrial
-from hpo.results import error_line
+from hpo.engines.fused.members import MemberBook, MemberTrial
+from hpo.reporting.results_files import error_line
 
 logger = logging.getLogger(__name__)
 

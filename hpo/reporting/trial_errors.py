@@ -12,7 +12,7 @@ before any callback hears of it, so this is set when the first failure is retrie
 if its error differs from the first one's. A process lost (an actor killed, a node removed) is no
 such failure: its error has no frames of the trial's code, and it is retried as Tune would.
 
-Tune logs each failure with Ray's traceback, most of it Ray's own frames (`hpo.console` keeps
+Tune logs each failure with Ray's traceback, most of it Ray's own frames (`hpo.reporting.console` keeps
 that record off the console). `TrialErrorCallback` prints instead the frames of the user's code,
 the exception, what happens next and where the full traceback is (the trial's `error.txt`).
 """

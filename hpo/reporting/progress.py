@@ -62,7 +62,7 @@ class ProgressCallback(Callback):
         self._drawn_at = -math.inf
         self._shown = False
         self._ending: dict[str, tuple[Any, str]] = {}  # trials Tune ended, not yet in its saved state
-        self._saved: Any = None  # hpo.results.SavedRunState, once a trial has ended
+        self._saved: Any = None  # hpo.reporting.live_results.SavedRunState, once a trial has ended
         self._counted: set[str] = set()  # trials whose end is counted
         self._finished: dict[str, float] = {}  # finished trials' last values: the best is among these
 
@@ -85,7 +85,7 @@ class ProgressCallback(Callback):
         self.started = time.monotonic()
 
     def best(self) -> float | None:
-        """The best finished trial's measure, as the final table ranks trials (`hpo.results.best_record`)."""
+        """The best finished trial's measure, as the final table ranks trials (`hpo.reporting.results_files.best_record`)."""
         if not self._finished:
             return None
         return min(self._finished.values()) if self.mode == "min" else max(self._finished.values())
@@ -171,7 +171,7 @@ class ProgressCallback(Callback):
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
         """A trial's line is printed once Tune's saved run state holds its end (within a second in
-        a sweep of up to 100 trials, see `hpo.api.Tuner._save_period`): a driver killed before that would see `--resume` run it again, and what was
+        a sweep of up to 100 trials, see `hpo.tuner.tuner.Tuner._save_period`): a driver killed before that would see `--resume` run it again, and what was
         printed as finished is final."""
         self._print_saved_ends(trials)
         self._count_earlier_ends(trials)
@@ -180,7 +180,7 @@ class ProgressCallback(Callback):
         if not self._ending:
             return
         if self._saved is None:
-            from hpo.results import SavedRunState
+            from hpo.reporting.live_results import SavedRunState
 
             self._saved = SavedRunState(Path(next(iter(self._ending.values()))[0].path).parent)
         saved = self._saved.ended(relist)

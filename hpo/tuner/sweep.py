@@ -5,7 +5,7 @@ The spec's W&B-style parameters map exactly onto Ray Tune domains. Two traps are
 Tune's `randint` upper bound is exclusive while W&B's `int_uniform` max is inclusive, and W&B's
 `log_uniform` takes natural-log exponents while `log_uniform_values` takes the values themselves.
 Its searcher and trial scheduler are built from Tune's public classes. Loading and describing the
-file (`load_sweep`, `describe_plan`) live in `hpo.sweep_file`, which imports no Ray; they are
+file (`load_sweep`, `describe_plan`) live in `hpo.config.sweep_file`, which imports no Ray; they are
 re-exported here for callers of this module.
 
 Example::
@@ -28,17 +28,18 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler, TrialScheduler
 from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Searcher
 
-from hpo.api import Trainable, Tuner, grid_size
-from hpo.atomic_storage import atomic_local_filesystem, is_local_path
+from hpo.tuner.tuner import Trainable, Tuner, grid_size
+from hpo.tuner.atomic_storage import atomic_local_filesystem, is_local_path
 from hpo.base.checkpointing import KEEP_NEWEST
-from hpo.logging_callbacks import as_logging_spec, logger_callbacks
-from hpo.console import quiet_tune, report
-from hpo.progress import ProgressCallback
-from hpo.results import SweepResult
-from hpo.spec import CheckpointPolicy, FusionConfig, ParameterSpec, SweepSpec
-from hpo.sweep_file import LoadedSweep, describe_plan, load_sweep
-from hpo.trial_errors import TrialErrorCallback
-from hpo.trial_output import quiet_ray_on_workers
+from hpo.config.logging_spec import as_logging_spec
+from hpo.reporting.logging_callbacks import logger_callbacks
+from hpo.reporting.console import quiet_tune, report
+from hpo.reporting.progress import ProgressCallback
+from hpo.reporting.sweep_result import SweepResult
+from hpo.config.spec import CheckpointPolicy, FusionConfig, ParameterSpec, SweepSpec, fused_placement
+from hpo.config.sweep_file import LoadedSweep, describe_plan, load_sweep
+from hpo.reporting.trial_errors import TrialErrorCallback
+from hpo.reporting.trial_output import quiet_ray_on_workers
 
 __all__ = ["LoadedSweep", "build_tuner", "describe_plan", "load_sweep", "run", "sweep_run_config"]
 
@@ -86,7 +87,7 @@ def build_searcher(spec: SweepSpec) -> Searcher | BasicVariantGenerator:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         sampler = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=spec.tpe_startup_trials)
         searcher = OptunaSearch(metric=spec.metric.name, mode=spec.metric.mode, sampler=sampler)
-        fused = spec.fusion is not None and spec.fusion.enabled
+        fused = fused_placement(spec.fusion) is not None
         if spec.max_concurrent_trials and not fused:  # fused, the limit counts groups (`FusedEngine.slots`)
             return ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent_trials)
         return searcher
@@ -149,7 +150,7 @@ def sweep_run_config(
 ) -> tune.RunConfig:
     """Every sweep's run config: where it is stored, when trials stop, how often a failing trial
     is retried, and the two newest checkpoints kept per trial (enough to resume either way).
-    Local storage is written file by file atomically (`hpo.atomic_storage`): a killed driver or a
+    Local storage is written file by file atomically (`hpo.tuner.atomic_storage`): a killed driver or a
     full disk never leaves a torn tuner.pkl or experiment state behind."""
     if is_local_path(storage_path) and "storage_filesystem" not in options:
         options["storage_filesystem"] = atomic_local_filesystem()

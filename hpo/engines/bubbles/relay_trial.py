@@ -6,7 +6,7 @@ each configuration is its own Tune trial whose process only relays (it imports n
 the model; Tune reuses it between trials): the training happens in the bubble group
 (`pipeline_bubble.bubble_pool.BubbleGroup`, a `fusion.group_actor.MemberRelay`). Sweeps fused on
 the sweep's own devices don't pay a process per member: Tune runs their groups
-(`hpo.fused_group_trial`).
+(`hpo.engines.fused.group_trial`).
 
 A relay talks only to the broker, never to the group actor: looking up an actor imports its
 class's module, and the group's module imports torch.

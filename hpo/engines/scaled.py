@@ -14,7 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hpo.results import SweepResult
+from hpo.base.workload import Workload
+from hpo.engines._base import SweepEngine, SweepPlan, TuneRun
+from hpo.reporting.sweep_result import SweepResult
 from hpo.scaling import (
     EagerTransferCallback,
     ScalingError,
@@ -26,7 +28,6 @@ from hpo.scaling import (
 )
 from hpo.scaling._config import ScalingConfig
 from hpo.scaling._transfer import TARGET_CHECKPOINT_DIR
-from hpo.base.workload import Workload
 
 
 def as_scaling_config(scaling: ScalingConfig | Mapping[str, Any]) -> ScalingConfig:
@@ -117,39 +118,26 @@ def target_curve(history: list[dict[str, Any]], metric: str) -> tuple[list[int],
     return list(range(1, len(history) + 1)), [float(entry[metric]) for entry in history]
 
 
-class ScaledEngine:
-    """A sweep with `scaling:`: `inner` (a plain or fused engine) tunes the muP proxy; the best
-    proxy config is then carried to the target, which is trained eagerly during the sweep
-    (`eager_transfer`) or after it (`final_training`)."""
+class ScaledEngine(SweepEngine):
+    """A sweep with `scaling:`: `inner` (a plain or fused engine) tunes the muP proxy, as `plan`
+    says; the best proxy config is then carried to the user's `workload`, the target, which is
+    trained eagerly during the sweep (`eager_transfer`) or after it (`final_training`)."""
 
-    def __init__(self, inner: Any, workload: Workload, scaling: ScalingConfig, metric: str | None, mode: str, max_iterations: int):
-        self.inner, self.workload, self.scaling = inner, workload, scaling
-        self.metric, self.mode, self.max_iterations = metric, mode, max_iterations
+    def __init__(self, inner: SweepEngine, workload: Workload, scaling: ScalingConfig, plan: SweepPlan):
+        self.inner, self.workload, self.scaling, self.plan = inner, workload, scaling, plan
         self.eager: Any = None
 
-    def start(self, experiment: Path) -> list[Any]:
-        if self.scaling.eager_transfer is not None:
-            self.eager = EagerTransferCallback(
-                self.workload, self.scaling, metric=self.metric, mode=self.mode, max_iterations=self.max_iterations
-            )
-        return self.inner.start(experiment)
+    def start(self, experiment: Path, tune_config: Any, run_config: Any) -> TuneRun:
+        """The inner engine's run, with the eager transfer's callback last (it hears every result)."""
+        run = self.inner.start(experiment, tune_config, run_config)
+        if self.scaling.eager_transfer is None:
+            return run
+        self.eager = EagerTransferCallback(
+            self.workload, self.scaling, metric=self.plan.metric, mode=self.plan.mode, max_iterations=self.plan.max_iterations,
+        )
+        return replace(run, run_config=replace(run.run_config, callbacks=[*run.run_config.callbacks, self.eager]))
 
-    def trainable(self) -> Any:
-        return self.inner.trainable()
-
-    def param_space(self) -> dict[str, Any]:
-        return self.inner.param_space()
-
-    def tune_config(self, tune_config: Any) -> Any:
-        return self.inner.tune_config(tune_config)
-
-    def run_config(self, run_config: Any) -> Any:
-        run_config = self.inner.run_config(run_config)
-        if self.eager is None:
-            return run_config
-        return replace(run_config, callbacks=[*run_config.callbacks, self.eager])
-
-    def result(self, grid: Any, metric: str, mode: str, iterations: int | None) -> SweepResult:
-        result = self.inner.result(grid, metric, mode, iterations)
-        finish(result, self.workload, self.scaling, self.max_iterations, self.eager)
+    def result(self, grid: Any) -> SweepResult:
+        result = self.inner.result(grid)
+        finish(result, self.workload, self.scaling, self.plan.max_iterations, self.eager)
         return result

@@ -5,7 +5,7 @@ with its key path and line number instead of deep inside Ray.
 
 Example::
 
-    spec = load_sweep("configs/quickstart.yaml", execute=False).spec   # hpo.sweep_file
+    spec = load_sweep("configs/quickstart.yaml", execute=False).spec   # hpo.config.sweep_file
     spec.parameters["lr"].distribution   # 'log_uniform_values'
 """
 
@@ -19,8 +19,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hpo.errors import ConfigIssue, SweepConfigError
-from hpo.logging_callbacks import MODELS_BY_PATH as LOGGING_MODELS, LoggingSpec
+from hpo.config.errors import ConfigIssue, SweepConfigError
+from hpo.config.logging_spec import MODELS_BY_PATH as LOGGING_MODELS, LoggingSpec
 from hpo.scaling._config import ScalingConfig
 
 METHODS = ("random", "grid", "tpe", "optuna", "bayes")
@@ -232,6 +232,13 @@ class FusionConfig(_Strict):
         return value
 
 
+
+def fused_placement(fusion: FusionConfig | None) -> Literal["device", "bubbles"] | None:
+    """Where a sweep's fused groups train, or None for a sweep that is not fused (no `fusion:`
+    block, or `enabled: false`): the one reading of the block that every question of mode asks."""
+    return fusion.placement if fusion is not None and fusion.enabled else None
+
+
 class CheckpointPolicy(_Strict):
     """How often a trial's state is persisted: after a crash a trial loses at most `every`
     iterations, and `at_end` keeps the final state (the one a user deploys or transfers). The
@@ -330,7 +337,7 @@ class SweepSpec(_Strict):
 
     @classmethod
     def from_source(cls, source: "LineNumbered") -> "SweepSpec":
-        """The spec a parsed sweep file (`hpo.sweep_file.YamlSource`) holds; every error names its line."""
+        """The spec a parsed sweep file (`hpo.config.sweep_file.YamlSource`) holds; every error names its line."""
         data = source.data
         if not isinstance(data, dict):
             raise SweepConfigError([ConfigIssue("", "a sweep file must be a mapping of keys", 1)], source.name)
@@ -343,7 +350,7 @@ class SweepSpec(_Strict):
 
 
 class LineNumbered(Protocol):
-    """A parsed file that knows the line of each key path (`hpo.sweep_file.YamlSource`)."""
+    """A parsed file that knows the line of each key path (`hpo.config.sweep_file.YamlSource`)."""
 
     name: str
     data: Any

@@ -21,7 +21,7 @@ from typing import Any
 from ray.tune.search import Searcher
 from ray.tune.search.variant_generator import generate_variants
 
-from hpo.fused_members import MemberBook, member_ids
+from hpo.engines.fused.members import MemberBook, member_ids
 
 #: The key of a group trial's config that lists its members' configs.
 MEMBERS_KEY = "members"
@@ -88,6 +88,9 @@ class GroupSearcher(Searcher):
         self.inner_finished = False
         self.told: set[str] = set()  # members whose end the inner searcher has heard of
         self.draw_of: dict[str, str] = {}  # member id -> the id the inner searcher knows it by
+        # Tune hands a searcher the search space only with a non-empty param_space, and its own is
+        # empty (groups are suggested whole): the user's searcher gets the real space here.
+        self.set_search_properties(metric, mode, {})
 
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
         self._metric, self._mode = metric or self._metric, mode or self._mode

@@ -10,7 +10,7 @@ would otherwise make every later walk of the data exponential) or refer to thems
 keeps its line, so every error names it.
 
 The dry run describes the search the user wrote (inclusive bounds, grid sizes, the searcher and
-scheduler `hpo.sweep` will build), never Tune's internal domains, and so needs no Ray.
+scheduler `hpo.tuner.sweep` will build), never Tune's internal domains, and so needs no Ray.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from hpo.errors import ConfigIssue, SweepConfigError
-from hpo.spec import ParameterSpec, SweepSpec
-from hpo.trainables import TrainableNotFound, TrainableSource, found_in, locate_trainable, resolve_trainable
+from hpo.config.errors import ConfigIssue, SweepConfigError
+from hpo.config.spec import ParameterSpec, SweepSpec, fused_placement
+from hpo.config.trainable_lookup import TrainableNotFound, TrainableSource, found_in, locate_trainable, resolve_trainable
 
 #: Values (scalars, lists and mappings) a sweep file may expand to once aliases are followed.
 #: Real sweeps have a few hundred; the bound only stops alias bombs.
@@ -360,16 +360,16 @@ def _number(value: float | None) -> str:
 
 
 def describe_searcher(spec: SweepSpec) -> str:
-    """What `hpo.sweep.build_searcher` builds, in words."""
+    """What `hpo.tuner.sweep.build_searcher` builds, in words."""
     if spec.searcher_kind == "tpe":
-        fused = spec.fusion is not None and spec.fusion.enabled
+        fused = fused_placement(spec.fusion) is not None
         limit = f", at most {spec.max_concurrent_trials} at once" if spec.max_concurrent_trials and not fused else ""
         return f"OptunaSearch (TPE, {spec.tpe_startup_trials} random start-up trials{limit})"
     return f"BasicVariantGenerator ({spec.searcher_kind})"
 
 
 def describe_scheduler(spec: SweepSpec) -> str:
-    """What `hpo.sweep.build_scheduler` builds, in words."""
+    """What `hpo.tuner.sweep.build_scheduler` builds, in words."""
     terminate = spec.early_terminate
     if terminate is None:
         return "FIFOScheduler (every trial runs to max_iterations)"

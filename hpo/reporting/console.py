@@ -1,8 +1,8 @@
 """What `hpo run` and `hpo.run` print around a sweep: Tune's own console output kept off, and the
 report at its end (the table, the best configuration, the files, and what went wrong).
 
-Both print the same: `hpo.progress.ProgressCallback`'s lines while the sweep runs,
-`hpo.trial_errors.TrialErrorCallback`'s for a failed trial, then `report`. Tune's status tables,
+Both print the same: `hpo.reporting.progress.ProgressCallback`'s lines while the sweep runs,
+`hpo.reporting.trial_errors.TrialErrorCallback`'s for a failed trial, then `report`. Tune's status tables,
 its per-failure Ray tracebacks, its "Trials did not complete" line, its warnings about how often it
 saves the experiment state, and Optuna's warning that a resumed trial reported an iteration again
 (Optuna keeps the first value) would bury those lines, so `quiet_tune` keeps them off.

@@ -1,0 +1,93 @@
+"""The sweep file's `logging:` block: TensorBoard, MLflow and W&B through Ray Tune's own loggers
+(`hpo.reporting.logging_callbacks` builds them).
+
+A YAML sweep gets Tune's logger callbacks from three lines. The libraries are optional
+(`pip install 'hydro-hpo[logging]'`): a block naming one that is missing fails validation, with its
+line, before Ray starts.
+
+Example::
+
+    logging:
+      tensorboard: true                        # event files in every trial folder
+      mlflow: {tracking_uri: sqlite:///mlflow.db}
+      wandb: {project: digits, mode: offline}  # runs/<sweep>/wandb/offline-run-*; `wandb sync` them later
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+
+#: The extra that installs every logging library.
+EXTRA = "hydro-hpo[logging]"
+#: The module each key of the block needs, and the package that installs it.
+LIBRARIES = {"tensorboard": ("tensorboardX", "tensorboardX"), "mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
+
+
+def _require(module: str, package: str) -> None:
+    """A missing library is a config error of the key that asked for it, not an ImportError in Ray."""
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"needs the {package} package, which is not installed: pip install '{EXTRA}'")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MLflowSpec(_Strict):
+    """`MLflowLoggerCallback`'s settings: one MLflow run per trial, in one experiment per sweep."""
+
+    tracking_uri: str | None = None
+    #: Defaults to the sweep's name.
+    experiment_name: str | None = None
+    tags: dict[str, str] | None = None
+    #: Copy each trial's folder (checkpoints included) into the run's artifacts.
+    save_artifact: bool = False
+
+
+class WandbSpec(_Strict):
+    """`WandbLoggerCallback`'s settings: one W&B run per trial, grouped by sweep."""
+
+    #: Defaults to the sweep's name.
+    project: str | None = None
+    entity: str | None = None
+    group: str | None = None
+    mode: Literal["online", "offline", "disabled"] = "online"
+    tags: list[str] | None = None
+    #: Where W&B writes its `wandb/` folder of runs; by default the sweep's folder. (Not the trial
+    #: folders: Tune copies those to storage at checkpoints, and a run W&B finishes after the last
+    #: copy would stay behind in Ray's session directory.)
+    dir: str | None = None
+
+
+class LoggingSpec(_Strict):
+    tensorboard: bool = False
+    mlflow: MLflowSpec | None = None
+    wandb: WandbSpec | None = None
+
+    @field_validator("tensorboard", "mlflow", "wandb")
+    @classmethod
+    def _installed(cls, value: Any, info: ValidationInfo) -> Any:
+        if value:  # `tensorboard: true`, or an `mlflow:` / `wandb:` block
+            _require(*LIBRARIES[info.field_name])
+        return value
+
+
+#: Nested models of the block, by key path in the sweep file (for "unknown key" suggestions).
+MODELS_BY_PATH = {"logging": LoggingSpec, "logging.mlflow": MLflowSpec, "logging.wandb": WandbSpec}
+
+
+def as_logging_spec(block: LoggingSpec | Mapping[str, Any]) -> LoggingSpec:
+    """`hpo.run(logging={...})`: the sweep file's block as a dict, checked as the YAML block is, so a
+    mistyped key fails in one line before Ray starts rather than as a logger error in every trial."""
+    if isinstance(block, LoggingSpec):
+        return block
+    try:
+        return LoggingSpec.model_validate(dict(block))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(["logging", *map(str, error["loc"])])
+        raise ValueError(f"{where}: {error['msg'].removeprefix('Value error, ')}") from None

@@ -1,0 +1,1 @@
+"""A sweep fused into pipeline jobs' bubbles: one light relay Tune trial per configuration."""

@@ -1,0 +1,89 @@
+"""Plain sweeps: every configuration is a Tune trial of its own.
+
+`FunctionEngine` hands Tune the user's function as it is; `WorkloadEngine` trains a `Workload` as
+`hpo.engines.workload_trial` says, with hydro-hpo's checkpoint policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+from ray.tune.schedulers import FIFOScheduler
+
+from hpo.base.checkpointing import checkpoints_to_keep
+from hpo.engines._base import SweepEngine, SweepPlan, TuneRun, workload_run_config, workload_tune_config
+from hpo.reporting.live_results import results_file_callback
+from hpo.reporting.sweep_result import SweepResult
+
+
+class FunctionEngine(SweepEngine):
+    """A function trainable, one Tune trial per configuration: it checkpoints as it likes."""
+
+    def __init__(self, plan: SweepPlan):
+        self.plan = plan
+
+    def start(self, experiment: Path, tune_config: tune.TuneConfig, run_config: tune.RunConfig) -> TuneRun:
+        """The user's function and space as they are; every trial's row in `results.csv` as soon as it ends."""
+        return TuneRun(self._trainable(), dict(self.plan.param_space), self._tune_config(tune_config),
+                       self._run_config(experiment, run_config))
+
+    def _trainable(self) -> Any:
+        return tune.with_resources(self.plan.trainable, dict(self.plan.resources))
+
+    def _tune_config(self, tune_config: tune.TuneConfig) -> tune.TuneConfig:
+        return tune_config
+
+    def _run_config(self, experiment: Path, run_config: tune.RunConfig) -> tune.RunConfig:
+        if not self.plan.metric:
+            return run_config
+        callback = results_file_callback(experiment, self.plan.metric, self.plan.mode, self.plan.iterations)
+        return replace(run_config, callbacks=[*(run_config.callbacks or []), callback])
+
+    def result(self, grid: tune.ResultGrid) -> SweepResult:
+        return SweepResult(grid, self.plan.metric or "", self.plan.mode, self.plan.iterations)
+
+
+class WorkloadEngine(FunctionEngine):
+    """A `Workload`, one Tune trial per configuration: trained to `max_iterations`, its
+    checkpoints written and kept as the sweep's checkpoint policy says."""
+
+    def _trainable(self) -> Any:
+        from hpo.engines.workload_trial import workload_trainable  # torch: only sweeps of a Workload
+
+        plan = self.plan
+        trainable = workload_trainable(
+            plan.trainable, plan.max_iterations, threads=max(1, int(plan.resources.get("cpu", 1))),
+            checkpoint_every=plan.checkpoint.every, checkpoint_at_end=plan.checkpoint.at_end,
+        )
+        return tune.with_resources(trainable, dict(plan.resources))
+
+    def _tune_config(self, tune_config: tune.TuneConfig) -> tune.TuneConfig:
+        return workload_tune_config(tune_config)
+
+    def _run_config(self, experiment: Path, run_config: tune.RunConfig) -> tune.RunConfig:
+        """Checkpoints kept as `checkpoints_to_keep` says, and every trial's row as soon as it ends."""
+        plan = self.plan
+        keep = checkpoints_to_keep(plan.max_iterations, plan.checkpoint.every, plan.checkpoint.at_end)
+        run_config = workload_run_config(run_config, plan.max_iterations)
+        run_config = replace(run_config, checkpoint_config=replace(run_config.checkpoint_config, num_to_keep=keep))
+        return super()._run_config(experiment, run_config)
+
+
+def function_iterations(tune_config: tune.TuneConfig, run_config: tune.RunConfig, max_iterations: int) -> int | None:
+    """Iterations a function's trial that was not stopped early runs; a trial with fewer is `early_stopped`.
+
+    None when nothing says, and when nothing but the function could have ended it sooner (no
+    scheduler that stops trials, no time budget, no other stop key): a function's own loop that
+    ends before `max_iterations` has completed, not stopped early.
+    """
+    stop = run_config.stop
+    if not (isinstance(stop, Mapping) and "training_iteration" in stop):
+        return None
+    scheduler = tune_config.scheduler
+    stoppers = (scheduler is not None and type(scheduler) is not FIFOScheduler  # Tune's stopping ones subclass it
+                or tune_config.time_budget_s is not None or set(stop) != {"training_iteration"})
+    return max_iterations if stoppers else None
