@@ -54,6 +54,7 @@ from fusion.layers import FusionError, describe_error
 from fusion.model import FusedModel
 from fusion.optim import FusedOptimizer
 from hpo.base.hparams import OptimHParams, build_torch_optimizer
+from hpo.base.trial_state import ResumableBatches
 from hpo.base.training import optimizer_step
 from hpo.base.workload import Batch, Workload
 
@@ -117,6 +118,13 @@ def check_initial_states(fused: FusedModel, members: Sequence[nn.Module]) -> Non
         index = next((i for i, t in enumerate(own) if not torch.equal(tensor[i], t)), None)
         if index is not None:
             raise _refusal(f"member {index}'s '{name}' is not its own model's before training", checked="a comparison")
+
+
+def check_batches(workload: Workload, config: Mapping[str, Any]) -> list[Batch]:
+    """The group's first STEPS + 1 batches (the steps' and the probe), read from a stream of the
+    check's own: the trainer's stays where it is."""
+    stream = ResumableBatches.of_workload(workload, config)
+    return [stream.batch(step) for step in range(STEPS + 1)]
 
 
 def verify_fused_training(
