@@ -41,6 +41,7 @@ the member and the first loss, parameter or output that differs, before any real
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -184,9 +185,14 @@ def _float64_copy(model: nn.Module, rows: torch.Tensor | None = None) -> nn.Modu
     """A float64 CPU copy of `model` (of only `rows` of each tensor, if given): its tensors are
     made first and handed to `copy.deepcopy`, which then copies the structure only (not every
     tensor, twice). Parameters keep their attributes (mup's `infshape`, which `MuReadout` reads
-    in `forward`), which `copy.deepcopy` would drop."""
+    in `forward`), which `copy.deepcopy` would drop. A module's empty hook tables (a dozen each)
+    are handed over as new empty ones: `copy.deepcopy` would rebuild each through its pickling
+    protocol, most of the copy's time."""
     memo: dict[int, Any] = {}
     for module in model.modules():
+        for value in vars(module).values():
+            if type(value) in _EMPTY_COPIES and not value:
+                memo.setdefault(id(value), type(value)())
         for table in (module._parameters, module._buffers):
             for tensor in table.values():
                 if tensor is None or id(tensor) in memo:
@@ -199,6 +205,10 @@ def _float64_copy(model: nn.Module, rows: torch.Tensor | None = None) -> nn.Modu
                     value.__dict__.update(tensor.__dict__)
                 memo[id(tensor)] = value
     return copy.deepcopy(model, memo)
+
+
+#: Container types whose empty instances `_float64_copy` copies as new empty ones.
+_EMPTY_COPIES = (OrderedDict, dict, set)
 
 
 def _named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
