@@ -412,7 +412,10 @@ def guard_cost(model: str, members: int, configs: list[dict[str, Any]]) -> dict[
 
     workload, _ = MODELS[model]
     guard_s = [0.0]
-    originals = {name: getattr(trainer_module, name) for name in ("copy_witnesses", "check_initial_states", "verify_fused_training")}
+    originals = {
+        name: getattr(trainer_module, name)
+        for name in ("copy_witnesses", "check_initial_states", "check_batches", "verify_fused_training")
+    }
 
     def clocked(function: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:

@@ -80,7 +80,10 @@ class FusedOptimizer:
         steps: Sequence[int] | None = None,
         weight_decay_multipliers: Sequence[Mapping[str, float]] | None = None,
         eps_multipliers: Sequence[Mapping[str, float]] | None = None,
+        table_steps: int = TABLE_STEPS,
     ):
+        """`table_steps`: the steps the schedule tables first hold (a run that knows it takes only
+        a few steps, the differential guard's, does not compute hundreds per member)."""
         # Frozen parameters stay out of the matrices, as torch.optim never touches them.
         self.names = [name for name, param in params.items() if param.requires_grad]
         if not self.names:
@@ -119,6 +122,7 @@ class FusedOptimizer:
         self._skipped: dict[tuple[bool, ...], torch.Tensor] = {}
         self._stepped: dict[tuple[bool, ...], torch.Tensor] = {}
         self._table_steps = 0
+        self._first_table_steps = table_steps
         self._update = self._device_update
         for i, param in enumerate(self.params):
             param.register_post_accumulate_grad_hook(self._receiver(i))
@@ -251,7 +255,7 @@ class FusedOptimizer:
         needed = max(self.steps) + 2  # the lr at step s and the bias correction at count s + 1
         if needed <= self._table_steps:
             return
-        capacity = max(self._table_steps, TABLE_STEPS)
+        capacity = max(self._table_steps, self._first_table_steps, 1)
         while capacity < needed:
             capacity *= 2
         device = self.params[0].device

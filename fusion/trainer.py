@@ -36,8 +36,7 @@ from torch.nn import functional as F
 from fusion.grouping import FUSIBLE_KEYS, check_fusible
 from fusion.model import FusedModel, build_member, fuse_models
 from fusion.optim import FusedOptimizer
-from fusion.verification import STEPS as VERIFY_STEPS
-from fusion.verification import check_initial_states, choose_witnesses, copy_witnesses, verify_fused_training
+from fusion.verification import check_batches, check_initial_states, choose_witnesses, copy_witnesses, verify_fused_training
 from hpo.base.hparams import OptimHParams
 from hpo.base.training import iteration_result
 from hpo.base.trial_state import ResumableBatches, load_trial_state, save_trial_state, trial_optimizer, trial_state
@@ -128,11 +127,14 @@ class FusedTrainer:
         fused = fuse_models(models, example, strategy)
         if verify:
             check_initial_states(fused, models)
-            # the check trains the witnesses' copies, and reads its own stream: the trainer's stays where it is
-            stream = ResumableBatches.of_workload(workload, first)
-            batches = [stream.batch(step) for step in range(VERIFY_STEPS + 1)]
             verify_fused_training(
-                fused, witnesses, self.hparams, list(zip(multipliers, decay_multipliers)), workload, batches, self.train_step_on
+                fused,
+                witnesses,
+                self.hparams,
+                list(zip(multipliers, decay_multipliers)),
+                workload,
+                check_batches(workload, first),
+                self.train_step_on,
             )
         self.model: FusedModel = fused.to(self.device)
         self.optimizer = FusedOptimizer(

@@ -41,6 +41,7 @@ the member and the first loss, parameter or output that differs, before any real
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -54,6 +55,7 @@ from fusion.layers import FusionError, describe_error
 from fusion.model import FusedModel
 from fusion.optim import FusedOptimizer
 from hpo.base.hparams import OptimHParams, build_torch_optimizer
+from hpo.base.trial_state import ResumableBatches
 from hpo.base.training import optimizer_step
 from hpo.base.workload import Batch, Workload
 
@@ -99,26 +101,31 @@ def choose_witnesses(configs: Sequence[Mapping[str, Any]], hparams: Sequence[Opt
 
 
 def copy_witnesses(models: Sequence[nn.Module], indices: Sequence[int]) -> dict[int, nn.Module]:
-    """Copies of the witnesses' models, taken before fusing consumes them. `copy.deepcopy` makes
-    each parameter anew without its attributes; mup's shapes (`infshape`, which `MuReadout`
-    reads in `forward`) go with the copy."""
-    copies = {}
-    for index in indices:
-        original = models[index]
-        copies[index] = copy.deepcopy(original)
-        for (_, param), (_, copied) in zip(original.named_parameters(), copies[index].named_parameters()):
-            copied.__dict__.update(param.__dict__)
-    return copies
+    """Float64 CPU copies of the witnesses' models, taken before fusing consumes them (made in
+    the check's precision at once: one copy of each tensor, not a copy and then a conversion)."""
+    return {index: _float64_copy(models[index]) for index in indices}
 
 
 def check_initial_states(fused: FusedModel, members: Sequence[nn.Module]) -> None:
-    """Every member's row of `fused` holds its own model's tensors, exactly (right after fusing)."""
+    """Every member's row of `fused` holds its own model's tensors, exactly (right after fusing):
+    each fused tensor against its members' tensors stacked, so the check costs a few operations
+    per tensor, not per member and tensor."""
     rows = {name: t for name, t in fused.module.state_dict().items() if name not in fused.internal_names}
-    for index, member in enumerate(members):
-        own = dict(member.named_parameters(remove_duplicate=False)) | dict(member.named_buffers(remove_duplicate=False))
-        for name, tensor in rows.items():
-            if not torch.equal(tensor[index], own[name].to(tensor.device)):
-                raise _refusal(f"member {index}'s '{name}' is not its own model's before training", checked="a comparison")
+    owns = [_named_tensors(member) for member in members]
+    for name, tensor in rows.items():
+        own = [tensors[name].to(tensor.device) for tensors in owns]
+        if len({t.shape for t in own}) == 1 and torch.equal(tensor, torch.stack(own)):
+            continue
+        index = next((i for i, t in enumerate(own) if not torch.equal(tensor[i], t)), None)
+        if index is not None:
+            raise _refusal(f"member {index}'s '{name}' is not its own model's before training", checked="a comparison")
+
+
+def check_batches(workload: Workload, config: Mapping[str, Any]) -> list[Batch]:
+    """The group's first STEPS + 1 batches (the steps' and the probe), read from a stream of the
+    check's own: the trainer's stays where it is."""
+    stream = ResumableBatches.of_workload(workload, config)
+    return [stream.batch(step) for step in range(STEPS + 1)]
 
 
 def verify_fused_training(
@@ -140,7 +147,7 @@ def verify_fused_training(
     indices = sorted(witnesses)
     with _refusing(f"a check of {steps} float64 steps"), torch.random.fork_rng(devices=[]), _default_dtype(torch.float64):
         fused_copy = _rows_copy(fused, indices)
-        alone = [witnesses[index].cpu().double() for index in indices]
+        alone = [witnesses[index] for index in indices]
         own_hparams = [hparams[index] for index in indices]
         own_multipliers = [multipliers[index] for index in indices]
         data = [(_small(x, samples), _small(y, samples)) for x, y in batches]
@@ -150,6 +157,7 @@ def verify_fused_training(
             own_hparams,
             [lr for lr, _ in own_multipliers],
             weight_decay_multipliers=[decay for _, decay in own_multipliers],
+            table_steps=steps + 1,
         )
         training = not fused.draws_random
         fused_losses = []
@@ -169,18 +177,49 @@ def verify_fused_training(
 
 
 def _rows_copy(fused: FusedModel, rows: Sequence[int]) -> FusedModel:
-    """A float64 CPU copy of `fused` holding only `rows`: its tensors are made first and handed
-    to `copy.deepcopy`, which then copies the structure only (not B rows of every tensor, twice)."""
-    index = torch.as_tensor(list(rows), dtype=torch.long)
+    """A float64 CPU copy of `fused` holding only `rows`."""
+    return _float64_copy(fused, torch.as_tensor(list(rows), dtype=torch.long))
+
+
+def _float64_copy(model: nn.Module, rows: torch.Tensor | None = None) -> nn.Module:
+    """A float64 CPU copy of `model` (of only `rows` of each tensor, if given): its tensors are
+    made first and handed to `copy.deepcopy`, which then copies the structure only (not every
+    tensor, twice). Parameters keep their attributes (mup's `infshape`, which `MuReadout` reads
+    in `forward`), which `copy.deepcopy` would drop. A module's empty hook tables (a dozen each)
+    are handed over as new empty ones: `copy.deepcopy` would rebuild each through its pickling
+    protocol, most of the copy's time."""
     memo: dict[int, Any] = {}
-    for module in fused.modules():
+    for module in model.modules():
+        for value in vars(module).values():
+            if type(value) in _EMPTY_COPIES and not value:
+                memo.setdefault(id(value), type(value)())
         for table in (module._parameters, module._buffers):
             for tensor in table.values():
-                if tensor is not None and id(tensor) not in memo:
-                    value = tensor.detach().cpu()[index]
-                    value = value.double() if value.is_floating_point() else value
-                    memo[id(tensor)] = nn.Parameter(value, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else value
-    return copy.deepcopy(fused, memo)
+                if tensor is None or id(tensor) in memo:
+                    continue
+                value = tensor.detach() if rows is None else tensor.detach()[rows.to(tensor.device)]
+                dtype = torch.float64 if value.is_floating_point() else value.dtype
+                value = value.to(device="cpu", dtype=dtype, copy=rows is None)
+                if isinstance(tensor, nn.Parameter):
+                    value = nn.Parameter(value, tensor.requires_grad)
+                    value.__dict__.update(tensor.__dict__)
+                memo[id(tensor)] = value
+    return copy.deepcopy(model, memo)
+
+
+#: Container types whose empty instances `_float64_copy` copies as new empty ones.
+_EMPTY_COPIES = (OrderedDict, dict, set)
+
+
+def _named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and buffers by every name they have, in one walk of the modules."""
+    return {
+        f"{path}.{name}" if path else name: tensor
+        for path, module in model.named_modules(remove_duplicate=False)
+        for table in (module._parameters, module._buffers)
+        for name, tensor in table.items()
+        if tensor is not None
+    }
 
 
 class _Differs(Exception):
@@ -234,12 +273,13 @@ def _train_alone(
     optimizer = build_torch_optimizer(model.named_parameters(), hp, *multipliers)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, hp.lr_factor)
     run = _AloneRun()
+    named = list(model.named_parameters())
     model.train(training)
     for x, y in data:
         loss = workload.loss(model(x), y)
         optimizer_step(model, optimizer, loss, grad_clip=hp.grad_clip, schedule=schedule)
         run.losses.append(loss.detach())
-        run.received |= {name for name, p in model.named_parameters() if p.grad is not None}
+        run.received |= {name for name, p in named if p.grad is not None}
     return run
 
 

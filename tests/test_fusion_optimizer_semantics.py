@@ -76,14 +76,14 @@ def member_output(params: dict[str, torch.Tensor], i: int, x: torch.Tensor, step
     return out
 
 
-def train_both(optimizer: str, steps: int = 7):
+def train_both(optimizer: str, steps: int = 7, **fused_options):
     hps = hparams(optimizer)
     models = []
     for i in range(MEMBERS):
         torch.manual_seed(i)
         models.append(SometimesUsed().double())
     params = stacked(models)
-    fused = FusedOptimizer(params, hps)
+    fused = FusedOptimizer(params, hps, **fused_options)
     alone = [build_torch_optimizer(m.named_parameters(), hp) for m, hp in zip(models, hps)]
     schedules = [torch.optim.lr_scheduler.LambdaLR(o, hp.lr_factor) for o, hp in zip(alone, hps)]
     generator = torch.Generator().manual_seed(0)
@@ -113,6 +113,15 @@ def test_frozen_unused_and_sometimes_used_parameters_step_exactly_as_torch_optim
     assert torch.equal(params["stem.weight"][0], initial.stem.weight), "the frozen stem moved"
     assert torch.equal(params["unused.weight"][0], initial.unused.weight), "the unused table moved"
     assert "stem.weight" not in fused.names, "a frozen parameter took a place in the optimizer's matrices"
+
+
+def test_schedule_tables_sized_for_fewer_steps_than_training_takes_grow_and_still_step_as_torch_optim():
+    """The guard's optimizer holds its schedule and bias-correction tables for two steps; a run
+    past the end of its tables (here from one step, doubling) steps as torch.optim does."""
+    params, _, models, _ = train_both("adam", table_steps=1)
+    for i, model in enumerate(models):
+        for name, param in model.named_parameters():
+            assert torch.equal(params[name][i], param), f"member {i} {name} differs from torch.optim"
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
