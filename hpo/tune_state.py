@@ -67,3 +67,26 @@ def ended_trials(state_file: Path) -> set[str]:
             or any(not trial_id.end() < status.start() < bound for trial_id, status, bound in zip(ids, statuses, bounds))):
         return {state["trial_id"] for state in trial_states(state_file) if state["status"] in ENDED}
     return {trial_id.group(1) for trial_id, status in zip(ids, statuses) if status.group(1) in ENDED}
+
+
+def trial_configs(state_file: Path, trial_ids: set[str]) -> dict[str, dict[str, Any]]:
+    """The configs the saved state holds for `trial_ids` (those it lists), each decoded from its own
+    trial's state where the text is laid out as Tune writes it (see `ended_trials`); the whole file
+    is parsed where it is not, or where it seems not to list one of them."""
+    text = state_file.read_text()
+    configs: dict[str, dict[str, Any]] = {}
+    decoder = json.JSONDecoder()
+    try:
+        for match in _TOP_LEVEL_ID.finditer(text):
+            if match.group(1) in trial_ids:
+                start = text.rindex('"{\\n', 0, match.end())  # the JSON string holding this trial's state
+                state = json.loads(decoder.raw_decode(text, start)[0])
+                if state["trial_id"] != match.group(1):
+                    raise ValueError("not laid out as expected")
+                configs[state["trial_id"]] = dict(state.get("config") or {})
+        if len(configs) == len(trial_ids) and _WHOLE_FILE_END.search(text[-4096:]):
+            return configs
+    except DAMAGED:
+        pass
+    states = trial_states(state_file)
+    return {str(state["trial_id"]): dict(state.get("config") or {}) for state in states if str(state["trial_id"]) in trial_ids}

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpo.tune_state import DAMAGED, ended_trials, newest_state, trial_entries, trial_states
+from hpo.tune_state import DAMAGED, ended_trials, newest_state, trial_configs, trial_entries, trial_states
 
 
 def test_the_newest_state_is_read_whichever_layout_its_trials_have(tmp_path):
@@ -47,16 +47,19 @@ configs = st.dictionaries(st.text(max_size=12), st.one_of(st.text(max_size=40), 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.from_regex(r"[a-f0-9]{5}_[0-9]{5}", fullmatch=True), configs, statuses), max_size=6))
-def test_the_ended_trials_read_from_the_text_are_those_the_parsed_state_holds(tmp_path_factory, trials):
+def test_the_ended_trials_and_configs_read_from_the_text_are_those_the_parsed_state_holds(tmp_path_factory, trials):
     state = tmp_path_factory.mktemp("run") / "experiment_state-2026-01-01_00-00-00.json"
     state.write_text(tune_layout(trials))
     assert ended_trials(state) == {t["trial_id"] for t in trial_states(state) if t["status"] in ("TERMINATED", "ERROR")}
+    asked = {trial_id for trial_id, _, status in trials if status == "PENDING"}
+    assert trial_configs(state, asked) == {t["trial_id"]: t["config"] for t in trial_states(state) if t["trial_id"] in asked}
 
 
 def test_a_state_laid_out_otherwise_is_parsed_whole_and_a_torn_one_raises(tmp_path):
     state = tmp_path / "experiment_state-2026-01-01_00-00-00.json"
     state.write_text(json.dumps({"trial_data": [json.dumps({"trial_id": "a", "status": "ERROR"})], "stats": {}}))
     assert ended_trials(state) == {"a"}  # no indentation: nothing for the text reader to go by
+    assert trial_configs(state, {"a"}) == {"a": {}}
     whole = tune_layout([("a", {}, "TERMINATED"), ("b", {}, "TERMINATED")])
     state.write_text(whole[: whole.index('\\"b\\"') + 20])  # cut inside the second trial's state
     with pytest.raises(DAMAGED):
