@@ -16,8 +16,9 @@ its first and its last end; the first decile counts from `fit`), driver CPU per 
 every thread of the driver), the driver's bytes written (`write_bytes`: what reached the block
 layer, and `wchar`: what went through write calls), the driver's peak RSS and its growth per trial
 (end of the sweep minus start, over the trials; and from the end of the first decile of trials to
-the last trial's end, which leaves out what is loaded once and the results built at the end), `results.csv` rows and the best configuration
-(the same seed gives Tune and hpo the same configurations). Before a row is timed, its driver runs
+the last trial's end, which leaves out what is loaded once and the results built at the end),
+`results.csv` rows and the best configuration (the same seed gives Tune and hpo the same
+configurations). Before a row is timed, its driver runs
 one untimed one-trial Tune run (what a process's first Tune run imports) and waits `RAY_SETTLE_S`.
 The storage folder is on disk (`--storage`, default a temporary folder under the checkout), not
 tmpfs, so bytes written are real.
