@@ -200,7 +200,9 @@ def run_row(kind: str, size: int, args: argparse.Namespace, storage: str) -> dic
                                  search_alg=BasicVariantGenerator(random_state=SEED),
                                  storage_path=storage, name=name, callbacks=[probe.callback])
                 results_file, best_config = result.paths["results"], result.best_config
-        row = probe.report(size)
+        # per trial that ended: a row stopped early (Ctrl-C) reports what it measured, not a share of the plan
+        row = probe.report(max(len(probe.callback.ends), 1))
+        row["trials_planned"] = size
         # read after the probe: the benchmark's own reading is not the driver's growth
         row["results_csv_rows"] = len(pd.read_csv(results_file)) if results_file else None
         row["best_config"] = {key: round(value, 12) for key, value in best_config.items()}
