@@ -15,8 +15,10 @@ For each row: trials/s per decile of the sweep's trials (a decile's trials over 
 its first and its last end; the first decile counts from `fit`), driver CPU per trial (user + system,
 every thread of the driver), the driver's bytes written (`write_bytes`: what reached the block
 layer, and `wchar`: what went through write calls), the driver's peak RSS and its growth per trial
-(end of the sweep minus start, over the trials), `results.csv` rows and the best configuration
-(the same seed gives Tune and hpo the same configurations). Before a row is timed, its driver runs
+(end of the sweep minus start, over the trials; and from the end of the first decile of trials to
+the last trial's end, which leaves out what is loaded once and the results built at the end),
+`results.csv` rows and the best configuration (the same seed gives Tune and hpo the same
+configurations). Before a row is timed, its driver runs
 one untimed one-trial Tune run (what a process's first Tune run imports) and waits `RAY_SETTLE_S`.
 The storage folder is on disk (`--storage`, default a temporary folder under the checkout), not
 tmpfs, so bytes written are real.
@@ -84,11 +86,11 @@ class DriverProbe:
 
             def __init__(self) -> None:
                 self.ends: list[float] = []
-                self.rss_at_last_end = 0
+                self.rss_at_ends: list[int] = []
 
             def on_trial_complete(self, iteration, trials, trial, **info):
                 self.ends.append(time.perf_counter())
-                self.rss_at_last_end = psutil.Process().memory_info().rss
+                self.rss_at_ends.append(psutil.Process().memory_info().rss)
 
             def on_trial_error(self, iteration, trials, trial, **info):
                 self.on_trial_complete(iteration, trials, trial)
@@ -129,6 +131,9 @@ class DriverProbe:
             per = len(ends) / 10
             deciles = [round(per / max(bounds[k + 1] - bounds[k], 1e-9), 2) for k in range(10)]
         seconds = self.end - self.start
+        rss = self.callback.rss_at_ends  # in the order trials ended; empty for a fused sweep's members
+        at = [round(len(rss) * k / 10) - 1 for k in range(1, 11)] if len(rss) >= 10 else []
+        rss_deciles = [rss[index] for index in at]
         return {
             "seconds": round(seconds, 2),
             "trials": trials,
@@ -141,7 +146,12 @@ class DriverProbe:
             "driver_wchar": self.wchar,
             "driver_peak_rss_mb": round(self.peak_rss / 1024**2, 1),
             "driver_rss_growth_kb_per_trial": round((self.rss1 - self.rss0) / 1024 / trials, 1),
-            "driver_rss_growth_until_last_end_kb_per_trial": round((self.callback.rss_at_last_end - self.rss0) / 1024 / trials, 1),
+            "driver_rss_growth_until_last_end_kb_per_trial": round((rss[-1] - self.rss0) / 1024 / trials, 1) if rss else None,
+            # the sweep's own growth: from the end of its first decile to its last trial's end, so
+            # neither what the first trials load once nor the results built after the last count
+            "driver_rss_growth_deciles_2_to_10_kb_per_trial":
+                round((rss_deciles[-1] - rss_deciles[0]) / 1024 / (at[-1] - at[0]), 1) if at else None,
+            "driver_rss_mb_by_decile": [round(value / 1024**2, 1) for value in rss_deciles],
         }
 
 
@@ -184,14 +194,17 @@ def run_row(kind: str, size: int, args: argparse.Namespace, storage: str) -> dic
                     run_config=tune.RunConfig(name=name, storage_path=storage, verbose=0, callbacks=[probe.callback]),
                 ).fit()
                 best = grid.get_best_result("score", "min")
-                rows, best_config = None, best.config
+                results_file, best_config = None, best.config
             else:
                 result = hpo.run(trivial, config=trivial_space(), **common,
                                  search_alg=BasicVariantGenerator(random_state=SEED),
                                  storage_path=storage, name=name, callbacks=[probe.callback])
-                rows, best_config = len(pd.read_csv(result.paths["results"])), result.best_config
-        row = probe.report(size)
-        row["results_csv_rows"] = rows
+                results_file, best_config = result.paths["results"], result.best_config
+        # per trial that ended: a row stopped early (Ctrl-C) reports what it measured, not a share of the plan
+        row = probe.report(max(len(probe.callback.ends), 1))
+        row["trials_planned"] = size
+        # read after the probe: the benchmark's own reading is not the driver's growth
+        row["results_csv_rows"] = len(pd.read_csv(results_file)) if results_file else None
         row["best_config"] = {key: round(value, 12) for key, value in best_config.items()}
         return row
 

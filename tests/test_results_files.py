@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 
 import pandas as pd
 import pytest
 
 from hpo.cli import EXIT_BAD_INPUT, main
+from hpo.reporting.tune_state import newest_state
 from hpo.reporting.live_results import SavedRunState
 from hpo.reporting.rebuild import records_from_trial_dirs
 from hpo.reporting.results_files import RESULTS_FILE, SUMMARY_FILE, TrialRecord, best_record, write_run_files
@@ -85,6 +87,25 @@ def test_saved_run_state_sees_each_save_and_the_newest_session_at_a_sweeps_end(t
     write_state(tmp_path, "2026-02-01_00-00-00", ["t2"])  # a resumed run's own state
     assert saved.ended() == {"old", "t1"}  # not listed yet
     assert saved.ended(relist=True) == {"t2"}
+
+
+def test_saved_run_state_stops_listing_the_folder_once_this_runs_own_state_is_read(tmp_path, monkeypatch):
+    import hpo.reporting.live_results as live_results
+
+    listings = []
+    monkeypatch.setattr(live_results, "newest_state", lambda path: listings.append(path) or newest_state(path))
+    write_state(tmp_path, "2026-01-01_00-00-00", ["old"])  # an earlier run's state: the folder is listed again
+    saved = SavedRunState(tmp_path)
+    assert saved.ended(relist=True) == {"old"} and saved.ended(relist=True) == {"old"}
+    assert len(listings) == 2
+    own = tmp_path / "experiment_state-2026-02-01_00-00-00.json"
+    write_state(tmp_path, "2026-02-01_00-00-00", ["t1"])  # this run's own, written after the reader began
+    os.utime(own, ns=(time.time_ns(), time.time_ns()))  # the file system's clock may lag the reader's
+    assert saved.ended(relist=True) == {"t1"}
+    write_state(tmp_path, "2026-02-01_00-00-00", ["t1", "t2"])
+    os.utime(own, ns=(time.time_ns() + 10**9,) * 2)
+    assert saved.ended(relist=True) == {"t1", "t2"}  # read again as it changes, without a listing
+    assert len(listings) == 3
 
 
 def stored_run(tmp_path, trials=2):

@@ -9,37 +9,40 @@ from pathlib import Path
 from typing import Any
 
 from hpo.reporting.results_files import record_from_trial, write_run_files
-from hpo.reporting.tune_state import DAMAGED, newest_state, trial_states
+from hpo.reporting.tune_state import DAMAGED, ended_trials, newest_state
 
 
 class SavedRunState:
     """Which trials Tune's newest saved run state (`experiment_state-*.json`) holds as ended: the
     trials a resumed run will not run again. The file is read again only when it changes, and the
-    folder listed at most every `LIST_EVERY_S`: Tune saves its state once a second at most
-    (`hpo.tuner.tuner.Tuner._save_period`), while its controller steps (and asks) hundreds of times a second, and listing a sweep's folder each time
-    cost 0.2 s of a 64-trial sweep's driver."""
+    folder listed at most every `LIST_EVERY_S` until this run's own state file is found: Tune's
+    controller steps (and asks) hundreds of times a second, and a 10,000-trial sweep's folder has
+    10,000 entries. Tune saves one file per run (`experiment_state-<run start>.json`), so the first
+    one written since this reader began stays the newest until the run ends."""
 
     LIST_EVERY_S = 0.25
 
     def __init__(self, experiment: Path):
         self.experiment = experiment
+        self._began_ns = time.time_ns()
         self._newest: Path | None = None  # the newest state file at the last listing
+        self._own = False  # whether `_newest` is this run's own file: no listing is needed any more
         self._listed_at = -math.inf
         self._seen: tuple = ()  # (path, mtime_ns) of the state file last read
         self._ended: set[str] = set()
 
     def ended(self, relist: bool = False) -> set[str]:
-        """`relist` lists the folder now: at a sweep's end, when Tune has just saved its last state."""
+        """`relist` lists the folder now (unless this run's file is known): at a sweep's end, when
+        Tune has just saved its last state."""
         now = time.monotonic()
-        if relist or self._newest is None or now - self._listed_at >= self.LIST_EVERY_S:
+        if not self._own and (relist or self._newest is None or now - self._listed_at >= self.LIST_EVERY_S):
             self._newest, self._listed_at = newest_state(self.experiment), now
         newest = self._newest
         try:
             seen = (newest, newest.stat().st_mtime_ns) if newest else ()
             if seen and seen != self._seen:
-                states = trial_states(newest)
-                ended = {state["trial_id"] for state in states if state["status"] in ("TERMINATED", "ERROR")}
-                self._seen, self._ended = seen, ended
+                self._seen, self._ended = seen, ended_trials(newest)
+                self._own = seen[1] >= self._began_ns
         except DAMAGED:
             pass  # being replaced, or damaged: read it again at the next step
         return self._ended

@@ -28,15 +28,14 @@ from hpo.reporting.results_files import (
     summary_table,
     write_run_files,
 )
-from hpo.reporting.tune_state import DAMAGED, newest_state, trial_states
+from hpo.reporting.tune_state import DAMAGED, newest_state, trial_configs
 
 
-def saved_configs(experiment: Path) -> dict[str, dict[str, Any]]:
-    """Each trial's config in Tune's newest saved run state (empty if there is none or it is damaged)."""
+def saved_configs(experiment: Path, trial_ids: set[str]) -> dict[str, dict[str, Any]]:
+    """The configs of `trial_ids` in Tune's newest saved run state (empty if there is none or it is damaged)."""
     newest = newest_state(experiment)
     try:
-        trials = trial_states(newest) if newest else []
-        return {str(trial["trial_id"]): dict(trial.get("config") or {}) for trial in trials}
+        return trial_configs(newest, trial_ids) if newest else {}
     except DAMAGED:
         return {}
 
@@ -74,7 +73,7 @@ class SweepResult:
                 record.history = result
         if result_grid is not None and any(not record.config for record in self.records):
             # Tune's result of a trial that never reported holds no config; its saved state does.
-            configs = saved_configs(Path(self.experiment_path))
+            configs = saved_configs(Path(self.experiment_path), {r.trial_id for r in self.records if not r.config})
             for record in self.records:
                 record.config = record.config or configs.get(record.trial_id, {})
         #: Stopped (Ctrl-C, SIGUSR1) before every Tune trial ended; `--resume` goes on (`stopped_early`).
