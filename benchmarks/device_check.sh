@@ -9,8 +9,9 @@
 # On a bare GPU machine it first installs what is missing from wheels carried with the working
 # tree (shared/wheels/ or wheels/), with no index and no network: pip install --no-index.
 # JSON goes to $OUT when set, else to benchmarks/results/:
-#   device_check_<device>.json   commit, device, torch, the pytest outcome and every row
-#                                (fused/serial step ms, launches per step, TFLOP/s on CUDA)
+#   device_check_<device>.json        commit, device, torch, the pytest outcome and every row
+#                                     (fused/serial step ms, launches per step, TFLOP/s on CUDA)
+#   device_check_<device>_w<W>.json   each width's benchmark, written as soon as it is done
 # Full run: the MLP and the char-GPT proxy at width 64 and 512, 6 layers, B = 1, 16, 64, 128,
 # fp32 and bf16, --compile off,graphs (side by side). --quick: width 32, 2 layers, B = 1, 2, fp32, 2 steps.
 set -euo pipefail
@@ -55,14 +56,15 @@ pythonpath="$repo"
 pytest_status=skipped
 if [ "$device" = cuda ]; then
     # The project's addopts name a plugin the GPU machine lacks (pytest-instafail).
-    if PYTHONPATH="$pythonpath" "$python" -m pytest -q -o addopts="" -p no:cacheprovider -m cuda tests >"$work/pytest.log" 2>&1; then pytest_status=passed; else pytest_status=failed; fi
-    tail -3 "$work/pytest.log"
+    if PYTHONPATH="$pythonpath" timeout 240 "$python" -m pytest -q -o addopts="" -p no:cacheprovider -m cuda tests >"$out/device_check_pytest_${device}.log" 2>&1; then pytest_status=passed; else pytest_status=failed; fi
+    tail -15 "$out/device_check_pytest_${device}.log"
 fi
 
 runs=()
 for width in $widths; do
     # the paths side by side: timed in the same rounds, one row each
-    json="$work/fusion_${width}.json"
+    # beside the summary, so the widths already run survive a run cut short by its time limit
+    json="$out/device_check_${device}_w${width}.json"
     PYTHONPATH="$pythonpath" "$python" benchmarks/fusion_throughput.py --device "$device" --models mlp,char_gpt \
         --width "$width" --members "$members" --dtypes "$dtypes" --compile "$modes" --no-concurrent "${extra[@]}" --json "$json"
     runs+=("$json")
