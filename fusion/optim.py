@@ -57,6 +57,7 @@ import torch
 # such views do not match its preferred layout is about speed, not correctness.
 warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
 
+from fusion.compiled import compile_method
 from hpo.base.hparams import OptimHParams
 
 #: Steps the schedule and bias-correction tables first hold; they double when training reaches them.
@@ -273,7 +274,7 @@ class FusedOptimizer:
     def compile_update(self, **options: Any) -> None:
         """Run the update's arithmetic as one `torch.compile(fullgraph=True, **options)` graph
         (e.g. `mode="reduce-overhead"` for CUDA graphs of inductor's kernels)."""
-        self._update = torch.compile(self._device_update, fullgraph=True, **options)
+        self._update = compile_method(self._device_update, fullgraph=True, **options)
         self._mark_static()
 
     def _mark_static(self) -> None:

@@ -33,6 +33,7 @@ import torch
 from torch.func import vmap
 from torch.nn import functional as F
 
+from fusion.compiled import compile_method
 from fusion.grouping import FUSIBLE_KEYS, check_fusible
 from fusion.model import FusedModel, build_member, fuse_models
 from fusion.optim import FusedOptimizer
@@ -150,7 +151,7 @@ class FusedTrainer:
         self._forward_loss = self.forward_loss
         if self.compile_path != "off":
             mode = "reduce-overhead" if self.compile_path == "graphs" else None
-            self._forward_loss = torch.compile(self.forward_loss, fullgraph=True, mode=mode)
+            self._forward_loss = compile_method(self.forward_loss, fullgraph=True, mode=mode)
             if self.compile_path == "graphs":
                 self._forward_loss = _graph_step(self._forward_loss)
             self.optimizer.compile_update(mode=mode)

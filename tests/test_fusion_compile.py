@@ -18,6 +18,7 @@ import torch
 from examples.char_gpt import workload as char_gpt
 from examples.mlp_digits import workload as mlp_digits
 from fusion import FusedOptimizer, FusedTrainer, fuse_models
+from fusion.compiled import compile_method
 from fusion.model import build_member
 from hpo.base.hparams import OptimHParams
 from tests.fusion_zoo import ZOO, loss
@@ -51,6 +52,26 @@ def test_auto_is_eager_on_cpu():
     trainer = FusedTrainer(mlp_digits, [{**WORKLOADS["mlp"][1], **c} for c in CONFIGS], verify=False)
     assert trainer.compile_path == "off"
     assert trainer._forward_loss == trainer.forward_loss
+
+
+class _Scaled:
+    def __init__(self, width: int):
+        self.weight = torch.ones(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * self.weight).sum()
+
+
+def test_each_object_compiles_its_method_into_a_cache_of_its_own(monkeypatch):
+    # A process trains groups one after another (a reused actor, a repacked group of another
+    # size, fp32 then bf16): with one shared cache, fullgraph's recompile limit ends the run.
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    shared = [torch.compile(_Scaled(w).forward, fullgraph=True, backend="eager") for w in (2, 3)]
+    shared[0](torch.ones(2))
+    with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+        shared[1](torch.ones(3))
+    own = [compile_method(_Scaled(w).forward, fullgraph=True, backend="eager") for w in (2, 3, 4)]
+    assert [float(step(torch.ones(w))) for step, w in zip(own, (2, 3, 4))] == [2.0, 3.0, 4.0]
 
 
 def float64_group(build, configs, example):
@@ -141,3 +162,22 @@ def test_the_compiled_update_skips_and_counts_parameters_as_the_eager_one():
     for name, tensor in eager.items():
         torch.testing.assert_close(compiled[name], tensor, rtol=1e-9, atol=0, msg=name)
     assert torch.equal(compiled_optimizer.param_steps, eager_optimizer.param_steps)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_the_graphed_step_trains_as_the_eager_one_on_cuda_for_groups_of_every_size_and_dtype(name, monkeypatch):
+    # As a long-lived actor or the benchmark does: groups of several sizes, fp32 then bf16, in one
+    # process, each compiled in a cache of its own (a limit of 1 shows it). Each graphed step
+    # returns its own step's losses (a replay reuses its output buffers) and trains as the eager
+    # one within the zoo's float32 tolerance (bf16: within bf16's rounding).
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    workload, base = WORKLOADS[name]
+    for dtype, tolerance in (("fp32", 5e-4), ("bf16", 5e-2)):
+        for members in (2, 3):
+            configs = [{**base, **CONFIGS[i % 2], "seed": i} for i in range(members)]
+            trainers = [FusedTrainer(workload, configs, device="cuda", dtype=dtype, verify=False, compile=mode) for mode in ("off", "graphs")]
+            eager, graphed = (torch.stack([t.train_step(*t.batches.batch(step)) for step in range(4)]) for t in trainers)
+            assert not torch.equal(graphed[0], graphed[-1]), "every step returned the same buffer"
+            torch.testing.assert_close(graphed, eager, rtol=tolerance, atol=1e-5)
