@@ -44,7 +44,7 @@ done
 if [ "$quick" = 1 ]; then
     widths="32"; members="1,2"; extra=(--layers 2 --block 16 --batch 8 --steps 2 --repeats 1 --serial-cap 1); dtypes="fp32"; modes="off"
 else
-    widths="64 512"; members="1,16,64,128"; extra=(--layers 6 --steps 10 --repeats 3); dtypes="fp32,bf16"; modes="off,graphs"
+    widths="64 512"; members="1,16,64,128"; extra=(--layers 6 --steps 10 --repeats 2 --serial-cap 2); dtypes="fp32,bf16"; modes="off,graphs"
 fi
 [ "$device" = cpu ] && [ "$quick" = 0 ] && dtypes="fp32" && modes="off,inductor"
 
