@@ -62,10 +62,10 @@ class _Scaled:
         return (x * self.weight).sum()
 
 
-def test_each_object_compiles_its_method_into_a_cache_of_its_own(monkeypatch):
+@torch._dynamo.config.patch(recompile_limit=1)  # monkeypatch's undo left the config without the key: later compiles failed
+def test_each_object_compiles_its_method_into_a_cache_of_its_own():
     # A process trains groups one after another (a reused actor, a repacked group of another
     # size, fp32 then bf16): with one shared cache, fullgraph's recompile limit ends the run.
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     shared = [torch.compile(_Scaled(w).forward, fullgraph=True, backend="eager") for w in (2, 3)]
     shared[0](torch.ones(2))
     with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
