@@ -167,12 +167,12 @@ def test_the_compiled_update_skips_and_counts_parameters_as_the_eager_one():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
-def test_the_graphed_step_trains_as_the_eager_one_on_cuda_for_groups_of_two_sizes_and_dtypes(name, monkeypatch):
+@torch._dynamo.config.patch(recompile_limit=1)
+def test_the_graphed_step_trains_as_the_eager_one_on_cuda_for_groups_of_two_sizes_and_dtypes(name):
     # As a long-lived actor or the benchmark does: groups of two sizes, fp32 then bf16, in one
     # process, each compiled in a cache of its own (a limit of 1 shows it). Each graphed step
     # returns its own step's losses (a replay reuses its output buffers) and trains as the eager
     # one within the zoo's float32 tolerance (bf16: within bf16's rounding).
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     workload, base = WORKLOADS[name]
     for dtype, tolerance, members in (("fp32", 5e-4, 2), ("bf16", 5e-2, 3)):
         configs = [{**base, **CONFIGS[i % 2], "seed": i} for i in range(members)]
