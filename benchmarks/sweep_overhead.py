@@ -105,7 +105,7 @@ def in_process(lrs: list[float], iterations: int) -> dict[str, Any]:
     from hpo.config.trainable_lookup import resolve_trainable
     from hpo.base.training import TrialTrainer
 
-    workload = resolve_trainable("mlp_digits")
+    workload = resolve_trainable("mlp_digits").obj
     torch.set_num_threads(1)
     start = time.perf_counter()
     best: tuple[float, float] | None = None
@@ -161,7 +161,7 @@ def plain_tune(lrs: list[float], iterations: int, storage: str) -> dict[str, Any
         from hpo.base.training import TrialTrainer
 
         torch.set_num_threads(1)
-        trainer = TrialTrainer(resolve_trainable("mlp_digits"), config)
+        trainer = TrialTrainer(resolve_trainable("mlp_digits").obj, config)
         for _ in range(iterations):
             tune.report(trainer.train_iteration())
 

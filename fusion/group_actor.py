@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fusion.trainer import FusedTrainer
@@ -102,22 +103,29 @@ class MemberRelay:
         """Hook for subclasses that start work once the actor's event loop runs."""
 
 
-def group_trainer(
-    workload: Workload,
-    configs: Sequence[Mapping[str, Any]],
-    member_ids: Sequence[Hashable],
-    states: Sequence[bytes | None],
-    device: Any,
-    dtype: str,
-    verify: bool = True,
-) -> FusedTrainer:
-    """A group of fresh members, or of members resuming from their checkpoints (bytes)."""
-    if any(state is not None for state in states):
-        return FusedTrainer.from_member_states(
-            workload, configs, [trial_state_from_bytes(s) for s in states], member_ids=member_ids,
-            device=device, dtype=dtype, verify=verify,
-        )
-    return FusedTrainer(workload, configs, member_ids=member_ids, device=device, dtype=dtype, verify=verify)
+@dataclass(frozen=True)
+class GroupAssignment:
+    """A fused group as whoever trains it next needs it: its members (configs, ids, and the
+    checkpoints they resume from, None for a fresh member) and how it trains. The actor that holds
+    the group hands one to each stage or idle GPU that takes the group over."""
+
+    workload: Workload
+    configs: Sequence[Mapping[str, Any]]
+    member_ids: Sequence[Hashable]
+    states: Sequence[bytes | None]
+    max_iterations: int
+    dtype: str = "fp32"
+    verify: bool = True
+
+    def trainer(self, device: Any) -> FusedTrainer:
+        """A group of fresh members, or of members resuming from their checkpoints."""
+        if any(state is not None for state in self.states):
+            return FusedTrainer.from_member_states(
+                self.workload, self.configs, [trial_state_from_bytes(s) for s in self.states],
+                member_ids=self.member_ids, device=device, dtype=self.dtype, verify=self.verify,
+            )
+        return FusedTrainer(self.workload, self.configs, member_ids=self.member_ids, device=device,
+                            dtype=self.dtype, verify=self.verify)
 
 
 def member_results(

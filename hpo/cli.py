@@ -151,7 +151,7 @@ def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
     import ray
     from ray.exceptions import RuntimeEnvSetupError
 
-    from hpo.base.ray_runtime import code_runtime_env, ensure_ray
+    from hpo.base.ray_runtime import ensure_ray
     from hpo.reporting.trial_output import quiet_ray_on_workers
 
     quiet_ray_on_workers()  # Tune's INFO lines stay off the console among the trials' prints
@@ -159,9 +159,8 @@ def _start_ray(loaded, address: str | None, dashboard: bool = False) -> None:
     # starts): the local Ray's workers read this level when they start
     os.environ.setdefault("RAY_LOGGER_LEVEL", "warning")
     folder = loaded.code_folder
-    code = code_runtime_env(folder, exclude=[loaded.storage]) if folder is not None else None
     try:
-        ensure_ray(address=address, dashboard=dashboard, runtime_env=code)
+        ensure_ray(address=address, dashboard=dashboard, code_folder=folder, exclude=[loaded.storage])
     except RuntimeEnvSetupError as exc:
         ray.shutdown()  # the local Ray had started; its agents would otherwise linger
         reason = str(exc.__cause__ or exc).strip().splitlines()[-1]
@@ -258,7 +257,7 @@ def _cmd_coord_check(args: argparse.Namespace) -> int:
     from hpo.base.workload import Workload
 
     try:  # a module in the current folder is importable, as it is for `python -m`
-        workload = resolve_trainable(args.trainable, search_dir=Path.cwd(), for_ray=False)
+        workload = resolve_trainable(args.trainable, search_dir=Path.cwd(), for_ray=False).obj
     except TrainableNotFound as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -20,14 +20,14 @@ ended) is asked to yield its group (`should_yield`), which it does before its ne
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
 
 from fusion.broker import GroupLauncher
-from fusion.group_actor import MemberRelay
+from fusion.group_actor import GroupAssignment, MemberRelay
 from hpo.base.trial_state import trial_state_from_bytes
 from hpo.base.actor_names import NAMESPACE, POOL_NAME
 from hpo.base.workload import Workload
@@ -133,38 +133,19 @@ class BubblePool:
 class BubbleGroup(MemberRelay):
     """A fused group trained wherever the pool sends it; holds its members' latest checkpoints."""
 
-    def __init__(
-        self,
-        workload: Workload,
-        configs: Sequence[Mapping[str, Any]],
-        member_ids: Sequence[Hashable],
-        states: Sequence[bytes | None],
-        max_iterations: int,
-        dtype: str,
-        verify: bool = True,
-    ):
-        iteration = int(trial_state_from_bytes(states[0])["iteration"]) if states[0] is not None else 0
-        super().__init__(member_ids, iteration)
-        self.workload = workload
-        self.configs = dict(zip(member_ids, configs))
-        self.latest = dict(zip(member_ids, states))
-        self.max_iterations = max_iterations
-        self.dtype = dtype
-        self.verify = verify
+    def __init__(self, assignment: GroupAssignment):
+        first = assignment.states[0]
+        iteration = int(trial_state_from_bytes(first)["iteration"]) if first is not None else 0
+        super().__init__(assignment.member_ids, iteration)
+        self.assigned = assignment
+        self.configs = dict(zip(assignment.member_ids, assignment.configs))
+        self.latest = dict(zip(assignment.member_ids, assignment.states))
 
-    async def assignment(self) -> dict[str, Any]:
+    async def assignment(self) -> GroupAssignment:
         """Everything a stage needs to train the group on from its last published iteration."""
         members = [m for m in self.member_ids if m not in self.leaving]
-        return {
-            "workload": self.workload,
-            "member_ids": members,
-            "configs": [self.configs[m] for m in members],
-            "states": [self.latest[m] for m in members],
-            "iteration": self.iteration,
-            "max_iterations": self.max_iterations,
-            "dtype": self.dtype,
-            "verify": self.verify,
-        }
+        return replace(self.assigned, member_ids=members, configs=[self.configs[m] for m in members],
+                       states=[self.latest[m] for m in members])
 
     async def publish(self, iteration: int, results: Mapping[Hashable, dict[str, Any]]) -> None:
         for member_id, result in results.items():
@@ -186,7 +167,7 @@ def bubble_group_launcher(
     """Each group a `BubbleGroup`, queued in the cluster's pool for the next free stage."""
 
     def launch(configs: list[Mapping[str, Any]], members: list[Hashable], states: list[bytes | None]) -> Any:
-        group = BubbleGroup.remote(workload, configs, members, states, max_iterations, dtype, verify)
+        group = BubbleGroup.remote(GroupAssignment(workload, configs, members, states, max_iterations, dtype, verify))
         bubble_pool().submit.remote(group, sweep)
         return group
 

@@ -9,13 +9,13 @@ them, so Tune's decisions (ASHA stops) apply before the next iteration.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import ray
 import torch
 
-from fusion.group_actor import group_trainer, member_results
+from fusion.group_actor import GroupAssignment, member_results
 from hpo.base.trial_state import rng_devices
 from pipeline_bubble.fused_guest import FusedGroupGuest
 
@@ -26,19 +26,16 @@ class SweepGroupGuest(FusedGroupGuest):
     def __init__(
         self,
         group: Any,
-        assignment: Mapping[str, Any],
+        assignment: GroupAssignment,
         device: torch.device,
         on_close: Callable[[Any, bool], None],
         yield_requested: Callable[[], bool] = lambda: False,
     ):
         with torch.random.fork_rng(devices=rng_devices(device)):  # members seed the global RNG
-            trainer = group_trainer(
-                assignment["workload"], assignment["configs"], assignment["member_ids"], assignment["states"],
-                device, assignment["dtype"], assignment["verify"],
-            )
+            trainer = assignment.trainer(device)
         super().__init__(trainer)
         self.group = group
-        self.max_iterations = int(assignment["max_iterations"])
+        self.max_iterations = assignment.max_iterations
         self.finished = trainer.iteration >= self.max_iterations
         self._on_close = on_close
         self._yield_requested = yield_requested

@@ -64,11 +64,12 @@ logger = logging.getLogger(__name__)
 
 def ensure_ray(
     address: str | None = None, dashboard: bool = False, num_gpus: int | None = None,
-    runtime_env: Mapping[str, Any] | None = None,
+    code_folder: str | Path | None = None, exclude: Sequence[str | Path] = (),
 ) -> None:
     """Connect to `address` (or `RAY_ADDRESS`), else start a local Ray using every core here.
 
-    `runtime_env` is the job's (`code_runtime_env`: the user's code folder). What trials print
+    `code_folder`, the user's code beside a sweep file, travels to every worker as the job's
+    working directory, less the folders in `exclude` (`code_runtime_env`). What trials print
     reaches this terminal, prefixed by Ray with the trainable's name and pid, as under plain Ray
     Tune (and with the trial's id: `hpo.reporting.trial_output`, which also quiets Ray on the workers);
     Ray's own INFO lines here do not, except with `dashboard`, where Ray's start-up line gives the
@@ -80,7 +81,7 @@ def ensure_ray(
 
     if ray.is_initialized():
         return
-    runtime_env = dict(runtime_env or {})
+    runtime_env = code_runtime_env(code_folder, exclude) if code_folder is not None else {}
     logging_level = logging.INFO if dashboard else logging.WARNING
     address = address or os.environ.get("RAY_ADDRESS")
     if address:

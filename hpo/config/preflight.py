@@ -27,7 +27,7 @@ from typing import Any
 from hpo.config.errors import ConfigIssue, SweepConfigError
 from hpo.scaling._config import ScalingConfig
 from hpo.config.sweep_file import LoadedSweep, describe_exception
-from hpo.config.trainable_lookup import TrainableSource, is_workload, reported_metrics
+from hpo.config.trainable_lookup import TrainableSource
 
 #: Config keys the trial trainer itself reads (`hpo.base.training.TrialTrainer`, `fusion.model`), and
 #: the Workload contract's `width` and `batch_size`, beyond the optimizer's (`OptimHParams`).
@@ -48,7 +48,7 @@ def preflight(loaded: LoadedSweep, address: str | None = None) -> list[ConfigIss
     trainable = loaded.trainable
     if trainable is None:
         issues += _static_signature(loaded)
-    elif is_workload(trainable):
+    elif trainable.is_workload:
         issues += check_metric(loaded, notes)
         issues += check_workload_keys(loaded, notes)
         if not issues and loaded.spec.scaling is not None:
@@ -87,7 +87,7 @@ def check_function(loaded: LoadedSweep) -> list[ConfigIssue]:
     """A Tune function trainable is called with the trial's config as its one argument, and only
     a `Workload` can be fused or scaled (its model factory, data and loss are kept apart)."""
     issues = []
-    problem = _call_problem(loaded.trainable)
+    problem = _call_problem(loaded.trainable.obj)
     if problem:
         issues.append(loaded.issue("trainable", problem))
     for block in ("fusion", "scaling"):
@@ -148,7 +148,7 @@ def _top_level_def(located: TrainableSource | None) -> ast.FunctionDef | None:
 def check_metric(loaded: LoadedSweep, notes: list[ConfigIssue]) -> list[ConfigIssue]:
     """The sweep's metric must be one the trainable reports; say so when that cannot be known."""
     metric = loaded.spec.metric.name
-    known = reported_metrics(loaded.trainable)
+    known = loaded.trainable.reported_metrics
     if known is None:
         notes.append(loaded.issue("metric.name", (
             f"warning: cannot check that {loaded.spec.trainable!r} reports {metric!r}; declare it on the "
@@ -173,7 +173,7 @@ def check_workload_keys(loaded: LoadedSweep, notes: list[ConfigIssue]) -> list[C
     from hpo.base.hparams import OPTIMIZERS, SCHEDULES, OptimHParams
     from hpo.config.spec import did_you_mean
 
-    workload = loaded.trainable
+    workload = loaded.trainable.obj
     spec = loaded.spec
     in_code = keys_named_by(type(workload))
     readable = OptimHParams.keys() | TRAINER_KEYS | set(workload.defaults) | (in_code or set())
@@ -240,7 +240,7 @@ def check_scaling(loaded: LoadedSweep, notes: list[ConfigIssue]) -> list[ConfigI
     twice it) to find the readout and show that `width` and the depth key size the model. Runs user code."""
     from hpo.scaling import ScalingError, depth_contract_problem, proxy_workload
 
-    spec, workload = loaded.spec, loaded.trainable
+    spec, workload = loaded.spec, loaded.trainable.obj
     if spec.scaling.scales_depth and (problem := depth_contract_problem(workload)):
         return [loaded.issue("scaling.target_depth", f"{problem}; or drop target_depth")]
     searched = spec.scaling.searched_size_problems(spec.parameters, workload.depth_key)

@@ -26,7 +26,7 @@ import yaml
 
 from hpo.config.errors import ConfigIssue, SweepConfigError
 from hpo.config.spec import ParameterSpec, SweepSpec, fused_placement
-from hpo.config.trainable_lookup import TrainableNotFound, TrainableSource, found_in, locate_trainable, resolve_trainable
+from hpo.config.trainable_lookup import ResolvedTrainable, TrainableNotFound, TrainableSource, locate_trainable, resolve_trainable
 
 #: Values (scalars, lists and mappings) a sweep file may expand to once aliases are followed.
 #: Real sweeps have a few hundred; the bound only stops alias bombs.
@@ -221,8 +221,8 @@ def _index(node: yaml.Node, prefix: str, lines: dict[str, int], duplicates: list
 @dataclass
 class LoadedSweep:
     spec: SweepSpec
-    #: The imported trainable; None when the sweep was loaded without running its code.
-    trainable: Any
+    #: The imported trainable and what it is; None when the sweep was loaded without running its code.
+    trainable: ResolvedTrainable | None
     source: YamlSource
     located: TrainableSource | None = None
 
@@ -245,9 +245,7 @@ class LoadedSweep:
         workers cannot import unless it travels to them. None for a built-in or installed
         trainable, even one that lies below the folder (a sweep file in the home that holds the
         user's checkout would otherwise ship the whole home)."""
-        folder = Path(self.source.name).resolve().parent
-        located = self.located
-        return folder if located is not None and found_in(folder, located.module, located.path) else None
+        return self.located.code_folder if self.located is not None else None
 
     def issue(self, path: str, message: str) -> ConfigIssue:
         """A problem at `path` of this sweep file, with its line."""

@@ -1,7 +1,9 @@
 """Finding the trainable a sweep names: `package.module:attribute` or a built-in example name.
 
 Two steps, so that checking a sweep file need not run its code: `locate_trainable` finds the
-module's file and parses it without executing anything; `resolve_trainable` imports it.
+module's file and parses it without executing anything; `resolve_trainable` imports it and decides,
+once, what it is (`ResolvedTrainable`): the checks before a sweep and the choice of its engine read
+that answer instead of asking again.
 Nothing here imports torch or Ray unless the trainable does: `hpo validate` stays fast.
 """
 
@@ -41,6 +43,9 @@ class TrainableSource:
     path: Path | None
     #: The parsed module, for static checks of the trainable's definition.
     tree: ast.Module | None
+    #: The folder searched first (the sweep file's) when the module was found in it: code Ray's
+    #: workers cannot import unless that folder travels to them (`found_in`); else None.
+    code_folder: Path | None = None
 
 
 def split_reference(reference: str) -> tuple[str, str]:
@@ -74,12 +79,34 @@ def locate_trainable(reference: str, search_dir: str | Path | None = None) -> Tr
     tree = None
     if origin is not None and origin.is_file():
         tree = ast.parse(origin.read_bytes(), filename=str(origin))
-    return TrainableSource(module_name, attribute, origin, tree)
+    local = search_dir is not None and found_in(search_dir, module_name, origin)
+    return TrainableSource(module_name, attribute, origin, tree, Path(search_dir).resolve() if local else None)
+
+
+@dataclass(frozen=True)
+class ResolvedTrainable:
+    """A trainable and what it is, decided once: whether it is a `Workload` (which sets the checks
+    a sweep gets and the engines it can run on) and the metrics it is known to report."""
+
+    obj: "Workload | Callable[..., Any]"
+    is_workload: bool
+    #: The metrics it reports, or None when it does not say (a function without `reported_metrics`).
+    reported_metrics: frozenset[str] | None
+
+    @classmethod
+    def of(cls, trainable: "Workload | Callable[..., Any]") -> "ResolvedTrainable":
+        """What `trainable` is. Workloads report what `hpo.base.training.TrialTrainer` reports; a
+        function trainable may declare `reported_metrics = (...)` to get the same up-front check."""
+        if _is_workload(trainable):
+            names = {f"val_{key}" for key in trainable.eval_metric_names}
+            return cls(trainable, True, frozenset(names | {"train_loss", "step", "training_iteration"}))
+        declared = getattr(trainable, "reported_metrics", None)
+        return cls(trainable, False, frozenset(declared) | {"training_iteration"} if declared else None)
 
 
 def resolve_trainable(
     reference: str, search_dir: str | Path | None = None, for_ray: bool = True
-) -> "Workload | Callable[..., Any]":
+) -> ResolvedTrainable:
     """Import what `reference` names. `search_dir` (the sweep file's folder) is importable too.
 
     With `for_ray`, a module found in `search_dir` is registered to travel by value to Ray's
@@ -97,12 +124,12 @@ def resolve_trainable(
         trainable = getattr(module, attribute)
     except AttributeError:
         raise TrainableNotFound(f"module {module_name!r} has no attribute {attribute!r}") from None
-    if not (is_workload(trainable) or callable(trainable)):
+    if not (_is_workload(trainable) or callable(trainable)):
         raise TrainableNotFound(f"{reference!r} is neither a Workload nor a callable trainable")
-    return trainable
+    return ResolvedTrainable.of(trainable)
 
 
-def is_workload(trainable: object) -> bool:
+def _is_workload(trainable: object) -> bool:
     """`isinstance(trainable, Workload)` without importing torch for a function trainable:
     nothing can be a Workload unless `hpo.base.workload` has been imported."""
     module = sys.modules.get("hpo.base.workload")
@@ -136,15 +163,3 @@ def _ship_by_value_if_local(module: ModuleType, search_dir: str | Path | None) -
 
         cloudpickle.register_pickle_by_value(module)
 
-
-def reported_metrics(trainable: "Workload | Callable[..., Any]") -> frozenset[str] | None:
-    """The metrics a trainable is known to report, or None when it does not say.
-
-    Workloads report what `hpo.base.training.TrialTrainer` reports; a function trainable may declare
-    `reported_metrics = (...)` to get the same up-front check.
-    """
-    if is_workload(trainable):
-        names = {f"val_{key}" for key in trainable.eval_metric_names}
-        return frozenset(names | {"train_loss", "step", "training_iteration"})
-    declared = getattr(trainable, "reported_metrics", None)
-    return frozenset(declared) | {"training_iteration"} if declared else None

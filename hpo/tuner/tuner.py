@@ -35,7 +35,7 @@ from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
 from hpo.base.ray_runtime import ensure_ray
 from hpo.base.scoped_environ import scoped_environ
 from hpo.config.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
-from hpo.config.trainable_lookup import resolve_trainable
+from hpo.config.trainable_lookup import ResolvedTrainable, resolve_trainable
 from hpo.engines._base import SweepEngine, TuneRun
 from hpo.engines.choice import engine_for
 from hpo.reporting.dashboard_actor import ControllerCallback, start_controller
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 # A sweep of a function trainable never imports torch in the driver (about 2 s on 2 cores, 20 s on a
 # loaded box, paid again by every `hpo run --resume`): the Workload engines load where they are used.
-Trainable = Union["Workload", Callable[..., Any], str]
+Trainable = Union["Workload", Callable[..., Any], str, ResolvedTrainable]
 
 
 class Tuner:
@@ -69,7 +69,11 @@ class Tuner:
         checkpoint: CheckpointPolicy | Mapping[str, Any] | None = None,
         search_seed: int | None = None,
     ):
-        self.trainable = resolve_trainable(trainable) if isinstance(trainable, str) else trainable
+        if isinstance(trainable, str):
+            trainable = resolve_trainable(trainable)
+        elif not isinstance(trainable, ResolvedTrainable):  # a sweep file's comes resolved (`build_tuner`)
+            trainable = ResolvedTrainable.of(trainable)
+        self.trainable = trainable.obj
         self.checkpoint = _checkpoint_policy(checkpoint, (tune_config or tune.TuneConfig()).scheduler)
         self.param_space = dict(param_space or {})
         self.tune_config = tune_config or tune.TuneConfig()
@@ -78,7 +82,7 @@ class Tuner:
         #: The run folder of the last `fit` or `resume`, once it is chosen (before Tune starts).
         self.run_path: Path | None = None
         self.engine: SweepEngine = engine_for(
-            self.trainable, self.param_space, self.tune_config, self.run_config, self.resources, self.checkpoint,
+            trainable, self.param_space, self.tune_config, self.run_config, self.resources, self.checkpoint,
             self.max_iterations, self.storage / self.name, scaling, fusion, search_seed,
         )
 
