@@ -500,6 +500,7 @@ def test_hpo_profile_pipeline_profiles_a_deepspeed_job_and_measures_what_it_pred
     argv = [str(job), "--out", str(tmp_path / "profile.json"), "--measure", "--batches", "4", "--iterations", "10",
             "--json", str(out), "--gantt", str(tmp_path / "gantt")]
     assert _cli(argv) == 0, capsys.readouterr().err
+    assert "profiled in the measuring processes" in capsys.readouterr().out, "the table's profile is the measuring run's"
     profile = load_profile(tmp_path / "profile.json")
     assert profile.stage_split() == (6, 7) and all(layer.forward_s > 0 for layer in profile.layers if layer.params)
     assert all([entry[0] for entry in layer.timed_at] == [16, 32, 64] for layer in profile.layers)
