@@ -29,7 +29,7 @@ from hpo.base.machine import fingerprint
 
 
 def _truth(config: PipelineConfig, forward: list[float], backward: list[float], *, transfer=5e-4, gap=1e-4,
-           optimizer=0.01, load=1e-3, tail=1e-4, collective: tuple[float, float] | None = None) -> _Graph:
+           optimizer=0.01, load=1e-3, tail=1e-4, collective: tuple[float, float] | None = None, broadcast=None) -> _Graph:
     """Fixed costs of every instruction of `config` (per-stage forward and backward per micro-batch;
     `optimizer` and `collective` (work before the gradient norm's all-reduce, its own time) a
     stage, or per stage)."""
@@ -41,6 +41,7 @@ def _truth(config: PipelineConfig, forward: list[float], backward: list[float], 
             duration = {
                 "ForwardPass": forward[stage], "BackwardPass": backward[stage], "LoadMicroBatch": load,
                 "OptimizerStep": step, "ReduceGrads": step / 4, "ReduceTiedGrads": 0.0,
+                LOSS_BROADCAST: transfer if broadcast is None else broadcast,
             }.get(instruction.name, transfer)
             inside = None
             if instruction.name == "OptimizerStep" and collective is not None:
@@ -279,6 +280,16 @@ def test_layers_timed_at_one_size_scale_in_proportion_to_the_micro_batch(timed_s
     for stage in range(2):
         for name in AFFINE:
             assert _pass_s(doubled, stage, name) == pytest.approx([2 * t for t in _pass_s(profiled, stage, name)])
+
+
+def test_a_transfer_keeps_a_gloo_calls_own_cost_and_scales_the_rest_with_its_bytes():
+    """The loss broadcast carries one number: its transfer is what a call costs whatever it carries."""
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.01, 0.01], [0.02, 0.02], transfer=0.002, broadcast=0.0005)
+    for size, expected in ((32, 0.002), (64, 0.0005 + 2 * 0.0015), (16, 0.0005 + 0.0015 / 2)):
+        result = replay(profile, PipelineConfig(2, 4, size))
+        assert _pass_s(result, 0, "SendActivation") == pytest.approx([expected] * 4), size
+    cheap, _ = _profile(PipelineConfig(2, 4, 32), [0.01, 0.01], [0.02, 0.02], transfer=0.0005, broadcast=0.002)
+    assert _pass_s(replay(cheap, PipelineConfig(2, 4, 64)), 1, "SendGrad") == pytest.approx([0.0005] * 4)
 
 
 def test_a_cost_extrapolated_below_its_intercept_is_zero_not_negative():
