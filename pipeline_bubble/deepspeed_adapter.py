@@ -1,13 +1,16 @@
 """Every private DeepSpeed name this project relies on, in one place, checked against the installed DeepSpeed.
 
 DeepSpeed offers no public hook to time a pipeline schedule or to stage CUDA tensors through the
-host on gloo, so bubble harvesting leans on four internals:
+host on gloo, so bubble harvesting leans on five internals:
 
 - `PipelineEngine._INSTRUCTION_MAP`: the base class's `_exec_schedule` dispatches every schedule
   instruction through this map, so replacing it in a subclass times each one while the schedule
   itself runs unmodified;
 - `PipelineEngine._aggregate_total_loss`: where the last stage waits for the others (the loss
   broadcast), the one blocking point outside the instruction map;
+- `DeepSpeedEngine.clip_fp32_gradients`: inside the optimizer step (gradient clipping is on by
+  default), where every stage all-reduces its gradient norm, a wait on the other stages the
+  schedule does not show (a profile times it, `run_collective`);
 - re-classing the engine `deepspeed.initialize` returned (`engine.__class__`), because it builds a
   `PipelineEngine` for every `PipelineModule` and offers no way to pick the class;
 - `deepspeed.comm.torch._needs_cpu_staging`: the predicate DeepSpeed's gloo path uses to copy
@@ -62,6 +65,7 @@ ENGINE_HOOKS = (
     Hook(_ENGINE, "PipelineEngine._INSTRUCTION_MAP"),
     Hook(_ENGINE, "PipelineEngine._aggregate_total_loss"),
     Hook(_ENGINE, "PipelineEngine.train_batch"),
+    Hook("deepspeed.runtime.engine", "DeepSpeedEngine.clip_fp32_gradients"),
     *(Hook(_SCHEDULE, name) for name in BLOCKING_INSTRUCTIONS),
 )
 #: What sharing one GPU between stages over gloo needs (`stage_cuda_on_host`).
@@ -136,8 +140,17 @@ class HookedPipelineEngine(PipelineEngine):
     def _aggregate_total_loss(self):
         return self.run_instruction(super()._aggregate_total_loss, LOSS_BROADCAST, True)
 
+    def clip_fp32_gradients(self):
+        # DeepSpeed clips by default (gradient_clipping 1.0): the optimizer step all-reduces the
+        # gradient norm over every stage, a collective the schedule does not show
+        return self.run_collective(super().clip_fp32_gradients)
+
     def run_instruction(self, run: Callable[[], Any], name: str, blocking: bool) -> Any:
         """Run one instruction (`run()`); `blocking`: it waits for a neighbour stage."""
+        return run()
+
+    def run_collective(self, run: Callable[[], Any]) -> Any:
+        """Run the collective hidden inside the running instruction (`run()`): the gradient norm's all-reduce."""
         return run()
 
 

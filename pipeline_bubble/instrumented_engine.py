@@ -51,12 +51,14 @@ class StageRecorder:
         self.timeline = StageTimeline(stage, stages, micro_batches, clock.device)
         self.active = False
         self._slot = 0
-        self._pending: list[tuple[str, str, tuple[Any, float], tuple[Any, float], int]] = []
+        self._pending: list[tuple[str, str, tuple[Any, float], tuple[Any, float], int, tuple[Any, Any] | None]] = []
+        self._collective: tuple[Any, Any] | None = None
         self._start: Any = None
 
     def begin_batch(self) -> None:
         self._slot = 0
         self._pending = []
+        self._collective = None
         self._start = self.clock.begin_batch()
         self.active = True
 
@@ -68,17 +70,26 @@ class StageRecorder:
         """The device clock's mark and the host's time: a profile keeps both (on CPU they are one clock)."""
         return self.clock.mark(), time.perf_counter()
 
+    def record_collective(self, start: Any, end: Any) -> None:
+        """The device clock's marks around a collective inside the running instruction, which `record` then takes."""
+        self._collective = (start, end)
+
     def record(self, name: str, category: str, start: tuple[Any, float], end: tuple[Any, float], slot: int) -> None:
-        self._pending.append((name, category, start, end, slot))
+        self._pending.append((name, category, start, end, slot, self._collective))
+        self._collective = None
 
     def end_batch(self) -> None:
         end = self.clock.mark()
         marks = [self._start, end] + [m[0] for p in self._pending for m in (p[2], p[3])]
-        times = self.clock.resolve(marks)
-        intervals = [
-            Interval(name, category, times[2 + 2 * i], times[3 + 2 * i], slot, host_start=begin[1], host_end=finish[1])
-            for i, (name, category, begin, finish, slot) in enumerate(self._pending)
-        ]
+        inner = [p[5] for p in self._pending if p[5] is not None]
+        times = self.clock.resolve(marks + [m for pair in inner for m in pair])
+        inner_times = iter(times[len(marks) :])
+        intervals = []
+        for i, (name, category, begin, finish, slot, collective) in enumerate(self._pending):
+            interval = Interval(name, category, times[2 + 2 * i], times[3 + 2 * i], slot, host_start=begin[1], host_end=finish[1])
+            if collective is not None:
+                interval.collective_start, interval.collective_end = next(inner_times), next(inner_times)
+            intervals.append(interval)
         self.timeline.batches.append(BatchRecord(len(self.timeline.batches), times[0], times[1], intervals))
         self.active = False
 
@@ -124,6 +135,14 @@ class InstrumentedPipelineEngine(HookedPipelineEngine):
         recorder.record(name, category, begin, end, slot)
         if executor is not None:
             executor.observe(slot, harvested, host_end - host_begin, fillable=fillable, arrival=arrival)
+        return result
+
+    def run_collective(self, run: Callable[[], Any]) -> Any:
+        if not self.bubble_recorder.active:
+            return run()
+        begin = self.bubble_recorder.clock.mark()
+        result = run()
+        self.bubble_recorder.record_collective(begin, self.bubble_recorder.clock.mark())
         return result
 
 

@@ -88,6 +88,16 @@ def _draw_batch(ax, row: int, record, origin: float) -> None:
             edgecolors="none",
             hatch=hatch,
         )
+        if interval.collective_start is not None and interval.collective_end is not None:
+            # inside the step, hatched: where the stage that came first waits for the others
+            ax.broken_barh(
+                [((interval.collective_start - origin) * 1e3, (interval.collective_end - interval.collective_start) * 1e3)],
+                (row - 0.4, 0.8),
+                facecolors="none",
+                edgecolors="black",
+                linewidth=0,
+                hatch="xx",
+            )
 
 
 def _legend(ax) -> None:
@@ -97,6 +107,7 @@ def _legend(ax) -> None:
     handles += [
         Patch(facecolor=_OTHER_COMPUTE, label=f"other {COMPUTE}"),
         Patch(facecolor=_BUBBLE, hatch="//", label="bubble (wait)"),
+        Patch(facecolor=_COLOURS["OptimizerStep"], hatch="xx", label="gradient-norm all-reduce"),
         Patch(facecolor=_GUEST, label=f"{GUEST} step"),
     ]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=6, fontsize=8)
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=7, fontsize=8)

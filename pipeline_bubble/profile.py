@@ -11,7 +11,10 @@ What a profile holds, per stage and per schedule instruction (its slot in the st
 - `waits_on`: the (stage, slot)s it meets (an exchange) or nothing (it waits only for its own
   stage's previous instruction); `late`: per batch, the stage that arrived last;
 - `host` and `device`: its [start, end] on the host's clock and the device's (CUDA events on a
-  GPU, the same clock on a CPU), seconds since the profiled batch began on its earliest stage.
+  GPU, the same clock on a CPU), seconds since the profiled batch began on its earliest stage;
+- `collective` (the optimizer step): where inside it the stages all-reduce their gradient norm
+  (DeepSpeed clips gradients by default), a collective the schedule does not show: the stage
+  that reaches it first waits there for the others, so its step lasts as long as theirs.
 
 Exchanges are aligned across stages on the clocks of one host (`time.perf_counter` is one
 clock for every process of a Linux host), as dPRO aligns the two ends of a communication op.
@@ -117,6 +120,9 @@ class InstructionProfile:
     host: list[list[float]]
     device: list[list[float]]
     late: list[int] = field(default_factory=list)
+    #: Per batch, for an instruction with a collective inside (the optimizer step's all-reduce of
+    #: the gradient norm): [seconds from its start to the collective's, the collective's seconds].
+    collective: list[list[float]] = field(default_factory=list)
 
 
 @dataclass
@@ -286,6 +292,8 @@ def build_profile(
                 row.blocked_s.append(own.duration)
                 row.host.append([_host(own, 0) - host_origin, _host(own, 1) - host_origin])
                 row.device.append([own.start - origin, own.end - origin])
+                if own.collective_start is not None and own.collective_end is not None:
+                    row.collective.append([own.collective_start - own.start, own.collective_end - own.collective_start])
                 if others:
                     arrivals = {stage: own.start, **{o[0]: spans[b][o[0]][o[1]].start for o in others}}
                     last = max(arrivals, key=arrivals.get)
@@ -293,6 +301,8 @@ def build_profile(
                     row.duration_s.append(min(own.duration, max(0.0, own.end - arrivals[last])))
                 else:
                     row.duration_s.append(own.duration)
+            if len(row.collective) != batches:  # timed in some batches only: not a collective to replay
+                row.collective = []
             instructions.append(row)
         tail = [records[b][stage].end - spans[b][stage][-1].end for b in range(batches)]
         recorded = timelines[stage].batches

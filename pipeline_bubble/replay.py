@@ -11,19 +11,33 @@ own side of the transfer (as profiled) is done. A stage's wait window is the tim
 arrival at an exchange to the transfer's start; its bubble, as the instrumented engine measures
 it, is its time inside blocking calls (wait and transfer).
 
+The optimizer step hides a collective the schedule does not show: DeepSpeed clips gradients by
+default, so every stage all-reduces its gradient norm inside the step, and the stage that gets
+there first (the last stage: it ends its backward passes first) waits for the others there. Its
+profiled step is then mostly that wait, which no scaling of its own work reproduces (on the
+2-core box the last stage's step took 42 ms to the first's 19 for the same parameters; with a
+third of them, 50). Where the profile times the collective (`InstructionProfile.collective`),
+the replay runs each stage's own work before it, waits for every stage to arrive, and runs the
+collective's own time (the last arrival's) and the rest of the work after it; the engine counts
+that wait as the step's compute, and so does the replay.
+
 What scales, from the profiled configuration to another:
 
 - micro-batches and stages: the stream itself (`train_schedule.stage_instructions`);
 - micro-batch size: each layer's forward and backward time by the ratio of its cost at the
   target size to its cost at the profiled one, its cost piecewise affine (t(m) = a + b*m, at
   least 0) through the sizes the profile timed it at (`LayerProfile.timed_at`), extrapolated
-  with the nearest segment; a profile without them scales in proportion, as do loading and the
-  transfers (the profile times them at one size); the optimizer step, the gradient reductions,
+  with the nearest segment; a profile without them scales in proportion, as does loading; a
+  transfer is a gloo call's own cost (the loss broadcast's transfer of one number, at most the
+  transfer's) and the rest in proportion to its bytes (on the 2-core box a 256 KB activation's
+  send took 0.59 ms, 512 KB 0.64, 1 MB 0.79); the optimizer step, the gradient reductions,
   the loss broadcast and the gaps not at all;
-- the split of layers over stages: each layer's forward and backward time is its share of its
-  profiled stage's (shares from the per-layer times recorded with module hooks, else by
-  parameters), and a stage's time is the sum of its layers'; the optimizer step and the
-  reductions in proportion to the stage's parameters, transfers to the bytes at the boundary;
+- the split of layers over stages: with every layer timed on its own (`timed_at`), a pass is its
+  layers' own times plus what the profiled stage spent beyond its layers' (DeepSpeed's pass
+  around them, the loss, the first layer's weight gradient), which stays with the stage; else
+  each layer's forward and backward time is its share of its profiled stage's (shares from the
+  per-layer times recorded with module hooks, else by parameters); the optimizer step's own work
+  and the reductions in proportion to the stage's parameters, transfers to the bytes at the boundary;
 - a stage with no profiled counterpart (more stages than profiled) takes the first stage's
   costs for its computation and each exchange's from the stage that made it.
 
@@ -70,7 +84,7 @@ from pipeline_bubble.harvest_policy import (
 )
 from pipeline_bubble.profile import LayerProfile, PipelineConfig, PipelineProfile, ProfileError
 from pipeline_bubble.timeline import COMPUTE, GUEST, WAIT, BatchRecord, Interval, StageTimeline
-from pipeline_bubble.train_schedule import exchange_partners, stage_instructions
+from pipeline_bubble.train_schedule import EXCHANGES, LOSS_BROADCAST, exchange_partners, stage_instructions
 
 #: Instructions whose cost grows with the micro-batch size, and those set by the stage's parameters.
 PER_SAMPLE = ("LoadMicroBatch", "ForwardPass", "BackwardPass", "SendActivation", "RecvActivation", "SendGrad", "RecvGrad")
@@ -101,13 +115,19 @@ def piecewise_affine(points: list[tuple[float, float]], x: float) -> float:
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
-def size_scale(layer: LayerProfile, phase: int, size: int, profiled: int) -> float:
-    """How much longer `layer`'s forward (`phase` 1) or backward (2) takes at micro-batch `size`
-    than at the `profiled` one: from its times at several sizes, else in proportion. A larger
-    batch never costs less, so a time below a smaller size's (noise) is raised to it."""
-    points = []
+def _size_points(layer: LayerProfile, phase: int) -> list[tuple[float, float]]:
+    """`layer`'s forward (`phase` 1) or backward (2) seconds at the sizes it was timed at on its own.
+    A larger batch never costs less, so a time below a smaller size's (noise) is raised to it."""
+    points: list[tuple[float, float]] = []
     for at, seconds in sorted({int(entry[0]): entry[phase] for entry in layer.timed_at}.items()):
         points.append((at, max(seconds, points[-1][1]) if points else seconds))
+    return points
+
+
+def size_scale(layer: LayerProfile, phase: int, size: int, profiled: int) -> float:
+    """How much longer `layer`'s forward (`phase` 1) or backward (2) takes at micro-batch `size`
+    than at the `profiled` one: from its times at several sizes, else in proportion."""
+    points = _size_points(layer, phase)
     if len(points) < 2:
         return size / profiled
     at_profiled = piecewise_affine(points, profiled)
@@ -117,11 +137,14 @@ def size_scale(layer: LayerProfile, phase: int, size: int, profiled: int) -> flo
 @dataclass(frozen=True)
 class Cost:
     """What one instruction of a target configuration costs: the gap before it and its duration
-    (an exchange's: its transfer), and the key its batch-to-batch spread is drawn from."""
+    (an exchange's: its transfer; an instruction with a collective inside: its own work), and the
+    key its batch-to-batch spread is drawn from. `collective`: (the work before the collective,
+    the collective's own time), for the optimizer step's all-reduce of the gradient norm."""
 
     gap_s: float
     duration_s: float
     spread: tuple[int, str]
+    collective: tuple[float, float] | None = None
 
 
 class CostModel:
@@ -131,11 +154,14 @@ class CostModel:
         self.profile = profile
         by_batch: dict[tuple[int, str], list[list[float]]] = {}
         self._gaps: dict[tuple[int, str], list[float]] = {}
+        self._collective = self._collectives(profile)
         for stage in profile.stages:
             for instruction in stage.instructions:
                 rows = by_batch.setdefault((stage.stage, instruction.name), [[] for _ in range(profile.batches)])
+                inside = self._collective is not None and instruction.collective
                 for batch, duration in enumerate(instruction.duration_s):
-                    rows[batch].append(duration)
+                    # its own work: without the collective, where a stage that came first waits
+                    rows[batch].append(duration - instruction.collective[batch][1] if inside else duration)
                 self._gaps.setdefault((stage.stage, instruction.name), []).extend(instruction.gap_s)
         self._typical = {key: median(v for row in rows for v in row) for key, rows in by_batch.items()}
         #: Per (profiled stage, instruction) and profiled batch: its durations over the typical one.
@@ -150,6 +176,22 @@ class CostModel:
         self._between = [median(stage.between_s) if stage.between_s else 0.0 for stage in profile.stages]
         self.layer_forward_s = self._layer_seconds("ForwardPass", "forward_s")
         self.layer_backward_s = self._layer_seconds("BackwardPass", "backward_s")
+        #: What one gloo call costs whatever it carries: the loss broadcast's transfer of one number
+        #: (the profile times every other transfer at one size only).
+        self._call_s = min((v for (_, name), v in self._typical.items() if name == LOSS_BROADCAST), default=0.0)
+
+    @staticmethod
+    def _collectives(profile: PipelineProfile) -> dict[int, tuple[float, float]] | None:
+        """Per profiled stage, the typical work before the optimizer step's collective, and the
+        collective's own time (the same for all); None where a stage's profile does not time it.
+
+        Own time: per batch the shortest any stage spent in it, the last to arrive's, who waits
+        for no one (dPRO aligns the two ends of a communication op the same way)."""
+        steps = [next((i for i in s.instructions if i.name == "OptimizerStep"), None) for s in profile.stages]
+        if any(step is None or not step.collective for step in steps):
+            return None
+        own = median(min(step.collective[batch][1] for step in steps) for batch in range(profile.batches))
+        return {s.stage: (median(c[0] for c in step.collective), own) for s, step in zip(profile.stages, steps)}
 
     def _layer_seconds(self, name: str, measured: str) -> list[float]:
         """Each layer's share of its profiled stage's typical `name` time (see the module doc)."""
@@ -217,25 +259,54 @@ class CostModel:
             for instruction in stage_instructions(config.micro_batches, config.stages, stage):
                 name = instruction.name
                 key, typical = self._lookup(self._typical, source, name)
-                if name == "ForwardPass":
-                    duration = self._layers_at(self.layer_forward_s, 1, first, stop, config.micro_batch_size)
-                elif name == "BackwardPass":
-                    duration = self._layers_at(self.layer_backward_s, 2, first, stop, config.micro_batch_size)
-                elif name in PER_SAMPLE:
+                collective = None
+                if name in ("ForwardPass", "BackwardPass"):
+                    duration = self._pass_s(name, key[0], first, stop, config.micro_batch_size)
+                elif name in EXCHANGES:
                     # an exchange's bytes: the activation at the boundary it crosses, here and where profiled
                     after = name in ("SendActivation", "RecvGrad")
                     boundary = bounds[stage + 1] if after else bounds[stage]
                     profiled = profiled_bounds[key[0] + 1] if after else profiled_bounds[key[0]]
-                    duration = typical * scale * self._bytes_ratio(boundary, profiled)
+                    call = min(typical, self._call_s)
+                    duration = call + (typical - call) * scale * self._bytes_ratio(boundary, profiled)
+                elif name in PER_SAMPLE:
+                    duration = typical * scale
                 elif name in PER_PARAMETER:
                     held = profile.stages[key[0]].params
                     duration = typical * (params / held if held else 1.0)
+                    if name == "OptimizerStep" and self._collective is not None:
+                        before, own = self._collective[key[0]]
+                        collective = (before * (params / held if held else 1.0), own)
                 else:
                     duration = typical
                 _, gap = self._lookup(self._gap, source, name)
-                costs.append(Cost(gap, duration, key))
+                costs.append(Cost(gap, duration, key, collective))
             out.append(costs)
         return out
+
+    def _pass_s(self, name: str, source: int, first: int, stop: int, size: int) -> float:
+        """A forward or backward pass (`name`) over layers [first, stop) at micro-batch `size`, on a
+        stage that takes profiled stage `source`'s costs.
+
+        With every layer timed on its own at several sizes: the layers' own times, plus what the
+        profiled stage spent beyond its layers' own times (DeepSpeed's pass around them, the loss on
+        the last stage, the first layer's weight gradient, which no hook of that layer sees), which
+        stays with the stage whichever layers it holds and grows with the size as its layers do.
+        A share of the profiled stage's time per layer, as the layers are moved, would carry that
+        part along with them. Without those times: each layer's share (see the module doc)."""
+        phase = 1 if name == "ForwardPass" else 2
+        layers = self.profile.layers
+        curves = [_size_points(layer, phase) for layer in layers]
+        profiled = self.profile.config.micro_batch_size
+        if any(len(points) < 2 for points in curves):
+            seconds = self.layer_forward_s if phase == 1 else self.layer_backward_s
+            return self._layers_at(seconds, phase, first, stop, size)
+        own = range(*self.profile.stages[source].layers)
+        own_profiled = sum(piecewise_affine(curves[i], profiled) for i in own)
+        own_size = sum(piecewise_affine(curves[i], size) for i in own)
+        beyond = self._typical.get((source, name), 0.0) - own_profiled
+        grows = own_size / own_profiled if own_profiled > 0 else size / profiled
+        return max(0.0, beyond * grows + sum(piecewise_affine(curves[i], size) for i in range(first, stop)))
 
     def _layers_at(self, seconds: list[float], phase: int, first: int, stop: int, size: int) -> float:
         """Layers [first, stop)'s profiled `seconds` (forward or backward, by `phase`) at micro-batch `size`."""
@@ -388,6 +459,10 @@ class _Graph:
         self.partners = exchange_partners(self.streams)
         self.groups = _groups(self.partners)
         self.costs, self.tails, self.betweens = costs, tails, betweens
+        #: The (stage, slot)s of a collective over all stages inside an instruction (the optimizer step's).
+        self.collective = [(s, slot) for s, row in enumerate(costs) for slot, cost in enumerate(row) if cost.collective]
+        if len({s for s, _ in self.collective}) != len(self.collective) or len(self.collective) not in (0, config.stages):
+            self.collective = []
 
     def run(
         self,
@@ -419,6 +494,20 @@ class _Graph:
                     name = streams[stage][slot].name
                     ready = clock[stage] + self.costs[stage][slot].gap_s
                     key = (stage, slot)
+                    if key in self.collective:
+                        if key not in resolved:
+                            entered.setdefault(key, ready + self._before(key, durations))
+                            if any(member not in entered for member in self.collective):
+                                break
+                            self._resolve_collective(entered, durations, resolved)
+                        start, end, _, _ = resolved[key]
+                        own = self.costs[stage][slot].collective[1]  # type: ignore[index]
+                        intervals[stage].append(Interval(name, COMPUTE, ready, end, slot, collective_start=entered[key],
+                                                         collective_end=start + own))
+                        clock[stage] = end
+                        position[stage] += 1
+                        moved = True
+                        continue
                     if key not in self.partners:
                         end = ready + durations[stage][slot]
                         intervals[stage].append(Interval(name, COMPUTE, ready, end, slot))
@@ -453,6 +542,23 @@ class _Graph:
             for s in range(stages)
         ]
         return Replay(config, timelines, windows, [end + between for end, between in zip(ends, self.betweens)])
+
+    def _before(self, key: tuple[int, int], durations: list[list[float]]) -> float:
+        """The work of `key` before its collective, drawn as its whole work was."""
+        cost = self.costs[key[0]][key[1]]
+        assert cost.collective is not None
+        drawn = durations[key[0]][key[1]] / cost.duration_s if cost.duration_s > 0 else 1.0
+        return cost.collective[0] * drawn
+
+    def _resolve_collective(self, entered, durations, resolved) -> None:
+        """Every stage leaves the collective its own time after the last one reached it, then does the rest of its work."""
+        latest = max(self.collective, key=lambda member: entered[member])
+        start = entered[latest]
+        for member in self.collective:
+            cost = self.costs[member[0]][member[1]]
+            assert cost.collective is not None
+            after = durations[member[0]][member[1]] - self._before(member, durations)
+            resolved[member] = (start, start + cost.collective[1] + after, 0, latest[0])
 
     def _resolve(self, group, entered, durations, resolved, guest: GuestPolicy | None) -> None:
         """Start every side of one exchange at the latest side's arrival (after any guest steps it ran)."""

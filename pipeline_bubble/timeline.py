@@ -65,6 +65,10 @@ class Interval:
     #: events on a GPU). None where only one clock was read.
     host_start: float | None = None
     host_end: float | None = None
+    #: The span of a collective hidden inside this instruction (the optimizer step's all-reduce of
+    #: the gradient norm over the stages), on the device's clock; None where it has none.
+    collective_start: float | None = None
+    collective_end: float | None = None
 
     @property
     def duration(self) -> float:

@@ -29,17 +29,24 @@ from hpo.base.machine import fingerprint
 
 
 def _truth(config: PipelineConfig, forward: list[float], backward: list[float], *, transfer=5e-4, gap=1e-4,
-           optimizer=0.01, load=1e-3, tail=1e-4) -> _Graph:
-    """Fixed costs of every instruction of `config` (per-stage forward and backward per micro-batch)."""
+           optimizer=0.01, load=1e-3, tail=1e-4, collective: tuple[float, float] | None = None, broadcast=None) -> _Graph:
+    """Fixed costs of every instruction of `config` (per-stage forward and backward per micro-batch;
+    `optimizer` and `collective` (work before the gradient norm's all-reduce, its own time) a
+    stage, or per stage)."""
     costs = []
     for stage in range(config.stages):
         row = []
+        step = optimizer[stage] if isinstance(optimizer, list) else optimizer
         for instruction in stage_instructions(config.micro_batches, config.stages, stage):
             duration = {
                 "ForwardPass": forward[stage], "BackwardPass": backward[stage], "LoadMicroBatch": load,
-                "OptimizerStep": optimizer, "ReduceGrads": optimizer / 4, "ReduceTiedGrads": 0.0,
+                "OptimizerStep": step, "ReduceGrads": step / 4, "ReduceTiedGrads": 0.0,
+                LOSS_BROADCAST: transfer if broadcast is None else broadcast,
             }.get(instruction.name, transfer)
-            row.append(Cost(gap, duration, (stage, instruction.name)))
+            inside = None
+            if instruction.name == "OptimizerStep" and collective is not None:
+                inside = collective[stage] if isinstance(collective, list) else collective
+            row.append(Cost(gap, duration, (stage, instruction.name), inside))
         costs.append(row)
     return _Graph(config, costs, [tail] * config.stages, [tail] * config.stages)
 
@@ -198,6 +205,43 @@ def test_a_layer_moved_between_stages_moves_its_time_with_it():
     assert forward(shifted, 1) == pytest.approx(forward(even, 1) - 0.010)
 
 
+def test_the_stage_first_at_the_optimizer_steps_all_reduce_waits_there_and_a_moved_layer_moves_only_its_work():
+    """DeepSpeed clips gradients by default: every stage's optimizer step all-reduces the gradient
+    norm, so the stage that gets there first (the last: it ends its backward passes first) waits
+    for the others inside its step. The profile times that collective; the replay waits there
+    too, and when a split gives a stage fewer parameters only its own work shrinks, not the wait."""
+    even, shifted = PipelineConfig(2, 4, 32, (2, 2)), PipelineConfig(2, 4, 32, (3, 1))
+
+    def truth(config: PipelineConfig) -> _Graph:  # 1000 parameters, 10 us of forward, 20 of backward a layer
+        per_stage = config.split
+        return _truth(config, [0.010 * n for n in per_stage], [0.020 * n for n in per_stage],
+                      optimizer=[0.005 * n for n in per_stage], collective=[(0.001 * n, 0.0005) for n in per_stage])
+
+    timelines = _record(truth(even), batches=4)
+    profile = build_profile(timelines, even, _layers((2, 2), [0.020, 0.020], [0.040, 0.040]), job={"job": "synthetic"})
+    steps = [next(i for i in s.instructions if i.name == "OptimizerStep") for s in profile.stages]
+    assert all(len(step.collective) == profile.batches for step in steps)
+    assert steps[1].duration_s[0] > steps[0].duration_s[0] + 0.01, "the last stage's step holds its wait"
+    for config in (even, shifted):
+        predicted, expected = replay(profile, config), truth(config).steady()
+        assert predicted.iteration_s == pytest.approx(expected.iteration_s, rel=1e-9), config.label
+        for stage in range(2):
+            assert _pass_s(predicted, stage, "OptimizerStep") == pytest.approx(_pass_s(expected, stage, "OptimizerStep"), rel=1e-9)
+
+
+def test_what_a_stage_spends_beyond_its_layers_own_times_stays_with_it_when_layers_move():
+    """The last stage's forward pass also computes the loss, which no layer's time holds (its layers
+    timed on their own say so): moving a layer off it moves that layer's own time, not a share of the loss."""
+    config = PipelineConfig(2, 4, 32, (2, 2))
+    layer, loss = 0.004, 0.003
+    profile, _ = _profile(config, [2 * layer, 2 * layer + loss], [0.010, 0.010])
+    for entry in profile.layers:
+        entry.timed_at = [[16, layer / 2, 0.0025], [32, layer, 0.005]]
+    shifted = replay(profile, PipelineConfig(2, 4, 32, (3, 1)))
+    assert _pass_s(shifted, 0, "ForwardPass") == pytest.approx([3 * layer] * 4)
+    assert _pass_s(shifted, 1, "ForwardPass") == pytest.approx([layer + loss] * 4)
+
+
 def _pass_s(result, stage: int, name: str) -> list[float]:
     return [i.duration for i in result.timelines[stage].batches[0].intervals if i.name == name]
 
@@ -236,6 +280,16 @@ def test_layers_timed_at_one_size_scale_in_proportion_to_the_micro_batch(timed_s
     for stage in range(2):
         for name in AFFINE:
             assert _pass_s(doubled, stage, name) == pytest.approx([2 * t for t in _pass_s(profiled, stage, name)])
+
+
+def test_a_transfer_keeps_a_gloo_calls_own_cost_and_scales_the_rest_with_its_bytes():
+    """The loss broadcast carries one number: its transfer is what a call costs whatever it carries."""
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.01, 0.01], [0.02, 0.02], transfer=0.002, broadcast=0.0005)
+    for size, expected in ((32, 0.002), (64, 0.0005 + 2 * 0.0015), (16, 0.0005 + 0.0015 / 2)):
+        result = replay(profile, PipelineConfig(2, 4, size))
+        assert _pass_s(result, 0, "SendActivation") == pytest.approx([expected] * 4), size
+    cheap, _ = _profile(PipelineConfig(2, 4, 32), [0.01, 0.01], [0.02, 0.02], transfer=0.0005, broadcast=0.002)
+    assert _pass_s(replay(cheap, PipelineConfig(2, 4, 64)), 1, "SendGrad") == pytest.approx([0.0005] * 4)
 
 
 def test_a_cost_extrapolated_below_its_intercept_is_zero_not_negative():
@@ -457,6 +511,7 @@ def test_hpo_profile_pipeline_profiles_a_deepspeed_job_and_measures_what_it_pred
     argv = [str(job), "--out", str(tmp_path / "profile.json"), "--measure", "--batches", "4", "--iterations", "10",
             "--json", str(out), "--gantt", str(tmp_path / "gantt")]
     assert _cli(argv) == 0, capsys.readouterr().err
+    assert "profiled in the measuring processes" in capsys.readouterr().out, "the table's profile is the measuring run's"
     profile = load_profile(tmp_path / "profile.json")
     assert profile.stage_split() == (6, 7) and all(layer.forward_s > 0 for layer in profile.layers if layer.params)
     assert all([entry[0] for entry in layer.timed_at] == [16, 32, 64] for layer in profile.layers)
@@ -486,6 +541,8 @@ def test_a_profile_recorded_in_the_measuring_processes_holds_a_block_per_measure
     runs = [MeasureRun(PipelineConfig(2, 2, 16)), MeasureRun(PipelineConfig(2, 4, 16))]
     profile, measured = profile_and_measure(MLPJob(width=64), PipelineConfig(2, 2, 16), runs, block=2, rounds=2, log_dir=tmp_path)
     assert profile.batches == 4, "one kept batch from each of the 2 x 2 profiled blocks"
+    steps = [next(i for i in s.instructions if i.name == "OptimizerStep") for s in profile.stages]
+    assert all(len(step.collective) == 4 for step in steps), "the gradient norm's all-reduce inside every optimizer step"
     assert profile.stage_split() == (6, 7) and all(layer.forward_s > 0 for layer in profile.layers if layer.params)
     assert [m.config for m in measured] == [r.config for r in runs]
     assert all(len(t.batches) == 4 for m in measured for t in m.timelines), "the profile's batches are not the measured run's"
