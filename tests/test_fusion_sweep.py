@@ -164,7 +164,7 @@ from examples.mlp_digits import DigitsMLP
 class SlowDigits(DigitsMLP):
     def train_batches(self, config, seed):
         for batch in super().train_batches(config, seed):
-            time.sleep(0.05)  # slow enough that the driver can be killed mid-sweep
+            time.sleep(0.025)  # slow enough that the driver can be killed mid-sweep
             yield batch
 
 
@@ -200,7 +200,7 @@ def test_a_resumed_fused_sweep_keeps_what_finished_and_trains_the_rest(ray_local
     deadline = time.time() + patience(180)
     while len(ended := list(members.glob("*/status.json"))) < 2 and time.time() < deadline:
         assert driver.poll() is None, "the sweep ended before it could be killed"
-        time.sleep(0.2)
+        time.sleep(0.05)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     ended_by_kill = {path.parent.name for path in members.glob("*/status.json")}
