@@ -91,6 +91,11 @@ class PipelineRank:
         self.lender.close()
 
 
+#: Held while a call goes to both ranks of the main job, so that no batch starts on one rank
+#: between the two.
+BOTH_RANKS = threading.Lock()
+
+
 def hold_gpus(ctx) -> None:
     """The allocator's record of the pipeline job above: holds its GPUs until cancelled."""
     while not ctx.should_stop():
@@ -116,14 +121,20 @@ def pipeline_job():
     done = threading.Event()
 
     def drive_main_job() -> None:
+        # A batch per call: a rank runs one call at a time, so each of the tests' calls to it
+        # (stats, lend_as, finish) waited for the chunk in progress, as the module's end did.
         while not done.is_set():
-            ray.get([rank.train.remote(10) for rank in ranks])
+            with BOTH_RANKS:
+                batch = [rank.train.remote(1) for rank in ranks]
+            ray.get(batch)
 
     driver = threading.Thread(target=drive_main_job, daemon=True)
     driver.start()
     yield ranks
     done.set()
     driver.join(timeout=patience(120))
+    for rank in ranks:  # now, not when garbage collection gets to them: the shared Ray's check waits for their CPUs
+        ray.kill(rank)
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +217,9 @@ def test_hpo_run_via_the_allocator_trains_only_in_the_bubbles_it_granted(pipelin
 def test_the_main_job_kept_training_and_gave_the_pool_its_stages_back(pipeline_job):
     from pipeline_bubble.bubble_pool import bubble_pool
 
-    job = ray.get([rank.stats.remote() for rank in pipeline_job])
+    with BOTH_RANKS:
+        stats = [rank.stats.remote() for rank in pipeline_job]
+    job = ray.get(stats)
     assert len(job[0]["losses"]) == len(job[1]["losses"]) > 0
     assert all(math.isfinite(loss) for loss in job[-1]["losses"])
     ray.get([rank.finish.remote() for rank in pipeline_job])
