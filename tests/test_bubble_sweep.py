@@ -31,6 +31,11 @@ from pipeline_bubble.launch import free_port
 pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.slow]  # a DeepSpeed job on a real Ray
 
 LRS = [3e-3, 1e-2, 3e-2, 1e-1]
+#: What the sweeps train. Groups progress only a few guest steps per batch of the main job, so
+#: the sweeps' time is nearly all bubble time: one iteration (22 steps) per trial shows every
+#: property they are for, at half the cost of two.
+SWEEP_ITERATIONS = 1
+#: The resumed group below needs a second iteration to resume into.
 ITERATIONS = 2
 #: Groups only progress in bubbles: should a host ever offer none, the sweeps end (and the tests
 #: fail) instead of waiting forever.
@@ -86,6 +91,11 @@ class PipelineRank:
         self.lender.close()
 
 
+#: Held while a call goes to both ranks of the main job, so that no batch starts on one rank
+#: between the two.
+BOTH_RANKS = threading.Lock()
+
+
 def hold_gpus(ctx) -> None:
     """The allocator's record of the pipeline job above: holds its GPUs until cancelled."""
     while not ctx.should_stop():
@@ -111,14 +121,20 @@ def pipeline_job():
     done = threading.Event()
 
     def drive_main_job() -> None:
+        # A batch per call: a rank runs one call at a time, so each of the tests' calls to it
+        # (stats, lend_as, finish) waited for the chunk in progress, as the module's end did.
         while not done.is_set():
-            ray.get([rank.train.remote(10) for rank in ranks])
+            with BOTH_RANKS:
+                batch = [rank.train.remote(1) for rank in ranks]
+            ray.get(batch)
 
     driver = threading.Thread(target=drive_main_job, daemon=True)
     driver.start()
     yield ranks
     done.set()
     driver.join(timeout=patience(120))
+    for rank in ranks:  # now, not when garbage collection gets to them: the shared Ray's check waits for their CPUs
+        ray.kill(rank)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +144,7 @@ def bubble_sweep(pipeline_job, tmp_path_factory):
         config={"lr": tune.grid_search(LRS), "width": 16, "seed": 3},
         metric="val_loss",
         mode="min",
-        stop={"training_iteration": ITERATIONS},
+        stop={"training_iteration": SWEEP_ITERATIONS},
         storage_path=str(tmp_path_factory.mktemp("runs")),
         name="in_bubbles",
         fusion=hpo.FusionConfig(placement="bubbles", max_members=2),
@@ -142,7 +158,7 @@ def test_every_trial_is_reported_after_training_in_the_bubbles(bubble_sweep):
     job = ray.get([rank.stats.remote() for rank in ranks])
     frame = result.get_dataframe()
     assert sorted(frame["config/lr"]) == LRS
-    assert (frame["iterations"] == ITERATIONS).all() and (frame["status"] == "completed").all(), frame
+    assert (frame["iterations"] == SWEEP_ITERATIONS).all() and (frame["status"] == "completed").all(), frame
     assert all(r.metrics["fused_members"] == 2 and r.checkpoint is not None for r in result.result_grid)
     assert sum(stage["groups"] for stage in job) == 2, "two groups of two, each taken by a stage"
     assert sum(stage["guest_steps"] for stage in job) > 0, "some steps ran inside bubbles"
@@ -152,7 +168,7 @@ def test_bubble_trained_trials_match_training_each_config_alone(bubble_sweep):
     result, _ = bubble_sweep
     for trial in result.result_grid:
         alone = TrialTrainer(digits, {"lr": trial.config["lr"], "width": 16, "seed": 3})
-        for _ in range(ITERATIONS):
+        for _ in range(SWEEP_ITERATIONS):
             alone.train_iteration()
         expected = alone.evaluate()["val_loss"]
         assert math.isclose(trial.metrics["val_loss"], expected, rel_tol=1e-4), (trial.config, expected)
@@ -177,7 +193,7 @@ def test_hpo_run_via_the_allocator_trains_only_in_the_bubbles_it_granted(pipelin
             parameters:
               lr: {{values: {LRS}}}
               width: {{value: 16}}
-            max_iterations: {ITERATIONS}
+            max_iterations: {SWEEP_ITERATIONS}
             max_concurrent_trials: 4
             time_budget_s: {TIME_BUDGET_S}
             storage_path: {tmp_path / "runs"}
@@ -201,7 +217,9 @@ def test_hpo_run_via_the_allocator_trains_only_in_the_bubbles_it_granted(pipelin
 def test_the_main_job_kept_training_and_gave_the_pool_its_stages_back(pipeline_job):
     from pipeline_bubble.bubble_pool import bubble_pool
 
-    job = ray.get([rank.stats.remote() for rank in pipeline_job])
+    with BOTH_RANKS:
+        stats = [rank.stats.remote() for rank in pipeline_job]
+    job = ray.get(stats)
     assert len(job[0]["losses"]) == len(job[1]["losses"]) > 0
     assert all(math.isfinite(loss) for loss in job[-1]["losses"])
     ray.get([rank.finish.remote() for rank in pipeline_job])

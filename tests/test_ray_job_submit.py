@@ -14,6 +14,8 @@ import sys
 import tempfile
 import textwrap
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -129,10 +131,28 @@ def job_status(address: str, env: dict[str, str], submission_id: str) -> subproc
     )
 
 
+def dashboard_listens(address: str) -> bool:
+    """Whether the head's dashboard takes HTTP requests yet (any answer, a refusal included)."""
+    try:
+        urllib.request.urlopen(address, timeout=5).close()
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
 def dashboard_answers(head: Head, deadline_s: float = 120) -> bool:
-    """True once the head's job server answers; False if the head exited first."""
+    """True once the head's job server answers; False if the head exited first.
+
+    `ray job list` is asked only once the dashboard listens: each call is a new process that
+    imports Ray (some 1.5 CPU seconds), and asking in a loop took that CPU from the starting head."""
     deadline = time.monotonic() + patience(deadline_s)
     while head.alive():
+        if not dashboard_listens(head.address):
+            assert time.monotonic() < deadline, "the cluster's dashboard never listened"
+            time.sleep(0.2)
+            continue
         listed = ray_job(head.address, head.env, "list", timeout=60)
         if listed.returncode == 0:
             return True
