@@ -28,10 +28,10 @@ class SavedRunState:
         self._newest: Path | None = None  # the newest state file at the last listing
         self._own = False  # whether `_newest` is this run's own file: no listing is needed any more
         self._listed_at = -math.inf
-        self._seen: tuple = ()  # (path, mtime_ns) of the state file last read
-        self._ended: set[str] = set()
+        self._seen: tuple = ()  # (path, inode, mtime_ns, size) of the state file last read
+        self._ended: frozenset[str] = frozenset()
 
-    def ended(self, relist: bool = False) -> set[str]:
+    def ended(self, relist: bool = False) -> frozenset[str]:
         """`relist` lists the folder now (unless this run's file is known): at a sweep's end, when
         Tune has just saved its last state."""
         now = time.monotonic()
@@ -39,13 +39,30 @@ class SavedRunState:
             self._newest, self._listed_at = newest_state(self.experiment), now
         newest = self._newest
         try:
-            seen = (newest, newest.stat().st_mtime_ns) if newest else ()
-            if seen and seen != self._seen:
-                self._seen, self._ended = seen, ended_trials(newest)
-                self._own = seen[1] >= self._began_ns
+            if newest:
+                stat = newest.stat()
+                seen = (newest, stat.st_ino, stat.st_mtime_ns, stat.st_size)
+                if seen != self._seen:
+                    self._seen, self._ended = seen, _ended_in(seen)
+                    self._own = stat.st_mtime_ns >= self._began_ns
         except DAMAGED:
             pass  # being replaced, or damaged: read it again at the next step
         return self._ended
+
+
+#: The last state file read, as (path, inode, mtime, size), and the trials it holds as ended.
+_last_read: tuple[tuple, frozenset[str]] = ((), frozenset())
+
+
+def _ended_in(seen: tuple) -> frozenset[str]:
+    """The ended trials of the state file `seen` names, read once however many readers ask: the
+    results files and the progress lines both wait for the same save, and at 10,000 trials each
+    read of the file is about 90 MB. Tune replaces the file at each save, so a new save is a new
+    inode or mtime."""
+    global _last_read
+    if _last_read[0] != seen:
+        _last_read = (seen, frozenset(ended_trials(seen[0])))
+    return _last_read[1]
 
 
 def results_file_callback(experiment: Path, metric: str, mode: str, max_iterations: int | None) -> Any:

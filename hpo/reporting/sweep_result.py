@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -161,18 +162,20 @@ class SweepResult:
         directory = Path(directory or self.experiment_path)
         write_run_files(directory, self.records, self.metric, self.mode, self.max_iterations)
         self.paths = {"results": directory / RESULTS_FILE, "summary": directory / SUMMARY_FILE, "plot": None}
-        if self._histories() or self.curves:  # a run where nothing reported the metric has nothing to plot
+        if self._histories or self.curves:  # a run where nothing reported the metric has nothing to plot
             self.paths["plot"] = directory / PLOT_FILE
             write_atomically(self.paths["plot"], self.plot)
         return self.paths
 
-    def _histories(self) -> list[tuple[Any, Any]]:
-        """Each trial's (result, history) that reported the metric at least once."""
+    @cached_property
+    def _histories(self) -> list[tuple[Any, Any, Any]]:
+        """Each trial that reported the metric at least once, as (result, iterations, values):
+        read from the trials' histories once, since `write` asks before `figure` draws them."""
         found = []
         for result in self.results:
             history = result.metrics_dataframe
             if history is not None and self.metric in history and history[self.metric].notna().any():
-                found.append((result, history))
+                found.append((result, _as_floats(history["training_iteration"]), _as_floats(history[self.metric])))
         return found
 
     def plot(self, path: str | Path) -> None:
@@ -204,11 +207,10 @@ class SweepResult:
         figure, axes = plt.subplots(figsize=(8, 5))
         values: list[np.ndarray] = []
         others = []
-        for result, history in self._histories():
-            metric = _as_floats(history[self.metric])
+        for result, iterations, metric in self._histories:
             values.append(metric[np.isfinite(metric)])
             if result.path != best_path:
-                others.append(np.column_stack([_as_floats(history["training_iteration"]), metric]))
+                others.append(np.column_stack([iterations, metric]))
         axes.add_collection(LineCollection(others, colors="0.7", linewidths=1))
         if best_path is not None:
             history = self.best_result.metrics_dataframe

@@ -93,14 +93,19 @@ class _ReplacedWhenClosed(io.RawIOBase):
         return old is not None and old[start:start + len(view)] == view
 
     def _old_content(self) -> bytes | None:
+        """Read with bare descriptors: Tune's save passes every trial's files through here, and a
+        buffered file object per file was most of what an unchanged file cost."""
         if not self._read_old:
             self._read_old = True
             try:
-                if os.stat(self._target).st_size <= IN_MEMORY_BYTES:
-                    with open(self._target, "rb") as file:
-                        self._old = file.read(IN_MEMORY_BYTES + 1)
+                handle = os.open(self._target, os.O_RDONLY)
             except FileNotFoundError:
-                pass
+                return None
+            try:
+                if os.fstat(handle).st_size <= IN_MEMORY_BYTES:
+                    self._old = _read_all(handle)
+            finally:
+                os.close(handle)
         return self._old
 
     def _spill(self) -> None:
@@ -134,6 +139,13 @@ class _ReplacedWhenClosed(io.RawIOBase):
                 os.unlink(self._temporary)
             self._pending, self._old = bytearray(), None
             super().close()
+
+
+def _read_all(handle: int) -> bytes:
+    chunks = []
+    while chunk := os.read(handle, IN_MEMORY_BYTES + 1):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _write_all(file: io.FileIO, view: memoryview) -> None:

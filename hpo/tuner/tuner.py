@@ -44,6 +44,7 @@ from hpo.reporting.sweep_result import SweepResult
 from hpo.reporting.trial_errors import TrialErrorCallback
 from hpo.reporting.trial_output import with_trial_output
 from hpo.tuner.run_folders import fresh_run_name, verify_run_state
+from hpo.tuner.trial_memory import ReleaseFinishedWindows
 
 if TYPE_CHECKING:
     from hpo.base.workload import Workload
@@ -116,6 +117,7 @@ class Tuner:
             callbacks.append(ControllerCallback(self.name, metric, self.mode))
         if not any(isinstance(cb, TrialErrorCallback) for cb in callbacks):
             callbacks.append(TrialErrorCallback(verbose=0))  # a failure repeated before any result is not retried
+        callbacks.append(ReleaseFinishedWindows())
         run_config = replace(self.run_config, name=self.name, callbacks=callbacks)
         run = self.engine.start(self.storage / self.name, self.tune_config, run_config)
         return replace(run, trainable=with_trial_output(run.trainable), actors=[controller, *run.actors])
