@@ -95,7 +95,8 @@ _import_engine_without_sweep_dependencies()
 
 from examples.char_gpt import CharGPTWorkload, load_corpus  # noqa: E402
 from examples.mlp_digits import NUM_CLASSES, NUM_FEATURES, DigitsMLP  # noqa: E402
-from fusion import FusedTrainer, build_member  # noqa: E402
+from fusion import FusedTrainer  # noqa: E402
+from hpo.base.training import build_trial_model  # noqa: E402
 from hpo.base.hparams import OptimHParams, build_torch_optimizer  # noqa: E402
 from hpo.base.workload import Batch  # noqa: E402
 
@@ -195,7 +196,7 @@ def serial_steps(model: str, members: int, dtype: str, device: torch.device, cap
     batch = [t.to(device) for t in next(workload.train_batches(configs[0], 0))]
     steps = []
     for config in configs:
-        net = build_member(workload, config).to(device)
+        net = build_trial_model(workload, config).to(device)
         hp = OptimHParams.from_config(config)
         optimizer = build_torch_optimizer(net.named_parameters(), hp, workload.lr_multipliers(net, hp.optimizer))
 
@@ -282,7 +283,7 @@ class _MemberActor:
         torch.set_num_threads(1)
         workload, _ = MODELS[model]
         self.steps = steps
-        self.net = build_member(workload, config)
+        self.net = build_trial_model(workload, config)
         hp = OptimHParams.from_config(config)
         self.optimizer = build_torch_optimizer(self.net.named_parameters(), hp, workload.lr_multipliers(self.net, hp.optimizer))
         self.workload = workload
@@ -372,7 +373,7 @@ def flops_per_sample(model: str) -> float:
     """Training FLOPs (forward + backward = 3x forward) of one sample of one member."""
     workload, _ = MODELS[model]
     config = member_configs(model, 1)[0]
-    net = build_member(workload, config)
+    net = build_trial_model(workload, config)
     if model.startswith("mlp"):
         return 6.0 * sum(m.weight.numel() for m in net.modules() if isinstance(m, torch.nn.Linear))
     tokens = int(config["block_size"])

@@ -24,7 +24,6 @@ _LAZY = {
     "structural_signature": "fusion.grouping",
     "FusionError": "fusion.layers",
     "FusedModel": "fusion.model",
-    "build_member": "fusion.model",
     "fuse_models": "fusion.model",
     "FusedOptimizer": "fusion.optim",
     "SizingDecision": "fusion.sizing",

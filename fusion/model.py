@@ -26,7 +26,7 @@ so `member_state_dict(i)` is exactly what member i's unfused model loads.
 
 Example::
 
-    models = [build_member(workload, config) for config in configs]
+    models = [build_trial_model(workload, config) for config in configs]
     fused = fuse_models(models, example_input=x)
     out = fused(x)  # (B, N, ...)
 """
@@ -68,12 +68,6 @@ STRATEGIES = ("auto", "stacked", "vmap")
 
 #: Every layer type the stacked path replaces by a fused version, by exact type.
 FUSERS: dict[type, Callable[[Sequence[nn.Module]], nn.Module]] = {**LEAF_FUSERS, **ATTENTION_FUSERS, **RNN_FUSERS}
-
-
-def build_member(workload: Workload, config: Mapping[str, Any]) -> nn.Module:
-    """Member i's model exactly as `TrialTrainer` builds it: seed from `config["seed"]`, then the factory."""
-    torch.manual_seed(int(config.get("seed", 0)))
-    return workload.build_model(config)
 
 
 class FusedModel(nn.Module):

@@ -35,11 +35,11 @@ from torch.nn import functional as F
 
 from fusion.compiled import compile_method
 from fusion.grouping import FUSIBLE_KEYS, check_fusible
-from fusion.model import FusedModel, build_member, fuse_models
+from fusion.model import FusedModel, fuse_models
 from fusion.optim import FusedOptimizer
 from fusion.verification import check_batches, check_initial_states, choose_witnesses, copy_witnesses, verify_fused_training
 from hpo.base.hparams import OptimHParams
-from hpo.base.training import iteration_result
+from hpo.base.training import build_trial_model, iteration_result
 from hpo.base.trial_state import ResumableBatches, load_trial_state, save_trial_state, trial_optimizer, trial_state
 from hpo.base.workload import Workload
 
@@ -119,7 +119,7 @@ class FusedTrainer:
         #: The members' one data stream (they share every batch; `check_fusible` saw to that).
         self.batches = ResumableBatches.of_workload(workload, first)
 
-        models = [build_member(workload, config) for config in self.configs]
+        models = [build_trial_model(workload, config) for config in self.configs]
         multipliers = [workload.lr_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         decay_multipliers = [workload.weight_decay_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         eps_multipliers = [workload.eps_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
@@ -430,7 +430,7 @@ def _member_model(workload: Workload, config: Mapping[str, Any]) -> torch.nn.Mod
     """A member's unfused model, to read or write its state: built as `TrialTrainer` builds it,
     but leaving the global RNG where it was, which the group's training goes on drawing from."""
     with torch.random.fork_rng(devices=[]):
-        return build_member(workload, config)
+        return build_trial_model(workload, config)
 
 
 def _advance_schedule(schedule: torch.optim.lr_scheduler.LambdaLR, step: int) -> None:

@@ -34,7 +34,8 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn import functional as F
 
-from fusion import FusedTrainer, FusionError, build_member
+from fusion import FusedTrainer, FusionError
+from hpo.base.training import build_trial_model
 from fusion.verification import verify_fused_training
 from hpo.base.workload import Batch, Workload
 
@@ -588,14 +589,14 @@ def check(case: Case) -> Outcome:
     accepted group trains a member otherwise than the member trains alone."""
     workload = FuzzWorkload(case)
     configs = [workload.resolve(c) for c in case.configs]
-    member = build_member(workload, configs[0])
+    member = build_trial_model(workload, configs[0])
     x, y = next(workload.train_batches(configs[0], case.data_seed))
     workload.loss(member(x), y).backward()  # a grammar that builds a broken model fails here, not as a refusal
     try:
         trainer = FusedTrainer(workload, configs, strategy=case.strategy)
     except FusionError as refusal:
         return Outcome("refused", str(refusal))
-    everyone = {i: build_member(workload, config) for i, config in enumerate(trainer.configs)}
+    everyone = {i: build_trial_model(workload, config) for i, config in enumerate(trainer.configs)}
     stream = workload.train_batches(configs[0], case.data_seed)
     batches = [next(stream) for _ in range(OBSERVED_STEPS + 1)]
     try:

@@ -19,7 +19,7 @@ from examples.char_gpt import workload as char_gpt
 from examples.mlp_digits import workload as mlp_digits
 from fusion import FusedOptimizer, FusedTrainer, fuse_models
 from fusion.compiled import compile_method
-from fusion.model import build_member
+from hpo.base.training import build_trial_model
 from hpo.base.hparams import OptimHParams
 from tests.fusion_zoo import ZOO, loss
 
@@ -87,8 +87,8 @@ def test_the_workloads_fused_step_compiles_whole_and_trains_as_eager_in_float64(
     trainer = FusedTrainer(workload, [{**base, **c} for c in CONFIGS], verify=False)  # its loss and batches
     inputs, targets = trainer.batches.batch(0)
     inputs = inputs.double() if inputs.is_floating_point() else inputs
-    eager, eager_optimizer = float64_group(lambda c: build_member(workload, c), trainer.configs, inputs)
-    compiled, compiled_optimizer = float64_group(lambda c: build_member(workload, c), trainer.configs, inputs)
+    eager, eager_optimizer = float64_group(lambda c: build_trial_model(workload, c), trainer.configs, inputs)
+    compiled, compiled_optimizer = float64_group(lambda c: build_trial_model(workload, c), trainer.configs, inputs)
     compiled_optimizer.compile_update(backend="aot_eager")
     forward_loss = torch.compile(trainer.forward_loss, fullgraph=True, backend="aot_eager")
     want = trainer.train_step_on(eager, eager_optimizer, inputs, targets)

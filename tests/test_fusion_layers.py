@@ -13,7 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from examples.char_gpt import workload as char_gpt
 from examples.mlp_digits import workload as mlp_digits
-from fusion import FusedTrainer, FusionError, build_member, fuse_models
+from fusion import FusedTrainer, FusionError, fuse_models
+from hpo.base.training import build_trial_model
 from hpo.base.training import TrialTrainer
 from hpo.examples.char_gpt import SelfAttention
 
@@ -212,12 +213,12 @@ def test_per_member_attention_and_output_multipliers_fuse():
         {**base, "seed": 2, "attn_scale": "inv_d", "init_std": 0.05},
     ]
     x, _ = next(char_gpt.train_batches(base, 0))
-    fused = fuse_models([build_member(char_gpt, c) for c in configs], x)
+    fused = fuse_models([build_trial_model(char_gpt, c) for c in configs], x)
     fused.eval()
     with torch.no_grad():
         out = fused(x)
         for i, config in enumerate(configs):
-            reference = build_member(char_gpt, config).eval()
+            reference = build_trial_model(char_gpt, config).eval()
             torch.testing.assert_close(out[i], reference(x), rtol=1e-5, atol=1e-5, msg=f"member {i}")
 
 

@@ -18,6 +18,14 @@ from hpo.base.trial_state import ResumableBatches, load_trial_state, save_trial_
 from hpo.base.workload import Workload
 
 
+def build_trial_model(workload: Workload, config: Mapping[str, Any]) -> torch.nn.Module:
+    """One configuration's model, the global RNG seeded from `config["seed"]` before the factory
+    runs: the one way a model is built, so a fused member and the same configuration trained
+    alone start from the same weights."""
+    torch.manual_seed(int(config.get("seed", 0)))
+    return workload.build_model(config)
+
+
 class TrialTrainer:
     """One model, one optimizer, one config; iterations of `steps_per_iteration` steps."""
 
@@ -25,8 +33,7 @@ class TrialTrainer:
         self.workload = workload
         self.config = workload.resolve(config)
         self.hparams = OptimHParams.from_config(self.config)
-        torch.manual_seed(int(self.config.get("seed", 0)))
-        self.model = workload.build_model(self.config)
+        self.model = build_trial_model(workload, self.config)
         self.optimizer, self.schedule = trial_optimizer(workload, self.model, self.hparams)
         self.steps_per_iteration = int(self.config.get("steps_per_iteration", workload.steps_per_iteration))
         self.iteration = 0
