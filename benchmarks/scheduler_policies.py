@@ -6,13 +6,13 @@
 Issue 13 (``--issue13``; results/scheduler_policies_issue13_cpu.json): Tiresias
 (2 queues split at 16 GPU-hours, no promotion) against Pollux's published
 Tiresias; then Tiresias, Lucid, QSSF and CES over QSSF side by side on Philly.
-Last run (2-CPU box, quiet: load under 1; 75 s):
+Last run (2-CPU box, quiet: load under 1; 265 s, every policy about 3x slower than the 75 s run before it, Tiresias 4.9x):
 
     Pollux 1.0x, 16x4, mean of 8   avg JCT s   (published)
-    tiresias                          3,741    (4,038: 0.93x, target within 15%: met)
+    tiresias                          3,750    (4,038: 0.93x, target within 15%: met)
     elastic                           2,772    (2,751)  -> tiresias/elastic 1.35x (published 1.47x)
     Philly, 500 GPUs   avg JCT s  avg queue s  p99.9 queue s  on-util     kWh  preemptions
-    tiresias              41,032           18          1,902    0.751  344,158     322,064
+    tiresias              41,105           16          1,865    0.751  344,141     322,357
     lucid                 19,374        6,221        510,040    0.620  301,400           0
     lucid-no-packing      37,559       24,423      4,045,797    0.687  353,390           0
     qssf                  34,335       21,199      4,385,601    0.681  353,102           0

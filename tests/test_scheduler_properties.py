@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from scheduler_bridge import (QSSF, ClusterSpec, Job, Tiresias, TuningAware, TuningJob, make_policy,
@@ -57,6 +57,11 @@ def test_random_traces_keep_the_simulator_invariants(name, trace):
 @pytest.mark.parametrize("base", ["fifo", "srtf", "tiresias"])
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace=trace_st)
+# Found by this test: Tiresias backfilled job 2, which job 1 outranked, and took that decision
+# only at the tuning layer's next instant, preempting job 3 a quarter second before it finished.
+@example(trace=make_trace([Job(i, float(s), g, float(d), vc="a") for i, (s, g, d) in
+                           enumerate([(0, 8, 404), (0, 16, 19), (220, 1, 351), (220, 8, 88)])],
+                          tuning=[TuningJob(0, 100.0, groups=3, group_work=500.0)]))
 def test_tuning_work_never_changes_ordinary_jobs(base, trace):
     """Whatever the base decides (ranking and preempting too, as Tiresias does), its jobs run as if
     no tuning work existed."""

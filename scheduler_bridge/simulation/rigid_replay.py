@@ -144,12 +144,22 @@ class RigidReplay:
                 self._rank(jid, now)
 
     def _decide(self, now: float, arrived: list[int]) -> None:
-        """Start what fits, preempting where the policy says so."""
+        """Start what fits, preempting where the policy says so. A ranking policy decides until
+        nothing changes: a job backfilled now is a running job a queued one may outrank, so one
+        pass would leave a decision that a later instant, with nothing else changed, takes
+        (and the tuning layer's instants must change nothing for the ordinary jobs)."""
         starts = select_starts(self.queue, self.free, self.policy.backfill)
         if self.ranked:
-            for jid, p in self._preempt_outranked(now):
-                self._start(jid, p, now)
-            starts += select_starts(self.queue, self.free, self.policy.backfill)
+            changed = True
+            while changed:
+                for jid, p in starts:
+                    self._start(jid, p, now)
+                changed = bool(starts)
+                for jid, p in self._preempt_outranked(now):
+                    self._start(jid, p, now)
+                    changed = True
+                starts = select_starts(self.queue, self.free, self.policy.backfill)
+                changed = changed or bool(starts)
         elif self.policy.preemptive:
             starts += self._preempt_for(now, arrived)
         for jid, p in starts:
