@@ -105,14 +105,27 @@ def spec_of(text: str):
     return SweepSpec.from_source(YamlSource.from_text(text, "sweep.yaml"))
 
 
-def test_max_concurrent_trials_never_limits_the_searcher_of_a_fused_sweep():
-    """A limit on the searcher caps how many configurations a group can draw: 2 members a group."""
+def test_max_concurrent_trials_never_limits_the_searcher_of_a_fused_sweep(tmp_path):
+    """A limit on the searcher caps how many configurations a group can draw: 2 members a group.
+    The limit reaches Tune as `max_concurrent_trials`, never on the searcher: Tune puts it on an
+    unfused sweep's searcher (a `ConcurrencyLimiter`), the fused engine replaces it by its group
+    slots (tests/test_sweep_engines.py)."""
     from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.optuna import OptunaSearch
 
-    from hpo.tuner.sweep import build_searcher
+    from hpo.config.sweep_file import load_sweep
+    from hpo.tuner.sweep import build_tuner
 
-    assert isinstance(build_searcher(spec_of(FUSED_TPE)), ConcurrencyLimiter), "unfused, it limits trials"
-    assert not isinstance(build_searcher(spec_of(FUSED_TPE + "fusion: {max_members: 16}\n")), ConcurrencyLimiter)
+    def tuner(text: str):
+        path = tmp_path / "sweep.yaml"
+        path.write_text(text + f"storage_path: {tmp_path}\n")
+        return build_tuner(load_sweep(path))
+
+    unfused = tuner(FUSED_TPE)
+    run = unfused.engine.start(tmp_path / "t", unfused.tune_config, unfused.run_config)
+    assert type(run.tune_config.search_alg) is OptunaSearch and run.tune_config.max_concurrent_trials == 2
+    fused = tuner(FUSED_TPE + "fusion: {max_members: 16}\n")
+    assert not isinstance(fused.tune_config.search_alg, ConcurrencyLimiter)
 
 
 def fused(tmp_path, search_alg, num_samples: int, slots: int, capsys):

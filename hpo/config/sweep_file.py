@@ -358,7 +358,8 @@ def _number(value: float | None) -> str:
 
 
 def describe_searcher(spec: SweepSpec) -> str:
-    """What `hpo.tuner.sweep.build_searcher` builds, in words."""
+    """What `hpo.tuner.sweep.build_searcher` builds, in words, with the concurrency limit Tune puts
+    on it (`max_concurrent_trials`; fused, that limit counts groups instead)."""
     if spec.searcher_kind == "tpe":
         fused = fused_placement(spec.fusion) is not None
         limit = f", at most {spec.max_concurrent_trials} at once" if spec.max_concurrent_trials and not fused else ""

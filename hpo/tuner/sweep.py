@@ -26,7 +26,7 @@ from typing import Any
 
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler, TrialScheduler
-from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Searcher
+from ray.tune.search import BasicVariantGenerator, Searcher
 
 from hpo.tuner.tuner import Trainable, Tuner, grid_size
 from hpo.tuner.atomic_storage import atomic_local_filesystem, is_local_path
@@ -36,7 +36,7 @@ from hpo.reporting.logging_callbacks import logger_callbacks
 from hpo.reporting.console import quiet_tune, report
 from hpo.reporting.progress import ProgressCallback
 from hpo.reporting.sweep_result import SweepResult
-from hpo.config.spec import CheckpointPolicy, FusionConfig, ParameterSpec, SweepSpec, fused_placement
+from hpo.config.spec import CheckpointPolicy, FusionConfig, ParameterSpec, SweepSpec
 from hpo.config.sweep_file import LoadedSweep, describe_plan, load_sweep
 from hpo.reporting.trial_errors import TrialErrorCallback
 from hpo.reporting.trial_output import quiet_ray_on_workers
@@ -77,7 +77,11 @@ def param_space(spec: SweepSpec) -> dict[str, Any]:
 
 
 def build_searcher(spec: SweepSpec) -> Searcher | BasicVariantGenerator:
-    """Optuna's TPE for tpe/optuna/bayes; Tune's variant generator for random and grid."""
+    """Optuna's TPE for tpe/optuna/bayes; Tune's variant generator for random and grid.
+
+    TPE's searcher carries no concurrency limit: `max_concurrent_trials` reaches Tune in the
+    TuneConfig, and Tune puts it on the searcher of unfused trials (a `ConcurrencyLimiter`); a fused
+    engine replaces it by its group slots. So the limit is the engine's, which knows the mode."""
     if spec.searcher_kind == "tpe":
         import optuna  # only a TPE sweep pays for importing Optuna
         from ray.tune.search.optuna import OptunaSearch
@@ -86,11 +90,7 @@ def build_searcher(spec: SweepSpec) -> Searcher | BasicVariantGenerator:
         # lines; its warnings still show.
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         sampler = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=spec.tpe_startup_trials)
-        searcher = OptunaSearch(metric=spec.metric.name, mode=spec.metric.mode, sampler=sampler)
-        fused = fused_placement(spec.fusion) is not None
-        if spec.max_concurrent_trials and not fused:  # fused, the limit counts groups (`FusedEngine.slots`)
-            return ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent_trials)
-        return searcher
+        return OptunaSearch(metric=spec.metric.name, mode=spec.metric.mode, sampler=sampler)
     return BasicVariantGenerator(random_state=spec.seed, max_concurrent=spec.max_concurrent_trials or 0)
 
 
