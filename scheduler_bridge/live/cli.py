@@ -17,10 +17,53 @@ import argparse
 import json
 import os
 import sys
+from typing import NamedTuple
 
 from ..policies.registry import POLICY_NAMES
 
 EXIT_BAD_INPUT = 2
+
+
+class _Knob(NamedTuple):
+    """One of a policy's settings on ``hpo job start``: its flag, and the policy's keyword it sets."""
+
+    flag: str
+    type: type
+    keyword: str
+    help: str
+    metavar: str | None = None
+
+
+#: The CES and Lucid settings ``hpo job start`` takes. One table declares the flags and gathers the
+#: ones given into the policy's keywords (``_given``), so a setting is never declared without being
+#: passed on, or passed on under another name.
+_KNOBS: dict[str, tuple[_Knob, ...]] = {
+    "ces": (
+        _Knob("--ces-spare-nodes", int, "spare_nodes", "ces: idle nodes kept on (default 1)"),
+        _Knob("--ces-margin", float, "margin", "ces: headroom over the forecast (0.1)"),
+        _Knob("--ces-interval", float, "interval", "ces: seconds without change before capacity is given back (300)"),
+        _Knob("--ces-boot-delay", float, "boot_delay", "ces: node boot time, s (300)"),
+        _Knob("--ces-max-nodes", int, "max_nodes", "ces: the autoscaler's GPU node limit (default: nodes seen)"),
+    ),
+    "lucid": (
+        _Knob("--interference", str, "table",
+              "lucid: interference table from 'hpo profile colocate' (default: the shipped one); "
+              "jobs of equal GPU count are packed by it, classified by --workload or by profiling", "CSV"),
+        _Knob("--pack-max-slowdown", float, "max_slowdown", "lucid: largest predicted slowdown (2.0)"),
+        _Knob("--pack-gpu-memory-mb", float, "gpu_memory_mb", "lucid: one GPU's memory, MB (32768)"),
+        _Knob("--pack-margin", float, "margin",
+              "lucid: part a pair measured slower than predicted by this fraction (0.25)"),
+        _Knob("--profile-nodes", int, "profile_nodes",
+              "lucid: GPU nodes that first run jobs submitted without --workload, to classify them (2; 0: none)"),
+        _Knob("--profile-seconds", float, "profile_s", "lucid: how long a job runs on the profiling nodes, s (300)"),
+    ),
+}
+
+
+def _given(args: argparse.Namespace, policy: str) -> dict:
+    """The policy's settings given on the command line, by the policy's keywords."""
+    values = ((knob.keyword, getattr(args, knob.flag.lstrip("-").replace("-", "_"))) for knob in _KNOBS[policy])
+    return {keyword: value for keyword, value in values if value is not None}
 
 
 def _guarded(cmd):
@@ -101,17 +144,12 @@ def _cmd_start(args) -> int:
     if tiresias and args.policy != "tiresias":
         raise ValueError(f"--tiresias-* options need --policy tiresias, got --policy {args.policy}")
     Tiresias(**tiresias)   # bad values fail here, before connecting
-    ces = {k: v for k, v in (("spare_nodes", args.ces_spare_nodes), ("margin", args.ces_margin),
-                             ("interval", args.ces_interval), ("boot_delay", args.ces_boot_delay),
-                             ("max_nodes", args.ces_max_nodes)) if v is not None}
+    ces = _given(args, "ces")
     if ces and not args.policy.startswith("ces:"):
         raise ValueError(f"--ces-* options need --policy ces:<base>, got --policy {args.policy}")
     if any(v < 0 for v in ces.values()):
         raise ValueError(f"--ces-* options must be >= 0, got {ces}")
-    lucid = {k: v for k, v in (("table", args.interference), ("max_slowdown", args.pack_max_slowdown),
-                               ("gpu_memory_mb", args.pack_gpu_memory_mb), ("margin", args.pack_margin),
-                               ("profile_nodes", args.profile_nodes), ("profile_s", args.profile_seconds))
-             if v is not None}
+    lucid = _given(args, "lucid")
     if lucid and args.policy != "lucid":
         raise ValueError(f"--interference, --pack-* and --profile-* options need --policy lucid, "
                          f"got --policy {args.policy}")
@@ -238,25 +276,8 @@ def add_job_parser(subparsers) -> None:
     st.add_argument("--tiresias-starvation", type=float, default=0.0,
                     help="tiresias: promote a job back to the first queue after waiting this many "
                          "times its run time (0: never)")
-    st.add_argument("--ces-spare-nodes", type=int, default=None, help="ces: idle nodes kept on (default 1)")
-    st.add_argument("--ces-margin", type=float, default=None, help="ces: headroom over the forecast (0.1)")
-    st.add_argument("--ces-interval", type=float, default=None,
-                    help="ces: seconds without change before capacity is given back (300)")
-    st.add_argument("--ces-boot-delay", type=float, default=None, help="ces: node boot time, s (300)")
-    st.add_argument("--ces-max-nodes", type=int, default=None,
-                    help="ces: the autoscaler's GPU node limit (default: nodes seen)")
-    st.add_argument("--interference", default=None, metavar="CSV",
-                    help="lucid: interference table from 'hpo profile colocate' (default: the shipped one); "
-                         "jobs of equal GPU count are packed by it, classified by --workload or by profiling")
-    st.add_argument("--pack-max-slowdown", type=float, default=None, help="lucid: largest predicted slowdown (2.0)")
-    st.add_argument("--pack-gpu-memory-mb", type=float, default=None, help="lucid: one GPU's memory, MB (32768)")
-    st.add_argument("--pack-margin", type=float, default=None,
-                    help="lucid: part a pair measured slower than predicted by this fraction (0.25)")
-    st.add_argument("--profile-nodes", type=int, default=None,
-                    help="lucid: GPU nodes that first run jobs submitted without --workload, to classify "
-                         "them (2; 0: none)")
-    st.add_argument("--profile-seconds", type=float, default=None,
-                    help="lucid: how long a job runs on the profiling nodes, s (300)")
+    for knob in (*_KNOBS["ces"], *_KNOBS["lucid"]):
+        st.add_argument(knob.flag, type=knob.type, default=None, metavar=knob.metavar, help=knob.help)
     st.set_defaults(func=_cmd_start)
 
     sm = common(sub.add_parser("submit", help="queue a training job; prints its id"))
