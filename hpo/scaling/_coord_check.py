@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import torch
 
@@ -84,6 +84,25 @@ class CoordCheckReport:
         return f"{head}. Activations that grow with {self.dimension}: {layers}. {fix}"
 
 
+class CheckOptions(TypedDict, total=False):
+    """What both coordinate checks take besides their sizes, with the defaults they use.
+
+    `config`: the rest of every model's config (the width or depth is the check's); `steps`
+    (4): training steps recorded per seed, the first at initialisation; `seeds` (3): seeds
+    averaged per size; `tolerance`: the largest slope a module's activation size may grow with
+    (the scaling's `coord_check_tolerance`, else 0.25); `plot_path`: where to save the PNG;
+    `parametrization`: "mup" (default) checks the model as the sweep scales it, "sp" the user's
+    model as is, which shows (and tests) what a failure looks like.
+    """
+
+    config: Mapping[str, Any] | None
+    steps: int
+    seeds: int
+    tolerance: float | None
+    plot_path: str | None
+    parametrization: str
+
+
 def coord_check(
     workload: Workload,
     widths: Sequence[int] | None = None,
@@ -91,33 +110,25 @@ def coord_check(
     scaling: "ScalingConfig | None" = None,
     base_width: int | None = None,
     readout: str = "readout",
-    config: Mapping[str, Any] | None = None,
-    steps: int = 4,
-    seeds: int = 3,
-    tolerance: float | None = None,
-    plot_path: str | None = None,
-    parametrization: str = "mup",
+    **options: Unpack[CheckOptions],
 ) -> CoordCheckReport:
     """Run muP's coordinate check of `workload` over `widths`; returns the verdict (and saves a PNG).
 
     `scaling` supplies the base width, readout and tolerance, and by default widths from the
-    proxy up by factors of 2 (at most 4 widths, capped at the target). `parametrization="sp"`
-    checks the user's model as is, which shows (and tests) what a failure looks like.
+    proxy up by factors of 2 (at most 4 widths, capped at the target). `options`: `CheckOptions`.
     """
     if scaling is not None:
         base_width = base_width or scaling.base
         readout = scaling.readout
-        tolerance = tolerance if tolerance is not None else scaling.coord_check_tolerance
         if widths is None:
             widths = _doublings(scaling.proxy, scaling.target_width)
     widths = _points(widths, "widths")
     base_width = base_width or widths[-1]
 
-    def build(width: int) -> tuple[Workload, dict[str, Any]]:
-        scaled = MuPWorkload(workload, width, base_width, readout) if parametrization == "mup" else workload
-        return scaled, scaled.resolve({**(config or {}), "width": width})
+    def scaled(width: int, mup: bool) -> Workload:
+        return MuPWorkload(workload, width, base_width, readout) if mup else workload
 
-    return _check("width", widths, build, steps, seeds, tolerance, plot_path, parametrization)
+    return _check("width", "width", widths, scaled, scaling, **options)
 
 
 def depth_coord_check(
@@ -127,12 +138,7 @@ def depth_coord_check(
     scaling: "ScalingConfig | None" = None,
     base_depth: int | None = None,
     depth_alpha: float = 1.0,
-    config: Mapping[str, Any] | None = None,
-    steps: int = 4,
-    seeds: int = 3,
-    tolerance: float | None = None,
-    plot_path: str | None = None,
-    parametrization: str = "mup",
+    **options: Unpack[CheckOptions],
 ) -> CoordCheckReport:
     """The coordinate check across depth: do activation sizes stay flat as blocks are added?
 
@@ -141,7 +147,7 @@ def depth_coord_check(
     embeddings, the first block, the residual stream leaving the blocks, the readout). Without
     depth scaling (`parametrization="sp"`) the residual stream and the logits grow with depth.
     `scaling` supplies the base depth, alpha, tolerance, the proxy's width (in muP) and by default
-    depths from the proxy up by factors of 2, capped at the target.
+    depths from the proxy up by factors of 2, capped at the target. `options`: `CheckOptions`.
     """
     if problem := depth_contract_problem(workload):
         raise ScalingError(problem)
@@ -150,7 +156,6 @@ def depth_coord_check(
     if scaling is not None:
         base_depth = base_depth or scaling.depth_base
         depth_alpha = scaling.depth_alpha
-        tolerance = tolerance if tolerance is not None else scaling.coord_check_tolerance
         readout = scaling.readout
         if scaling.scales_width:
             width = (scaling.proxy, scaling.base)
@@ -159,16 +164,14 @@ def depth_coord_check(
     depths = _points(depths, "depths")
     base_depth = base_depth or depths[0]
 
-    def build(depth: int) -> tuple[Workload, dict[str, Any]]:
-        if parametrization == "mup":
-            scaled: Workload = MuPWorkload(
+    def scaled(depth: int, mup: bool) -> Workload:
+        if mup:
+            return MuPWorkload(
                 workload, *(width or (None, None)), readout, depth=depth, base_depth=base_depth, depth_alpha=depth_alpha
             )
-        else:
-            scaled = MuPWorkload(workload, *width, readout) if width else workload
-        return scaled, scaled.resolve({**(config or {}), workload.depth_key: depth})
+        return MuPWorkload(workload, *width, readout) if width else workload
 
-    return _check("depth", depths, build, steps, seeds, tolerance, plot_path, parametrization)
+    return _check("depth", workload.depth_key, depths, scaled, scaling, **options)
 
 
 def _doublings(proxy: int, target: int) -> list[int]:
@@ -185,23 +188,30 @@ def _points(points: Sequence[int] | None, name: str) -> list[int]:
 
 def _check(
     dimension: str,
+    key: str,
     points: list[int],
-    build: Callable[[int], tuple[Workload, dict[str, Any]]],
-    steps: int,
-    seeds: int,
-    tolerance: float | None,
-    plot_path: str | None,
-    parametrization: str,
+    scaled: Callable[[int, bool], Workload],
+    scaling: "ScalingConfig | None",
+    *,
+    config: Mapping[str, Any] | None = None,
+    steps: int = 4,
+    seeds: int = 3,
+    tolerance: float | None = None,
+    plot_path: str | None = None,
+    parametrization: str = "mup",
 ) -> CoordCheckReport:
-    """Record every module's mean |output| at each point (width or depth), fit the slopes, judge."""
-    tolerance = 0.25 if tolerance is None else tolerance
+    """Record every module's mean |output| at each point (width or depth, the config's `key`) of
+    the model `scaled` builds (muP-scaled or not), fit the slopes, judge."""
+    if tolerance is None:
+        tolerance = scaling.coord_check_tolerance if scaling is not None else 0.25
     if parametrization not in ("mup", "sp"):
         raise ValueError(f"parametrization must be 'mup' or 'sp', got {parametrization!r}")
     sums: dict[tuple[int, str, int], float] = {}
     for point in points:
-        scaled, run_config = build(point)
+        model = scaled(point, parametrization == "mup")
+        run_config = model.resolve({**(config or {}), key: point})
         for seed in range(seeds):
-            for (module, t), l1 in _record_sizes(scaled, run_config, seed, steps).items():
+            for (module, t), l1 in _record_sizes(model, run_config, seed, steps).items():
                 sums[(point, module, t)] = sums.get((point, module, t), 0.0) + l1 / seeds
 
     sizes = [{"point": w, "module": m, "t": t, "l1": v} for (w, m, t), v in sorted(sums.items())]
