@@ -3,7 +3,7 @@
 - `ScalingConfig`: the validated `scaling:` block (target width and depth, proxy sizes or ratios, ...).
 - `proxy_workload` / `target_workload`: a user's `Workload` built in muP (Microsoft's `mup`) and,
   for depth, CompleteP (`hpo.scaling._depth`: residual-branch multiplier, per-group lr and eps).
-- `coord_check` / `depth_coord_check`: the coordinate check over several widths (muP) or depths
+- `coord_check` / `depth_coord_check` (options: `CheckOptions`): the coordinate check over several widths (muP) or depths
   (CompleteP), with a plot and a verdict.
 - `transfer_config` / `train_target` / `complete_transfer`: the proxy's best config carried to
   the target, `transfer.json`, and the optional final training of the target.
@@ -18,6 +18,7 @@ schema (`ScalingConfig`) loads without torch.
 from hpo.base.lazy_names import lazy_names
 
 _LAZY = {
+    "CheckOptions": "hpo.scaling._coord_check",
     "CoordCheckReport": "hpo.scaling._coord_check",
     "coord_check": "hpo.scaling._coord_check",
     "depth_coord_check": "hpo.scaling._coord_check",
@@ -47,6 +48,7 @@ __getattr__ = lazy_names(__name__, _LAZY)
 __all__ = [
     "NON_TRANSFERABLE",
     "TRANSFERABLE",
+    "CheckOptions",
     "CoordCheckReport",
     "Decision",
     "EagerTransferCallback",
