@@ -32,6 +32,28 @@ def test_bad_policy_options_are_one_line_errors_with_exit_status_2(tmp_path, cap
     assert says in err and err.count("\n") == 1, err
 
 
+def test_every_ces_and_lucid_setting_reaches_the_policy_the_allocator_builds():
+    """Each flag is gathered under the keyword the allocator's policy takes: a misnamed one would
+    only fail on the cluster, when the allocator starts."""
+    import argparse
+
+    from scheduler_bridge.live.allocator import _live_ces, _live_lucid
+    from scheduler_bridge.live.cli import _given, add_job_parser
+    from scheduler_bridge import CES, FIFO
+
+    parser = argparse.ArgumentParser()
+    add_job_parser(parser.add_subparsers())
+    args = parser.parse_args(["job", "start", "--journal", "j", "--storage", "s",
+                              "--ces-spare-nodes", "2", "--ces-margin", "0.2", "--ces-interval", "60",
+                              "--ces-boot-delay", "30", "--ces-max-nodes", "8", "--pack-max-slowdown", "1.5",
+                              "--pack-gpu-memory-mb", "16384", "--pack-margin", "0.3", "--profile-nodes", "1",
+                              "--profile-seconds", "60"])
+    ces, max_nodes = _live_ces(CES(FIFO()), _given(args, "ces"))
+    assert (ces.spare_nodes, ces.margin, ces.interval, ces.power.boot_delay, max_nodes) == (2, 0.2, 60.0, 30.0, 8)
+    lucid = _given(args, "lucid")
+    assert len(lucid) == 5 and _live_lucid(lucid, True, 0).margin == 0.3
+
+
 def test_a_bad_interference_table_names_its_line_and_column(tmp_path, capsys):
     table = tmp_path / "t.csv"
     table.write_text("workload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
