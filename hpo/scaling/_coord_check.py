@@ -201,17 +201,17 @@ def _check(
     parametrization: str = "mup",
 ) -> CoordCheckReport:
     """Record every module's mean |output| at each point (width or depth, the config's `key`) of
-    the model `scaled` builds (muP-scaled or not), fit the slopes, judge."""
+    the workload `scaled` gives (muP-scaled or as is), fit the slopes, judge."""
     if tolerance is None:
         tolerance = scaling.coord_check_tolerance if scaling is not None else 0.25
     if parametrization not in ("mup", "sp"):
         raise ValueError(f"parametrization must be 'mup' or 'sp', got {parametrization!r}")
     sums: dict[tuple[int, str, int], float] = {}
     for point in points:
-        model = scaled(point, parametrization == "mup")
-        run_config = model.resolve({**(config or {}), key: point})
+        workload = scaled(point, parametrization == "mup")
+        run_config = workload.resolve({**(config or {}), key: point})
         for seed in range(seeds):
-            for (module, t), l1 in _record_sizes(model, run_config, seed, steps).items():
+            for (module, t), l1 in _record_sizes(workload, run_config, seed, steps).items():
                 sums[(point, module, t)] = sums.get((point, module, t), 0.0) + l1 / seeds
 
     sizes = [{"point": w, "module": m, "t": t, "l1": v} for (w, m, t), v in sorted(sums.items())]
