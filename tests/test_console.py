@@ -90,3 +90,21 @@ def test_get_dataframe_filters_each_trial_to_its_best_result_as_result_grid_does
     assert (last.loc["spiky", "loss"], best.loc["spiky", "loss"]) == (0.8, 0.1)
     assert best.loc["spiky", "iterations"] == 2 and best.loc["spiky", "status"] == last.loc["spiky", "status"]
     assert result.get_dataframe(filter_metric="loss", filter_mode="max").set_index("trial_id").loc["late", "loss"] == 0.9
+
+
+def test_writing_the_plot_leaves_the_processes_matplotlib_as_it_was(tmp_path):
+    """`hpo.run` in a notebook draws its plot without choosing pyplot's backend for the whole
+    process or leaving a figure open in it."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")  # a backend of the user's that is not the one a PNG is drawn with
+    try:
+        figures = plt.get_fignums()
+        sweep_result(tmp_path, {"t1": [0.5, 0.4], "t2": [0.6, 0.7]})
+        assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
+        assert matplotlib.get_backend() == "svg"
+        assert plt.get_fignums() == figures
+    finally:
+        matplotlib.use(before)
