@@ -1,9 +1,11 @@
-"""Gantt charts of pipeline stage timelines, bubbles shaded (matplotlib, Agg backend): all stages of one
+"""Gantt charts of pipeline stage timelines, bubbles shaded (matplotlib, drawn by Agg): all stages of one
 batch (`plot_gantt`), or one stage predicted above measured (`plot_stage_comparison`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from hpo.base.figures import subplots
 
 from pipeline_bubble.timeline import COMPUTE, GUEST, WAIT, StageTimeline, theoretical_bubble_fraction
 
@@ -16,15 +18,10 @@ _GUEST = "#dd8452"
 def plot_gantt(timelines: list[StageTimeline], path: str | Path, *, batch: int = -1, title: str = "") -> None:
     """One row per stage for one batch (default: the last): compute coloured, waits shaded grey,
     guest steps orange; the title gives the measured and theoretical bubble fractions."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     timelines = sorted(timelines, key=lambda t: t.stage)
     records = [t.batches[batch] for t in timelines]
     origin = min(r.start for r in records)
-    fig, ax = plt.subplots(figsize=(11, 0.7 * len(timelines) + 1.6))
+    fig, ax = subplots(figsize=(11, 0.7 * len(timelines) + 1.6))
     for t, record in zip(timelines, records):
         _draw_batch(ax, t.stages - 1 - t.stage, record, origin)
     first = timelines[0]
@@ -39,7 +36,6 @@ def plot_gantt(timelines: list[StageTimeline], path: str | Path, *, batch: int =
     _legend(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot_stage_comparison(
@@ -47,18 +43,13 @@ def plot_stage_comparison(
 ) -> None:
     """One stage's predicted batch above its measured one (default: the measured batch of median
     length after the warm-up), each from its own start: compute coloured, waits grey, guest steps orange."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = [("predicted", predicted.batches[0])]
     if measured is not None and measured.batches:
         if batch is None:
             candidates = measured.measured()
             batch = sorted(candidates, key=lambda b: b.span)[len(candidates) // 2].index
         rows.append(("measured", measured.batches[batch]))
-    fig, ax = plt.subplots(figsize=(11, 0.7 * len(rows) + 1.6))
+    fig, ax = subplots(figsize=(11, 0.7 * len(rows) + 1.6))
     for row, (_, record) in enumerate(reversed(rows)):
         _draw_batch(ax, row, record, record.start)
     ax.set_yticks(range(len(rows)), [f"{name}\n{record.span * 1e3:.1f} ms" for name, record in reversed(rows)])
@@ -68,7 +59,6 @@ def plot_stage_comparison(
     _legend(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def _draw_batch(ax, row: int, record, origin: float) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from hpo.base.atomic_files import write_atomically
+from hpo.base.figures import subplots
 from hpo.reporting.results_files import (
     PLOT_FILE,
     RESULTS_FILE,
@@ -208,18 +209,15 @@ class SweepResult:
         legend's search for the emptiest corner among all of them, took 17 of a 1000-trial sweep's
         20 s of plotting on the loaded 2-core box (3 s now, matplotlib's import included).
 
-        The figure is a bare `Figure`, not pyplot's: pyplot would pick (or need switching to) a
-        backend for the whole process, a notebook's included, and keep the figure until closed."""
+        The figure is not pyplot's (`hpo.base.figures`)."""
         import numpy as np
         from matplotlib.collections import LineCollection
-        from matplotlib.figure import Figure
 
         try:
             best_path = self.best_result.path
         except RuntimeError:
             best_path = None
-        figure = Figure(figsize=(8, 5))
-        axes = figure.subplots()
+        figure, axes = subplots(figsize=(8, 5))
         values: list[np.ndarray] = []
         others = []
         for result, iterations, metric in self._histories:

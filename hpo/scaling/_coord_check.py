@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import torch
 
+from hpo.base.figures import subplots
 from hpo.base.hparams import OptimHParams, workload_optimizer
 from hpo.scaling._depth import depth_contract_problem
 from hpo.scaling._mup import MuPWorkload, ScalingError
@@ -280,14 +281,9 @@ def _slopes(sizes: list[dict[str, Any]], points: Sequence[int]) -> dict[str, flo
 
 def plot_coord_check(report: CoordCheckReport, path: str):
     """mup-style plot: mean |output| against width (or depth), one panel per step, one line per module."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = sorted({row["t"] for row in report.sizes})
     modules = sorted(report.slopes)  # at every point and nonzero: what the verdict judged
-    fig, axes = plt.subplots(1, len(steps), figsize=(4 * len(steps) + 3, 4), sharey=True, squeeze=False)
+    fig, axes = subplots(nrows=1, ncols=len(steps), figsize=(4 * len(steps) + 3, 4), sharey=True, squeeze=False)
     for ax, t in zip(axes[0], steps):
         for module in modules:
             rows = [r for r in report.sizes if r["t"] == t and r["module"] == module]
@@ -311,5 +307,4 @@ def plot_coord_check(report: CoordCheckReport, path: str):
     fig.suptitle(f"coordinate check, {report.parametrization}: {verdict}")
     fig.tight_layout(rect=(0, 0, 0.8, 0.95))
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpo.base.figures import subplots
+
 
 def plot_results(results, path) -> None:
     """Two panels for a list of ``SimResult``: JCT CDF (log x) and utilisation over time."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     powered = [r for r in results if len(r.log.power_t)]
-    fig, axes = plt.subplots(1, 3 if powered else 2, figsize=(18 if powered else 12, 4.5))
+    fig, axes = subplots(nrows=1, ncols=3 if powered else 2, figsize=(18 if powered else 12, 4.5))
     ax1, ax2 = axes[0], axes[1]
     for r in results:
         jct = np.sort(r.jobs_frame().jct.dropna().to_numpy())
@@ -42,4 +40,3 @@ def plot_results(results, path) -> None:
     ax2.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
