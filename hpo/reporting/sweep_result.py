@@ -7,8 +7,6 @@ report the same way.
 
 from __future__ import annotations
 
-import importlib
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
@@ -33,22 +31,6 @@ from hpo.reporting.results_files import (
     write_run_files,
 )
 from hpo.reporting.tune_state import DAMAGED, newest_state, trial_configs
-
-
-#: What `SweepResult.figure` imports: about a second of a 2-core driver, a third of what the end of
-#: a 1000-trial sweep took beyond plain Tune's.
-PLOTTING_MODULES = ("matplotlib.figure", "matplotlib.collections", "matplotlib.backends.backend_agg")
-
-
-def import_plotting_meanwhile() -> threading.Thread:
-    """Import what the end-of-sweep plot needs in a thread, while the sweep runs: the driver mostly
-    waits on its trials then, and the plot is drawn after the last one, when the user waits. The
-    thread is not a daemon, so a process that ends early waits for the import instead of
-    finalising under it."""
-    thread = threading.Thread(target=lambda: [importlib.import_module(name) for name in PLOTTING_MODULES],
-                              name="hpo-import-plotting")
-    thread.start()
-    return thread
 
 
 def saved_configs(experiment: Path, trial_ids: set[str]) -> dict[str, dict[str, Any]]:

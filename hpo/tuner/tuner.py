@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Union
 from ray import tune
 from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
 
+from hpo.base import figures
 from hpo.base.ray_runtime import ensure_ray
 from hpo.base.scoped_environ import scoped_environ
 from hpo.config.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
@@ -40,7 +41,7 @@ from hpo.engines._base import SweepEngine, TuneRun
 from hpo.engines.choice import engine_for
 from hpo.reporting.dashboard_actor import ControllerCallback, start_controller
 from hpo.reporting.results_files import ended
-from hpo.reporting.sweep_result import SweepResult, import_plotting_meanwhile
+from hpo.reporting.sweep_result import SweepResult
 from hpo.reporting.trial_errors import TrialErrorCallback
 from hpo.reporting.trial_output import with_trial_output
 from hpo.tuner.run_folders import fresh_run_name, verify_run_state
@@ -113,7 +114,7 @@ class Tuner:
         metric = self.tune_config.metric
         controller = start_controller(self.name, metric, self.mode) if metric else None
         if metric:  # the sweep ends with a plot of the metric
-            import_plotting_meanwhile()
+            figures.import_meanwhile()
         callbacks = list(self.run_config.callbacks or [])
         if metric and not any(isinstance(cb, ControllerCallback) for cb in callbacks):
             callbacks.append(ControllerCallback(self.name, metric, self.mode))
