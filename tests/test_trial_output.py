@@ -89,3 +89,41 @@ def test_a_worker_ended_by_ray_prints_no_ignored_exception_but_other_finalizer_e
     assert capsys.readouterr().err == ""
     Finalizer(ValueError("a real bug"))
     assert "ValueError: a real bug" in capsys.readouterr().err
+
+
+def quiet_when_loaded(wrapped):
+    """Whether a Ray actor holding `wrapped` (as Tune's trial actor holds the trainable) has the
+    quiet hook before it runs any of the trainable's code."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Holder:
+        trainable = wrapped
+
+        def hook(self) -> str:
+            return getattr(sys.unraisablehook, "__name__", "")
+
+    holder = Holder.remote()
+    try:
+        return ray.get(holder.hook.remote()) == quiet_exit_in_finalizers.__name__
+    finally:
+        ray.kill(holder)
+
+
+def test_a_trials_worker_is_quiet_about_its_end_from_the_moment_it_loads_the_trainable(ray_local):
+    """A sweep stopped by its first result had Ray end the trials still starting; one caught
+    in a finalizer printed a traceback under the one-line error (CI, stop 39)."""
+    def my_train(config):
+        raise AssertionError("never runs here")
+
+    assert quiet_when_loaded(with_trial_output(my_train))
+    assert quiet_when_loaded(with_trial_output(Chatty))
+
+
+def test_the_driver_that_unpickles_its_own_trainable_keeps_its_hook(monkeypatch):
+    """Tune's registry may load the trainable in the driver: a user's process keeps Python's hook."""
+    import ray.cloudpickle
+
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)
+    ray.cloudpickle.loads(ray.cloudpickle.dumps(with_trial_output(Chatty)))
+    assert sys.unraisablehook is sys.__unraisablehook__

@@ -8,7 +8,8 @@ the trial's id (the id the progress lines show), and put back what was there whe
 returns or raises; the next trial on that worker gets its own prefix.
 
 The wrapper also keeps a worker that Ray ends from printing its exit as an ignored exception
-(`quiet_exit_in_finalizers`). The same wrapper quiets Ray's own logger on the workers when the driver asks for it
+(`quiet_exit_in_finalizers`), from the moment the worker loads the trainable: Ray also ends the
+workers of trials still starting when a sweep stops early. The same wrapper quiets Ray's own logger on the workers when the driver asks for it
 (`quiet_ray_on_workers`, which `hpo run` calls): Ray Tune's INFO lines, such as "Checkpoint
 successfully created at ..." after every checkpoint, then stay off the terminal among the user's
 prints. Set inside the trial, not through a `worker_process_setup_hook`, which needs a runtime env
@@ -87,8 +88,7 @@ def trial_output(trial_id: str, ray_log_level: str | None = None) -> Iterator[No
     """Prefix this process's stdout and stderr with `trial_id` (and set Ray's logger to
     `ray_log_level`) until the block ends, however it ends. Nested blocks (a class trainable's
     `reset_config` calling its `setup`) prefix once."""
-    if sys.unraisablehook is sys.__unraisablehook__:
-        sys.unraisablehook = quiet_exit_in_finalizers
+    _quiet_exits()
     saved = sys.stdout, sys.stderr
     ray_logger = logging.getLogger("ray")
     saved_level = ray_logger.level
@@ -105,6 +105,33 @@ def trial_output(trial_id: str, ray_log_level: str | None = None) -> Iterator[No
             stream.flush()
         sys.stdout, sys.stderr = saved
         ray_logger.setLevel(saved_level)
+
+
+def _quiet_exits() -> None:
+    if sys.unraisablehook is sys.__unraisablehook__:
+        sys.unraisablehook = quiet_exit_in_finalizers
+
+
+class _QuietExitsOnArrival:
+    """Rides along with a wrapped trainable; unpickling it on a trial's worker installs
+    `quiet_exit_in_finalizers` there.
+
+    A trial's actor loads its class before it starts, and a sweep that stops early (Tune's metric
+    check failing on the first result) has Ray end the trials still starting with SIGTERM. Installed
+    only when the trial's code first ran, a worker stopped in its start-up printed "Exception ignored
+    in ..." with a traceback under the sweep's one-line error. Only a Ray actor's process installs
+    it; a driver unpickling its own trainable (Tune's registry) keeps Python's hook."""
+
+    def __reduce__(self) -> tuple[Callable[[], "_QuietExitsOnArrival"], tuple[()]]:
+        return _arrive, ()
+
+
+def _arrive() -> _QuietExitsOnArrival:
+    import ray
+
+    if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+        _quiet_exits()
+    return _QuietExitsOnArrival()
 
 
 def quiet_exit_in_finalizers(unraisable: Any) -> None:
@@ -138,7 +165,8 @@ def with_trial_output(trainable: Any) -> Any:
     level = _worker_ray_log_level
     if inspect.isclass(trainable):
         hooks = {name: _hook(getattr(trainable, name), level) for name in TRAINABLE_HOOKS}
-        return type(trainable.__name__, (trainable,), {**hooks, "__doc__": trainable.__doc__})
+        return type(trainable.__name__, (trainable,),
+                    {**hooks, "__doc__": trainable.__doc__, "_quiet_exits_on_arrival": _QuietExitsOnArrival()})
 
     @functools.wraps(trainable)
     def run_trial(*args: Any, **kwargs: Any) -> Any:
@@ -147,6 +175,7 @@ def with_trial_output(trainable: Any) -> Any:
         with trial_output(tune.get_context().get_trial_id(), level):
             return trainable(*args, **kwargs)
 
+    run_trial._quiet_exits_on_arrival = _QuietExitsOnArrival()  # type: ignore[attr-defined]
     return run_trial
 
 
