@@ -8,12 +8,13 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pyarrow
 import pyarrow.fs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpo.tuner.atomic_storage import IN_MEMORY_BYTES, atomic_local_filesystem
+from hpo.tuner.atomic_storage import IN_MEMORY_BYTES, atomic_local_filesystem, one_copying_thread
 
 
 @pytest.fixture
@@ -101,3 +102,23 @@ def test_copying_a_folder_again_as_tune_saves_writes_only_the_files_that_changed
         rewritten = {name for name in files if (storage / name).stat().st_ino != inodes[name]}
         assert rewritten == {name for name in files if files[name] != now[name]}
         assert not list(storage.rglob("*.partial"))
+
+
+def test_a_sweep_on_the_atomic_filesystem_copies_from_one_io_thread_and_gives_the_pool_back():
+    """Tune's save runs a task per file on pyarrow's IO pool; on this filesystem each task calls
+    into Python, so more threads only queue at the GIL. The pool is the process's: it is put back."""
+    before = pyarrow.io_thread_count()
+    with one_copying_thread(atomic_local_filesystem()):
+        assert pyarrow.io_thread_count() == 1
+    assert pyarrow.io_thread_count() == before
+    with pytest.raises(KeyboardInterrupt), one_copying_thread(atomic_local_filesystem()):
+        raise KeyboardInterrupt
+    assert pyarrow.io_thread_count() == before
+
+
+def test_storage_on_arrows_own_filesystems_keeps_every_io_thread():
+    """Arrow's filesystems (S3, GCS, its local one) copy without the GIL, each thread at once."""
+    before = pyarrow.io_thread_count()
+    assert before > 1
+    with one_copying_thread(pyarrow.fs.LocalFileSystem()), one_copying_thread(None):
+        assert pyarrow.io_thread_count() == before

@@ -1,11 +1,12 @@
 """A sweep has no process-wide side effects on the environment: what `hpo.run` sets for Tune (its
-save period) or W&B (offline mode) holds while the sweep runs and is put back when it returns, so
-a plain Tune run later in the same process sees the user's environment."""
+save period, pyarrow's IO pool) or W&B (offline mode) holds while the sweep runs and is put back
+when it returns, so a plain Tune run later in the same process sees the user's environment."""
 
 from __future__ import annotations
 
 import os
 
+import pyarrow
 import pytest
 from ray import tune
 
@@ -21,9 +22,11 @@ class SeesThePeriod(tune.Callback):
 
     def __init__(self) -> None:
         self.period: str | None = "not called"
+        self.io_threads = 0
 
     def setup(self, **info) -> None:
         self.period = os.environ.get(SAVE_PERIOD_ENV)
+        self.io_threads = pyarrow.io_thread_count()
 
 
 def one_report(config):
@@ -42,12 +45,13 @@ def plain_tune_period(storage) -> str | None:
 def test_hpo_run_sets_the_save_period_for_its_sweep_only(ray_local, tmp_path, monkeypatch):
     monkeypatch.delenv(SAVE_PERIOD_ENV, raising=False)
     assert plain_tune_period(tmp_path / "plain") is None  # also imports what a first Tune run imports
-    before = dict(os.environ)
+    before = dict(os.environ), pyarrow.io_thread_count()
     seen = SeesThePeriod()
     hpo.run(one_report, config={"x": tune.grid_search([1, 2])}, metric="score", mode="min",
             storage_path=str(tmp_path), name="small", callbacks=[seen])
     assert seen.period == "1", "a small sweep saves its state every second while it runs"
-    assert dict(os.environ) == before
+    assert seen.io_threads == 1, "its saves copy to the atomic filesystem from one IO thread"
+    assert (dict(os.environ), pyarrow.io_thread_count()) == before
     assert plain_tune_period(tmp_path / "plain") is None, "a plain Tune run afterwards keeps Tune's own period"
 
 

@@ -34,6 +34,8 @@ import io
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow
@@ -222,6 +224,29 @@ class AtomicLocalHandler(pyarrow.fs.FileSystemHandler):
 def atomic_local_filesystem() -> pyarrow.fs.PyFileSystem:
     """The filesystem to give Tune for a local `storage_path`; see the module docstring."""
     return pyarrow.fs.PyFileSystem(AtomicLocalHandler())
+
+
+@contextmanager
+def one_copying_thread(filesystem: Any) -> Iterator[None]:
+    """Run the block with pyarrow's IO thread pool at one thread when `filesystem` is the atomic
+    one, and put its size back after.
+
+    Tune's save copies its whole staging folder with `pyarrow.fs.copy_files(use_threads=True)`, a
+    task per file on pyarrow's IO pool (8 threads). On this filesystem each of those tasks calls
+    into Python three times, so eight threads only take turns at the GIL, with the driver's own
+    thread among them: a save of 5,000 unchanged files took 2.1 s of CPU that way and 0.8 s from
+    one thread (`benchmarks/sweep_scale.py` shows what it does to a sweep). The pool is the
+    process's, so a notebook's pyarrow has its threads back when the sweep returns; remote storage
+    keeps Arrow's own filesystem and every thread."""
+    if not isinstance(getattr(filesystem, "handler", None), AtomicLocalHandler):
+        yield
+        return
+    threads = pyarrow.io_thread_count()
+    pyarrow.set_io_thread_count(1)
+    try:
+        yield
+    finally:
+        pyarrow.set_io_thread_count(threads)
 
 
 def is_local_path(storage_path: str | None) -> bool:

@@ -44,6 +44,7 @@ from hpo.reporting.results_files import ended
 from hpo.reporting.sweep_result import SweepResult
 from hpo.reporting.trial_errors import TrialErrorCallback
 from hpo.reporting.trial_output import with_trial_output
+from hpo.tuner.atomic_storage import one_copying_thread
 from hpo.tuner.run_folders import fresh_run_name, verify_run_state
 from hpo.tuner.trial_memory import ReleaseFinishedWindows
 
@@ -132,7 +133,7 @@ class Tuner:
             print(f"{self.storage / self.name} holds an earlier run; this run is {self.storage / name}", flush=True)
             self.run_config = replace(self.run_config, name=name)
         self.run_path = self.storage / name
-        with scoped_environ(self._save_period()):
+        with scoped_environ(self._save_period()), one_copying_thread(self.run_config.storage_filesystem):
             ensure_ray()
             run = self._start()
             tuner = tune.Tuner(run.trainable, param_space=run.param_space, tune_config=run.tune_config,
@@ -148,7 +149,7 @@ class Tuner:
         self.run_path = Path(path)
         verify_run_state(self.run_path)
         self.run_config = replace(self.run_config, name=self.run_path.name, storage_path=str(self.run_path.parent))
-        with scoped_environ(self._save_period()):
+        with scoped_environ(self._save_period()), one_copying_thread(self.run_config.storage_filesystem):
             ensure_ray()
             run = self._start()
             tuner = tune.Tuner.restore(
