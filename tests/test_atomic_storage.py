@@ -116,6 +116,17 @@ def test_a_sweep_on_the_atomic_filesystem_copies_from_one_io_thread_and_gives_th
     assert pyarrow.io_thread_count() == before
 
 
+def test_sweeps_side_by_side_leave_the_pool_as_they_found_it_whichever_ends_first():
+    before = pyarrow.io_thread_count()
+    first, second = one_copying_thread(atomic_local_filesystem()), one_copying_thread(atomic_local_filesystem())
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert pyarrow.io_thread_count() == 1, "the second sweep still copies"
+    second.__exit__(None, None, None)
+    assert pyarrow.io_thread_count() == before
+
+
 def test_storage_on_arrows_own_filesystems_keeps_every_io_thread():
     """Arrow's filesystems (S3, GCS, its local one) copy without the GIL, each thread at once."""
     before = pyarrow.io_thread_count()

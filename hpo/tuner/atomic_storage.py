@@ -34,6 +34,7 @@ import io
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -241,12 +242,31 @@ def one_copying_thread(filesystem: Any) -> Iterator[None]:
     if not isinstance(getattr(filesystem, "handler", None), AtomicLocalHandler):
         yield
         return
-    threads = pyarrow.io_thread_count()
-    pyarrow.set_io_thread_count(1)
+    with _copying_sweeps.lock:  # sweeps run side by side in one process: the last one out restores
+        if _copying_sweeps.running == 0:
+            _copying_sweeps.threads = pyarrow.io_thread_count()
+            pyarrow.set_io_thread_count(1)
+        _copying_sweeps.running += 1
     try:
         yield
     finally:
-        pyarrow.set_io_thread_count(threads)
+        with _copying_sweeps.lock:
+            _copying_sweeps.running -= 1
+            if _copying_sweeps.running == 0:
+                pyarrow.set_io_thread_count(_copying_sweeps.threads)
+
+
+class _CopyingSweeps:
+    """How many sweeps of this process are inside `one_copying_thread`, and the pool size the
+    first of them found."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.threads = 0
+
+
+_copying_sweeps = _CopyingSweeps()
 
 
 def is_local_path(storage_path: str | None) -> bool:
