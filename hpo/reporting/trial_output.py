@@ -9,7 +9,8 @@ returns or raises; the next trial on that worker gets its own prefix.
 
 The wrapper also keeps a worker that Ray ends from printing its exit as an ignored exception
 (`quiet_exit_in_finalizers`), from the moment the worker loads the trainable: Ray also ends the
-workers of trials still starting when a sweep stops early. The same wrapper quiets Ray's own logger on the workers when the driver asks for it
+workers of trials still starting when a sweep stops early. The same wrapper quiets Ray's own
+logger on the workers when the driver asks for it
 (`quiet_ray_on_workers`, which `hpo run` calls): Ray Tune's INFO lines, such as "Checkpoint
 successfully created at ..." after every checkpoint, then stay off the terminal among the user's
 prints. Set inside the trial, not through a `worker_process_setup_hook`, which needs a runtime env
