@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -133,7 +134,7 @@ class Tuner:
             print(f"{self.storage / self.name} holds an earlier run; this run is {self.storage / name}", flush=True)
             self.run_config = replace(self.run_config, name=name)
         self.run_path = self.storage / name
-        with scoped_environ(self._save_period()), one_copying_thread(self.run_config.storage_filesystem):
+        with self._process_settings():
             ensure_ray()
             run = self._start()
             tuner = tune.Tuner(run.trainable, param_space=run.param_space, tune_config=run.tune_config,
@@ -149,7 +150,7 @@ class Tuner:
         self.run_path = Path(path)
         verify_run_state(self.run_path)
         self.run_config = replace(self.run_config, name=self.run_path.name, storage_path=str(self.run_path.parent))
-        with scoped_environ(self._save_period()), one_copying_thread(self.run_config.storage_filesystem):
+        with self._process_settings():
             ensure_ray()
             run = self._start()
             tuner = tune.Tuner.restore(
@@ -162,6 +163,13 @@ class Tuner:
             )
             started = time.monotonic()
             return self._wrap(tuner.fit(), run.actors, started)
+
+    @contextmanager
+    def _process_settings(self) -> Iterator[None]:
+        """What the sweep sets for the whole process while it runs (Tune's save period, pyarrow's IO
+        pool for the atomic storage), each put back as it was when the sweep returns or raises."""
+        with scoped_environ(self._save_period()), one_copying_thread(self.run_config.storage_filesystem):
+            yield
 
     def _save_period(self) -> dict[str, str]:
         """How often Tune saves the sweep's state, chosen by what a save costs (see
