@@ -14,27 +14,19 @@ Names load on first use (PEP 562): `fusion.broker`, whose actor every fused memb
 must import without torch, and importing a submodule runs this file first.
 """
 
-from hpo.base.lazy_names import lazy_names
+from hpo.base.lazy_names import lazy_names, public_names
 
 _LAZY = {
-    "FUSIBLE_KEYS": "fusion.grouping",
-    "MULTIPLIER_KEYS": "fusion.grouping",
-    "check_fusible": "fusion.grouping",
-    "group_configs": "fusion.grouping",
-    "structural_signature": "fusion.grouping",
-    "FusionError": "fusion.layers",
-    "FusedModel": "fusion.model",
-    "fuse_models": "fusion.model",
-    "FusedOptimizer": "fusion.optim",
-    "SizingDecision": "fusion.sizing",
-    "choose_num_members": "fusion.sizing",
-    "measure_member_bytes": "fusion.sizing",
-    "FUSED_CHECKPOINT_FILE": "fusion.trainer",
-    "FusedTrainer": "fusion.trainer",
+    "fusion.grouping": ("FUSIBLE_KEYS", "MULTIPLIER_KEYS", "check_fusible", "group_configs", "structural_signature"),
+    "fusion.layers": ("FusionError",),
+    "fusion.model": ("FusedModel", "fuse_models"),
+    "fusion.optim": ("FusedOptimizer",),
+    "fusion.sizing": ("SizingDecision", "choose_num_members", "measure_member_bytes"),
+    "fusion.trainer": ("FUSED_CHECKPOINT_FILE", "FusedTrainer"),
 }
 
 
 __getattr__ = lazy_names(__name__, _LAZY)
 
 
-__all__ = sorted(_LAZY)
+__all__ = public_names(_LAZY)

@@ -15,18 +15,16 @@ sets Ray's loopback-only switch first (`hpo.base.ray_runtime`): they lead to a l
 (`Tuner.fit`, `run`), and Ray reads the switch when it is first imported.
 """
 
-from hpo.base.lazy_names import lazy_names
+from hpo.base.lazy_names import lazy_names, public_names
 
 _LAZY = {
-    "Workload": "hpo.base.workload",
-    "DatasetWorkload": "hpo.base.workload",
-    "Tuner": "hpo.tuner.tuner",
-    "run": "hpo.tuner.sweep",
-    "SweepConfigError": "hpo.config.errors",
-    "SweepResult": "hpo.reporting.sweep_result",
-    "SweepSpec": "hpo.config.spec",
-    "FusionConfig": "hpo.config.spec",
-    "ScalingConfig": "hpo.scaling._config",
+    "hpo.base.workload": ("Workload", "DatasetWorkload"),
+    "hpo.tuner.tuner": ("Tuner",),
+    "hpo.tuner.sweep": ("run",),
+    "hpo.config.errors": ("SweepConfigError",),
+    "hpo.reporting.sweep_result": ("SweepResult",),
+    "hpo.config.spec": ("SweepSpec", "FusionConfig"),
+    "hpo.scaling._config": ("ScalingConfig",),
 }
 
 
@@ -34,9 +32,9 @@ _lazy_getattr = lazy_names(__name__, _LAZY)
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
+    if name in __all__:
         import hpo.base.ray_runtime  # noqa: F401  the loopback-only switch, before these modules import ray
     return _lazy_getattr(name)
 
 
-__all__ = ["DatasetWorkload", "FusionConfig", "ScalingConfig", "SweepConfigError", "SweepResult", "SweepSpec", "Tuner", "Workload", "run"]
+__all__ = public_names(_LAZY)

@@ -20,40 +20,24 @@ in the process. `deepspeed_adapter`, which every pipeline of this package import
 initialises, points torch's extension builds at this Python environment (`cpu_ops`).
 """
 
-from hpo.base.lazy_names import lazy_names
+from hpo.base.lazy_names import lazy_names, public_names
 
 _EXPORTS = {
-    "harvest_bubbles": "pipeline_bubble.api",
-    "initialize": "pipeline_bubble.api",
-    "attach_guest": "pipeline_bubble.api",
-    "run_guests_in_bubbles": "pipeline_bubble.api",
-    "guest_results": "pipeline_bubble.api",
-    "lend_bubbles": "pipeline_bubble.lending",
-    "BubbleExecutor": "pipeline_bubble.executor",
-    "InstrumentedPipelineEngine": "pipeline_bubble.instrumented_engine",
-    "instrument": "pipeline_bubble.instrumented_engine",
-    "PeerSignals": "pipeline_bubble.peer_signals",
-    "GuestWork": "pipeline_bubble.guests",
-    "TorchGuest": "pipeline_bubble.guests",
-    "GuestGroup": "pipeline_bubble.guests",
-    "workload_guest": "pipeline_bubble.guests",
-    "fused_group_guest": "pipeline_bubble.fused_guest",
-    "StageTimeline": "pipeline_bubble.timeline",
-    "theoretical_bubble_fraction": "pipeline_bubble.timeline",
-    "save_timelines": "pipeline_bubble.timeline",
-    "load_timelines": "pipeline_bubble.timeline",
-    "plot_gantt": "pipeline_bubble.plots",
-    "plot_stage_comparison": "pipeline_bubble.plots",
-    "PipelineConfig": "pipeline_bubble.profile",
-    "PipelineProfile": "pipeline_bubble.profile",
-    "load_profile": "pipeline_bubble.profile",
-    "replay": "pipeline_bubble.replay",
-    "predict": "pipeline_bubble.replay",
-    "profile_pipeline": "pipeline_bubble.profiling",
-    "MLPJob": "pipeline_bubble.profiling",
+    "pipeline_bubble.api": ("harvest_bubbles", "initialize", "attach_guest", "run_guests_in_bubbles", "guest_results"),
+    "pipeline_bubble.lending": ("lend_bubbles",),
+    "pipeline_bubble.executor": ("BubbleExecutor",),
+    "pipeline_bubble.instrumented_engine": ("InstrumentedPipelineEngine", "instrument"),
+    "pipeline_bubble.peer_signals": ("PeerSignals",),
+    "pipeline_bubble.guests": ("GuestWork", "TorchGuest", "GuestGroup", "workload_guest"),
+    "pipeline_bubble.fused_guest": ("fused_group_guest",),
+    "pipeline_bubble.timeline": ("StageTimeline", "theoretical_bubble_fraction", "save_timelines", "load_timelines"),
+    "pipeline_bubble.plots": ("plot_gantt", "plot_stage_comparison"),
+    "pipeline_bubble.profile": ("PipelineConfig", "PipelineProfile", "load_profile"),
+    "pipeline_bubble.replay": ("replay", "predict"),
+    "pipeline_bubble.profiling": ("profile_pipeline", "MLPJob"),
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = public_names(_EXPORTS)
 
 
 __getattr__ = lazy_names(__name__, _EXPORTS)

@@ -9,59 +9,38 @@ needs none of the policies. Loaded eagerly, they cost each rank scikit-learn, Sc
 (QSSF's duration predictor): 27 s of imports per rank on CI's slow box, before the job's first step.
 """
 
-from hpo.base.lazy_names import lazy_names
+from hpo.base.lazy_names import lazy_names, public_names
 
 _LAZY = {
     # the model both sides share
-    "AppProfile": "scheduler_bridge.app_profiles",
-    "load_profiles": "scheduler_bridge.app_profiles",
-    "ClusterSpec": "scheduler_bridge.cluster",
-    "FreeGPUs": "scheduler_bridge.cluster",
-    "Placement": "scheduler_bridge.cluster",
-    "TraceError": "scheduler_bridge.data_files",
-    "default_traces_dir": "scheduler_bridge.data_files",
-    "InterferenceTable": "scheduler_bridge.interference",
-    "ElasticSpec": "scheduler_bridge.jobs",
-    "Job": "scheduler_bridge.jobs",
-    "Trace": "scheduler_bridge.jobs",
-    "TuningJob": "scheduler_bridge.jobs",
-    "make_trace": "scheduler_bridge.jobs",
-    "PowerModel": "scheduler_bridge.power_model",
+    "scheduler_bridge.app_profiles": ("AppProfile", "load_profiles"),
+    "scheduler_bridge.cluster": ("ClusterSpec", "FreeGPUs", "Placement"),
+    "scheduler_bridge.data_files": ("TraceError", "default_traces_dir"),
+    "scheduler_bridge.interference": ("InterferenceTable",),
+    "scheduler_bridge.jobs": ("ElasticSpec", "Job", "Trace", "TuningJob", "make_trace"),
+    "scheduler_bridge.power_model": ("PowerModel",),
     # the policies: their interface, then each
-    "LayeredPolicy": "scheduler_bridge.policies._base",
-    "Policy": "scheduler_bridge.policies._base",
-    "QueuePolicy": "scheduler_bridge.policies._base",
-    "CES": "scheduler_bridge.policies.ces",
-    "DemandForecaster": "scheduler_bridge.policies.demand_forecast",
-    "DurationPredictor": "scheduler_bridge.policies.duration_predictor",
-    "ElasticDecision": "scheduler_bridge.policies.elastic",
-    "ElasticJobState": "scheduler_bridge.policies.elastic",
-    "ElasticPolicy": "scheduler_bridge.policies.elastic",
-    "Lucid": "scheduler_bridge.policies.lucid",
-    "PendingQueue": "scheduler_bridge.policies.pending_queue",
-    "select_starts": "scheduler_bridge.policies.pending_queue",
-    "QSSF": "scheduler_bridge.policies.qssf",
-    "FIFO": "scheduler_bridge.policies.queue",
-    "SJF": "scheduler_bridge.policies.queue",
-    "SRTF": "scheduler_bridge.policies.queue",
-    "POLICIES": "scheduler_bridge.policies.registry",
-    "make_policy": "scheduler_bridge.policies.registry",
-    "Tiresias": "scheduler_bridge.policies.tiresias",
-    "TuningAware": "scheduler_bridge.policies.tuning_aware",
+    "scheduler_bridge.policies._base": ("LayeredPolicy", "Policy", "QueuePolicy"),
+    "scheduler_bridge.policies.ces": ("CES",),
+    "scheduler_bridge.policies.demand_forecast": ("DemandForecaster",),
+    "scheduler_bridge.policies.duration_predictor": ("DurationPredictor",),
+    "scheduler_bridge.policies.elastic": ("ElasticDecision", "ElasticJobState", "ElasticPolicy"),
+    "scheduler_bridge.policies.lucid": ("Lucid",),
+    "scheduler_bridge.policies.pending_queue": ("PendingQueue", "select_starts"),
+    "scheduler_bridge.policies.qssf": ("QSSF",),
+    "scheduler_bridge.policies.queue": ("FIFO", "SJF", "SRTF"),
+    "scheduler_bridge.policies.registry": ("POLICIES", "make_policy"),
+    "scheduler_bridge.policies.tiresias": ("Tiresias",),
+    "scheduler_bridge.policies.tuning_aware": ("TuningAware",),
     # the simulator (the live allocator needs Ray: import scheduler_bridge.live.client)
-    "SimResult": "scheduler_bridge.simulation.metrics",
-    "simulate": "scheduler_bridge.simulation.simulator",
-    "add_tuning_work": "scheduler_bridge.simulation.synthetic",
-    "random_trace": "scheduler_bridge.simulation.synthetic",
-    "FORMATS": "scheduler_bridge.simulation.traces",
-    "load_helios": "scheduler_bridge.simulation.traces",
-    "load_philly": "scheduler_bridge.simulation.traces",
-    "load_pollux": "scheduler_bridge.simulation.traces",
-    "load_trace": "scheduler_bridge.simulation.traces",
+    "scheduler_bridge.simulation.metrics": ("SimResult",),
+    "scheduler_bridge.simulation.simulator": ("simulate",),
+    "scheduler_bridge.simulation.synthetic": ("add_tuning_work", "random_trace"),
+    "scheduler_bridge.simulation.traces": ("FORMATS", "load_helios", "load_philly", "load_pollux", "load_trace"),
 }
 
 
 __getattr__ = lazy_names(__name__, _LAZY)
 
 
-__all__ = sorted(_LAZY)
+__all__ = public_names(_LAZY)

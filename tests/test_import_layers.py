@@ -95,7 +95,8 @@ def project_imports(root: Path, packages: tuple[str, ...] = PACKAGES) -> list[Im
 
 
 def lazy_names_table(tree: ast.Module) -> list[tuple[str, int]]:
-    """(module, line) of each entry in the table a package's `__init__` gives `lazy_names`."""
+    """(module, line) of each entry in the table a package's `__init__` gives `lazy_names`: a module
+    and the names it defines."""
     tables = {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
               for target in node.targets if isinstance(target, ast.Name)}
     found = []
@@ -104,8 +105,8 @@ def lazy_names_table(tree: ast.Module) -> list[tuple[str, int]]:
             table = call.args[1]
             table = tables.get(table.id) if isinstance(table, ast.Name) else table
             if isinstance(table, ast.Dict):
-                found += [(value.value, value.lineno) for value in table.values
-                          if isinstance(value, ast.Constant) and isinstance(value.value, str)]
+                found += [(key.value, key.lineno) for key in table.keys
+                          if isinstance(key, ast.Constant) and isinstance(key.value, str)]
     return found
 
 
@@ -340,8 +341,9 @@ def test_every_lazy_name_is_defined_in_the_module_its_package_names():
             for module, line in lazy_names_table(tree):
                 path = REPO / Path(*module.split("."))
                 path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
-                names = [key.value for table in tables for key, value in zip(table.keys, table.values)
-                         if isinstance(value, ast.Constant) and value.value == module and value.lineno == line]
+                names = [name.value for table in tables for key, value in zip(table.keys, table.values)
+                         if isinstance(key, ast.Constant) and key.value == module and key.lineno == line
+                         for name in getattr(value, "elts", [])]
                 if not path.is_file() or not set(names) <= _top_level_names(path):
                     missing.append(f"{init.relative_to(REPO)}:{line}: {names} not in {module}")
     assert missing == []

@@ -15,56 +15,23 @@ pydantic, the rest torch and mup; so the muP engine runs where Ray is not instal
 schema (`ScalingConfig`) loads without torch.
 """
 
-from hpo.base.lazy_names import lazy_names
+from hpo.base.lazy_names import lazy_names, public_names
 
 _LAZY = {
-    "CheckOptions": "hpo.scaling._coord_check",
-    "CoordCheckReport": "hpo.scaling._coord_check",
-    "coord_check": "hpo.scaling._coord_check",
-    "depth_coord_check": "hpo.scaling._coord_check",
-    "Decision": "hpo.scaling._eager",
-    "EagerTransferPolicy": "hpo.scaling._eager",
-    "depth_contract_problem": "hpo.scaling._depth",
-    "MuPWorkload": "hpo.scaling._mup",
-    "ScalingError": "hpo.scaling._mup",
-    "mup_factors": "hpo.scaling._mup",
-    "proxy_workload": "hpo.scaling._mup",
-    "target_workload": "hpo.scaling._mup",
-    "NON_TRANSFERABLE": "hpo.scaling._transfer",
-    "TRANSFERABLE": "hpo.scaling._transfer",
-    "TargetRun": "hpo.scaling._transfer",
-    "TransferResult": "hpo.scaling._transfer",
-    "complete_transfer": "hpo.scaling._transfer",
-    "train_target": "hpo.scaling._transfer",
-    "transfer_config": "hpo.scaling._transfer",
-    "ScalingConfig": "hpo.scaling._config",
-    "EagerTransferCallback": "hpo.scaling._callback",
+    "hpo.scaling._coord_check": ("CheckOptions", "CoordCheckReport", "coord_check", "depth_coord_check"),
+    "hpo.scaling._eager": ("Decision", "EagerTransferPolicy"),
+    "hpo.scaling._depth": ("depth_contract_problem",),
+    "hpo.scaling._mup": ("MuPWorkload", "ScalingError", "mup_factors", "proxy_workload", "target_workload"),
+    "hpo.scaling._transfer": (
+        "NON_TRANSFERABLE", "TRANSFERABLE", "TargetRun", "TransferResult", "complete_transfer", "train_target",
+        "transfer_config",
+    ),
+    "hpo.scaling._config": ("ScalingConfig",),
+    "hpo.scaling._callback": ("EagerTransferCallback",),
 }
 
 
 __getattr__ = lazy_names(__name__, _LAZY)
 
 
-__all__ = [
-    "NON_TRANSFERABLE",
-    "TRANSFERABLE",
-    "CheckOptions",
-    "CoordCheckReport",
-    "Decision",
-    "EagerTransferCallback",
-    "EagerTransferPolicy",
-    "MuPWorkload",
-    "ScalingConfig",
-    "ScalingError",
-    "TargetRun",
-    "TransferResult",
-    "complete_transfer",
-    "coord_check",
-    "depth_contract_problem",
-    "depth_coord_check",
-    "mup_factors",
-    "proxy_workload",
-    "target_workload",
-    "train_target",
-    "transfer_config",
-]
+__all__ = public_names(_LAZY)
