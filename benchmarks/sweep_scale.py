@@ -24,7 +24,12 @@ The storage folder is on disk (`--storage`, default a temporary folder under the
 tmpfs, so bytes written are real.
 
     python benchmarks/sweep_scale.py [--quick] [--trials 1000,10000] [--configs 256,1024]
-        [--iterations 2] [--members 64] [--rows tune,hpo,unfused,fused] [--json PATH]
+        [--iterations 2] [--members 64] [--rows tune,hpo,unfused,fused] [--rounds 1] [--json PATH]
+
+`--rounds R` runs each `tune_<N>`/`hpo_<N>` pair R times, alternating which of the two goes first
+(rows `tune_<N>`, `hpo_<N>`, then `..._round2`, ...), and takes the throughput ratio as the median
+of the R pairs' ratios: on this 2-core box one pair's ratio at N=1000 has ranged from 0.83 to 1.27
+for the same code, and a pair run back to back shares most of what the load does to it.
 
 `--quick` is `--trials 200 --configs 64`. The JSON (default `benchmarks/results/sweep_scale.json`)
 holds every row, the ratios the issue asks for, the git commit, the machine and the load average
@@ -38,6 +43,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -226,6 +232,14 @@ def run_row(kind: str, size: int, args: argparse.Namespace, storage: str) -> dic
     return row
 
 
+#: What a row's label adds after its first round: `hpo_1000` then `hpo_1000_round2`, ...
+ROUND = "_round"
+
+
+def round_suffix(number: int) -> str:
+    return f"{ROUND}{number}" if number > 1 else ""
+
+
 def child(args: argparse.Namespace) -> None:
     kind, size = args.row.rsplit("_", 1)
     row = run_row(kind, int(size), args, args.storage)
@@ -247,6 +261,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=2, help="iterations per configuration (fused rows)")
     parser.add_argument("--members", type=int, default=64, help="max_members of the fused rows")
     parser.add_argument("--rows", default="tune,hpo,unfused,fused")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each tune/hpo pair (the ratio is their median)")
     parser.add_argument("--storage", default=None, help="where runs are stored (default: a temporary folder on disk)")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "sweep_scale.json"))
     parser.add_argument("--row", help=argparse.SUPPRESS)
@@ -257,7 +272,8 @@ def main() -> None:
     if args.quick:
         args.trials, args.configs = "200", "64"
     kinds = args.rows.split(",")
-    plan = [f"{kind}_{n}" for n in args.trials.split(",") if n for kind in ("tune", "hpo") if kind in kinds]
+    plan = [f"{kind}_{n}{round_suffix(r)}" for n in args.trials.split(",") if n for r in range(1, args.rounds + 1)
+            for kind in (("tune", "hpo") if r % 2 else ("hpo", "tune")) if kind in kinds]
     plan += [f"{kind}_{n}" for n in args.configs.split(",") if n for kind in ("unfused", "fused") if kind in kinds]
     load_before = os.getloadavg()
     rows: dict[str, Any] = {}
@@ -267,7 +283,7 @@ def main() -> None:
             storage = scratch / label
             storage.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(suffix=".json") as out:
-                command = [sys.executable, __file__, "--row", label, "--row-json", out.name, "--storage", str(storage),
+                command = [sys.executable, __file__, "--row", label.split(ROUND)[0], "--row-json", out.name, "--storage", str(storage),
                            "--iterations", str(args.iterations), "--members", str(args.members)]
                 started = time.perf_counter()
                 done = subprocess.run(command, cwd=ROOT)
@@ -283,10 +299,16 @@ def main() -> None:
             shutil.rmtree(scratch, ignore_errors=True)
     ratios: dict[str, Any] = {}
     for n in args.trials.split(","):
-        tune_row, hpo_row = rows.get(f"tune_{n}", {}), rows.get(f"hpo_{n}", {})
+        pairs = [(rows.get(f"tune_{n}{round_suffix(r)}", {}), rows.get(f"hpo_{n}{round_suffix(r)}", {}))
+                 for r in range(1, args.rounds + 1)]
+        by_round = [round(hpo_row["trials_per_s"] / tune_row["trials_per_s"], 2) for tune_row, hpo_row in pairs
+                    if "trials_per_s" in tune_row and "trials_per_s" in hpo_row]
+        if args.rounds > 1 and by_round:
+            ratios[f"hpo_vs_tune_trials_per_s_{n}_by_round"] = by_round
+        tune_row, hpo_row = pairs[0]  # the other ratios are the first pair's
         if "trials_per_s" in tune_row and "trials_per_s" in hpo_row:
             deciles = hpo_row["trials_per_s_by_decile"]
-            ratios[f"hpo_vs_tune_trials_per_s_{n}"] = round(hpo_row["trials_per_s"] / tune_row["trials_per_s"], 2)
+            ratios[f"hpo_vs_tune_trials_per_s_{n}"] = statistics.median(by_round)
             ratios[f"hpo_write_bytes_vs_tune_{n}"] = round(hpo_row["driver_write_bytes"] / max(tune_row["driver_write_bytes"], 1), 2)
             if deciles:
                 ratios[f"hpo_last_decile_vs_best_early_{n}"] = round(deciles[-1] / max(deciles[:5]), 2)
@@ -295,13 +317,13 @@ def main() -> None:
         unfused, fused = rows.get(f"unfused_{n}", {}), rows.get(f"fused_{n}", {})
         if "seconds" in unfused and "seconds" in fused:
             ratios[f"fused_speedup_{n}"] = round(unfused["seconds"] / fused["seconds"], 2)
-    print(f"{'row':<14} {'s':>8} {'trials/s':>9} {'cpu ms/trial':>13} {'MB written':>11} {'peak RSS MB':>12} "
+    print(f"{'row':<18} {'s':>8} {'trials/s':>9} {'cpu ms/trial':>13} {'MB written':>11} {'peak RSS MB':>12} "
           f"{'KB/trial':>9} {'csv rows':>9}  trials/s by decile")
     for label, row in rows.items():
         if "error" in row:
-            print(f"{label:<14} {row['error']}")
+            print(f"{label:<18} {row['error']}")
             continue
-        print(f"{label:<14} {row['seconds']:>8} {row['trials_per_s']:>9} {row['driver_cpu_ms_per_trial']:>13} "
+        print(f"{label:<18} {row['seconds']:>8} {row['trials_per_s']:>9} {row['driver_cpu_ms_per_trial']:>13} "
               f"{row['driver_write_bytes'] / 1e6:>11.1f} {row['driver_peak_rss_mb']:>12} "
               f"{row['driver_rss_growth_kb_per_trial']:>9} {row['results_csv_rows']!s:>9}  {row['trials_per_s_by_decile']}")
     print(json.dumps(ratios, indent=2))
