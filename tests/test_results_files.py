@@ -78,6 +78,7 @@ def write_state(run, session, ended):
 
 def test_saved_run_state_sees_each_save_and_the_newest_session_at_a_sweeps_end(tmp_path, monkeypatch):
     monkeypatch.setattr(SavedRunState, "LIST_EVERY_S", 3600.0)  # no listing but the first and the end's
+    monkeypatch.setattr(SavedRunState, "CHECK_EVERY_S", 0.0)
     write_state(tmp_path, "2026-01-01_00-00-00", ["old"])  # an interrupted run's state
     saved = SavedRunState(tmp_path)
     assert saved.ended() == {"old"}
@@ -87,6 +88,18 @@ def test_saved_run_state_sees_each_save_and_the_newest_session_at_a_sweeps_end(t
     write_state(tmp_path, "2026-02-01_00-00-00", ["t2"])  # a resumed run's own state
     assert saved.ended() == {"old", "t1"}  # not listed yet
     assert saved.ended(relist=True) == {"t2"}
+
+
+def test_saved_run_state_looks_at_the_file_at_most_every_check_period_until_asked_at_the_end(tmp_path, monkeypatch):
+    monkeypatch.setattr(SavedRunState, "CHECK_EVERY_S", 3600.0)
+    own = tmp_path / "experiment_state-2026-02-01_00-00-00.json"
+    write_state(tmp_path, "2026-02-01_00-00-00", ["t1"])
+    saved = SavedRunState(tmp_path)
+    assert saved.ended() == {"t1"}
+    write_state(tmp_path, "2026-02-01_00-00-00", ["t1", "t2"])
+    os.utime(own, ns=(time.time_ns() + 10**9,) * 2)
+    assert saved.ended() == {"t1"}, "looked again within the period"
+    assert saved.ended(relist=True) == {"t1", "t2"}
 
 
 def test_saved_run_state_stops_listing_the_folder_once_this_runs_own_state_is_read(tmp_path, monkeypatch):
