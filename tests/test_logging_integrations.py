@@ -3,6 +3,7 @@ offline runs from one tiny YAML sweep, read back with each tool's own reader."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -180,6 +181,19 @@ def test_a_tracking_store_mlflow_refuses_fails_before_any_trial_with_exit_status
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, errors
     assert errors[0].startswith(f"error: {path}:10: logging.mlflow.tracking_uri: MLflow cannot use tracking store")
+    assert not (tmp_path / "runs" / "logged").exists(), "no trial ran"
+
+
+def test_an_online_wandb_sweep_without_an_api_key_fails_before_any_trial_with_exit_status_2(ray_local, tmp_path, monkeypatch, capsys):
+    for name in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc key
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # not a terminal: W&B cannot ask for one
+    path = sweep_file(tmp_path, "logging:\n  wandb: {project: p}\n")
+    assert main(["run", str(path)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(f"error: {path}:10: logging.wandb: W&B has no API key for online runs")
     assert not (tmp_path / "runs" / "logged").exists(), "no trial ran"
 
 

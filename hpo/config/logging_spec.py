@@ -49,7 +49,7 @@ class MLflowSpec(_Strict):
 
 
 class WandbSpec(_Strict):
-    """`WandbLoggerCallback`'s settings: one W&B run per trial, grouped by sweep."""
+    """W&B's settings (`hpo.reporting.wandb_runs`): one W&B run per trial, grouped by sweep."""
 
     #: Defaults to the sweep's name.
     project: str | None = None

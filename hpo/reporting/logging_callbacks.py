@@ -1,14 +1,13 @@
-"""Ray Tune's own logger callbacks (TensorBoard, MLflow, W&B) for a sweep's `logging:` block
-(`hpo.config.logging_spec`): the callbacks a Tune user passes to `RunConfig(callbacks=...)`, so
-runs land where that user's tools already look."""
+"""The logger callbacks for a sweep's `logging:` block (`hpo.config.logging_spec`): Ray Tune's own
+for TensorBoard and MLflow, the callbacks a Tune user passes to `RunConfig(callbacks=...)`, so runs
+land where that user's tools already look; for W&B, `hpo.reporting.wandb_runs`, which writes the
+runs Ray's callback would but does not lose their last records."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpo.base.scoped_environ import scoped_environ
 from hpo.config.errors import ConfigIssue, SweepConfigError
 from hpo.config.logging_spec import LoggingSpec, MLflowSpec, WandbSpec
 
@@ -33,7 +32,7 @@ def logger_callbacks(
     if spec.mlflow is not None:
         callbacks.append(_mlflow_callback(spec.mlflow, sweep, source))
     if spec.wandb is not None:
-        callbacks.append(_wandb_callback(spec.wandb, sweep, experiment_dir))
+        callbacks.append(_wandb_callback(spec.wandb, sweep, experiment_dir, source))
     return callbacks
 
 
@@ -57,26 +56,26 @@ def _mlflow_callback(spec: MLflowSpec, sweep: str, source: Any) -> tune.Callback
     )
 
 
-def _wandb_callback(spec: WandbSpec, sweep: str, experiment_dir: Path) -> tune.Callback:
-    from ray.air.integrations.wandb import WandbLoggerCallback
+def _wandb_callback(spec: WandbSpec, sweep: str, experiment_dir: Path, source: Any) -> tune.Callback:
+    from hpo.reporting.wandb_runs import WandbRunsCallback
 
-    class QuietAtExitWandbLoggerCallback(WandbLoggerCallback):
-        """Ray's finaliser calls `ray.is_initialized()` even at interpreter exit, when `ray` is
-        gone, and prints a traceback after every CLI sweep; by then the logging actors ended with
-        the sweep (`on_experiment_end`) or with Ray."""
-
-        def __del__(self) -> None:
-            if not sys.is_finalizing():
-                super().__del__()
-
-        def setup(self, *args: Any, **kwargs: Any) -> None:
-            """Ray asks for an API key here unless W&B's own switch says offline. The logging
-            actors get the mode through `wandb.init` below, so the switch is set only while Ray
-            checks: the process's environment is the user's again afterwards."""
-            with scoped_environ({"WANDB_MODE": spec.mode} if spec.mode != "online" else {}):
-                super().setup(*args, **kwargs)
-
+    if spec.mode == "online":
+        _check_wandb_login(source)
     directory = Path(spec.dir or experiment_dir).expanduser().resolve()
     directory.mkdir(parents=True, exist_ok=True)
-    init = {key: value for key, value in {"entity": spec.entity, "tags": spec.tags}.items() if value}
-    return QuietAtExitWandbLoggerCallback(project=spec.project or sweep, group=spec.group, mode=spec.mode, dir=str(directory), **init)
+    init = {"project": spec.project or sweep, "group": spec.group, "mode": spec.mode, "dir": str(directory), "entity": spec.entity, "tags": spec.tags}
+    return WandbRunsCallback(init)
+
+
+def _check_wandb_login(source: Any) -> None:
+    """Online runs need a W&B key: found now (W&B asks for one on a terminal), not by every trial's
+    run later."""
+    import wandb
+
+    try:
+        wandb.login(verify=False)
+    except wandb.errors.UsageError as exc:
+        key = "logging.wandb"
+        line = source.line_of(key) if source is not None else None
+        message = f"W&B has no API key for online runs: run `wandb login`, set WANDB_API_KEY, or set mode: offline ({exc})"
+        raise SweepConfigError([ConfigIssue(key, message, line)], source.name if source is not None else None) from None
