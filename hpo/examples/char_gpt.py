@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpo.base.workload import Batch, Workload
+from hpo.examples.model_from_config import build_from_config
 
 EVAL_WINDOWS = 256
 
@@ -166,21 +167,7 @@ class CharGPTWorkload(Workload):
 
     def build_model(self, config: Mapping[str, Any]) -> nn.Module:
         vocabulary, _ = load_corpus()
-        return CharGPT(
-            vocab_size=len(vocabulary),
-            width=int(config["width"]),
-            n_layer=int(config["n_layer"]),
-            head_dim=int(config["head_dim"]),
-            block_size=int(config["block_size"]),
-            dropout=float(config["dropout"]),
-            attn_scale=str(config["attn_scale"]),
-            attn_mult=float(config["attn_mult"]),
-            emb_mult=float(config["emb_mult"]),
-            output_mult=float(config["output_mult"]),
-            init_std=None if config["init_std"] is None else float(config["init_std"]),
-            readout_zero_init=bool(config["readout_zero_init"]),
-            residual_mult=float(config["residual_mult"]),
-        )
+        return build_from_config(CharGPT, config, vocab_size=len(vocabulary))
 
     @staticmethod
     def _split(validation: bool) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from hpo.base.workload import Batch, Workload
+from hpo.examples.model_from_config import build_from_config
 
 NUM_FEATURES = 64
 NUM_CLASSES = 10
@@ -97,13 +98,7 @@ class DigitsMLP(Workload):
     steps_per_iteration = 22  # about one epoch at batch size 64
 
     def build_model(self, config: Mapping[str, Any]) -> nn.Module:
-        return MLP(
-            width=int(config["width"]),
-            depth=int(config["depth"]),
-            dropout=float(config["dropout"]),
-            output_mult=float(config["output_mult"]),
-            init_std=None if config["init_std"] is None else float(config["init_std"]),
-        )
+        return build_from_config(MLP, config)
 
     def train_batches(self, config: Mapping[str, Any], seed: int) -> Iterator[Batch]:
         (x, y), _ = load_digits_split()

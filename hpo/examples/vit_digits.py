@@ -20,6 +20,7 @@ from torch import nn
 
 from hpo.examples.char_gpt import SelfAttention, normal_init
 from hpo.examples.mlp_digits import NUM_CLASSES, DigitsMLP
+from hpo.examples.model_from_config import build_from_config
 
 IMAGE_SIDE = 8
 PATCH_SIDE = 2
@@ -92,16 +93,7 @@ class DigitsViT(DigitsMLP):
     residual_blocks = "encoder"
 
     def build_model(self, config: Mapping[str, Any]) -> nn.Module:
-        return ViT(
-            width=int(config["width"]),
-            depth=int(config["depth"]),
-            head_dim=int(config["head_dim"]),
-            attn_scale=str(config["attn_scale"]),
-            attn_mult=float(config["attn_mult"]),
-            output_mult=float(config["output_mult"]),
-            residual_mult=float(config["residual_mult"]),
-            init_std=None if config["init_std"] is None else float(config["init_std"]),
-        )
+        return build_from_config(ViT, config)
 
 
 workload = DigitsViT()
