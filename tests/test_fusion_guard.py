@@ -1,5 +1,6 @@
 """The differential guard: a fused group that would train a member wrongly is refused before any
-training step, by name; valid models, attention's key-bias null space included, are not.
+training step, by name; valid models, attention's key-bias null space and the rounding noise of a
+bias under BatchNorm included, are not.
 
 Broken fusion is injected where a real bug would sit: the fused optimizer applying one member's
 learning rate to another, and the stacked layers forgetting that a parameter is frozen.
@@ -98,6 +99,52 @@ def test_attention_whose_key_bias_rounds_differently_is_accepted_on_the_vmap_pat
     ]
     trainer = FusedTrainer(char_gpt, configs)
     assert trainer.model.strategy == "vmap"
+
+
+class BatchNormed(nn.Module):
+    """Linear, BatchNorm, ReLU: the block of most image and tabular models. The Linear's bias gets
+    a gradient the batch mean cancels to rounding noise, which Adam divides by its own size."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 16)
+        self.norm = nn.BatchNorm1d(16)
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x):
+        return self.head(F.relu(self.norm(self.fc(x))))
+
+
+#: Member 0 clips and decays at a large lr: without the noise floor its fc.bias was refused.
+BATCHNORM_CONFIGS = [
+    {"seed": 0, "optimizer": "adamw", "lr": 1e-2, "weight_decay": 0.1, "grad_clip": 1.0},
+    {"seed": 1, "optimizer": "adamw", "lr": 3e-3},
+    {"seed": 2, "optimizer": "adamw", "lr": 1e-3, "weight_decay": 1e-2, "grad_clip": 0.1},
+]
+
+
+def batchnorm_workload() -> DatasetWorkload:
+    workload = probing_workload()
+    workload.model_factory = lambda config: BatchNormed()
+    return workload
+
+
+@pytest.mark.parametrize("strategy", ["auto", "vmap"])
+def test_a_bias_under_batchnorm_that_rounds_differently_is_accepted_as_pytorch_itself_rounds_it(strategy):
+    # refused before the check knew the member's own noise: fc.bias ended 5.4e-11 apart fused and
+    # alone; alone, with every parameter one ulp away, such a bias ends 1e-10 apart
+    trainer = FusedTrainer(batchnorm_workload(), BATCHNORM_CONFIGS, strategy=strategy)
+    assert trainer.model.strategy == ("stacked" if strategy == "auto" else "vmap")
+
+
+def test_a_group_whose_learning_rates_are_one_percent_off_under_batchnorm_is_still_refused(monkeypatch, steps_taken):
+    """The rounding allowance is no cover for a fault: 1% of a step is a million times the noise."""
+    scheduled_lrs = fusion.optim.FusedOptimizer.scheduled_lrs
+    monkeypatch.setattr(fusion.optim.FusedOptimizer, "scheduled_lrs",
+                        lambda self, steps: [[lr * 1.01 for lr in member] for member in scheduled_lrs(self, steps)])
+    with pytest.raises(FusionError, match=r"member 0's parameter '(fc|norm|head)\.\w+' differs .* it is not trained"):
+        FusedTrainer(batchnorm_workload(), BATCHNORM_CONFIGS)
+    assert not steps_taken
 
 
 def test_witnesses_cover_every_optimizer_feature_and_multiplier_some_member_uses():
