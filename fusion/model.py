@@ -43,6 +43,7 @@ import torch
 from torch import nn
 from torch.func import vmap
 from torch.nn import functional as F
+from torch.nn.utils import parametrize
 from torch.overrides import TorchFunctionMode
 
 from fusion.batch_folding import Batch, Layout, Spec, Unfoldable, install, map_tensors, measure_layouts
@@ -402,6 +403,12 @@ def _corresponding(models: Sequence[nn.Module]) -> Iterator[tuple[str, list[nn.M
     named = [dict(m.named_modules(remove_duplicate=False)) for m in models]
     for path, module in named[0].items():
         group = [n.get(path) for n in named]
+        if parametrize.is_parametrized(module):  # each member's module has a class of its own: say why, not "differ"
+            raise FusionError(
+                f"layer '{path or '<root>'}' ({type(module).__bases__[0].__name__}) has parametrized tensors "
+                f"{sorted(module.parametrizations.keys())} (torch.nn.utils.parametrize: weight_norm, spectral_norm, "
+                "orthogonal), which fusion does not stack; train these configurations unfused (fusion: {enabled: false})"
+            )
         if any(type(m) is not type(module) for m in group):
             raise FusionError(f"members differ in layer '{path or '<root>'}': {sorted({type(m).__name__ for m in group})}")
         yield path, group

@@ -129,6 +129,14 @@ def test_members_of_different_architectures_cannot_fuse():
         fuse_models([nn.Linear(4, 3), nn.Linear(4, 5)], torch.randn(2, 4))
 
 
+@pytest.mark.parametrize("parametrization", [nn.utils.parametrizations.weight_norm, nn.utils.parametrizations.spectral_norm])
+def test_a_parametrized_layer_is_refused_naming_it_and_its_parametrization_not_as_members_that_differ(parametrization):
+    # each member's parametrized Linear is a class of its own (`ParametrizedLinear`, made per module)
+    models = [nn.Sequential(parametrization(nn.Linear(4, 3)), nn.ReLU(), nn.Linear(3, 2)) for _ in range(2)]
+    with pytest.raises(FusionError, match=r"layer '0' \(Linear\) has parametrized tensors \['weight'\] .*fusion: \{enabled: false\}"):
+        fuse_models(models, torch.randn(5, 4))
+
+
 def test_members_that_freeze_different_parameters_are_refused_naming_the_parameter():
     trainable, frozen = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2)), nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
     frozen[0].requires_grad_(False)
