@@ -4,13 +4,14 @@ sweeps plain and fused alike, without a line of batch-generator code."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
 from ray import tune
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import hpo
 from hpo.base.training import TrialTrainer
@@ -76,6 +77,28 @@ def test_a_dataloader_fixes_the_batch_size_and_says_so_when_the_config_differs()
     workload = blobs_workload(train=DataLoader(two_blobs(256, seed=0), batch_size=32, shuffle=True))
     with pytest.raises(ValueError, match="DataLoader was built with batch_size=32; pass its Dataset"):
         first_batches(workload, {"batch_size": 64}, seed=0)
+
+
+class DictItems(Dataset):
+    """What a Hugging Face style dataset yields: a dict per item."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, index):
+        return {"features": torch.full((3,), float(index)), "label": index % 2}
+
+
+@pytest.mark.parametrize("train, val, data, found", [
+    (DictItems(), TensorDataset(torch.randn(8, 3), torch.zeros(8, dtype=torch.long)), "training", "dicts with keys ['features', 'label']"),
+    (DataLoader(DictItems(), batch_size=4), TensorDataset(torch.randn(8, 3), torch.zeros(8, dtype=torch.long)), "training", "dicts with keys ['features', 'label']"),
+    (TensorDataset(torch.randn(8, 3), torch.zeros(8, dtype=torch.long)), TensorDataset(torch.randn(8, 3), torch.zeros(8), torch.ones(8)), "validation", "lists of 3 items"),
+])
+def test_data_that_does_not_yield_inputs_and_target_pairs_is_refused_saying_what_it_yields(train, val, data, found):
+    workload = DatasetWorkload(model=lambda config: nn.Linear(3, 2), train=train, val=val, loss=F.cross_entropy, defaults={"batch_size": 4})
+    config = workload.resolve({})
+    with pytest.raises(ValueError, match=rf"the {data} data must yield \(inputs, target\) pairs, and it yields {re.escape(found)}"):
+        next(workload.train_batches(config, seed=0)) if data == "training" else workload.eval_batches(config)
 
 
 def test_it_reports_val_loss_and_every_named_metric():

@@ -131,7 +131,8 @@ class DatasetWorkload(Workload):
     The user writes no batch generator: a map-style `Dataset` is batched by a `DataLoader` with
     the trial's `batch_size` (shuffled by the data seed, last partial batch dropped, repeated
     forever); a `DataLoader` is used as built, its shuffling seeded per epoch from the data seed,
-    so fused members and a resumed trial see the same batches. Items must be `(inputs, target)`.
+    so fused members and a resumed trial see the same batches. Items must be `(inputs, target)`;
+data that yields anything else (a dict of features and label) is a ValueError saying so.
 
     Example::
 
@@ -201,14 +202,14 @@ class DatasetWorkload(Workload):
         if len(loader) == 0:
             raise ValueError(f"the training set has {len(self.train)} items, fewer than one batch of {batch_size}")
         while True:
-            for inputs, target in loader:
-                yield inputs, target
+            for batch in loader:
+                yield _as_pair(batch, "training")
 
     def eval_batches(self, config: Mapping[str, Any]) -> list[Batch]:
         batch_size = self.val.batch_size if isinstance(self.val, DataLoader) else int(config["batch_size"])
         if batch_size not in self._eval_cache:
             loader = self.val if isinstance(self.val, DataLoader) else DataLoader(self.val, batch_size=batch_size)
-            self._eval_cache[batch_size] = [(inputs, target) for inputs, target in loader]
+            self._eval_cache[batch_size] = [_as_pair(batch, "validation") for batch in loader]
         return self._eval_cache[batch_size]
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -233,7 +234,24 @@ def _seeded_epochs(loader: DataLoader, seed: int) -> Iterator[Batch]:
             first = next(batches, None)
         if first is None:
             raise ValueError("the training DataLoader yields no batch")
-        yield tuple(first)
+        yield _as_pair(first, "training")
         for batch in batches:
-            yield tuple(batch)
+            yield _as_pair(batch, "training")
         epoch += 1
+
+
+def _as_pair(batch: Any, data: str) -> Batch:
+    """`batch` as (inputs, target), or a ValueError naming what the data yields instead: a dict of
+    two keys would otherwise unpack into the keys' names, and the model fail on a string."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    if isinstance(batch, Mapping):
+        found = f"dicts with keys {sorted(map(str, batch))}"
+    elif isinstance(batch, (tuple, list)):
+        found = f"{type(batch).__name__}s of {len(batch)} items"
+    else:
+        found = f"{type(batch).__name__}s"
+    raise ValueError(
+        f"DatasetWorkload: the {data} data must yield (inputs, target) pairs, and it yields {found}; "
+        "wrap the dataset so that each item is (inputs, target)"
+    )
