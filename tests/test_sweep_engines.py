@@ -108,6 +108,37 @@ def test_a_function_trainable_keeps_the_checkpoints_and_the_stop_its_run_config_
     assert run.run_config.stop is None and not run.tune_config.reuse_actors
 
 
+class Counter(tune.Trainable):
+    """A Tune user's class trainable, written without `reset_config`."""
+
+    def setup(self, config):
+        self.x = config["lr"]
+
+    def step(self):
+        return {"val_loss": self.x}
+
+
+class ResettingCounter(Counter):
+    def reset_config(self, new_config):
+        self.x = new_config["lr"]
+        return True
+
+
+def test_trial_processes_are_reused_where_the_trainable_can_take_the_next_config_in_place(tmp_path):
+    def train(config):
+        tune.report({"val_loss": 0.0})
+
+    unset = tune.TuneConfig(metric="val_loss", mode="min", reuse_actors=None)  # hpo.run's default
+    reused = {t: FunctionEngine(plan(t)).start(tmp_path, unset, tune.RunConfig()).tune_config.reuse_actors
+              for t in (train, Counter, ResettingCounter)}
+    assert reused == {train: True, Counter: False, ResettingCounter: True}
+
+
+def test_reusing_the_processes_of_a_class_without_reset_config_is_refused_saying_what_it_needs(tmp_path):
+    with pytest.raises(ValueError, match=r"reuse_actors=True needs Counter\.reset_config\(new_config\) returning True"):
+        FunctionEngine(plan(Counter)).start(tmp_path, tune.TuneConfig(reuse_actors=True), tune.RunConfig())
+
+
 def test_a_scaled_engine_tunes_through_its_inner_engine_and_adds_the_eager_transfer_last(tmp_path):
     scaling = {"target_width": 64, "ratio": 4, "eager_transfer": 0.5}
     engine = tuner(tmp_path, PROXY_SPACE, scaling=scaling).engine

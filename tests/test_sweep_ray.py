@@ -57,6 +57,33 @@ def test_a_function_that_ends_its_own_loop_early_has_completed_unless_something_
                    storage_path=str(tmp_path), name="asha")
     assert set(asha.get_dataframe()["status"]) == {"early_stopped"}
 
+class Quadratic(tune.Trainable):
+    """A Tune user's class trainable as Tune's docs write one: no `reset_config` (Tune itself saves
+    a class trainable that a stop condition ends, so it saves and loads)."""
+
+    def setup(self, config):
+        self.x, self.steps = config["x"], 0
+
+    def step(self):
+        self.steps += 1
+        return {"score": (self.x - 1.0) ** 2 + 1.0 / self.steps}
+
+    def save_checkpoint(self, checkpoint_dir):
+        Path(checkpoint_dir, "steps").write_text(str(self.steps))
+
+    def load_checkpoint(self, checkpoint_dir):
+        self.steps = int(Path(checkpoint_dir, "steps").read_text())
+
+
+def test_a_class_trainable_without_reset_config_runs_every_configuration(tmp_path):
+    # hpo.run reused trial processes unconditionally: Tune then failed every trial handed a used
+    # process ("Trainable runner reuse requires reset_config() to be implemented")
+    result = hpo.run(Quadratic, config={"x": tune.grid_search([0.0, 1.0, 2.5])}, metric="score", mode="min",
+                     stop={"training_iteration": 2}, storage_path=str(tmp_path), name="class", verbose=0)
+    assert sorted(r.metrics["score"] for r in result) == pytest.approx([0.5, 1.5, 2.75])
+    assert result.best_config == {"x": 1.0}
+
+
 def test_tuner_mirrors_ray_tuner(tmp_path):
     tuner = hpo.Tuner(
         "mlp_digits",

@@ -126,7 +126,7 @@ def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
             scheduler=build_scheduler(spec),
             max_concurrent_trials=spec.max_concurrent_trials,
             time_budget_s=spec.time_budget_s,
-            reuse_actors=True,
+            reuse_actors=None,  # where the trainable can be reset: the engine decides
         ),
         run_config=sweep_run_config(
             spec.name, loaded.storage, stop, spec.max_failures,
@@ -184,14 +184,16 @@ def run(
     scaling: Any = None,
     fusion: FusionConfig | None = None,
     checkpoint: CheckpointPolicy | Mapping[str, Any] | None = None,
-    reuse_actors: bool = True,
+    reuse_actors: bool | None = None,
     logging: Mapping[str, Any] | None = None,
     verbose: int = 2,
 ) -> SweepResult:
     """`tune.run`'s common arguments, returning a `SweepResult`.
 
     `checkpoint` (`{"every": N, "at_end": True}`) bounds what a crash costs: a trial loses at most
-    N iterations. Trial processes are reused between trials unless `reuse_actors=False`.
+    N iterations. Trial processes are reused between trials where the trainable can be reset (a
+function, a `Workload`, a `tune.Trainable` class with its own `reset_config`) unless
+`reuse_actors=False`.
     `logging` is a sweep file's `logging:` block as a dict (`{"tensorboard": True, "mlflow":
     {"tracking_uri": ...}, "wandb": {"project": ..., "mode": "offline"}}`): Tune's own logger
     callbacks, added to `callbacks`.
