@@ -18,6 +18,7 @@ import pytest
 from patience import patience
 
 from hpo.base.ray_runtime import SUBMITTED_JOB_CONFIG_ENV, _beside_submitted_job, code_runtime_env
+from hpo.config.errors import SweepConfigError
 from hpo.config.sweep_file import load_sweep
 from hpo.config.trainable_lookup import found_in
 
@@ -238,6 +239,30 @@ def test_only_a_module_imported_from_the_sweep_files_folder_travels(tmp_path, mo
     (checkout / "beside.yaml").write_text(sweep)
     assert load_sweep(tmp_path / "above.yaml", execute=False).code_folder is None
     assert load_sweep(checkout / "beside.yaml", execute=False).code_folder == checkout.resolve()
+
+
+@pytest.mark.parametrize("named, module", [
+    ("byfile_train.py:train", "byfile_train"),
+    ("byfile_models/train.py:train", "byfile_models.train"),
+])
+def test_a_trainable_named_by_its_file_beside_the_sweep_file_is_that_module(tmp_path, monkeypatch, named, module):
+    """`program: train.py`, as W&B names it, written `trainable: train.py:main`."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the sweep file's folder is added: this test's only
+    (tmp_path / "byfile_models").mkdir()
+    for file in (tmp_path / "byfile_train.py", tmp_path / "byfile_models" / "train.py"):
+        file.write_text("def train(config):\n    return config\n")
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"name: byfile\ntrainable: {named}\nmetric: {{name: loss, goal: minimize}}\nparameters:\n  x: {{min: 0.0, max: 1.0}}\n")
+    loaded = load_sweep(sweep, for_ray=False)
+    assert loaded.located.module == module and loaded.code_folder == tmp_path.resolve()
+    assert loaded.trainable.obj({"x": 1}) == {"x": 1}
+
+
+def test_a_trainable_file_outside_the_sweep_files_folder_is_a_one_line_error(tmp_path):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("name: outside\ntrainable: ../train.py:train\nmetric: {name: loss, goal: minimize}\nparameters:\n  x: {min: 0.0, max: 1.0}\n")
+    with pytest.raises(SweepConfigError, match=r"sweep\.yaml:2: trainable: '\.\./train\.py' is a file outside the sweep file's folder"):
+        load_sweep(sweep, execute=False)
 
 
 def test_a_built_in_trainable_never_takes_the_folder_above_its_checkout_along():

@@ -49,13 +49,25 @@ class TrainableSource:
 
 
 def split_reference(reference: str) -> tuple[str, str]:
-    """`(module, attribute)` of a trainable reference, built-in names expanded."""
+    """`(module, attribute)` of a trainable reference, built-in names expanded.
+
+    A file beside the sweep file may be named as a file, `train.py:main` or `models/train.py:main`
+    (how W&B's `program: train.py` and a shell name it): it is the module `train` or
+    `models.train`, found in the sweep file's folder as any module is."""
     target = BUILTIN.get(reference, reference)
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
         raise TrainableNotFound(
             f"{reference!r} is neither a built-in example ({', '.join(BUILTIN)}) nor 'package.module:function'"
         )
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        if path.is_absolute() or ".." in path.parts:
+            raise TrainableNotFound(
+                f"{module_name!r} is a file outside the sweep file's folder: name a module on the Python path "
+                "('package.module:function'), or put the file beside the sweep file"
+            )
+        module_name = ".".join(path.with_suffix("").parts)
     return module_name, attribute
 
 
