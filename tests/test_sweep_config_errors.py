@@ -53,10 +53,12 @@ def test_valid_file_passes(tmp_path, capsys):
         (VALID.replace("{values: [16, 32]}", "{valeus: [16, 32]}"), "parameters.width.valeus", 7, "did you mean 'values'"),
         (VALID.replace("goal: minimize", "goal: smallest"), "metric.goal", 4, "minimize"),
         (VALID + "fusion: {placement: bubbles}\n", "fusion", 10, "needs an explicit max_members"),
+        (VALID.replace("{values: [16, 32]}", "32"), "parameters.width", 7, "32 is not a parameter: write {value: 32}"),
+        (VALID.replace("{values: [16, 32]}", "[16, 32]"), "parameters.width", 7, "write {values: [16, 32]} to search these values"),
     ],
     ids=["unknown-key", "wrong-type", "min-ge-max", "non-positive-log-bound", "grid-continuous",
          "metric-never-reported", "unimportable-trainable", "unknown-nested-key", "bad-enum",
-         "bubbles-without-group-size"],
+         "bubbles-without-group-size", "bare-value", "bare-list"],
 )
 def test_bad_input_names_key_and_line(tmp_path, capsys, bad, key, line, words):
     code, err = validate(write(tmp_path, bad), capsys)

@@ -391,6 +391,12 @@ def _issues(exc: ValidationError, source: LineNumbered) -> list[ConfigIssue]:
             message = f"unknown key {loc[-1]!r}{did_you_mean_key(loc[-1], _allowed_keys(loc[:-1]))}"
         elif error["type"] == "missing":
             message = f"required key {loc[-1]!r} is missing"
+        elif error["type"] == "model_type" and len(loc) == 2 and loc[0] == "parameters":
+            given = error["input"]
+            message = (f"{given!r} is not a parameter: write {{values: {given!r}}} to search these values, or "
+                       f"{{value: {given!r}}} to fix the list" if isinstance(given, list) else
+                       f"{given!r} is not a parameter: write {{value: {given!r}}} to fix it, or {{values: [...]}} or "
+                       "{min: ..., max: ...} to search it")
         path = ".".join(loc)
         issues.append(ConfigIssue(path, message, source.line_of(path)))
     return issues
