@@ -38,8 +38,9 @@ difference are not faults:
   the eval outputs that read that) lands 1e-10 away after two steps; a LayerNorm's bias before
   such a Linear lands lr-sized steps away. Where a result differs, the member's run is repeated
   with every parameter moved by one ulp (`torch.nextafter`), up and then down, and a fused result
-  within NOISE_FACTOR times the farther run's distance from the member's own is rounding. A fault (a wrong learning rate, decay, clip or row) moves results by far more than
-  the rounding of well-conditioned ones, whose own noise is some 1e-16.
+  within NOISE_FACTOR times the farther run's distance from the member's own is rounding. A fault
+  (a wrong learning rate, decay, clip or row) moves results by far more than the rounding of
+  well-conditioned ones, whose own noise is some 1e-16.
 A parameter that got no gradient in the member's run (frozen, unused) must match exactly as
 well: there the member's value is its initial one.
 
@@ -178,11 +179,12 @@ def verify_fused_training(
             fused_losses.append(fused_step(fused_copy, optimizer, x, y).detach())
         fused_outputs = _eval_outputs(fused_copy, probe)
         for row, (index, model, hp) in enumerate(zip(indices, alone, own_hparams)):
-            initial = {name: p.detach().clone() for name, p in model.named_parameters()}
-            noise = _RoundingNoise(_float64_copy(model), hp, multipliers[index], workload, data, training)
+            start = _float64_copy(model)  # the member before its steps: the rounding-noise runs start here
+            initial = {name: p.detach() for name, p in start.named_parameters()}
             stepped = _train_alone(model, hp, multipliers[index], workload, data[:steps], training)
             own_outputs = _eval_outputs(model, probe)
-            noise.expect(model.state_dict(), stepped.losses, own_outputs)
+            own = _Results(model.state_dict(), stepped.losses, own_outputs)
+            noise = _RoundingNoise(start, own, hp, multipliers[index], workload, data, training)
             # parameters first: a wrong one names the cause, a wrong loss only the symptom
             _compare_state(fused_copy.member_state_dict(row), model, index, initial, stepped.received, workload, data[steps], noise)
             for step, expected in enumerate(stepped.losses):
@@ -389,22 +391,18 @@ class _Results(NamedTuple):
 
 
 class _RoundingNoise:
-    """How far the member's own results move when only their rounding changes: its run repeated
-    from its initial state with every parameter one ulp up, and once one ulp down (see the module
-    doc); the larger distance of the two, as one draw of noise can fall near zero. The runs are
-    taken only when some result differs past RTOL, so a group that matches pays one copy of each
-    witness."""
+    """How far the member's own results (`own`) move when only their rounding changes: its run
+    repeated from `start`, its state before the run, with every parameter one ulp up, and once one
+    ulp down (see the module doc); the larger distance of the two, as one draw of noise can fall
+    near zero. The runs are taken only when some result differs past RTOL, so a group that matches
+    pays one copy of each witness."""
 
-    def __init__(self, start: nn.Module, hp: OptimHParams, multipliers: tuple[Mapping[str, float], Mapping[str, float]],
-                 workload: Workload, data: Sequence[Batch], training: bool):
-        self._start, self._hp, self._multipliers = start, hp, multipliers
+    def __init__(self, start: nn.Module, own: _Results, hp: OptimHParams,
+                 multipliers: tuple[Mapping[str, float], Mapping[str, float]], workload: Workload,
+                 data: Sequence[Batch], training: bool):
+        self._start, self._own, self._hp, self._multipliers = start, own, hp, multipliers
         self._workload, self._data, self._training = workload, data, training
-        self._expected: _Results | None = None
         self._nudged: list[_Results] = []
-
-    def expect(self, state: Mapping[str, torch.Tensor], losses: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
-        """The member's own results, which the nudged runs are measured against."""
-        self._expected = _Results({name: t.detach().clone() for name, t in state.items()}, losses, outputs)
 
     def of_state(self, name: str) -> Callable[[torch.Tensor, torch.Tensor], bool]:
         return lambda got, expected: self._within(got, expected, lambda results: results.state[name])
@@ -418,8 +416,7 @@ class _RoundingNoise:
     def _within(self, got: torch.Tensor, expected: torch.Tensor, pick: Callable[[_Results], torch.Tensor]) -> bool:
         if got.shape != expected.shape or not expected.is_floating_point() or not torch.isfinite(expected).all():
             return False
-        assert self._expected is not None
-        own = pick(self._expected).double()
+        own = pick(self._own).double()
         noise = max((pick(nudged).double() - own).norm() for nudged in self._nudged_runs())
         return bool((got.double() - expected.double()).norm() <= NOISE_FACTOR * noise)
 
