@@ -132,7 +132,7 @@ class DatasetWorkload(Workload):
     the trial's `batch_size` (shuffled by the data seed, last partial batch dropped, repeated
     forever); a `DataLoader` is used as built, its shuffling seeded per epoch from the data seed,
     so fused members and a resumed trial see the same batches. Items must be `(inputs, target)`;
-data that yields anything else (a dict of features and label) is a ValueError saying so.
+    data that yields anything else (a dict of features and label) is a ValueError saying so.
 
     Example::
 

@@ -393,10 +393,11 @@ def _issues(exc: ValidationError, source: LineNumbered) -> list[ConfigIssue]:
             message = f"required key {loc[-1]!r} is missing"
         elif error["type"] == "model_type" and len(loc) == 2 and loc[0] == "parameters":
             given = error["input"]
-            message = (f"{given!r} is not a parameter: write {{values: {given!r}}} to search these values, or "
-                       f"{{value: {given!r}}} to fix the list" if isinstance(given, list) else
-                       f"{given!r} is not a parameter: write {{value: {given!r}}} to fix it, or {{values: [...]}} or "
-                       "{min: ..., max: ...} to search it")
+            if isinstance(given, list):
+                advice = f"write {{values: {given!r}}} to search these values, or {{value: {given!r}}} to fix the list"
+            else:
+                advice = f"write {{value: {given!r}}} to fix it, or {{values: [...]}} or {{min: ..., max: ...}} to search it"
+            message = f"{given!r} is not a parameter: {advice}"
         path = ".".join(loc)
         issues.append(ConfigIssue(path, message, source.line_of(path)))
     return issues

@@ -38,12 +38,13 @@ class FunctionEngine(SweepEngine):
         """Trial processes are reused (`reuse_actors=None`, `hpo.run`'s default) where the trainable
         can take a new trial's config in place: Tune hands a process on only through the trainable's
         `reset_config`, and a class without one fails every trial it is handed."""
-        resets = _resets_itself(self.plan.trainable)
+        trainable = _trainable_class(self.plan.trainable)
+        resets = _resets_itself(trainable)
         if tune_config.reuse_actors is None:
             return replace(tune_config, reuse_actors=resets)
         if tune_config.reuse_actors and not resets:
             raise ValueError(
-                f"reuse_actors=True needs {self.plan.trainable.__name__}.reset_config(new_config) returning True: Tune "
+                f"reuse_actors=True needs {trainable.__name__}.reset_config(new_config) returning True: Tune "
                 "hands a trial's process to the next trial only through it; implement it, or leave reuse_actors unset"
             )
         return tune_config
@@ -84,13 +85,18 @@ class WorkloadEngine(FunctionEngine):
         return super()._run_config(experiment, run_config)
 
 
+def _trainable_class(trainable: Any) -> Any:
+    """What a name registered with `tune.register_trainable` stands for; anything else as it is."""
+    if isinstance(trainable, str):
+        from ray.tune.registry import get_trainable_cls
+
+        return get_trainable_cls(trainable)
+    return trainable
+
+
 def _resets_itself(trainable: Any) -> bool:
     """Whether a trial of `trainable` can take the next trial's config in its process: a function
     (Tune's wrapper resets it), or a `tune.Trainable` class that overrides `reset_config`."""
-    if isinstance(trainable, str):  # a name registered with `tune.register_trainable`
-        from ray.tune.registry import get_trainable_cls
-
-        trainable = get_trainable_cls(trainable)
     if isinstance(trainable, type) and issubclass(trainable, tune.Trainable):
         return trainable.reset_config is not tune.Trainable.reset_config
     return True

@@ -145,7 +145,7 @@ def _flattened(result: dict, prefix: str = "") -> list[tuple[str, Any]]:
 
 def _loggable(value: Any) -> bool:
     """Numbers (numpy's too) and W&B's own media objects; W&B refuses the rest."""
-    if isinstance(value, bool | numbers.Number):
+    if isinstance(value, numbers.Number):  # bools and numpy's scalar types among them
         return True
     if hasattr(value, "item") and getattr(value, "size", None) == 1:
         return isinstance(value.item(), numbers.Number)
