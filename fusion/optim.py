@@ -3,10 +3,14 @@
 PyTorch's optimizers take one `lr` per parameter group; a fused group needs one per member, per
 parameter. `FusedOptimizer` lays out the parameters, the gradients and each optimizer state as
 one `[B, P]` matrix each (P: the parameters of one member, flattened and concatenated; every
-parameter and its `.grad` are views into them), so a step is a dozen element-wise kernels on
-whole matrices however many layers the model has (vectorised further than `torch._foreach_*`,
-which still launches per tensor), a member's state is one row, and removing members is a row
-index.
+parameter is a view into its matrix), so a step is a dozen element-wise kernels on whole
+matrices however many layers the model has (vectorised further than `torch._foreach_*`, which
+still launches per tensor), a member's state is one row, and removing members is a row index.
+Gradients arrive as torch hands them over (`zero_grad` clears them to None, so autograd gives
+each parameter its gradient without an add) and the step gathers them into the gradient matrix
+with one concatenation: before, each parameter's `.grad` was a view into that matrix and
+autograd launched one add per parameter outside any compiled graph, a third of a compiled
+char-GPT step's kernels.
 
 The arithmetic follows `torch.optim.SGD/Adam/AdamW` (single-tensor path) operation by
 operation, so a member trains as `hpo.base.hparams.build_torch_optimizer` would train it alone:
@@ -24,10 +28,10 @@ Parameters are treated as `torch.optim` treats them:
 - a parameter whose gradient is None in a step (an unused embedding table, a head or branch
   that step did not run) is skipped in that step: no decay, no moment update, no step count
   (Adam's bias correction counts each parameter's own steps, as `state["step"]` does).
-  Autograd's post-accumulate hooks flag the parameters that received a gradient; the step
-  updates every column and then puts the skipped ones back from a device index tensor, cached
-  per pattern of flags, so the arithmetic has no per-parameter branch and a fixed pattern (as
-  in a captured graph) always reuses one index.
+  The step reads which parameters have a `.grad`, as `torch.optim` does; it updates every
+  column and then puts the skipped ones back from a device index tensor, cached per pattern,
+  so the arithmetic has no per-parameter branch and a fixed pattern (as in a captured graph)
+  always reuses one index.
 
 Nothing in a step crosses from the host to the device or back: the step counts (per member,
 and per parameter once some parameter has skipped a step) are device tensors that the step
@@ -41,21 +45,16 @@ only, which `torch.compile(fullgraph=True)` takes whole (`compile_update`).
 Example::
 
     optimizer = FusedOptimizer(dict(fused.module.named_parameters()), [OptimHParams.from_config(c) for c in configs])
-    loss.backward(); optimizer.step(); optimizer.zero_grad()
+    optimizer.zero_grad(); loss.backward(); optimizer.step()
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-
-# Gradients are views into the gradient matrix by design (see `_repack`); autograd's note that
-# such views do not match its preferred layout is about speed, not correctness.
-warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
 
 from fusion.compiled import compile_method
 from hpo.base.hparams import OptimHParams
@@ -118,15 +117,14 @@ class FusedOptimizer:
         #: `[B, n]` steps each member took on each parameter (torch's per-parameter
         #: `state["step"]`), on the device; None while that is `steps` for every parameter.
         self.param_steps: torch.Tensor | None = None
-        #: Which parameters received a gradient since `zero_grad` (set by autograd's hooks).
-        self._received = [False] * len(self.params)
+        #: Lower-precision gradients handed over by `cast_parameters`' backward since `zero_grad`.
+        self._cast_grads: list[torch.Tensor | None] | None = None
+        self._zeros: dict[Any, torch.Tensor] = {}
         self._skipped: dict[tuple[bool, ...], torch.Tensor] = {}
         self._stepped: dict[tuple[bool, ...], torch.Tensor] = {}
         self._table_steps = 0
         self._first_table_steps = table_steps
         self._update = self._device_update
-        for i, param in enumerate(self.params):
-            param.register_post_accumulate_grad_hook(self._receiver(i))
         self.lr_multipliers = self._multiplier_matrix(lr_multipliers)
         self.weight_decay_multipliers = self._multiplier_matrix(weight_decay_multipliers)
         self.eps_multipliers = self._multiplier_matrix(eps_multipliers)
@@ -194,14 +192,13 @@ class FusedOptimizer:
         """
         self._params_flat = self.flat(self.params)
         self._grads_flat = torch.zeros_like(self._params_flat)
-        self._grad_views = self.unflat(self._grads_flat)
-        for param, value, grad in zip(self.params, self.unflat(self._params_flat), self._grad_views):
+        for param, value in zip(self.params, self.unflat(self._params_flat)):
             param.data = value
-            param.grad = grad
+            param.grad = None
         self._scratch = [torch.empty_like(self._params_flat) for _ in range(2)]
         # each member's gradient of each parameter, member-major: what clip_grad_norm_ takes norms of
-        self._member_grads = [view[b].view(-1) for b in range(self.num_members) for view in self._grad_views]
-        self._skipped = {}
+        self._member_grads = [view[b].view(-1) for b in range(self.num_members) for view in self.unflat(self._grads_flat)]
+        self._skipped, self._zeros = {}, {}
 
     def _width(self, i: int) -> int:
         """Columns of parameter i in the matrix: its size plus the zero padding that aligns the next."""
@@ -222,19 +219,47 @@ class FusedOptimizer:
 
     # -- stepping ------------------------------------------------------------------------------
 
-    def _receiver(self, index: int):
-        def received(param: torch.Tensor) -> None:
-            self._received[index] = True
+    def zero_grad(self) -> None:
+        """Clear every gradient to None (`torch.optim`'s `set_to_none`): backward then hands each
+        parameter its gradient tensor as it is, with no kernel, and `step` gathers them."""
+        for param in self.params:
+            param.grad = None
+        self._cast_grads = None
 
+    def _gather_gradients(self) -> tuple[bool, ...]:
+        """Copy the parameters' gradients into the gradient matrix in one concatenation (zeros
+        where a parameter has none, and in the alignment padding); return which ones had one.
+
+        Gradients of another dtype (bf16 steps, `cast_parameters`) are concatenated in their own
+        dtype and cast once, exactly: every bf16 value is a float32 one."""
+        grads = self._cast_grads if self._cast_grads is not None else [param.grad for param in self.params]
+        received = tuple(grad is not None for grad in grads)
+        dtypes = {grad.dtype for grad in grads if grad is not None}
+        dtype = dtypes.pop() if len(dtypes) == 1 else self._grads_flat.dtype
+        members, pieces = self.num_members, []
+        for i, grad in enumerate(grads):
+            if grad is None:
+                pieces.append(self._zero_block(dtype, self._width(i)))
+                continue
+            if grad.dtype != dtype:
+                grad = grad.to(dtype)
+            pieces.append(grad.reshape(members, -1))
+            if self._width(i) > self.sizes[i]:
+                pieces.append(self._zero_block(dtype, self._width(i) - self.sizes[i]))
+        if dtype == self._grads_flat.dtype:
+            torch.cat(pieces, dim=1, out=self._grads_flat)
+        else:
+            self._grads_flat.copy_(torch.cat(pieces, dim=1))
         return received
 
-    def zero_grad(self) -> None:
-        """Zero the gradient matrix; autograd then accumulates into it in place."""
-        self._grads_flat.zero_()
-        self._received = [False] * len(self.params)
-        for param, grad in zip(self.params, self._grad_views):
-            if param.grad is None or param.grad.data_ptr() != grad.data_ptr():
-                param.grad = grad
+    def _zero_block(self, dtype: torch.dtype, columns: int) -> torch.Tensor:
+        """A `[B, columns]` view of zeros in `dtype`, made once (a step dispatches no op for it)."""
+        if (dtype, columns) not in self._zeros:
+            if dtype not in self._zeros:
+                widest = max(self._width(i) for i in range(len(self.params)))
+                self._zeros[dtype] = torch.zeros(self.num_members, widest, dtype=dtype, device=self._grads_flat.device)
+            self._zeros[dtype, columns] = self._zeros[dtype][:, :columns]
+        return self._zeros[dtype, columns]
 
     def current_lrs(self) -> list[float]:
         """Each member's scheduled learning rate for its next step (before lr multipliers)."""
@@ -291,12 +316,8 @@ class FusedOptimizer:
     @torch.no_grad()
     def step(self) -> None:
         """One optimizer step for every member, each with its own schedule, clipping and state;
-        parameters without a gradient since `zero_grad` are left as they are (see the module doc)."""
-        for i, (param, grad) in enumerate(zip(self.params, self._grad_views)):
-            if param.grad is not None and param.grad.data_ptr() != grad.data_ptr():
-                grad.copy_(param.grad)  # someone replaced .grad; take it into the matrix
-                self._received[i] = True
-        received = tuple(self._received)
+        parameters without a gradient are left as they are (see the module doc)."""
+        received = self._gather_gradients()
         if not any(received):  # the schedule moves on, as LambdaLR's does; no parameter stepped
             self._keep_param_steps()
             self._step_counts += 1
@@ -483,16 +504,22 @@ class FusedOptimizer:
         """Every optimized parameter in `dtype` for one step, by the id of its (master) parameter.
 
         One cast of the whole `[B, P]` matrix instead of one per weight and use: the forward and
-        backward run on views of that copy, and each gradient is added into the master gradient
-        matrix in one kernel (cast and accumulate), so the update and its state stay in full precision."""
+        backward run on views of that copy, and the step gathers their gradients into the master
+        gradient matrix with one concatenation and one cast, so the update and its state stay in
+        full precision."""
         return dict(zip(map(id, self.params), _CastOnce.apply(self, dtype, *self.params)))
 
     def _accumulate(self, grads: Sequence[torch.Tensor | None]) -> None:
-        """Add lower-precision gradients into the gradient matrix, flagging the parameters that got one."""
-        for i, (grad, view) in enumerate(zip(grads, self._grad_views)):
-            if grad is not None:
-                view.add_(grad)
-                self._received[i] = True
+        """Keep lower-precision gradients for `step` to gather; a second backward in the same step
+        adds to them in the master dtype, as adding each into a zeroed master gradient would."""
+        if self._cast_grads is None:
+            self._cast_grads = list(grads)
+            return
+        master = self._grads_flat.dtype
+        self._cast_grads = [
+            old if new is None else new if old is None else old.to(master) + new.to(master)
+            for old, new in zip(self._cast_grads, grads)
+        ]
 
     def tensors(self) -> list[torch.Tensor]:
         """Every matrix the optimizer holds: parameters, gradients, state and scratch (for sizing)."""

@@ -239,3 +239,85 @@ def test_a_step_neither_reads_the_device_nor_sends_it_host_values(optimizer):
         recorded.append(recorder.ops)
     for ops in recorded[2:]:  # both patterns (aux used or not) seen
         assert "aten._local_scalar_dense" not in ops and "aten.lift_fresh" not in ops, sorted(set(ops))
+
+
+def test_backward_hands_gradients_over_without_a_kernel_per_parameter_and_the_step_gathers_them_in_one():
+    # Autograd gives each parameter its gradient as it is (`.grad` is None after zero_grad), and
+    # the step copies them all into its gradient matrix with one concatenation: no add per
+    # parameter outside a compiled graph.
+    torch.manual_seed(0)
+    models = [SometimesUsed().double() for _ in range(MEMBERS)]
+    params = stacked(models)
+    fused = FusedOptimizer(params, hparams("adam"))
+    x = torch.randn(2, 4, dtype=torch.float64)
+    for _ in range(2):  # the second step: the first also builds the schedule tables
+        fused.zero_grad()
+        assert all(param.grad is None for param in params.values())
+        with OpsRecorder() as backward:
+            sum(member_output(params, i, x, 0).sum() for i in range(MEMBERS)).backward()
+        with OpsRecorder() as step:
+            fused.step()
+    assert "aten.add_" not in backward.ops, backward.ops
+    assert step.ops.count("aten.cat") == 1, step.ops
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_gradients_accumulated_over_two_backward_passes_or_set_by_hand_step_as_torch_optim(optimizer):
+    # Without zero_grad between them two backward passes add up in `.grad`, as in torch; a
+    # gradient assigned by hand is taken as it is, and a parameter left without one is skipped.
+    hps = hparams(optimizer)
+    models = []
+    for i in range(MEMBERS):
+        torch.manual_seed(i)
+        models.append(SometimesUsed().double())
+    params = stacked(models)
+    fused = FusedOptimizer(params, hps)
+    alone = [build_torch_optimizer(m.named_parameters(), hp) for m, hp in zip(models, hps)]
+    schedules = [torch.optim.lr_scheduler.LambdaLR(o, hp.lr_factor) for o, hp in zip(alone, hps)]
+    generator = torch.Generator().manual_seed(0)
+    for step in range(4):
+        x1, x2 = (torch.randn(8, 4, generator=generator, dtype=torch.float64) for _ in range(2))
+        by_hand = torch.randn(MEMBERS, 7, 3, generator=generator, dtype=torch.float64)
+        fused.zero_grad()
+        for x, at in ((x1, step), (x2, step + 1)):  # the aux head in one of the two passes
+            sum(member_output(params, i, x, at).square().mean() for i in range(MEMBERS)).backward()
+        if step % 2:
+            params["unused.weight"].grad = by_hand.clone()
+        fused.step()
+        for i, (model, opt, schedule, hp) in enumerate(zip(models, alone, schedules, hps)):
+            opt.zero_grad(set_to_none=True)
+            for x, at in ((x1, step), (x2, step + 1)):
+                model(x, at).square().mean().backward()
+            if step % 2:
+                model.unused.weight.grad = by_hand[i].clone()
+            if hp.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), hp.grad_clip)
+            opt.step()
+            schedule.step()
+    for i, model in enumerate(models):
+        for name, param in model.named_parameters():
+            assert torch.equal(params[name][i], param), f"member {i} {name}"
+
+
+def test_bf16_gradients_of_two_backward_passes_add_up_in_float32_as_in_a_zeroed_master_gradient():
+    # `cast_parameters` runs a step's forward on one bf16 copy of the parameters; the step
+    # takes their gradients into its float32 matrix, summed in float32 when two passes gave them.
+    torch.manual_seed(0)
+    params = {"w": nn.Parameter(torch.randn(MEMBERS, 5, 3)), "b": nn.Parameter(torch.randn(MEMBERS, 5))}
+    fused = FusedOptimizer(params, [OptimHParams(optimizer="sgd", lr=1.0)] * MEMBERS)
+    x = torch.randn(4, 3)
+    fused.zero_grad()
+    expected = {name: torch.zeros_like(p) for name, p in params.items()}
+    for scale, uses_bias in ((1.0, True), (3.0, False)):
+        cast = fused.cast_parameters(torch.bfloat16)
+        w, b = cast[id(params["w"])], cast[id(params["b"])]
+        out = torch.einsum("ni,boi->bno", x.bfloat16(), w) + (b.unsqueeze(1) if uses_bias else 0)
+        grads = torch.autograd.grad((scale * out).sum(), [w, b], retain_graph=True, allow_unused=True)
+        (scale * out).sum().backward()
+        for name, grad in zip(("w", "b"), grads):
+            if grad is not None:
+                expected[name] += grad.float()
+    before = {name: p.detach().clone() for name, p in params.items()}
+    fused.step()
+    for name, p in params.items():
+        assert torch.equal(p.detach(), before[name] - expected[name]), name  # SGD at lr 1: p - grad
