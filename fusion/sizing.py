@@ -1,9 +1,9 @@
 """How many members fit on a device: B from a measured dry run, with a safety margin.
 
 A dry run trains one step of a group of 1 and of 2 members of the config and measures what the
-group holds: parameters, gradients and optimizer state (exact tensor sizes), the activations
-autograd saves for backward (counted through `saved_tensors_hooks`, each storage once) and the
-output of an evaluation batch; on CUDA also the allocator's peak. The difference between the two
+group holds: parameters, gradients (the optimizer's matrix and the tensors backward hands it)
+and optimizer state (exact tensor sizes), the activations autograd saves for backward (counted
+through `saved_tensors_hooks`, each storage once) and the output of an evaluation batch; on CUDA also the allocator's peak. The difference between the two
 runs is the cost of one member; the rest is fixed (shared inputs, workspace).
 `B = floor((available * safety_margin - fixed) / per_member)`, where available is the device's
 free memory (`torch.cuda.mem_get_info`) or, on CPU, the RAM psutil reports available.
@@ -102,7 +102,9 @@ def _dry_run(workload: Workload, config: Mapping[str, Any], members: int, device
         with torch.no_grad():
             trainer.model.eval()
             output = trainer.model(eval_inputs.to(device))
-        measured = state + saved + output.numel() * output.element_size()
+        # the gradients backward handed over, held until the step has gathered them
+        grads = sum(_storage_bytes(p.grad, seen) for p in trainer.optimizer.params if p.grad is not None)
+        measured = state + saved + grads + output.numel() * output.element_size()
         if cuda:
             torch.cuda.synchronize(device)
             measured = max(measured, torch.cuda.max_memory_allocated(device) - baseline)
