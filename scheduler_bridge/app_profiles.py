@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import io
 import math
 import os
 from functools import lru_cache
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data_files import TraceError, default_traces_dir
+from .data_files import TraceError, default_traces_dir, read_text
 
 # name -> (max_epochs, max_local_bsz or None, max_gpus or None), from the Pollux artifact.
 APP_SETTINGS = {
@@ -42,19 +43,18 @@ MAX_GPUS = 64
 
 
 def _read(path: Path, cols: tuple[str, ...]) -> dict[str, np.ndarray]:
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in cols if c not in (reader.fieldnames or [])]
-        if missing:
-            raise TraceError(f"{path}: missing column(s) {missing}")
-        data = {c: [] for c in cols}
-        for row in reader:
-            for c in cols:
-                try:
-                    data[c].append(float(row[c]))
-                except (TypeError, ValueError):
-                    raise TraceError(f"{path}:{reader.line_num}: column {c!r} = {row[c]!r} "
-                                     "is not a number") from None
+    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
+    missing = [c for c in cols if c not in (reader.fieldnames or [])]
+    if missing:
+        raise TraceError(f"{path}: missing column(s) {missing}")
+    data = {c: [] for c in cols}
+    for row in reader:
+        for c in cols:
+            try:
+                data[c].append(float(row[c]))
+            except (TypeError, ValueError):
+                raise TraceError(f"{path}:{reader.line_num}: column {c!r} = {row[c]!r} "
+                                 "is not a number") from None
     return {c: np.asarray(v) for c, v in data.items()}
 
 

@@ -48,7 +48,7 @@ def read_text(path) -> str:
         raise TraceError(f"{path}: no such file")
     data = path.read_bytes()
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a leading byte-order mark (Excel's "CSV UTF-8") is not text
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1

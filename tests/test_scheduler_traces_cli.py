@@ -81,6 +81,16 @@ def test_helios_cluster_log_is_read_and_cpu_jobs_skipped(tmp_path):
         ("j1", "u1", "vcA", 8, 0.0, 3600.0), ("j3", "u1", "vcB", 1, 60.0, 60.0)]
 
 
+def test_a_trace_saved_with_a_byte_order_mark_and_windows_line_ends_reads_as_without(tmp_path):
+    # Excel's "CSV UTF-8" starts the file with a byte-order mark, which is not part of the header.
+    body = "job_id,user,vc,gpu_num,submit_time,duration\r\nj1,u1,vcA,2,100,10\r\nj2,u1,vcA,1,130,5\r\n"
+    plain, marked = tmp_path / "plain.csv", tmp_path / "marked.csv"
+    plain.write_text(body, newline="")
+    marked.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    jobs = [[(j.name, j.gpus, j.submit, j.duration) for j in load_helios(p).jobs] for p in (plain, marked)]
+    assert jobs[0] == jobs[1] == [("j1", 2, 0.0, 10.0), ("j2", 1, 30.0, 5.0)]
+
+
 def test_missing_column_is_reported(tmp_path):
     p = tmp_path / "t.csv"
     p.write_text("timestamp,duration\n1,2\n")
