@@ -48,6 +48,9 @@ FUSED_CHECKPOINT_FILE = "fused_state.pt"
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
+#: F.cross_entropy's default ignore_index: positions with this target are left out of the mean.
+_IGNORE_INDEX = -100
+
 #: How a group's step runs (`FusedTrainer(compile=...)`, `fusion: {compile: ...}`).
 COMPILE_MODES = ("auto", "off", "graphs", "inductor")
 
@@ -180,12 +183,16 @@ class FusedTrainer:
         """`[B]` losses: the workload's (mean) loss of each member's slice of `output`."""
         if type(self.workload).loss is Workload.loss:
             # The default loss (mean cross-entropy over every position) without vmap's per-op
-            # overhead: per-element losses of all members at once, then each member's mean. Its
-            # gradient is bit-identical to each member's own F.cross_entropy (both are -1/M).
+            # overhead: per-element losses of all members at once, then each member's mean over
+            # the positions F.cross_entropy counts (those not ignored: targets of -100, its
+            # ignore_index, as padded sequences mark them, contribute 0 and are not counted). Its
+            # gradient is bit-identical to each member's own F.cross_entropy (both are -1/M for
+            # M counted positions).
             members, classes = output.shape[0], output.shape[-1]
             targets = target.reshape(1, -1).expand(members, -1).reshape(-1)
             per_element = F.cross_entropy(output.reshape(-1, classes), targets, reduction="none")
-            return per_element.view(members, -1).mean(dim=1)
+            counted = (target != _IGNORE_INDEX).sum()
+            return per_element.view(members, -1).sum(dim=1) / counted
         if self._vmap_loss:
             try:
                 return vmap(self.workload.loss, in_dims=(0, None))(output, target)

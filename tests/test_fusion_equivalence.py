@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from examples.char_gpt import workload as char_gpt
 from examples.mlp_digits import workload as mlp_digits
 from fusion import FusedTrainer
 from hpo.base.training import TrialTrainer
+from hpo.base.workload import Workload
 from hpo.examples.vit_digits import workload as vit_digits
 from hpo.scaling import MuPWorkload
 
@@ -110,6 +112,38 @@ def test_depth_scaled_proxy_members_match_training_alone():
         {"steps_per_iteration": 25, "seed": 1, "lr": 4e-3, "eps": 1e-3, "residual_mult": 0.5, "weight_decay": 0.1},
     ]
     assert_members_match_trained_alone(proxy, configs)
+
+
+class PaddedNextToken(Workload):
+    """Next-token prediction on sequences padded at their end, whose padded targets are -100
+    (F.cross_entropy's ignore_index, as Hugging Face's collators mark them); the default loss."""
+
+    vocab, length = 11, 8
+    steps_per_iteration = 25
+    defaults = {"width": 16}
+
+    def build_model(self, config):
+        return nn.Sequential(nn.Embedding(self.vocab, config["width"]), nn.Tanh(), nn.Linear(config["width"], self.vocab))
+
+    def _batch(self, generator: torch.Generator, n: int):
+        tokens = torch.randint(1, self.vocab, (n, self.length + 1), generator=generator)
+        lengths = torch.randint(2, self.length + 1, (n, 1), generator=generator)
+        targets = tokens[:, 1:].masked_fill(torch.arange(self.length) >= lengths, -100)
+        return tokens[:, :-1], targets
+
+    def train_batches(self, config, seed):
+        generator = torch.Generator().manual_seed(seed)
+        while True:
+            yield self._batch(generator, 8)
+
+    def eval_batches(self, config):
+        return [self._batch(torch.Generator().manual_seed(99), 16)]
+
+
+def test_members_whose_default_loss_ignores_padded_targets_match_training_alone():
+    # each member's loss is the mean over the positions F.cross_entropy counts, not over all of them
+    configs = [{"seed": 0, "lr": 3e-3}, {"seed": 1, "lr": 1e-2, "weight_decay": 0.1, "grad_clip": 0.5}]
+    assert_members_match_trained_alone(PaddedNextToken(), configs)
 
 
 @pytest.mark.cuda
