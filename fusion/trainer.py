@@ -181,7 +181,8 @@ class FusedTrainer:
 
     def member_losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """`[B]` losses: the workload's (mean) loss of each member's slice of `output`."""
-        if type(self.workload).loss is Workload.loss:
+        # the bound method, not the class's: a loss set on the instance (in __init__) is the user's
+        if getattr(self.workload.loss, "__func__", None) is Workload.loss:
             # The default loss (mean cross-entropy over every position) without vmap's per-op
             # overhead: per-element losses of all members at once, then each member's mean over
             # the positions F.cross_entropy counts (those not ignored: targets of -100, its

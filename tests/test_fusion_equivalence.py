@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from examples.char_gpt import workload as char_gpt
@@ -144,6 +145,20 @@ def test_members_whose_default_loss_ignores_padded_targets_match_training_alone(
     # each member's loss is the mean over the positions F.cross_entropy counts, not over all of them
     configs = [{"seed": 0, "lr": 3e-3}, {"seed": 1, "lr": 1e-2, "weight_decay": 0.1, "grad_clip": 0.5}]
     assert_members_match_trained_alone(PaddedNextToken(), configs)
+
+
+class LabelSmoothingInInit(PaddedNextToken):
+    """The loss set on the instance, as a user may write it in `__init__`."""
+
+    def __init__(self):
+        self.loss = lambda output, target: F.cross_entropy(
+            output.reshape(-1, output.shape[-1]), target.reshape(-1), label_smoothing=0.1
+        )
+
+
+def test_members_train_on_a_loss_the_workload_sets_in_init():
+    configs = [{"seed": 0, "lr": 3e-3}, {"seed": 1, "lr": 1e-2, "beta1": 0.8}]
+    assert_members_match_trained_alone(LabelSmoothingInInit(), configs)
 
 
 @pytest.mark.cuda
