@@ -141,6 +141,7 @@ class FusedTrainer:
                 self.train_step_on,
             )
         self.model: FusedModel = fused.to(self.device)
+        self._full_precision = _beside_running_statistics(self.model)
         self.optimizer = FusedOptimizer(
             dict(self.model.module.named_parameters()),
             self.hparams,
@@ -168,7 +169,8 @@ class FusedTrainer:
     @contextmanager
     def _autocast(self) -> Iterator[None]:
         """bf16: the fp32 master weights cast once (one kernel) for the step or evaluation, and
-        autocast choosing each op's precision. A compiled step casts inside its graph instead."""
+        autocast choosing each op's precision. A compiled step casts inside its graph instead.
+        A norm's weights beside running statistics stay fp32 (`_beside_running_statistics`)."""
         if self.dtype == "fp32":
             yield
             return
@@ -176,7 +178,10 @@ class FusedTrainer:
             if self.compile_path != "off":
                 yield
                 return
-            with self.model.parameters_replaced(self.optimizer.cast_parameters(DTYPES[self.dtype])):
+            casts = self.optimizer.cast_parameters(DTYPES[self.dtype])
+            if self._full_precision:
+                casts = {key: cast for key, cast in casts.items() if key not in self._full_precision}
+            with self.model.parameters_replaced(casts):
                 yield
 
     def member_losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -432,6 +437,20 @@ class FusedTrainer:
         trainer = cls(workload, state["configs"], member_ids=state["member_ids"], **kwargs)
         trainer.load_state_dict(state)
         return trainer
+
+
+def _beside_running_statistics(model: torch.nn.Module) -> frozenset[int]:
+    """Ids of the parameters of layers that keep floating running statistics (batch norm, instance
+    norm with `track_running_stats`), on either fusion path. In bf16 they stay fp32, as under
+    autocast alone: PyTorch's batch norm takes a bf16 input with fp32 weights and statistics, and
+    refuses bf16 weights beside fp32 statistics ('expected scalar type BFloat16 but found Float')."""
+    return frozenset(
+        id(parameter)
+        for module in model.modules()
+        if isinstance(getattr(module, "running_mean", None), torch.Tensor) and module.running_mean.is_floating_point()
+        for parameter in module._parameters.values()
+        if parameter is not None
+    )
 
 
 def _member_model(workload: Workload, config: Mapping[str, Any]) -> torch.nn.Module:

@@ -11,10 +11,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.data import TensorDataset
 
 from examples.char_gpt import workload as char_gpt
 from examples.mlp_digits import workload as mlp_digits
 from fusion import FusedTrainer
+from hpo import DatasetWorkload
 from hpo.base.training import TrialTrainer
 from hpo.base.workload import Workload
 from hpo.examples.vit_digits import workload as vit_digits
@@ -185,6 +187,30 @@ def test_bf16_autocast_trains_the_char_gpt_on_cuda():
     first = fused.train_iteration()
     second = fused.train_iteration()
     assert all(b["train_loss"] < a["train_loss"] for a, b in zip(first, second)), "bf16 fused training does not learn"
+
+
+def batch_normed_cnn() -> DatasetWorkload:
+    generator = torch.Generator().manual_seed(0)
+    images, labels = torch.randn(64, 3, 8, 8, generator=generator), torch.randint(0, 4, (64,), generator=generator)
+    return DatasetWorkload(
+        model=lambda config: nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)
+        ),
+        train=TensorDataset(images, labels), val=TensorDataset(images[:16], labels[:16]), loss=F.cross_entropy,
+        defaults={"batch_size": 16}, steps_per_iteration=5,
+    )
+
+
+def test_bf16_trains_batch_norm_on_fp32_weights_beside_its_fp32_statistics():
+    # as under autocast alone: PyTorch's batch norm takes a bf16 input with fp32 weights and
+    # running statistics, and refuses bf16 weights beside fp32 statistics
+    configs = [{"seed": s, "lr": 1e-3 * (s + 1)} for s in range(2)]
+    full, half = (FusedTrainer(batch_normed_cnn(), configs, dtype=dtype) for dtype in ("fp32", "bf16"))
+    for trainer in (full, half):
+        trainer.train_iteration()
+    torch.testing.assert_close(half.model.module.get_buffer("1.running_mean"), full.model.module.get_buffer("1.running_mean"), rtol=0, atol=2e-2)
+    for name, parameter in half.model.module.named_parameters():
+        torch.testing.assert_close(parameter, full.model.module.get_parameter(name), rtol=0, atol=2e-2, msg=name)
 
 
 class _MasterWeightCasts(TorchDispatchMode):
