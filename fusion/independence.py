@@ -65,7 +65,8 @@ def _perturbed_input(x: torch.Tensor, member: int) -> torch.Tensor:
         generator = torch.Generator(device=x.device).manual_seed(_SEED)
         x[member] += torch.randn(x[member].shape, generator=generator, dtype=x.dtype, device=x.device) * 0.5
     else:
-        x[member] = (x[member] + 1) % (int(x.max()) + 1)
+        # in int64: the modulus 256 of a uint8 image (values up to 255) does not fit in uint8
+        x[member] = ((x[member].long() + 1) % (int(x.max()) + 1)).to(x.dtype)
     return x
 
 

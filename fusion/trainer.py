@@ -48,6 +48,9 @@ FUSED_CHECKPOINT_FILE = "fused_state.pt"
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
+#: F.cross_entropy's default ignore_index: positions with this target are left out of the mean.
+_IGNORE_INDEX = -100
+
 #: How a group's step runs (`FusedTrainer(compile=...)`, `fusion: {compile: ...}`).
 COMPILE_MODES = ("auto", "off", "graphs", "inductor")
 
@@ -138,6 +141,7 @@ class FusedTrainer:
                 self.train_step_on,
             )
         self.model: FusedModel = fused.to(self.device)
+        self._full_precision = _beside_running_statistics(self.model)
         self.optimizer = FusedOptimizer(
             dict(self.model.module.named_parameters()),
             self.hparams,
@@ -165,7 +169,8 @@ class FusedTrainer:
     @contextmanager
     def _autocast(self) -> Iterator[None]:
         """bf16: the fp32 master weights cast once (one kernel) for the step or evaluation, and
-        autocast choosing each op's precision. A compiled step casts inside its graph instead."""
+        autocast choosing each op's precision. A compiled step casts inside its graph instead.
+        A norm's weights beside running statistics stay fp32 (`_beside_running_statistics`)."""
         if self.dtype == "fp32":
             yield
             return
@@ -173,19 +178,27 @@ class FusedTrainer:
             if self.compile_path != "off":
                 yield
                 return
-            with self.model.parameters_replaced(self.optimizer.cast_parameters(DTYPES[self.dtype])):
+            casts = self.optimizer.cast_parameters(DTYPES[self.dtype])
+            if self._full_precision:
+                casts = {key: cast for key, cast in casts.items() if key not in self._full_precision}
+            with self.model.parameters_replaced(casts):
                 yield
 
     def member_losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """`[B]` losses: the workload's (mean) loss of each member's slice of `output`."""
-        if type(self.workload).loss is Workload.loss:
+        # the bound method, not the class's: a loss set on the instance (in __init__) is the user's
+        if getattr(self.workload.loss, "__func__", None) is Workload.loss:
             # The default loss (mean cross-entropy over every position) without vmap's per-op
-            # overhead: per-element losses of all members at once, then each member's mean. Its
-            # gradient is bit-identical to each member's own F.cross_entropy (both are -1/M).
+            # overhead: per-element losses of all members at once, then each member's mean over
+            # the positions F.cross_entropy counts (those not ignored: targets of -100, its
+            # ignore_index, as padded sequences mark them, contribute 0 and are not counted). Its
+            # gradient is bit-identical to each member's own F.cross_entropy (both are -1/M for
+            # M counted positions).
             members, classes = output.shape[0], output.shape[-1]
             targets = target.reshape(1, -1).expand(members, -1).reshape(-1)
             per_element = F.cross_entropy(output.reshape(-1, classes), targets, reduction="none")
-            return per_element.view(members, -1).mean(dim=1)
+            counted = (target != _IGNORE_INDEX).sum()
+            return per_element.view(members, -1).sum(dim=1) / counted
         if self._vmap_loss:
             try:
                 return vmap(self.workload.loss, in_dims=(0, None))(output, target)
@@ -424,6 +437,20 @@ class FusedTrainer:
         trainer = cls(workload, state["configs"], member_ids=state["member_ids"], **kwargs)
         trainer.load_state_dict(state)
         return trainer
+
+
+def _beside_running_statistics(model: torch.nn.Module) -> frozenset[int]:
+    """Ids of the parameters of layers that keep floating running statistics (batch norm, instance
+    norm with `track_running_stats`), on either fusion path. In bf16 they stay fp32, as under
+    autocast alone: PyTorch's batch norm takes a bf16 input with fp32 weights and statistics, and
+    refuses bf16 weights beside fp32 statistics ('expected scalar type BFloat16 but found Float')."""
+    return frozenset(
+        id(parameter)
+        for module in model.modules()
+        if isinstance(getattr(module, "running_mean", None), torch.Tensor) and module.running_mean.is_floating_point()
+        for parameter in module._parameters.values()
+        if parameter is not None
+    )
 
 
 def _member_model(workload: Workload, config: Mapping[str, Any]) -> torch.nn.Module:

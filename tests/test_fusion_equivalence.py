@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
+from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.data import TensorDataset
 
 from examples.char_gpt import workload as char_gpt
 from examples.mlp_digits import workload as mlp_digits
 from fusion import FusedTrainer
+from hpo import DatasetWorkload
 from hpo.base.training import TrialTrainer
+from hpo.base.workload import Workload
 from hpo.examples.vit_digits import workload as vit_digits
 from hpo.scaling import MuPWorkload
 
@@ -112,6 +117,52 @@ def test_depth_scaled_proxy_members_match_training_alone():
     assert_members_match_trained_alone(proxy, configs)
 
 
+class PaddedNextToken(Workload):
+    """Next-token prediction on sequences padded at their end, whose padded targets are -100
+    (F.cross_entropy's ignore_index, as Hugging Face's collators mark them); the default loss."""
+
+    vocab, length = 11, 8
+    steps_per_iteration = 25
+    defaults = {"width": 16}
+
+    def build_model(self, config):
+        return nn.Sequential(nn.Embedding(self.vocab, config["width"]), nn.Tanh(), nn.Linear(config["width"], self.vocab))
+
+    def _batch(self, generator: torch.Generator, n: int):
+        tokens = torch.randint(1, self.vocab, (n, self.length + 1), generator=generator)
+        lengths = torch.randint(2, self.length + 1, (n, 1), generator=generator)
+        targets = tokens[:, 1:].masked_fill(torch.arange(self.length) >= lengths, -100)
+        return tokens[:, :-1], targets
+
+    def train_batches(self, config, seed):
+        generator = torch.Generator().manual_seed(seed)
+        while True:
+            yield self._batch(generator, 8)
+
+    def eval_batches(self, config):
+        return [self._batch(torch.Generator().manual_seed(99), 16)]
+
+
+def test_members_whose_default_loss_ignores_padded_targets_match_training_alone():
+    # each member's loss is the mean over the positions F.cross_entropy counts, not over all of them
+    configs = [{"seed": 0, "lr": 3e-3}, {"seed": 1, "lr": 1e-2, "weight_decay": 0.1, "grad_clip": 0.5}]
+    assert_members_match_trained_alone(PaddedNextToken(), configs)
+
+
+class LabelSmoothingInInit(PaddedNextToken):
+    """The loss set on the instance, as a user may write it in `__init__`."""
+
+    def __init__(self):
+        self.loss = lambda output, target: F.cross_entropy(
+            output.reshape(-1, output.shape[-1]), target.reshape(-1), label_smoothing=0.1
+        )
+
+
+def test_members_train_on_a_loss_the_workload_sets_in_init():
+    configs = [{"seed": 0, "lr": 3e-3}, {"seed": 1, "lr": 1e-2, "beta1": 0.8}]
+    assert_members_match_trained_alone(LabelSmoothingInInit(), configs)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_members_match_training_alone_on_cpu():
@@ -136,6 +187,30 @@ def test_bf16_autocast_trains_the_char_gpt_on_cuda():
     first = fused.train_iteration()
     second = fused.train_iteration()
     assert all(b["train_loss"] < a["train_loss"] for a, b in zip(first, second)), "bf16 fused training does not learn"
+
+
+def batch_normed_cnn() -> DatasetWorkload:
+    generator = torch.Generator().manual_seed(0)
+    images, labels = torch.randn(64, 3, 8, 8, generator=generator), torch.randint(0, 4, (64,), generator=generator)
+    return DatasetWorkload(
+        model=lambda config: nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)
+        ),
+        train=TensorDataset(images, labels), val=TensorDataset(images[:16], labels[:16]), loss=F.cross_entropy,
+        defaults={"batch_size": 16}, steps_per_iteration=5,
+    )
+
+
+def test_bf16_trains_batch_norm_on_fp32_weights_beside_its_fp32_statistics():
+    # as under autocast alone: PyTorch's batch norm takes a bf16 input with fp32 weights and
+    # running statistics, and refuses bf16 weights beside fp32 statistics
+    configs = [{"seed": s, "lr": 1e-3 * (s + 1)} for s in range(2)]
+    full, half = (FusedTrainer(batch_normed_cnn(), configs, dtype=dtype) for dtype in ("fp32", "bf16"))
+    for trainer in (full, half):
+        trainer.train_iteration()
+    torch.testing.assert_close(half.model.module.get_buffer("1.running_mean"), full.model.module.get_buffer("1.running_mean"), rtol=0, atol=2e-2)
+    for name, parameter in half.model.module.named_parameters():
+        torch.testing.assert_close(parameter, full.model.module.get_parameter(name), rtol=0, atol=2e-2, msg=name)
 
 
 class _MasterWeightCasts(TorchDispatchMode):

@@ -116,6 +116,32 @@ def test_embedding_with_max_norm_fails_naming_the_reason():
         fuse_models([nn.Embedding(5, 3, max_norm=1.0) for _ in range(2)], torch.tensor([1, 2]))
 
 
+class ScalesItsImages(nn.Module):
+    """The usual image pipeline: uint8 pixels in, scaled to [0, 1] by the model itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.conv(x.float() / 255).relu().mean((-1, -2)))
+
+
+def test_uint8_images_fuse_stacked_with_pixels_up_to_255():
+    # the independence check changes one member's input: its pixels stay uint8 values in range
+    torch.manual_seed(0)
+    members = [ScalesItsImages() for _ in range(2)]
+    references = copy.deepcopy(members)
+    x = torch.randint(0, 256, (5, 3, 6, 6), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    x[0, 0, 0, 0] = 255
+    fused = fuse_models(members, x)
+    assert fused.strategy == "stacked"
+    outputs = fused(x)
+    for i, reference in enumerate(references):  # float32: a grouped convolution rounds its own way
+        torch.testing.assert_close(outputs[i], reference(x))
+
+
 def test_cumulative_batchnorm_fuses_by_module_swapping_but_not_under_vmap():
     members = [nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4, momentum=None)) for _ in range(2)]
     x = torch.randn(5, 3)
