@@ -231,8 +231,10 @@ class FusedOptimizer:
         where a parameter has none, and in the alignment padding); return which ones had one.
 
         Gradients of another dtype (bf16 steps, `cast_parameters`) are concatenated in their own
-        dtype and cast once, exactly: every bf16 value is a float32 one."""
-        grads = self._cast_grads if self._cast_grads is not None else [param.grad for param in self.params]
+        dtype and cast once, exactly: every bf16 value is a float32 one. A step that mixes them
+        with full-precision ones (a norm's weights kept fp32) casts each low one on its own."""
+        cast = self._cast_grads or [None] * len(self.params)  # a parameter left uncast has its own .grad
+        grads = [low if low is not None else param.grad for low, param in zip(cast, self.params)]
         received = tuple(grad is not None for grad in grads)
         dtypes = {grad.dtype for grad in grads if grad is not None}
         dtype = dtypes.pop() if len(dtypes) == 1 else self._grads_flat.dtype

@@ -321,3 +321,24 @@ def test_bf16_gradients_of_two_backward_passes_add_up_in_float32_as_in_a_zeroed_
     fused.step()
     for name, p in params.items():
         assert torch.equal(p.detach(), before[name] - expected[name]), name  # SGD at lr 1: p - grad
+
+
+def test_a_bf16_step_that_leaves_some_parameters_uncast_takes_their_own_full_precision_gradients():
+    # bf16 keeps a norm's weights fp32 beside its running statistics: those get `.grad` from
+    # autograd directly, the cast ones through the cast's backward, and the step takes both.
+    torch.manual_seed(0)
+    params = {"w": nn.Parameter(torch.randn(MEMBERS, 5, 3)), "scale": nn.Parameter(torch.randn(MEMBERS, 5))}
+    fused = FusedOptimizer(params, [OptimHParams(optimizer="sgd", lr=1.0)] * MEMBERS)
+    x = torch.randn(4, 3)
+
+    def forward(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return (torch.einsum("ni,boi->bno", x.bfloat16(), w).float() * scale.unsqueeze(1)).sum()
+
+    alone = {"w": params["w"].detach().bfloat16().requires_grad_(), "scale": params["scale"].detach().clone().requires_grad_()}
+    forward(alone["w"], alone["scale"]).backward()
+    fused.zero_grad()
+    forward(fused.cast_parameters(torch.bfloat16)[id(params["w"])], params["scale"]).backward()
+    expected = {name: p.detach() - alone[name].grad.float() for name, p in params.items()}  # SGD at lr 1
+    fused.step()
+    for name, p in params.items():
+        assert torch.equal(p.detach(), expected[name]), name
