@@ -334,4 +334,26 @@ def test_a_lending_stage_gives_its_group_back_once_its_grant_is_withdrawn():
     assert ray.get(pool.state.remote())["waiting"] == 1, "the group waits for another stage"
     lender.close()
     ray.get(pool.set_quotas.remote("withdrawn", None))
+    ray.get(pool.end_sweep.remote("withdrawn"))
     ray.kill(group)
+
+
+def test_a_sweep_that_ends_takes_its_groups_out_of_the_pool_wherever_they_are():
+    from hpo.engines.bubbles.relay_trial import FusionCallback
+    from pipeline_bubble.bubble_pool import bubble_pool
+
+    pool = bubble_pool()
+    waiting = ray.get(pool.state.remote())["waiting"]
+    for host in ("stage-a", "stage-b"):
+        ray.get(pool.register.remote(host))
+    for group in ("trained-on-a", "trained-on-b", "in-line"):  # the pool never calls a group: any value stands for one
+        ray.get(pool.submit.remote(group, "ended"))
+    assert [ray.get(pool.take.remote(host)) for host in ("stage-a", "stage-b")] == ["trained-on-a", "trained-on-b"]
+
+    FusionCallback("ended").on_experiment_end(trials=[])  # Tune ended the sweep (its time budget, say)
+    assert ray.get(pool.state.remote())["waiting"] == waiting, "the group in line left it"
+    assert ray.get(pool.should_yield.remote("stage-a")) and ray.get(pool.should_yield.remote("stage-b"))
+    ray.get(pool.give_back.remote("stage-a", "trained-on-a"))  # the stage yields it, unfinished
+    ray.get(pool.unregister.remote("stage-b"))  # the job of the other stage ended
+    assert ray.get(pool.state.remote())["waiting"] == waiting, "neither went back in line for the next sweep"
+    ray.get(pool.unregister.remote("stage-a"))
