@@ -15,6 +15,10 @@ On a cluster run by the allocator (`scheduler_bridge`), lending stages carry the
 bubbles its groups may run (`set_quotas`), the pool only hands its groups to those jobs' stages,
 and a stage holding more than its job's quota (the owner reclaimed its memory, or the sweep
 ended) is asked to yield its group (`should_yield`), which it does before its next step.
+
+A sweep that ends, however it ends (its time budget, an error, Ctrl-C), withdraws its groups
+(`end_sweep`): those waiting leave the line, and a stage training one yields it without it going
+back in line, so no group of an ended sweep trains in the bubbles that the next sweep is given.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class _Host:
     group: Any = None
     sweep: str | None = None
     yielding: bool = False
+    #: The group's sweep has ended: the group goes nowhere when the host gives it back.
+    withdrawn: bool = False
 
 
 @ray.remote(num_cpus=0)
@@ -61,9 +67,10 @@ class BubblePool:
         self.hosts.setdefault(host_id, _Host(owner))
 
     def unregister(self, host_id: str) -> None:
-        """The host is gone (or about to be killed): a group it still held goes back in line."""
+        """The host is gone (or about to be killed): a group it still held goes back in line,
+        unless its sweep has ended."""
         host = self.hosts.pop(host_id, None)
-        if host is not None and host.group is not None:
+        if host is not None and host.group is not None and not host.withdrawn:
             self.waiting.appendleft((host.group, host.sweep))
 
     def submit(self, group: Any, sweep: str) -> None:
@@ -94,13 +101,23 @@ class BubblePool:
         host = self.hosts.get(host_id)
         if host is None or host.group is None:
             return  # unregistered already, which put the group back in line
-        self.waiting.appendleft((group, host.sweep))
+        if not host.withdrawn:
+            self.waiting.appendleft((group, host.sweep))
         self.done(host_id)
 
     def done(self, host_id: str) -> None:
         host = self.hosts.get(host_id)
         if host is not None:
-            host.group, host.sweep, host.yielding = None, None, False
+            host.group, host.sweep, host.yielding, host.withdrawn = None, None, False, False
+
+    def end_sweep(self, sweep: str) -> None:
+        """`sweep` has ended: its waiting groups leave the line, and the stages training one are
+        asked to yield it, which then goes nowhere. (A group left in line or handed back would run
+        in the next sweep's bubbles, long after its trials ended.)"""
+        self.waiting = deque((group, s) for group, s in self.waiting if s != sweep)
+        for host in self.hosts.values():
+            if host.sweep == sweep and host.group is not None:
+                host.yielding = host.withdrawn = True
 
     def set_quotas(self, sweep: str, quotas: dict[int | str, int] | None) -> None:
         """How many of `sweep`'s groups each owner's hosts may hold: a pipeline job's id, or an

@@ -45,6 +45,15 @@ to a separate lowest-priority stream; a guest that raises is dropped, never the 
 checkpointed every `checkpoint_every` steps and on `evict()`; `request_evict()` may be called at
 any time (a signal handler, another thread) and takes effect before the next guest step.
 
+A guest that fits no window. The predicted step time is learnt only from the steps the guest
+runs, and a step runs only where the prediction fits: a prediction too long for every window
+(profiled while the host was busier, or one stage's windows really are shorter than a step)
+would never be measured again and would hold its guest, a sweep's group that no other stage may
+take, forever. So after `STARVED_BATCHES` batches in a row that ran no guest step, in which a
+window was known and the predicted step fitted none, the step time is measured again; after as
+many more, the guest is refused (`refused` says why, in one line) and leaves the stage
+unfinished, so a lending stage gives it back for a stage whose windows hold its steps.
+
 Guests that come and go. With a `guest_source`, a stage that has no guest (none yet, or the
 last one finished, failed or was evicted) asks the source for one between batches, keeping
 the windows it has learnt. A guest may also pause itself (`ready()` false: a sweep's group
@@ -75,6 +84,9 @@ from pipeline_bubble.timeline import GUEST
 _READY_TOLERANCE_S = 5e-4
 #: Quantile of the recent guest step times used as the predicted length of the next step.
 _STEP_QUANTILE = 0.75
+#: Batches in a row in which the predicted step fitted none of the known windows before the step
+#: time is measured again, and, measured again, before it is refused (see the module doc).
+STARVED_BATCHES = 8
 
 
 class _Host(Protocol):
@@ -181,6 +193,11 @@ class BubbleExecutor:
         self._evict_requested = False
         self._recent: deque[float] = deque(maxlen=32)
         self._host: _Host | None = None
+        #: Batches in a row with no guest step whose known windows all were too short (`STARVED_BATCHES`).
+        self._starved = 0
+        #: The longest budget of this batch that the predicted step did not fit; None while none.
+        self._unfit_budget: float | None = None
+        self._steps_at_begin = 0
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self, device: torch.device | str = "cpu", *, host: _Host | None = None) -> None:
@@ -208,6 +225,7 @@ class BubbleExecutor:
         """Take `guest` in place of one that ended, keeping the windows learnt so far."""
         self.guest, self.refused, self.failed = guest, None, None
         self._recent.clear()
+        self._starved = 0
         self.step_time_s = None
         self._check_memory()
         self._profile()
@@ -264,6 +282,7 @@ class BubbleExecutor:
         self._observing = initial or (self._batches > 0 and self._batches % self.observe_every == 0)
         self._warmup = self._batches == 0
         self._batches += 1
+        self._unfit_budget, self._steps_at_begin = None, self.stats.steps
         if self._observing:
             self._scale.clear()
 
@@ -274,6 +293,7 @@ class BubbleExecutor:
             self.checkpoint()
         if self.guest is not None and getattr(self.guest, "finished", False):
             self._release_guest(None)
+        self._count_starved_batch()
         if self.guest is None and self.guest_source is not None:
             guest = self.guest_source()
             if guest is not None:
@@ -319,6 +339,8 @@ class BubbleExecutor:
             self.stats.steps += 1
             self.stats.samples += int(getattr(self.guest, "samples_per_step", 0))
             steps += 1
+        if not steps and self.step_time_s is not None and self.step_time_s > budget:
+            self._unfit_budget = max(budget, self._unfit_budget or 0.0)
         return self._clock() - start if steps else 0.0
 
     def observe(
@@ -382,6 +404,26 @@ class BubbleExecutor:
         return max(0.0, min(waits) - max(self._floor, self._ready_latency)) if waits else self._seeds.get(slot)
 
     # ---- internals --------------------------------------------------------------------------
+    def _count_starved_batch(self) -> None:
+        """At a batch's end: a guest that fitted no window for `STARVED_BATCHES` batches is measured
+        again (its prediction may be stale), and after as many more it is refused (see the module doc)."""
+        if self.guest is None or self.stats.steps > self._steps_at_begin:
+            self._starved = 0
+            return
+        if self._unfit_budget is None:
+            return  # no window was tried (an observation batch, a guest paused before its profile, none known)
+        self._starved += 1
+        if self._starved == STARVED_BATCHES:
+            self._recent.clear()
+            self.step_time_s = None  # end_batch profiles the guest again
+        elif self._starved >= 2 * STARVED_BATCHES:
+            assert self.step_time_s is not None
+            self.refused = (
+                f"its step ({self.step_time_s * 1e3:.1f} ms, measured twice) fitted none of this stage's "
+                f"bubble windows (the longest {self._unfit_budget * 1e3:.1f} ms) in {self._starved} batches"
+            )
+            self.evict()
+
     def _guarded_step(self) -> float | None:
         """`_timed_step`, except that a failing guest is dropped (None) instead of failing the job."""
         try:

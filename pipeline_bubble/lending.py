@@ -31,7 +31,8 @@ from pipeline_bubble.instrumented_engine import InstrumentedPipelineEngine, inst
 from pipeline_bubble.profile import PipelineProfile
 from pipeline_bubble.sweep_guest import SweepGroupGuest
 
-#: After refusing a group over its memory cap, a stage waits this many poll intervals to ask again.
+#: After refusing a group (over its memory cap, or its steps fit none of the stage's windows), a
+#: stage waits this many poll intervals to ask again, so that another stage takes the group first.
 REFUSED_BACKOFF = 20
 
 
@@ -69,6 +70,9 @@ class BubbleLender:
         self.poll_interval_s = poll_interval_s
         self.groups_taken = 0
         self.groups_yielded = 0
+        #: Groups that left this stage unfinished (yielded, refused, or the job ended) to train
+        #: elsewhere: `groups_taken` less these is the groups that ended on this stage.
+        self.groups_given_back = 0
         self._take = _PeriodicQuery(lambda: self.pool.take.remote(self.host_id), poll_interval_s)
         self._yield = _PeriodicQuery(lambda: self.pool.should_yield.remote(self.host_id), poll_interval_s)
 
@@ -92,8 +96,9 @@ class BubbleLender:
 
     def _closed(self, group: Any, unfinished: bool) -> None:
         if unfinished:
+            self.groups_given_back += 1
             self.pool.give_back.remote(self.host_id, group)
-            if self.engine.bubble_executor.refused is not None:  # too big for this stage: leave it to others
+            if self.engine.bubble_executor.refused is not None:  # not for this stage: leave it to others
                 self._take.next_at = time.monotonic() + REFUSED_BACKOFF * self.poll_interval_s
         else:
             self.pool.done.remote(self.host_id)

@@ -75,7 +75,7 @@ class PipelineRank:
         from pipeline_bubble.lending import lend_bubbles
 
         self.lender.close()
-        self.groups += self.lender.groups_taken
+        self.groups += self.lender.groups_taken - self.lender.groups_given_back
         self.lender = lend_bubbles(self.engine, owner=owner)
 
     def train(self, batches: int) -> None:
@@ -84,7 +84,9 @@ class PipelineRank:
 
     def stats(self) -> dict:
         executor = self.engine.bubble_executor
-        return {"losses": self.losses, "groups": self.groups + self.lender.groups_taken, "guest_steps": executor.stats.steps}
+        # A group a stage gave back unfinished (one whose steps fit none of its windows) ended on another.
+        groups = self.groups + self.lender.groups_taken - self.lender.groups_given_back
+        return {"losses": self.losses, "groups": groups, "guest_steps": executor.stats.steps}
 
     def finish(self) -> None:
         """The job is done lending: an unfinished group goes back, the stage leaves the pool."""
@@ -160,7 +162,7 @@ def test_every_trial_is_reported_after_training_in_the_bubbles(bubble_sweep):
     assert sorted(frame["config/lr"]) == LRS
     assert (frame["iterations"] == SWEEP_ITERATIONS).all() and (frame["status"] == "completed").all(), frame
     assert all(r.metrics["fused_members"] == 2 and r.checkpoint is not None for r in result.result_grid)
-    assert sum(stage["groups"] for stage in job) == 2, "two groups of two, each taken by a stage"
+    assert sum(stage["groups"] for stage in job) == 2, "two groups of two, each trained to its end by a stage"
     assert sum(stage["guest_steps"] for stage in job) > 0, "some steps ran inside bubbles"
 
 
@@ -332,4 +334,26 @@ def test_a_lending_stage_gives_its_group_back_once_its_grant_is_withdrawn():
     assert ray.get(pool.state.remote())["waiting"] == 1, "the group waits for another stage"
     lender.close()
     ray.get(pool.set_quotas.remote("withdrawn", None))
+    ray.get(pool.end_sweep.remote("withdrawn"))
     ray.kill(group)
+
+
+def test_a_sweep_that_ends_takes_its_groups_out_of_the_pool_wherever_they_are():
+    from hpo.engines.bubbles.relay_trial import FusionCallback
+    from pipeline_bubble.bubble_pool import bubble_pool
+
+    pool = bubble_pool()
+    waiting = ray.get(pool.state.remote())["waiting"]
+    for host in ("stage-a", "stage-b"):
+        ray.get(pool.register.remote(host))
+    for group in ("trained-on-a", "trained-on-b", "in-line"):  # the pool never calls a group: any value stands for one
+        ray.get(pool.submit.remote(group, "ended"))
+    assert [ray.get(pool.take.remote(host)) for host in ("stage-a", "stage-b")] == ["trained-on-a", "trained-on-b"]
+
+    FusionCallback("ended").on_experiment_end(trials=[])  # Tune ended the sweep (its time budget, say)
+    assert ray.get(pool.state.remote())["waiting"] == waiting, "the group in line left it"
+    assert ray.get(pool.should_yield.remote("stage-a")) and ray.get(pool.should_yield.remote("stage-b"))
+    ray.get(pool.give_back.remote("stage-a", "trained-on-a"))  # the stage yields it, unfinished
+    ray.get(pool.unregister.remote("stage-b"))  # the job of the other stage ended
+    assert ray.get(pool.state.remote())["waiting"] == waiting, "neither went back in line for the next sweep"
+    ray.get(pool.unregister.remote("stage-a"))

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hpo.examples.mlp_digits import workload as digits
 
 from pipeline_bubble import deepspeed_adapter
 from benchmarks.bubble_ab import ABSpec, run_rank, synthetic_guest
-from pipeline_bubble.executor import BubbleExecutor
+from pipeline_bubble.executor import STARVED_BATCHES, BubbleExecutor
 from pipeline_bubble.api import _stage_guest
 from pipeline_bubble.guests import GuestGroup
 from pipeline_bubble.launch import launch
@@ -313,6 +315,72 @@ def test_a_cpu_guest_waits_while_every_core_runs_the_job():
     assert executor.stats.no_core == 1
     host.free = True
     assert executor.harvest(0, _Recorder(clock), _Arrival(clock, 0.02)) > 0.0
+
+
+def _rebusied_stage(profiled_s: float, step_s: float) -> tuple[BubbleExecutor, _Clock, _TimedGuest]:
+    """A stage past its warm-up batch whose guest's steps took `profiled_s` while it was profiled
+    (a busier host) and take `step_s` from then on."""
+    clock = _Clock()
+    guest = _TimedGuest(clock, profiled_s)
+    executor = BubbleExecutor(guest, profile_steps=2, clock=clock)
+    executor.start("cpu")
+    guest.seconds = step_s
+    executor.begin_batch()
+    executor.end_batch()
+    return executor, clock, guest
+
+
+def _batch(executor: BubbleExecutor, clock: _Clock, window_s: float) -> None:
+    """One whole batch whose one wait (slot 0, signalled) lasts `window_s`."""
+    _signalled(executor, clock, slot=0, window_s=window_s)
+    executor.end_batch()
+
+
+def test_a_step_prediction_longer_than_every_window_is_measured_again_and_the_guest_fills_them():
+    # As seen on a lending stage whose windows were at most ~6 ms: its group was profiled while
+    # the host was busy, and a prediction of 10 ms a step never let it take another step.
+    executor, clock, _ = _rebusied_stage(profiled_s=0.010, step_s=0.004)
+    batches = 0
+    while executor.stats.steps == 0:
+        assert batches <= STARVED_BATCHES + 1, "a 4 ms step never went into the 6 ms windows"
+        _batch(executor, clock, window_s=0.006)
+        batches += 1
+    assert executor.guest is not None and executor.refused is None
+    assert executor.step_time_s == pytest.approx(0.004)
+
+
+def test_a_guest_whose_step_fits_no_window_of_its_stage_leaves_it_unfinished_saying_why():
+    executor, clock, guest = _rebusied_stage(profiled_s=0.010, step_s=0.010)
+    closed: list[str | None] = []
+    guest.close = closed.append  # a lending stage's group: None gives it back to the pool for another stage
+    for _ in range(2 * STARVED_BATCHES + 1):  # the first batch learns the window
+        _batch(executor, clock, window_s=0.006)
+    assert executor.guest is None and closed == [None] and executor.failed is None
+    assert executor.refused == (
+        "its step (10.0 ms, measured twice) fitted none of this stage's bubble windows (the longest 6.0 ms) in 16 batches"
+    )
+
+
+#: The property below counts time in ticks of 2^-14 s (61 us), which the fake clock adds and
+#: subtracts exactly: a step that fits a window does so by the numbers, not by a rounding.
+TICK_S = 2.0**-14
+
+
+@settings(max_examples=200, deadline=None)
+@given(profiled=st.integers(1, 800), step=st.integers(1, 800), window=st.integers(0, 1000))
+def test_a_ready_guest_on_a_stage_with_windows_either_trains_in_them_or_leaves_it(profiled, step, window):
+    """Whatever its profile said, a guest never holds a stage without training: if its step fits
+    the stage's windows it trains in them, else it is refused and leaves for another stage."""
+    executor, clock, _ = _rebusied_stage(profiled * TICK_S, step * TICK_S)
+    # learning the window, perhaps one step on the old prediction, then twice STARVED_BATCHES
+    for _ in range(2 * STARVED_BATCHES + 2):
+        if executor.guest is None:
+            break
+        _batch(executor, clock, window_s=window * TICK_S)
+    if step <= window:
+        assert executor.stats.steps > 0 and executor.refused is None
+    else:
+        assert executor.guest is None and executor.refused is not None
 
 
 def test_guest_over_the_memory_cap_is_refused():

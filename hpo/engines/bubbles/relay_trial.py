@@ -74,7 +74,10 @@ class FusionCallback(tune.Callback):
     """Keeps the broker in step with Tune: fresh trials are registered as soon as Tune creates
     them, and a trial Tune ends or pauses leaves its group, which stops training it.
 
-    A paused trial (HyperBand) resumes later from its checkpoint and joins a new group.
+    A paused trial (HyperBand) resumes later from its checkpoint and joins a new group. When the
+    sweep ends, the bubble pool withdraws its groups: Tune stops the trials still running at the
+    end (a time budget, Ctrl-C) without `on_trial_complete`, so their groups would otherwise stay
+    in the pool and train in the next sweep's bubbles.
     """
 
     def __init__(self, sweep: str):
@@ -109,3 +112,8 @@ class FusionCallback(tune.Callback):
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.registered.discard(trial.trial_id)  # a retry without a checkpoint registers afresh
         self.broker.leave.remote(trial.trial_id)
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        from pipeline_bubble.bubble_pool import bubble_pool  # torch: the driver's, which has it already
+
+        ray.get(bubble_pool().end_sweep.remote(self.sweep))  # before the next sweep can start
