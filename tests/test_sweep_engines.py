@@ -7,7 +7,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from ray import tune
+from ray.tune.search import BasicVariantGenerator
 
 from examples.mlp_digits import workload as mlp_digits
 from hpo.base.actor_names import NAMESPACE, broker_name
@@ -17,7 +20,7 @@ from hpo.engines.bubbles.engine import BubbleEngine
 from hpo.engines.bubbles.relay_trial import FusionCallback
 from hpo.engines.fused.engine import FusedEngine
 from hpo.engines.fused.scheduler import GroupScheduler
-from hpo.engines.fused.search import GroupSearcher
+from hpo.engines.fused.search import ConfigList, GroupSearcher
 from hpo.engines.plain import FunctionEngine, WorkloadEngine
 from hpo.engines.scaled import ScaledEngine
 from hpo.reporting.dashboard_actor import ControllerCallback
@@ -171,6 +174,25 @@ def test_a_fused_engine_gives_tune_groups_and_replays_their_events_per_member(tm
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), num_samples=st.integers(1, 4), grid=st.lists(st.integers(0, 9), min_size=1, max_size=3, unique=True))
+def test_a_seed_draws_the_same_configurations_in_a_fused_sweep_as_in_a_plain_one(seed, num_samples, grid):
+    # the fused engine expands grid and random search itself (`ConfigList`); a user comparing a
+    # sweep fused and not, with one seed, compares the same configurations in the same order
+    space = {"lr": tune.loguniform(1e-4, 1e-1), "optimizer": tune.choice(["adam", "sgd"]), "width": tune.grid_search(grid),
+             "depth": tune.randint(1, 4), "dropout": tune.quniform(0.0, 0.5, 0.1), "momentum": 0.9}
+    plain = BasicVariantGenerator(random_state=seed)
+    plain.add_configurations({"sweep": {"run": _noop, "config": space, "num_samples": num_samples}})
+    drawn = []
+    while (trial := plain.next_trial()) is not None:
+        drawn.append(trial.config)
+    assert ConfigList(space, num_samples, seed).configs == drawn
+
+
+def _noop(config: dict) -> None:
+    pass
+
+
 def test_a_bubble_engine_starts_the_broker_and_gives_tune_one_relay_per_configuration(tmp_path, ray_local):
     engine = BubbleEngine(plan(mlp_digits, 2), FusionConfig(max_members=4, placement="bubbles"))
     limited = tune.TuneConfig(max_concurrent_trials=3, reuse_actors=True)

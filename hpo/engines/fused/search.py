@@ -35,7 +35,9 @@ class ConfigList(Searcher):
         super().__init__()
         import numpy as np
 
-        random_state = np.random.RandomState(seed) if seed is not None else None
+        # as Tune's BasicVariantGenerator seeds it (numpy's Generator), so a seed draws the same
+        # configurations whether the sweep is fused or not
+        random_state = np.random.default_rng(seed) if seed is not None else None
         self.configs = [
             spec["config"]
             for _ in range(num_samples)
