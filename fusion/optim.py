@@ -185,7 +185,7 @@ class FusedOptimizer:
 
     @torch.no_grad()
     def _repack(self) -> None:
-        """Make every parameter and gradient a view into one `[B, P]` matrix, and allocate scratch.
+        """Make every parameter a view into one `[B, P]` matrix, and allocate the gradient matrix and scratch.
 
         The step then runs on whole matrices without copying parameters in and out, and without
         allocating (large fresh CPU allocations page-fault on every step).
