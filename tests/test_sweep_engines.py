@@ -5,6 +5,7 @@ the result."""
 from __future__ import annotations
 
 import math
+import tempfile
 
 import pytest
 from hypothesis import given, settings
@@ -181,16 +182,32 @@ def test_a_seed_draws_the_same_configurations_in_a_fused_sweep_as_in_a_plain_one
     # sweep fused and not, with one seed, compares the same configurations in the same order
     space = {"lr": tune.loguniform(1e-4, 1e-1), "optimizer": tune.choice(["adam", "sgd"]), "width": tune.grid_search(grid),
              "depth": tune.randint(1, 4), "dropout": tune.quniform(0.0, 0.5, 0.1), "momentum": 0.9}
-    plain = BasicVariantGenerator(random_state=seed)
-    plain.add_configurations({"sweep": {"run": _noop, "config": space, "num_samples": num_samples}})
-    drawn = []
-    while (trial := plain.next_trial()) is not None:
-        drawn.append(trial.config)
-    assert ConfigList(space, num_samples, seed).configs == drawn
+    assert ConfigList(space, num_samples, BasicVariantGenerator(random_state=seed)).configs == plain_configs(space, num_samples, seed)
+
+
+def plain_configs(space: dict, num_samples: int, seed: int, **options) -> list[dict]:
+    """The configurations Tune's own variant generator starts for an unfused sweep."""
+    plain = BasicVariantGenerator(random_state=seed, **options)
+    with tempfile.TemporaryDirectory() as storage:
+        plain.add_configurations({"sweep": {"run": _noop, "config": space, "num_samples": num_samples, "storage_path": storage}})
+        drawn = []
+        while (trial := plain.next_trial()) is not None:
+            drawn.append(trial.config)
+    return drawn
 
 
 def _noop(config: dict) -> None:
     pass
+
+
+def test_a_fused_sweep_starts_with_the_points_to_evaluate_of_the_users_variant_generator():
+    space = {"lr": tune.loguniform(1e-4, 1e-1), "optimizer": tune.choice(["adam", "sgd"])}
+    first = [{"lr": 0.5, "optimizer": "sgd"}, {"lr": 0.25}]
+    user = BasicVariantGenerator(random_state=7, points_to_evaluate=first)
+    configs = ConfigList(space, 4, user).configs
+    assert configs[0] == first[0] and configs[1]["lr"] == 0.25 and len(configs) == 4
+    assert configs == plain_configs(space, 4, 7, points_to_evaluate=first)
+    assert ConfigList(space, 4, user).configs == configs, "the user's generator was used up by the first list"
 
 
 def test_a_bubble_engine_starts_the_broker_and_gives_tune_one_relay_per_configuration(tmp_path, ray_local):

@@ -83,7 +83,8 @@ class FusedEngine(SweepEngine):
         book = MemberBook(experiment, workload.name)
         search_alg = tune_config.search_alg
         if search_alg is None or isinstance(search_alg, BasicVariantGenerator):
-            inner, num_samples = ConfigList(plan.param_space, tune_config.num_samples, self.search_seed), None
+            variants = search_alg or BasicVariantGenerator(random_state=self.search_seed)
+            inner, num_samples = ConfigList(plan.param_space, tune_config.num_samples, variants), None
             size = len(inner.configs)
         else:
             inner, num_samples = search_alg, tune_config.num_samples

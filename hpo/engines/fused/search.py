@@ -11,6 +11,7 @@ on to the user's searcher under the member's own id, so TPE sees each result.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
 import tempfile
@@ -18,8 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ray.tune.search import Searcher
-from ray.tune.search.variant_generator import generate_variants
+from ray.tune.search import BasicVariantGenerator, Searcher
 
 from hpo.engines.fused.members import MemberBook, member_ids
 
@@ -28,21 +28,19 @@ MEMBERS_KEY = "members"
 
 
 class ConfigList(Searcher):
-    """Grid and random search for groups: the search space expanded as Tune's own variant
-    generator expands it (`num_samples` passes over the grid, random values drawn each pass)."""
+    """Grid and random search for groups: the configurations Tune's own `BasicVariantGenerator`
+    starts, in its order (the user's generator, with its seed and `points_to_evaluate`, or a new
+    one seeded with the sweep's seed), so a sweep draws the same configurations fused or not."""
 
-    def __init__(self, param_space: Mapping[str, Any], num_samples: int, seed: int | None = None):
+    def __init__(self, param_space: Mapping[str, Any], num_samples: int, variants: BasicVariantGenerator):
         super().__init__()
-        import numpy as np
-
-        # as Tune's BasicVariantGenerator seeds it (numpy's Generator), so a seed draws the same
-        # configurations whether the sweep is fused or not
-        random_state = np.random.default_rng(seed) if seed is not None else None
-        self.configs = [
-            spec["config"]
-            for _ in range(num_samples)
-            for _, spec in generate_variants({"config": dict(param_space)}, random_state=random_state)
-        ]
+        variants = copy.deepcopy(variants)  # the user's generator stays unused for another fit
+        self.configs = []
+        with tempfile.TemporaryDirectory() as scratch:  # Tune's experiment makes a folder of its own
+            spec = {"run": _configuration, "config": dict(param_space), "num_samples": num_samples, "storage_path": scratch}
+            variants.add_configurations({"configurations": spec})
+            while (trial := variants.next_trial()) is not None:
+                self.configs.append(trial.config)
         self.next = 0
 
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
@@ -62,6 +60,10 @@ class ConfigList(Searcher):
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.next = int(state["next"])
+
+
+def _configuration(config: dict[str, Any]) -> None:
+    """The trainable `ConfigList` names to Tune's variant generator, which only draws configurations with it."""
 
 
 class GroupSearcher(Searcher):
