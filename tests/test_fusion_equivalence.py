@@ -213,6 +213,38 @@ def test_bf16_trains_batch_norm_on_fp32_weights_beside_its_fp32_statistics():
         torch.testing.assert_close(parameter, full.model.module.get_parameter(name), rtol=0, atol=2e-2, msg=name)
 
 
+class PatchEmbedded(nn.Module):
+    """A ViT's stem: a convolution cuts patches, a class token of its own (a bare nn.Parameter,
+    so the group fuses by vmap)."""
+
+    def __init__(self):
+        super().__init__()
+        self.patches = nn.Conv2d(3, 8, 4, stride=4)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, 8))
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, images):
+        tokens = self.patches(images).flatten(2).transpose(1, 2)
+        tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
+        return self.head(tokens.mean(1))
+
+
+def test_bf16_trains_a_convolution_on_the_vmap_path():
+    # autocast does not reach a convolution under vmap: its weight must not be bf16 beside an fp32 input
+    generator = torch.Generator().manual_seed(0)
+    images, labels = torch.randn(64, 3, 8, 8, generator=generator), torch.randint(0, 4, (64,), generator=generator)
+    workload = DatasetWorkload(model=lambda config: PatchEmbedded(), train=TensorDataset(images, labels),
+                               val=TensorDataset(images[:16], labels[:16]), loss=F.cross_entropy,
+                               defaults={"batch_size": 16}, steps_per_iteration=5)
+    configs = [{"seed": s, "lr": 1e-3 * (s + 1)} for s in range(2)]
+    full, half = (FusedTrainer(workload, configs, dtype=dtype) for dtype in ("fp32", "bf16"))
+    assert half.model.strategy == "vmap"
+    for trainer in (full, half):
+        trainer.train_iteration()
+    for name, parameter in half.model.module.named_parameters():
+        torch.testing.assert_close(parameter, full.model.module.get_parameter(name), rtol=0, atol=2e-2, msg=name)
+
+
 class _MasterWeightCasts(TorchDispatchMode):
     """Counts the casts whose input lies in the given (master weight) storage."""
 
