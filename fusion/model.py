@@ -248,7 +248,7 @@ class VmapModel(FusedModel):
         slots, tensors = self._slots()
         member = lambda tensors, x: self._member_forward(slots, tensors, x)  # noqa: E731
         batched = vmap(member, in_dims=(0, input_dim), randomness="different")
-        if not self.route_attention:
+        if not self.route_attention and not torch.is_autocast_enabled(x.device.type):  # autocast: see _AUTOCAST_CASTS
             return batched(tensors, x)
         with self._attention:
             return batched(tensors, x)
@@ -343,6 +343,14 @@ class _MemberBatchNorm(_UnderVmap):
         return member_batch_norm(*tensors, training, momentum, eps), 0
 
 
+#: Ops autocast runs in its lower precision (on CPU and CUDA) whose batching rules call the
+#: kernel below autocast: under vmap a bf16 weight would meet an fp32 input (a convolution on
+#: the user's images) or an fp32 weight a bf16 input, so their floating tensors are cast here,
+#: as autocast casts them for a member alone.
+_AUTOCAST_CASTS = frozenset(
+    {F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.prelu}
+)
+
 _BATCH_NORM_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
 _BATCH_NORM_DEFAULTS = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
 
@@ -370,6 +378,10 @@ class _StackedKernels(TorchFunctionMode):
                 bound["query"] = bound["query"] * bound["scale"]
                 bound["scale"] = 1.0
             return _FoldedAttention.apply(*bound.values())
+        if func in _AUTOCAST_CASTS and torch.is_autocast_enabled(args[0].device.type):
+            dtype = torch.get_autocast_dtype(args[0].device.type)
+            cast = lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+            return func(*map(cast, args), **{key: cast(value) for key, value in kwargs.items()})
         return func(*args, **kwargs)
 
 

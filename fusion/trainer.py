@@ -170,15 +170,12 @@ class FusedTrainer:
     def _autocast(self) -> Iterator[None]:
         """bf16: the fp32 master weights cast once (one kernel) for the step or evaluation, and
         autocast choosing each op's precision. A compiled step casts inside its graph instead.
-        A norm's weights beside running statistics stay fp32 (`_beside_running_statistics`).
-        The vmap path runs on the fp32 weights, as autocast alone does: autocast does not reach
-        the physical call of an op under vmap (a convolution), so a bf16 weight would meet the
-        op's fp32 input there; its linear layers cast for themselves (`fusion.layers.member_linear`)."""
+        A norm's weights beside running statistics stay fp32 (`_beside_running_statistics`)."""
         if self.dtype == "fp32":
             yield
             return
         with torch.autocast(device_type=self.device.type, dtype=DTYPES[self.dtype]):
-            if self.compile_path != "off" or self.model.strategy == "vmap":
+            if self.compile_path != "off":
                 yield
                 return
             casts = self.optimizer.cast_parameters(DTYPES[self.dtype])

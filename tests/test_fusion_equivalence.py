@@ -215,13 +215,13 @@ def test_bf16_trains_batch_norm_on_fp32_weights_beside_its_fp32_statistics():
 
 class PatchEmbedded(nn.Module):
     """A ViT's stem: a convolution cuts patches, a class token of its own (a bare nn.Parameter,
-    so the group fuses by vmap)."""
+    so the group fuses by vmap); a PReLU after a linear layer in its head."""
 
     def __init__(self):
         super().__init__()
         self.patches = nn.Conv2d(3, 8, 4, stride=4)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, 8))
-        self.head = nn.Linear(8, 4)
+        self.head = nn.Sequential(nn.Linear(8, 8), nn.PReLU(8), nn.Linear(8, 4))
 
     def forward(self, images):
         tokens = self.patches(images).flatten(2).transpose(1, 2)
@@ -229,8 +229,9 @@ class PatchEmbedded(nn.Module):
         return self.head(tokens.mean(1))
 
 
-def test_bf16_trains_a_convolution_on_the_vmap_path():
-    # autocast does not reach a convolution under vmap: its weight must not be bf16 beside an fp32 input
+def test_bf16_trains_a_convolution_and_a_prelu_on_the_vmap_path():
+    # autocast does not reach a convolution or a PReLU under vmap: the fused model casts their
+    # tensors as autocast would (the images are fp32, the PReLU's input bf16)
     generator = torch.Generator().manual_seed(0)
     images, labels = torch.randn(64, 3, 8, 8, generator=generator), torch.randint(0, 4, (64,), generator=generator)
     workload = DatasetWorkload(model=lambda config: PatchEmbedded(), train=TensorDataset(images, labels),
