@@ -45,6 +45,8 @@ from torch.func import vmap
 from torch.nn import functional as F
 from torch.nn.utils import parametrize
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
 
 from fusion.batch_folding import Batch, Layout, Spec, Unfoldable, install, map_tensors, measure_layouts
 from fusion.independence import check_member_independence, output_tensors, preserved_state
@@ -558,7 +560,77 @@ def _freeze_as_members(fused: nn.Module, member: nn.Module) -> None:
         fused_params[name].requires_grad_(param.requires_grad)
 
 
+class _ParameterReads(TorchFunctionMode):
+    """Finds the first Python value (a branch's truth, a number, an index) that `forward` reads
+    from a tensor computed from the model's parameters.
+
+    The stacked path runs the user's code once on every member's samples folded into one batch,
+    so a value read there is one for all members (`if h.abs().max() > 4:` decides by the largest
+    activation of any member), where each member alone decides by its own. The independence
+    check sees that only on a batch where the decision differs; a branch that training reaches
+    later would mix members silently. Values read from the inputs alone are the independence
+    check's to judge."""
+
+    READS = frozenset({
+        torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__,
+        torch.Tensor.item, torch.Tensor.tolist, torch.equal, torch.allclose, torch.is_nonzero,
+    })
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.derived = WeakIdKeyDictionary({parameter: True for parameter in model.parameters()})
+        #: The paths of the modules whose forward is running, innermost last.
+        self.modules: list[str] = []
+        #: The first read: (the innermost module's path, the read, e.g. "__bool__").
+        self.read: tuple[str, str] | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        derived = any(isinstance(t, torch.Tensor) and t in self.derived for t in tree_leaves((args, kwargs)))
+        if derived and func in self.READS and self.read is None:
+            self.read = (self.modules[-1] if self.modules else "", func.__name__)
+        output = func(*args, **kwargs)
+        if derived:
+            for t in tree_leaves(output):
+                if isinstance(t, torch.Tensor):
+                    self.derived[t] = True
+        return output
+
+
+def _parameter_read(member: nn.Module, example_input: torch.Tensor) -> tuple[str, str] | None:
+    """Where and what `member`'s forward first reads into Python from its parameters
+    (`_ParameterReads`), in training or eval mode; None if nothing."""
+    for training in (True, False):
+        reads = _ParameterReads(member)
+
+        def leave(module: nn.Module, args: Any, output: Any) -> None:
+            reads.modules.pop()
+
+        handles = []
+        for path, module in member.named_modules():
+            handles.append(module.register_forward_pre_hook(lambda module, args, path=path: reads.modules.append(path)))
+            handles.append(module.register_forward_hook(leave))
+        try:
+            with preserved_state(member), reads:
+                member.train(training)
+                member(example_input)
+        finally:
+            for handle in handles:
+                handle.remove()
+        if reads.read is not None:
+            return reads.read
+    return None
+
+
 def _stacked(models: Sequence[nn.Module], internal: set[str], example_input: torch.Tensor) -> StackedModel:
+    read = _parameter_read(models[0], example_input)
+    if read is not None:
+        path, what = read
+        raise _NotStackable(
+            f"layer '{path or '<root>'}' ({type(models[0].get_submodule(path)).__name__}) reads a value computed "
+            f"from its parameters into Python ({what}), which one run on every member's samples would read "
+            "once for all members"
+        )
     try:
         layouts, outputs = measure_layouts(models[0], example_input, _leaves(models[0]))
     except Unfoldable as reason:
