@@ -135,7 +135,7 @@ class FusedTrainer:
                 fused,
                 witnesses,
                 self.hparams,
-                list(zip(multipliers, decay_multipliers)),
+                list(zip(multipliers, decay_multipliers, eps_multipliers)),
                 workload,
                 check_batches(workload, first),
                 self.train_step_on,
