@@ -509,6 +509,9 @@ def _stack_tree(
         return memo[id(first)]
     fuser = _fuser(first)
     if fuser is not None:
+        differing = _differing_attributes(modules)
+        if differing:  # a fused layer has one eps, momentum, ... for all members: member 0's
+            raise _NotStackable(f"layer '{path or '<root>'}' ({type(first).__name__}) differs between members in {sorted(differing)}")
         try:
             fused = fuser(modules)
         except NotStackedHere as reason:

@@ -635,3 +635,11 @@ def test_a_branch_on_values_computed_from_the_weights_is_not_stacked_even_before
         fuse_models([RescalesLargeActivations() for _ in range(2)], x, strategy="stacked")
     with pytest.raises(FusionError, match="data-dependent control flow"):  # nor can vmap run it
         fuse_models([RescalesLargeActivations() for _ in range(2)], x)
+
+
+def test_members_whose_layers_differ_in_a_setting_are_refused_naming_it_not_fused_with_member_0s():
+    # a config key the members may differ in (here Adam's eps, or SGD's momentum), read by the model too
+    with pytest.raises(FusionError, match=r"layer '1' \(LayerNorm\) differs between members in \['eps'\]"):
+        fuse_models([nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6, eps=eps)) for eps in (1e-5, 1e-6)], torch.randn(5, 4))
+    with pytest.raises(FusionError, match=r"layer '1' \(BatchNorm1d\) differs between members in \['momentum'\]"):
+        fuse_models([nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6, momentum=m)) for m in (0.1, 0.9)], torch.randn(5, 4))
