@@ -4,6 +4,7 @@
 sees a member that trains wrongly on its own (a frozen parameter stepped, a hyperparameter
 applied to the wrong member, a layer whose gradient is off). So before a group trains:
 
+- `check_shared_batches`: each member's own data stream is the one the group shares;
 - `check_initial_states`: every member's row of the fused model holds exactly its own model's
   parameters and buffers;
 - `verify_fused_training`: a copy of the fused model, reduced to the *witnesses*
@@ -143,6 +144,24 @@ def check_batches(workload: Workload, config: Mapping[str, Any]) -> list[Batch]:
     check's own: the trainer's stays where it is."""
     stream = ResumableBatches.of_workload(workload, config)
     return [stream.batch(step) for step in range(STEPS + 1)]
+
+
+def check_shared_batches(workload: Workload, configs: Sequence[Mapping[str, Any]], first: Batch) -> None:
+    """Refuse a group whose members would not train on one stream alone: `first` is config 0's
+    first batch, which every member trains on fused, and the last config's own first batch must
+    equal it. A workload breaks this when its `train_batches` reads a key the members differ in
+    (a shuffle seeded from `config["seed"]` rather than its `seed` argument, the data seed); each
+    member alone would see other batches. One other member's batch keeps the cost flat in B."""
+    if len(configs) < 2:
+        return
+    own = ResumableBatches.of_workload(workload, configs[-1]).batch(0)
+    if not all(torch.equal(mine, shared) for mine, shared in zip(own, first)):
+        raise FusionError(
+            f"config {len(configs) - 1}'s training batches differ from config 0's, which every member of a fused "
+            "group trains on: the workload's train_batches may depend only on batch_size and its seed argument "
+            "(data_seed), not on a key the members differ in (seed, lr, ...); fix train_batches, or train these "
+            "configurations unfused (fusion: {enabled: false})"
+        )
 
 
 def verify_fused_training(

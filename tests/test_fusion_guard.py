@@ -96,6 +96,16 @@ def test_a_group_whose_optimizer_drops_the_depth_scaled_adam_eps_is_refused(monk
     assert not steps_taken
 
 
+def test_a_workload_whose_batches_follow_the_trial_seed_is_refused_before_it_trains(monkeypatch, steps_taken):
+    # fused, every member trains on config 0's batches; alone, each would shuffle by its own seed
+    workload = probing_workload()
+    stream = workload.train_batches
+    monkeypatch.setattr(workload, "train_batches", lambda config, seed: stream(config, seed + int(config["seed"])))
+    with pytest.raises(FusionError, match=r"config 2's training batches differ from config 0's.*seed argument \(data_seed\)"):
+        FusedTrainer(workload, CONFIGS)
+    assert not steps_taken
+
+
 def test_verify_false_trains_the_group_unchecked(monkeypatch):
     monkeypatch.setattr(fusion.model, "_freeze_as_members", lambda fused, member: None)
     trainer = FusedTrainer(probing_workload(), CONFIGS, verify=False)
