@@ -690,7 +690,7 @@ def _vmapped(models: Sequence[nn.Module], internal: set[str]) -> VmapModel:
                 raise FusionError(f"layer '{path or '<root>'}' ({type(group[0]).__name__}) differs between members in attribute {key!r}, which fusion cannot stack")
             for module, value in zip(group, values):
                 delattr(module, key)
-                module.register_buffer(key, torch.tensor(value))
+                module.register_buffer(key, torch.tensor(value, dtype=torch.float64))  # as given: a float32 0.3 is not 0.3
             internal.add(f"{path}.{key}".lstrip("."))
     holder = copy.deepcopy(models[0])  # deepcopy keeps shared submodules and tied tensors shared
     member_modules = [dict(m.named_modules(remove_duplicate=False)) for m in models]

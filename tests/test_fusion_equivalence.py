@@ -117,6 +117,17 @@ def test_depth_scaled_proxy_members_match_training_alone():
     assert_members_match_trained_alone(proxy, configs)
 
 
+def test_a_per_member_multiplier_on_the_vmap_path_is_the_members_own_value_not_its_float32_rounding():
+    # the ViT proxy fuses by vmap, where a scalar attribute the members differ in becomes a buffer;
+    # 0.3 (unlike 0.5) has no exact float32 value, and float64 training and the guard would see that
+    proxy = MuPWorkload(vit_digits, 16, base_width=32, depth=1, base_depth=4)
+    configs = [
+        {"steps_per_iteration": 25, "seed": 0, "lr": 2e-3, "eps": 1e-4},
+        {"steps_per_iteration": 25, "seed": 1, "lr": 4e-3, "eps": 1e-3, "residual_mult": 0.3},
+    ]
+    assert_members_match_trained_alone(proxy, configs)
+
+
 class PaddedNextToken(Workload):
     """Next-token prediction on sequences padded at their end, whose padded targets are -100
     (F.cross_entropy's ignore_index, as Hugging Face's collators mark them); the default loss."""
