@@ -45,6 +45,8 @@ from torch.func import vmap
 from torch.nn import functional as F
 from torch.nn.utils import parametrize
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
 
 from fusion.batch_folding import Batch, Layout, Spec, Unfoldable, install, map_tensors, measure_layouts
 from fusion.independence import check_member_independence, output_tensors, preserved_state
@@ -248,7 +250,7 @@ class VmapModel(FusedModel):
         slots, tensors = self._slots()
         member = lambda tensors, x: self._member_forward(slots, tensors, x)  # noqa: E731
         batched = vmap(member, in_dims=(0, input_dim), randomness="different")
-        if not self.route_attention:
+        if not self.route_attention and not torch.is_autocast_enabled(x.device.type):  # autocast: see _AUTOCAST_CASTS
             return batched(tensors, x)
         with self._attention:
             return batched(tensors, x)
@@ -343,6 +345,14 @@ class _MemberBatchNorm(_UnderVmap):
         return member_batch_norm(*tensors, training, momentum, eps), 0
 
 
+#: Ops autocast runs in its lower precision (on CPU and CUDA) whose batching rules call the
+#: kernel below autocast: under vmap a bf16 weight would meet an fp32 input (a convolution on
+#: the user's images) or an fp32 weight a bf16 input, so their floating tensors are cast here,
+#: as autocast casts them for a member alone.
+_AUTOCAST_CASTS = frozenset(
+    {F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.prelu}
+)
+
 _BATCH_NORM_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
 _BATCH_NORM_DEFAULTS = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
 
@@ -370,6 +380,10 @@ class _StackedKernels(TorchFunctionMode):
                 bound["query"] = bound["query"] * bound["scale"]
                 bound["scale"] = 1.0
             return _FoldedAttention.apply(*bound.values())
+        if func in _AUTOCAST_CASTS and torch.is_autocast_enabled(args[0].device.type):
+            dtype = torch.get_autocast_dtype(args[0].device.type)
+            cast = lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+            return func(*map(cast, args), **{key: cast(value) for key, value in kwargs.items()})
         return func(*args, **kwargs)
 
 
@@ -495,6 +509,9 @@ def _stack_tree(
         return memo[id(first)]
     fuser = _fuser(first)
     if fuser is not None:
+        differing = _differing_attributes(modules)
+        if differing:  # a fused layer has one eps, momentum, ... for all members: member 0's
+            raise _NotStackable(f"layer '{path or '<root>'}' ({type(first).__name__}) differs between members in {sorted(differing)}")
         try:
             fused = fuser(modules)
         except NotStackedHere as reason:
@@ -546,7 +563,77 @@ def _freeze_as_members(fused: nn.Module, member: nn.Module) -> None:
         fused_params[name].requires_grad_(param.requires_grad)
 
 
+class _ParameterReads(TorchFunctionMode):
+    """Finds the first Python value (a branch's truth, a number, an index) that `forward` reads
+    from a tensor computed from the model's parameters.
+
+    The stacked path runs the user's code once on every member's samples folded into one batch,
+    so a value read there is one for all members (`if h.abs().max() > 4:` decides by the largest
+    activation of any member), where each member alone decides by its own. The independence
+    check sees that only on a batch where the decision differs; a branch that training reaches
+    later would mix members silently. Values read from the inputs alone are the independence
+    check's to judge."""
+
+    READS = frozenset({
+        torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__,
+        torch.Tensor.item, torch.Tensor.tolist, torch.equal, torch.allclose, torch.is_nonzero,
+    })
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.derived = WeakIdKeyDictionary({parameter: True for parameter in model.parameters()})
+        #: The paths of the modules whose forward is running, innermost last.
+        self.modules: list[str] = []
+        #: The first read: (the innermost module's path, the read, e.g. "__bool__").
+        self.read: tuple[str, str] | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        derived = any(isinstance(t, torch.Tensor) and t in self.derived for t in tree_leaves((args, kwargs)))
+        if derived and func in self.READS and self.read is None:
+            self.read = (self.modules[-1] if self.modules else "", func.__name__)
+        output = func(*args, **kwargs)
+        if derived:
+            for t in tree_leaves(output):
+                if isinstance(t, torch.Tensor):
+                    self.derived[t] = True
+        return output
+
+
+def _parameter_read(member: nn.Module, example_input: torch.Tensor) -> tuple[str, str] | None:
+    """Where and what `member`'s forward first reads into Python from its parameters
+    (`_ParameterReads`), in training or eval mode; None if nothing."""
+    for training in (True, False):
+        reads = _ParameterReads(member)
+
+        def leave(module: nn.Module, args: Any, output: Any) -> None:
+            reads.modules.pop()
+
+        handles = []
+        for path, module in member.named_modules():
+            handles.append(module.register_forward_pre_hook(lambda module, args, path=path: reads.modules.append(path)))
+            handles.append(module.register_forward_hook(leave))
+        try:
+            with preserved_state(member), reads:
+                member.train(training)
+                member(example_input)
+        finally:
+            for handle in handles:
+                handle.remove()
+        if reads.read is not None:
+            return reads.read
+    return None
+
+
 def _stacked(models: Sequence[nn.Module], internal: set[str], example_input: torch.Tensor) -> StackedModel:
+    read = _parameter_read(models[0], example_input)
+    if read is not None:
+        path, what = read
+        raise _NotStackable(
+            f"layer '{path or '<root>'}' ({type(models[0].get_submodule(path)).__name__}) reads a value computed "
+            f"from its parameters into Python ({what}), which one run on every member's samples would read "
+            "once for all members"
+        )
     try:
         layouts, outputs = measure_layouts(models[0], example_input, _leaves(models[0]))
     except Unfoldable as reason:
@@ -603,7 +690,7 @@ def _vmapped(models: Sequence[nn.Module], internal: set[str]) -> VmapModel:
                 raise FusionError(f"layer '{path or '<root>'}' ({type(group[0]).__name__}) differs between members in attribute {key!r}, which fusion cannot stack")
             for module, value in zip(group, values):
                 delattr(module, key)
-                module.register_buffer(key, torch.tensor(value))
+                module.register_buffer(key, torch.tensor(value, dtype=torch.float64))  # as given: a float32 0.3 is not 0.3
             internal.add(f"{path}.{key}".lstrip("."))
     holder = copy.deepcopy(models[0])  # deepcopy keeps shared submodules and tied tensors shared
     member_modules = [dict(m.named_modules(remove_duplicate=False)) for m in models]

@@ -37,7 +37,14 @@ from fusion.compiled import compile_method
 from fusion.grouping import FUSIBLE_KEYS, check_fusible
 from fusion.model import FusedModel, fuse_models
 from fusion.optim import FusedOptimizer
-from fusion.verification import check_batches, check_initial_states, choose_witnesses, copy_witnesses, verify_fused_training
+from fusion.verification import (
+    check_batches,
+    check_initial_states,
+    check_shared_batches,
+    choose_witnesses,
+    copy_witnesses,
+    verify_fused_training,
+)
 from hpo.base.hparams import OptimHParams
 from hpo.base.training import build_trial_model, iteration_result
 from hpo.base.trial_state import ResumableBatches, load_trial_state, save_trial_state, trial_optimizer, trial_state
@@ -127,6 +134,8 @@ class FusedTrainer:
         decay_multipliers = [workload.weight_decay_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         eps_multipliers = [workload.eps_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         example, _ = self.batches.batch(0)
+        if verify:
+            check_shared_batches(workload, self.configs, self.batches.batch(0))
         witnesses = copy_witnesses(models, choose_witnesses(self.configs, self.hparams)) if verify else {}
         fused = fuse_models(models, example, strategy)
         if verify:
@@ -135,7 +144,7 @@ class FusedTrainer:
                 fused,
                 witnesses,
                 self.hparams,
-                list(zip(multipliers, decay_multipliers)),
+                list(zip(multipliers, decay_multipliers, eps_multipliers)),
                 workload,
                 check_batches(workload, first),
                 self.train_step_on,

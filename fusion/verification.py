@@ -4,6 +4,7 @@
 sees a member that trains wrongly on its own (a frozen parameter stepped, a hyperparameter
 applied to the wrong member, a layer whose gradient is off). So before a group trains:
 
+- `check_shared_batches`: each member's own data stream is the one the group shares;
 - `check_initial_states`: every member's row of the fused model holds exactly its own model's
   parameters and buffers;
 - `verify_fused_training`: a copy of the fused model, reduced to the *witnesses*
@@ -80,6 +81,10 @@ RTOL = 1e-12
 #: How many times the member's own rounding noise (see the module doc) a fused result may differ by.
 NOISE_FACTOR = 100
 
+#: A member's per-parameter multipliers, by parameter name: lr, weight decay, Adam eps
+#: (`Workload.lr_multipliers`, `weight_decay_multipliers`, `eps_multipliers`).
+Multipliers = tuple[Mapping[str, float], Mapping[str, float], Mapping[str, float]]
+
 #: One fused training step: (fused model, optimizer, inputs, targets) -> the members' `[B]` losses.
 FusedStep = Callable[[FusedModel, FusedOptimizer, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -141,11 +146,29 @@ def check_batches(workload: Workload, config: Mapping[str, Any]) -> list[Batch]:
     return [stream.batch(step) for step in range(STEPS + 1)]
 
 
+def check_shared_batches(workload: Workload, configs: Sequence[Mapping[str, Any]], first: Batch) -> None:
+    """Refuse a group whose members would not train on one stream alone: `first` is config 0's
+    first batch, which every member trains on fused, and the last config's own first batch must
+    equal it. A workload breaks this when its `train_batches` reads a key the members differ in
+    (a shuffle seeded from `config["seed"]` rather than its `seed` argument, the data seed); each
+    member alone would see other batches. One other member's batch keeps the cost flat in B."""
+    if len(configs) < 2:
+        return
+    own = ResumableBatches.of_workload(workload, configs[-1]).batch(0)
+    if not all(torch.equal(mine, shared) for mine, shared in zip(own, first)):
+        raise FusionError(
+            f"config {len(configs) - 1}'s training batches differ from config 0's, which every member of a fused "
+            "group trains on: the workload's train_batches may depend only on batch_size and its seed argument "
+            "(data_seed), not on a key the members differ in (seed, lr, ...); fix train_batches, or train these "
+            "configurations unfused (fusion: {enabled: false})"
+        )
+
+
 def verify_fused_training(
     fused: FusedModel,
     witnesses: Mapping[int, nn.Module],
     hparams: Sequence[OptimHParams],
-    multipliers: Sequence[tuple[Mapping[str, float], Mapping[str, float]]],
+    multipliers: Sequence[Multipliers],
     workload: Workload,
     batches: Sequence[Batch],
     fused_step: FusedStep,
@@ -153,7 +176,7 @@ def verify_fused_training(
 ) -> None:
     """Raise FusionError unless `fused` (left as it is) trains as the witnesses (member index ->
     its unfused model as built; the check trains them) train alone. `hparams` and
-    `multipliers` (each member's muP lr and weight-decay multipliers) are every member's; the
+    `multipliers` (each member's lr, weight-decay and Adam-eps multipliers: muP, depth) are every member's; the
     check takes a step on each of `batches` but the last, the probe (on the first `samples`
     samples of each; None: all)."""
     steps = len(batches) - 1
@@ -168,8 +191,9 @@ def verify_fused_training(
         optimizer = FusedOptimizer(
             dict(fused_copy.module.named_parameters()),
             own_hparams,
-            [lr for lr, _ in own_multipliers],
-            weight_decay_multipliers=[decay for _, decay in own_multipliers],
+            [lr for lr, _, _ in own_multipliers],
+            weight_decay_multipliers=[decay for _, decay, _ in own_multipliers],
+            eps_multipliers=[eps for _, _, eps in own_multipliers],
             table_steps=steps + 1,
         )
         training = not fused.draws_random
@@ -279,13 +303,13 @@ class _AloneRun:
 def _train_alone(
     model: nn.Module,
     hp: OptimHParams,
-    multipliers: tuple[Mapping[str, float], Mapping[str, float]],
+    multipliers: Multipliers,
     workload: Workload,
     data: Sequence[Batch],
     training: bool,
 ) -> _AloneRun:
     """A step on each batch of `data`, the unfused trainer's own update: `TrialTrainer`'s optimizer (with the
-    member's muP multipliers, read from its original model: a copy has lost mup's shapes),
+    member's lr, decay and eps multipliers, read from its original model: a copy has lost mup's shapes),
     schedule and clipping."""
     optimizer = build_torch_optimizer(model.named_parameters(), hp, *multipliers)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, hp.lr_factor)
@@ -398,7 +422,7 @@ class _RoundingNoise:
     pays one copy of each witness."""
 
     def __init__(self, start: nn.Module, own: _Results, hp: OptimHParams,
-                 multipliers: tuple[Mapping[str, float], Mapping[str, float]], workload: Workload,
+                 multipliers: Multipliers, workload: Workload,
                  data: Sequence[Batch], training: bool):
         self._start, self._own, self._hp, self._multipliers = start, own, hp, multipliers
         self._workload, self._data, self._training = workload, data, training

@@ -611,7 +611,7 @@ def check(case: Case) -> Outcome:
     stream = workload.train_batches(configs[0], case.data_seed)
     batches = [next(stream) for _ in range(OBSERVED_STEPS + 1)]
     try:
-        verify_fused_training(trainer.model, everyone, trainer.hparams, [({}, {})] * len(configs), workload, batches, trainer.train_step_on, samples=None)
+        verify_fused_training(trainer.model, everyone, trainer.hparams, [({}, {}, {})] * len(configs), workload, batches, trainer.train_step_on, samples=None)
     except FusionError as difference:
         raise AssertionError(f"accepted on the {trainer.model.strategy} path and different: {difference}") from None
     return Outcome(trainer.model.strategy)

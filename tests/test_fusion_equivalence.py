@@ -117,6 +117,17 @@ def test_depth_scaled_proxy_members_match_training_alone():
     assert_members_match_trained_alone(proxy, configs)
 
 
+def test_a_per_member_multiplier_on_the_vmap_path_is_the_members_own_value_not_its_float32_rounding():
+    # the ViT proxy fuses by vmap, where a scalar attribute the members differ in becomes a buffer;
+    # 0.3 (unlike 0.5) has no exact float32 value, and float64 training and the guard would see that
+    proxy = MuPWorkload(vit_digits, 16, base_width=32, depth=1, base_depth=4)
+    configs = [
+        {"steps_per_iteration": 25, "seed": 0, "lr": 2e-3, "eps": 1e-4},
+        {"steps_per_iteration": 25, "seed": 1, "lr": 4e-3, "eps": 1e-3, "residual_mult": 0.3},
+    ]
+    assert_members_match_trained_alone(proxy, configs)
+
+
 class PaddedNextToken(Workload):
     """Next-token prediction on sequences padded at their end, whose padded targets are -100
     (F.cross_entropy's ignore_index, as Hugging Face's collators mark them); the default loss."""
@@ -209,6 +220,39 @@ def test_bf16_trains_batch_norm_on_fp32_weights_beside_its_fp32_statistics():
     for trainer in (full, half):
         trainer.train_iteration()
     torch.testing.assert_close(half.model.module.get_buffer("1.running_mean"), full.model.module.get_buffer("1.running_mean"), rtol=0, atol=2e-2)
+    for name, parameter in half.model.module.named_parameters():
+        torch.testing.assert_close(parameter, full.model.module.get_parameter(name), rtol=0, atol=2e-2, msg=name)
+
+
+class PatchEmbedded(nn.Module):
+    """A ViT's stem: a convolution cuts patches, a class token of its own (a bare nn.Parameter,
+    so the group fuses by vmap); a PReLU after a linear layer in its head."""
+
+    def __init__(self):
+        super().__init__()
+        self.patches = nn.Conv2d(3, 8, 4, stride=4)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, 8))
+        self.head = nn.Sequential(nn.Linear(8, 8), nn.PReLU(8), nn.Linear(8, 4))
+
+    def forward(self, images):
+        tokens = self.patches(images).flatten(2).transpose(1, 2)
+        tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
+        return self.head(tokens.mean(1))
+
+
+def test_bf16_trains_a_convolution_and_a_prelu_on_the_vmap_path():
+    # autocast does not reach a convolution or a PReLU under vmap: the fused model casts their
+    # tensors as autocast would (the images are fp32, the PReLU's input bf16)
+    generator = torch.Generator().manual_seed(0)
+    images, labels = torch.randn(64, 3, 8, 8, generator=generator), torch.randint(0, 4, (64,), generator=generator)
+    workload = DatasetWorkload(model=lambda config: PatchEmbedded(), train=TensorDataset(images, labels),
+                               val=TensorDataset(images[:16], labels[:16]), loss=F.cross_entropy,
+                               defaults={"batch_size": 16}, steps_per_iteration=5)
+    configs = [{"seed": s, "lr": 1e-3 * (s + 1)} for s in range(2)]
+    full, half = (FusedTrainer(workload, configs, dtype=dtype) for dtype in ("fp32", "bf16"))
+    assert half.model.strategy == "vmap"
+    for trainer in (full, half):
+        trainer.train_iteration()
     for name, parameter in half.model.module.named_parameters():
         torch.testing.assert_close(parameter, full.model.module.get_parameter(name), rtol=0, atol=2e-2, msg=name)
 

@@ -21,6 +21,8 @@ from fusion import FusedTrainer, FusionError
 from fusion.verification import choose_witnesses
 from hpo import DatasetWorkload, FusionConfig
 from hpo.base.hparams import OptimHParams
+from hpo.examples.vit_digits import workload as vit_digits
+from hpo.scaling import MuPWorkload
 
 CONFIGS = [
     {"seed": 0, "optimizer": "adamw", "lr": 1e-3},
@@ -76,6 +78,31 @@ def test_a_group_that_unfreezes_a_frozen_parameter_is_refused_naming_it(monkeypa
     monkeypatch.setattr(fusion.model, "_freeze_as_members", lambda fused, member: None)
     with pytest.raises(FusionError, match=r"member [01]'s parameter 'backbone\.0\.(weight|bias)' moved although it gets no gradient"):
         FusedTrainer(probing_workload(), CONFIGS)
+    assert not steps_taken
+
+
+def test_a_group_whose_optimizer_drops_the_depth_scaled_adam_eps_is_refused(monkeypatch, steps_taken):
+    # CompleteP's per-parameter eps (`Workload.eps_multipliers`) is checked as the group trains it
+    fused_optimizer = fusion.optim.FusedOptimizer.__init__
+
+    def without_eps_multipliers(self, *args, **kwargs):
+        fused_optimizer(self, *args, **{**kwargs, "eps_multipliers": None})
+
+    monkeypatch.setattr(fusion.optim.FusedOptimizer, "__init__", without_eps_multipliers)
+    proxy = MuPWorkload(vit_digits, 16, base_width=32, depth=1, base_depth=4)
+    configs = [{"seed": 0, "lr": 2e-3, "eps": 1e-4}, {"seed": 1, "lr": 4e-3, "eps": 1e-3}]
+    with pytest.raises(FusionError, match=r"member [01]'s parameter '.*' differs"):
+        FusedTrainer(proxy, configs)
+    assert not steps_taken
+
+
+def test_a_workload_whose_batches_follow_the_trial_seed_is_refused_before_it_trains(monkeypatch, steps_taken):
+    # fused, every member trains on config 0's batches; alone, each would shuffle by its own seed
+    workload = probing_workload()
+    stream = workload.train_batches
+    monkeypatch.setattr(workload, "train_batches", lambda config, seed: stream(config, seed + int(config["seed"])))
+    with pytest.raises(FusionError, match=r"config 2's training batches differ from config 0's.*seed argument \(data_seed\)"):
+        FusedTrainer(workload, CONFIGS)
     assert not steps_taken
 
 

@@ -611,3 +611,35 @@ def test_a_layer_wrong_only_in_training_is_caught_and_fused_by_vmap_instead():
     fused = fuse_models(members, x)
     assert fused.strategy == "vmap"
     assert_fused_equals_members(fused, references, x, exact=False)
+
+
+class RescalesLargeActivations(nn.Module):
+    """Branches in Python on its activations: each member alone rescales only once its own grow."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.out = nn.Linear(12, 16), nn.Linear(16, 5)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if h.abs().max() > 4:  # not reached on the first batches
+            h = h / h.abs().max()
+        return self.out(h)
+
+
+def test_a_branch_on_values_computed_from_the_weights_is_not_stacked_even_before_training_reaches_it():
+    # folded into one batch, every member would take the branch once any member's activations grow
+    torch.manual_seed(0)
+    x = torch.randn(6, 12)
+    with pytest.raises(FusionError, match=r"layer '<root>' \(RescalesLargeActivations\) reads a value computed from its parameters into Python \(__bool__\)"):
+        fuse_models([RescalesLargeActivations() for _ in range(2)], x, strategy="stacked")
+    with pytest.raises(FusionError, match="data-dependent control flow"):  # nor can vmap run it
+        fuse_models([RescalesLargeActivations() for _ in range(2)], x)
+
+
+def test_members_whose_layers_differ_in_a_setting_are_refused_naming_it_not_fused_with_member_0s():
+    # a config key the members may differ in (here Adam's eps, or SGD's momentum), read by the model too
+    with pytest.raises(FusionError, match=r"layer '1' \(LayerNorm\) differs between members in \['eps'\]"):
+        fuse_models([nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6, eps=eps)) for eps in (1e-5, 1e-6)], torch.randn(5, 4))
+    with pytest.raises(FusionError, match=r"layer '1' \(BatchNorm1d\) differs between members in \['momentum'\]"):
+        fuse_models([nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6, momentum=m)) for m in (0.1, 0.9)], torch.randn(5, 4))

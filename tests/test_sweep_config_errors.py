@@ -55,10 +55,12 @@ def test_valid_file_passes(tmp_path, capsys):
         (VALID + "fusion: {placement: bubbles}\n", "fusion", 10, "needs an explicit max_members"),
         (VALID.replace("{values: [16, 32]}", "32"), "parameters.width", 7, "32 is not a parameter: write {value: 32}"),
         (VALID.replace("{values: [16, 32]}", "[16, 32]"), "parameters.width", 7, "write {values: [16, 32]} to search these values"),
+        (VALID + "fusion: true\n", "fusion", 10, "true is not a block of settings: write {enabled: true} (its keys: enabled, max_members"),
+        (VALID + "early_terminate: asha\n", "early_terminate", 10, "'asha' is not a block of settings: write {key: value, ...} (its keys: type"),
     ],
     ids=["unknown-key", "wrong-type", "min-ge-max", "non-positive-log-bound", "grid-continuous",
          "metric-never-reported", "unimportable-trainable", "unknown-nested-key", "bad-enum",
-         "bubbles-without-group-size", "bare-value", "bare-list"],
+         "bubbles-without-group-size", "bare-value", "bare-list", "bare-block-flag", "bare-block-value"],
 )
 def test_bad_input_names_key_and_line(tmp_path, capsys, bad, key, line, words):
     code, err = validate(write(tmp_path, bad), capsys)

@@ -63,6 +63,12 @@ def test_the_tuner_chooses_the_engine_of_its_mode_once_when_it_is_built(tmp_path
     assert all(isinstance(e, SweepEngine) for e in (function, plain, fused, bubbles, scaled))
 
 
+def test_the_python_api_takes_the_fusion_block_as_a_dict_as_it_takes_checkpoint_and_logging(tmp_path):
+    fused = tuner(tmp_path, fusion={"max_members": 4}).engine
+    assert isinstance(fused, FusedEngine) and fused.fusion.max_members == 4
+    assert type(tuner(tmp_path, fusion={"enabled": False}).engine) is WorkloadEngine
+
+
 CONFIG = tune.TuneConfig(metric="val_loss", mode="min")
 
 

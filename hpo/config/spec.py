@@ -398,6 +398,11 @@ def _issues(exc: ValidationError, source: LineNumbered) -> list[ConfigIssue]:
             else:
                 advice = f"write {{value: {given!r}}} to fix it, or {{values: [...]}} or {{min: ..., max: ...}} to search it"
             message = f"{given!r} is not a parameter: {advice}"
+        elif error["type"] == "model_type":  # a block given as one value: `fusion: true`, `early_terminate: asha`
+            given, keys = error["input"], _allowed_keys(loc)
+            shown = str(given).lower() if isinstance(given, bool) else repr(given)  # as YAML spells it
+            write = f"{{enabled: {shown}}}" if isinstance(given, bool) and "enabled" in keys else "{key: value, ...}"
+            message = f"{shown} is not a block of settings: write {write} (its keys: {', '.join(keys)})"
         path = ".".join(loc)
         issues.append(ConfigIssue(path, message, source.line_of(path)))
     return issues

@@ -182,7 +182,7 @@ def run(
     max_failures: int = 0,
     callbacks: Sequence[tune.Callback] | None = None,
     scaling: Any = None,
-    fusion: FusionConfig | None = None,
+    fusion: FusionConfig | Mapping[str, Any] | None = None,
     checkpoint: CheckpointPolicy | Mapping[str, Any] | None = None,
     reuse_actors: bool | None = None,
     logging: Mapping[str, Any] | None = None,

@@ -69,7 +69,7 @@ class Tuner:
         run_config: tune.RunConfig | None = None,
         resources: Mapping[str, float] | None = None,
         scaling: Any = None,
-        fusion: FusionConfig | None = None,
+        fusion: FusionConfig | Mapping[str, Any] | None = None,
         checkpoint: CheckpointPolicy | Mapping[str, Any] | None = None,
         search_seed: int | None = None,
     ):
@@ -87,7 +87,7 @@ class Tuner:
         self.run_path: Path | None = None
         self.engine: SweepEngine = engine_for(
             trainable, self.param_space, self.tune_config, self.run_config, self.resources, self.checkpoint,
-            self.max_iterations, self.storage / self.name, scaling, fusion, search_seed,
+            self.max_iterations, self.storage / self.name, scaling, _fusion_config(fusion), search_seed,
         )
 
     @property
@@ -227,6 +227,12 @@ def grid_size(space: Any) -> int:
             return len(space["grid_search"])
         return math.prod(grid_size(value) for value in space.values())
     return 1
+
+
+def _fusion_config(fusion: FusionConfig | Mapping[str, Any] | None) -> FusionConfig | None:
+    """The fusion block as given in Python: a FusionConfig, or its keys as a dict, as `checkpoint=`
+    and `logging=` take theirs (a dict was read as a FusionConfig and failed on `.enabled`)."""
+    return fusion if fusion is None or isinstance(fusion, FusionConfig) else FusionConfig(**fusion)
 
 
 def _checkpoint_policy(checkpoint: CheckpointPolicy | Mapping[str, Any] | None, scheduler: Any) -> CheckpointPolicy:
