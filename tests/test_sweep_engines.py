@@ -209,10 +209,10 @@ def _noop(config: dict) -> None:
 def test_a_fused_sweep_starts_with_the_points_to_evaluate_of_the_users_variant_generator():
     space = {"lr": tune.loguniform(1e-4, 1e-1), "optimizer": tune.choice(["adam", "sgd"])}
     first = [{"lr": 0.5, "optimizer": "sgd"}, {"lr": 0.25}]
-    user = BasicVariantGenerator(random_state=7, points_to_evaluate=first)
+    user = BasicVariantGenerator(random_state=7, points_to_evaluate=first, max_concurrent=1)  # a sweep file's carries its limit
     configs = ConfigList(space, 4, user).configs
     assert configs[0] == first[0] and configs[1]["lr"] == 0.25 and len(configs) == 4
-    assert configs == plain_configs(space, 4, 7, points_to_evaluate=first)
+    assert configs == plain_configs(space, 4, 7, points_to_evaluate=first)  # unlimited
     assert ConfigList(space, 4, user).configs == configs, "the user's generator was used up by the first list"
 
 

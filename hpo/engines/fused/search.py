@@ -41,6 +41,7 @@ class ConfigList(Searcher):
             variants.add_configurations({"configurations": spec})
             while (trial := variants.next_trial()) is not None:
                 self.configs.append(trial.config)
+                variants.on_trial_complete(trial.trial_id)  # its max_concurrent counts live trials
         self.next = 0
 
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
