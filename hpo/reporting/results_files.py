@@ -13,7 +13,7 @@ import math
 import numbers
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -197,11 +197,18 @@ def write_run_files(
 # -- sources --------------------------------------------------------------------------------------
 
 
-def ended(result: Any) -> bool:
-    """Whether Tune ended this trial (or a fused sweep its member): it errored, or its last result
-    carries Tune's `done`. A sweep stopped by Ctrl-C, or by its time budget, returns from `fit`
-    with such trials short."""
-    return result.error is not None or bool((result.metrics or {}).get("done"))
+def ended(result: Any, tune_ended: Collection[str] = ()) -> bool:
+    """Whether Tune ended this trial (or a fused sweep its member): it errored, its last result
+    carries Tune's `done`, or Tune's saved run state holds it as ended (`tune_ended`, trial ids:
+    HyperBand stops a trial it had paused, whose last result never carries `done`). A sweep
+    stopped by Ctrl-C, or by its time budget, returns from `fit` with such trials short."""
+    return (result.error is not None or bool((result.metrics or {}).get("done"))
+            or result_trial_id(result) in tune_ended)
+
+
+def result_trial_id(result: Any) -> str:
+    """A `ray.tune.Result`'s trial id: the one it reported, else its folder's name."""
+    return str((result.metrics or {}).get("trial_id", Path(result.path).name if result.path else ""))
 
 
 def record_from_result(result: Any) -> TrialRecord:
@@ -210,7 +217,7 @@ def record_from_result(result: Any) -> TrialRecord:
     error_file = path / "error.txt" if path is not None else None
     metrics = result.metrics or {}
     return TrialRecord(
-        trial_id=str(metrics.get("trial_id", path.name if path else "")),
+        trial_id=result_trial_id(result),
         config=result.config or {},
         metrics=metrics,
         error=error_line(result.error),

@@ -42,7 +42,7 @@ from hpo.engines._base import SweepEngine, TuneRun
 from hpo.engines.choice import engine_for
 from hpo.reporting.dashboard_actor import ControllerCallback, start_controller
 from hpo.reporting.results_files import ended
-from hpo.reporting.sweep_result import SweepResult
+from hpo.reporting.sweep_result import SweepResult, saved_ended_trials
 from hpo.reporting.trial_errors import TrialErrorCallback
 from hpo.reporting.trial_output import with_trial_output
 from hpo.tuner.atomic_storage import one_copying_thread
@@ -190,8 +190,9 @@ class Tuner:
         if isinstance(budget, timedelta):
             budget = budget.total_seconds()
         out_of_time = budget is not None and time.monotonic() - started >= budget
-        if not out_of_time and not all(ended(trial) for trial in grid):
-            result.stopped_early()  # Tune returns from a Ctrl-C as if the sweep had finished
+        tune_ended = saved_ended_trials(Path(grid.experiment_path))
+        if not out_of_time and not all(ended(trial, tune_ended) for trial in grid):
+            result.stopped_early(tune_ended)  # Tune returns from a Ctrl-C as if the sweep had finished
         # Holding the handle keeps `hpo:sweep:<name>` alive (and in the dashboard) while the result lives.
         result.controller = actors[0]
         result.actors = actors
