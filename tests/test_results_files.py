@@ -47,6 +47,22 @@ def test_run_files_hold_every_metric_status_and_checkpoint_and_leave_no_temporar
     assert sorted(p.name for p in tmp_path.iterdir()) == [RESULTS_FILE, SUMMARY_FILE]
 
 
+def test_a_nested_metric_is_named_by_its_path_as_tune_names_it(tmp_path):
+    """A trial that reports `{"val": {"loss": x}}` has the metric `val/loss`, as Tune's dataframes,
+    schedulers and `get_best_result` read it; nested configs and other nested metrics are columns
+    by their paths too, as in Tune's `get_dataframe`."""
+    records = [
+        TrialRecord(f"t{x}", {"opt": {"lr": x}}, {"val": {"loss": x, "acc": 1 - x}, "training_iteration": 3})
+        for x in (0.3, 0.1, 0.2)
+    ]
+    assert best_record(records, "val/loss", "min", max_iterations=3).trial_id == "t0.1"
+    rows = write_run_files(tmp_path, records, "val/loss", "min", 3)
+    assert list(rows["val/loss"]) == [0.1, 0.2, 0.3]
+    assert list(rows["config/opt/lr"]) == [0.1, 0.2, 0.3]
+    assert list(rows["val/acc"]) == [0.9, 0.8, 0.7]
+    assert json.loads((tmp_path / SUMMARY_FILE).read_text())["best"]["value"] == 0.1
+
+
 def test_integer_columns_stay_integer_beside_a_trial_that_never_started(tmp_path):
     # An interrupted sweep's trial that Tune created but never started has no config or metrics.
     started = TrialRecord("t1", {"width": 32, "lr": 0.01, "bn": True}, {"loss": 0.3, "training_iteration": 3, "epoch": 2})

@@ -84,6 +84,8 @@ def report(result: Any, resume: str, out: TextIO | None = None, err: TextIO | No
     """Print the table, the best configuration, the engines' extras and the files, then one line
     for what went wrong, if anything (`resume`: the command that continues the sweep); returns
     OK, INTERRUPTED, ERRORED or NO_RESULT."""
+    from hpo.reporting.results_files import metric_value  # pandas: only once there is a result
+
     out, err = out or sys.stdout, err or sys.stderr
     print(file=out)
     print(result.summary_table(), file=out)
@@ -92,7 +94,7 @@ def report(result: Any, resume: str, out: TextIO | None = None, err: TextIO | No
     except RuntimeError:
         best = None
     if best is not None:
-        print(f"Best configuration ({result.metric} = {best.metrics[result.metric]:.4g}): {config_text(result.best_config)}", file=out)
+        print(f"Best configuration ({result.metric} = {metric_value(best.metrics, result.metric):.4g}): {config_text(result.best_config)}", file=out)
         if result.best_checkpoint:
             print(f"best checkpoint: {result.best_checkpoint}", file=out)
     for label, value in result.extras.items():

@@ -57,6 +57,33 @@ class TrialRecord:
     status: str = ""
 
 
+def metric_value(result: Mapping[str, Any], metric: str) -> Any:
+    """`metric` in a trial's result as Tune reads it: the key itself, or a `/`-separated path into
+    nested results (`val/loss` is `{"val": {"loss": ...}}`, as in Tune's dataframes, schedulers and
+    `get_best_result`); None where it is neither."""
+    if metric in result:
+        return result[metric]
+    value: Any = result
+    for part in metric.split("/"):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def flattened(result: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """`{"a": {"b": 1}}` as `[("a/b", 1)]`: nested results and configs as Tune's dataframes (and
+    W&B's charts) name them."""
+    items: list[tuple[str, Any]] = []
+    for key, value in result.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            items.extend(flattened(value, f"{name}/"))
+        else:
+            items.append((name, value))
+    return items
+
+
 def error_line(error: BaseException | str | None) -> str:
     """The user's exception (`ValueError: ...`), which Ray puts last under its own wrapper lines."""
     if not error:
@@ -96,13 +123,13 @@ def record_row(record: TrialRecord, metric: str, max_iterations: int | None) -> 
     metric, iterations, status, checkpoint path, error line and error file."""
     metrics = record.metrics
     row: dict[str, Any] = {"trial_id": record.trial_id}
-    row.update({f"config/{key}": value for key, value in record.config.items()})
-    value = metrics.get(metric)
+    row.update({f"config/{key}": value for key, value in flattened(record.config)})
+    value = metric_value(metrics, metric)
     row[metric] = value if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
     row["iterations"] = int(metrics.get("training_iteration", 0))
     row["status"] = status_of(record, max_iterations)
-    for key, item in metrics.items():
-        if key not in TUNE_METADATA and key != metric and key not in row and not isinstance(item, (dict, list)):
+    for key, item in flattened(metrics):
+        if key.split("/", 1)[0] not in TUNE_METADATA and key != metric and key not in row and not isinstance(item, list):
             row[key] = item
     row["checkpoint"] = record.checkpoint
     row["error"] = record.error or (NO_RESULT if row["status"] == "error" else "")
@@ -147,7 +174,7 @@ def history_of(record: TrialRecord, metric: str) -> list[Any]:
     frame = getattr(record.history, "metrics_dataframe", None)
     if frame is not None and metric in frame:
         return list(frame[metric])
-    return [record.metrics.get(metric)]
+    return [metric_value(record.metrics, metric)]
 
 
 def best_record(
@@ -159,7 +186,7 @@ def best_record(
     for record in records:
         if status_of(record, max_iterations) not in FINISHED:
             continue
-        value = scoped_value(history_of(record, metric) if scope != "last" else [record.metrics.get(metric)], scope, mode)
+        value = scoped_value(history_of(record, metric) if scope != "last" else [metric_value(record.metrics, metric)], scope, mode)
         if value is not None:
             candidates.append((value, record))
     if not candidates:
@@ -182,7 +209,7 @@ def write_run_files(
         "trials": len(records),
         "errored": int((frame["status"] == "error").sum()) if len(frame) else 0,
         "best": None if best is None else {
-            "trial_id": best.trial_id, "config": dict(best.config), "value": best.metrics.get(metric),
+            "trial_id": best.trial_id, "config": dict(best.config), "value": metric_value(best.metrics, metric),
             "checkpoint": best.checkpoint,
         },
     }
