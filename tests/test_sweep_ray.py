@@ -80,6 +80,19 @@ def three_reports(config):
         tune.report({"loss": config["x"] + 1.0 / (step + 1)})
 
 
+def test_stop_takes_a_function_or_a_stopper_as_tune_run_does(tmp_path):
+    """`stop=` is a dict, a function `(trial_id, result) -> bool` or a `tune.Stopper`, as in `tune.run`."""
+    from ray.tune.stopper import MaximumIterationStopper
+
+    by_function = hpo.run(three_reports, config={"x": tune.grid_search([1.0, 5.0])}, metric="loss", mode="min",
+                          stop=lambda trial_id, result: result["loss"] < 5.0, storage_path=str(tmp_path),
+                          name="function", verbose=0)
+    assert sorted(by_function.get_dataframe()["iterations"]) == [1, 3], "x=1 stops at its first report"
+    by_stopper = hpo.run(three_reports, config={"x": tune.grid_search([1.0, 5.0])}, metric="loss", mode="min",
+                         stop=MaximumIterationStopper(2), storage_path=str(tmp_path), name="stopper", verbose=0)
+    assert list(by_stopper.get_dataframe()["iterations"]) == [2, 2]
+
+
 class Quadratic(tune.Trainable):
     """A Tune user's class trainable as Tune's docs write one: no `reset_config` (Tune itself saves
     a class trainable that a stop condition ends, so it saves and loads)."""
