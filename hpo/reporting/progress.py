@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from ray.tune import Callback
 
-from hpo.reporting.results_files import metric_value
+from hpo.reporting.results_files import is_number, metric_value
 
 #: Seconds between two redraws of the live line; Tune calls `on_step` far more often.
 REFRESH_S = 0.5
@@ -202,7 +202,7 @@ class ProgressCallback(Callback):
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return is_number(value) and math.isfinite(value)
 
 
 def _shown(metric: str, value: Any) -> str:

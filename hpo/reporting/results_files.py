@@ -57,6 +57,12 @@ class TrialRecord:
     status: str = ""
 
 
+def is_number(value: Any) -> bool:
+    """A reported value trials can be ranked by: a real number, numpy's scalars (`np.float32`, which
+    is no Python float, and `np.int64`) included, but not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def metric_value(result: Mapping[str, Any], metric: str) -> Any:
     """`metric` in a trial's result as Tune reads it: the key itself, or a `/`-separated path into
     nested results (`val/loss` is `{"val": {"loss": ...}}`, as in Tune's dataframes, schedulers and
@@ -125,7 +131,7 @@ def record_row(record: TrialRecord, metric: str, max_iterations: int | None) -> 
     row: dict[str, Any] = {"trial_id": record.trial_id}
     row.update({f"config/{key}": value for key, value in flattened(record.config)})
     value = metric_value(metrics, metric)
-    row[metric] = value if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    row[metric] = float(value) if is_number(value) else math.nan
     row["iterations"] = int(metrics.get("training_iteration", 0))
     row["status"] = status_of(record, max_iterations)
     for key, item in flattened(metrics):
@@ -158,7 +164,7 @@ def scoped_value(values: Sequence[Any], scope: str, mode: str) -> float | None:
     values that are not finite numbers are left out; None when none is."""
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
-    finite = [float(v) for v in values if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)]
+    finite = [float(v) for v in values if is_number(v) and math.isfinite(v)]
     if not finite:
         return None
     if scope == "last":
@@ -202,6 +208,7 @@ def write_run_files(
     replaced together atomically; returns the rows."""
     frame = rows_frame([record_row(r, metric, max_iterations) for r in records], metric, mode)
     best = best_record(records, metric, mode, max_iterations)
+    value = None if best is None else metric_value(best.metrics, metric)
     summary = {
         "metric": metric,
         "mode": mode,
@@ -209,7 +216,7 @@ def write_run_files(
         "trials": len(records),
         "errored": int((frame["status"] == "error").sum()) if len(frame) else 0,
         "best": None if best is None else {
-            "trial_id": best.trial_id, "config": dict(best.config), "value": metric_value(best.metrics, metric),
+            "trial_id": best.trial_id, "config": dict(best.config), "value": float(value) if is_number(value) else value,
             "checkpoint": best.checkpoint,
         },
     }
