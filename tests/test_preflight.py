@@ -251,6 +251,19 @@ def test_coord_check_across_depth_needs_the_depth_contract(capsys):
     assert "\n" not in err and err.startswith("error: --depths: workload 'mlp_digits' has no depth contract"), err
 
 
+@pytest.mark.parametrize("args, message", [
+    (["bad_workloads:fixed_width"], "error: workload 'tiny' builds the same parameter shapes at width"),
+    (["bad_workloads:head_named"], "error: muP scaling: the model of workload 'tiny' (Sequential) has no module named 'readout'"),
+    (["bad_workloads:tiny", "--widths", "64"], "error: --widths: the coordinate check compares at least two sizes, got [64]"),
+], ids=["ignores-width", "no-readout", "one-width"])
+def test_coord_check_refuses_a_model_it_cannot_scale_in_one_line(tmp_path, monkeypatch, capsys, args, message):
+    shutil.copy(Path(__file__).resolve().parent / "bad_sweeps" / "bad_workloads.py", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["coord-check", *args, "--plot", str(tmp_path / "coord.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(message), err
+
+
 def test_coord_check_across_depth_passes_a_depth_scaled_vit_and_writes_its_plot(tmp_path, capsys):
     plot = tmp_path / "coord.png"
     args = ["--depths", "1", "2", "4", "--set", "width=16", "--set", "lr=0.003", "--plot", str(plot)]
