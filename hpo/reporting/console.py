@@ -70,9 +70,10 @@ ONE_LINE_CONFIG = 100
 
 
 def config_text(config: dict[str, Any]) -> str:
-    """The configuration as JSON: on the line itself when short, else indented below it."""
-    short = json.dumps(config, default=str)
-    return short if len(short) <= ONE_LINE_CONFIG else "\n" + json.dumps(config, indent=2, default=str)
+    """The configuration as JSON: on the line itself when short, else indented below it. Keys and
+    values read as the user wrote them (`"ß": 1`, not `"\\u00df": 1`)."""
+    short = json.dumps(config, default=str, ensure_ascii=False)
+    return short if len(short) <= ONE_LINE_CONFIG else "\n" + json.dumps(config, indent=2, default=str, ensure_ascii=False)
 
 
 #: What `report` found: every trial ran; the sweep was stopped first; trials errored; no finished
