@@ -93,6 +93,15 @@ def test_stop_takes_a_function_or_a_stopper_as_tune_run_does(tmp_path):
     assert list(by_stopper.get_dataframe()["iterations"]) == [2, 2]
 
 
+@pytest.mark.parametrize("resources, words", [({"cpu": 64}, "64 CPUs"), ({"cpu": 1, "gpu": 64}, "64 GPUs")])
+def test_a_trial_larger_than_any_node_is_refused_instead_of_waiting_forever(tmp_path, resources, words):
+    """Tune only warns (and hpo keeps its warnings off the console) while such a trial waits forever."""
+    with pytest.raises(ValueError, match=f"a trial asks for {words} but the largest node of this Ray has"):
+        hpo.run(three_reports, config={"x": 1.0}, metric="loss", mode="min", resources_per_trial=resources,
+                storage_path=str(tmp_path), name="too_big", verbose=0)
+    assert not (tmp_path / "too_big").exists(), "nothing ran"
+
+
 class Quadratic(tune.Trainable):
     """A Tune user's class trainable as Tune's docs write one: no `reset_config` (Tune itself saves
     a class trainable that a stop condition ends, so it saves and loads)."""

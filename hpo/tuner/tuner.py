@@ -36,6 +36,7 @@ from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
 from hpo.base import figures
 from hpo.base.ray_runtime import ensure_ray
 from hpo.base.scoped_environ import scoped_environ
+from hpo.config.preflight import largest_node
 from hpo.config.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
 from hpo.config.trainable_lookup import ResolvedTrainable, resolve_trainable
 from hpo.engines._base import SweepEngine, TuneRun
@@ -113,6 +114,7 @@ class Tuner:
         """The sweep's controller, then its engine's run: what Tune is given, and every actor the
         sweep owns (the controller first). Whichever engine built the trainable, every line a trial
         prints carries the trial's id."""
+        self._refuse_resources_beyond_any_node()
         metric = self.tune_config.metric
         controller = start_controller(self.name, metric, self.mode) if metric else None
         if metric:  # the sweep ends with a plot of the metric
@@ -126,6 +128,20 @@ class Tuner:
         run_config = replace(self.run_config, name=self.name, callbacks=callbacks)
         run = self.engine.start(self.storage / self.name, self.tune_config, run_config)
         return replace(run, trainable=with_trial_output(run.trainable), actors=[controller, *run.actors])
+
+    def _refuse_resources_beyond_any_node(self) -> None:
+        """A trial asking for more CPUs or GPUs than any node of the Ray has would wait forever:
+        Tune only warns, and its warnings are kept off hpo's console, so the sweep hung without a
+        word. Refused as `hpo run` refuses it, once Ray is up (a cluster's nodes, or the local Ray)."""
+        capacity = largest_node()
+        for kind in ("cpu", "gpu"):
+            wanted = float(self.resources.get(kind, self.resources.get(kind.upper(), 0)))
+            if wanted > capacity[kind]:
+                unit = kind.upper() + ("s" if wanted != 1 else "")
+                raise ValueError(
+                    f"resources: a trial asks for {wanted:g} {unit} but the largest node of this Ray has "
+                    f"{capacity[kind]:g}; Ray would wait for them forever. Ask for less, or join a bigger cluster"
+                )
 
     def fit(self) -> SweepResult:
         """Run the sweep in a new run folder: a name already on disk gets the next versioned one."""
