@@ -78,6 +78,9 @@ class Tuner:
             trainable = resolve_trainable(trainable)
         elif not isinstance(trainable, ResolvedTrainable):  # a sweep file's comes resolved (`build_tuner`)
             trainable = ResolvedTrainable.of(trainable)
+        if tune_config is not None and tune_config.metric and tune_config.mode not in ("min", "max"):
+            # Tune's get_best_result refuses to guess too; guessing 'min' ranked an accuracy backwards
+            raise ValueError(f"mode: give mode='min' or mode='max' with metric={tune_config.metric!r}, got {tune_config.mode!r}")
         self.trainable = trainable.obj
         self.checkpoint = _checkpoint_policy(checkpoint, (tune_config or tune.TuneConfig()).scheduler)
         self.param_space = dict(param_space or {})
