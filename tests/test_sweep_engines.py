@@ -147,6 +147,17 @@ def test_a_metric_without_a_direction_is_refused_rather_than_ranked_as_a_loss(tm
         Tuner(mlp_digits, param_space=SPACE, tune_config=tune.TuneConfig(metric="val_accuracy", mode=mode))
 
 
+@pytest.mark.parametrize("checkpoint, message", [
+    ({"evry": 2}, "checkpoint.evry: Extra inputs are not permitted"),
+    ({"every": 0}, "checkpoint.every: Input should be greater than or equal to 1"),
+])
+def test_a_bad_checkpoint_argument_fails_in_one_line_naming_its_key(tmp_path, checkpoint, message):
+    """`checkpoint=` is the sweep file's `checkpoint:` block as a dict, checked as `logging=` is."""
+    with pytest.raises(ValueError) as caught:
+        tuner(tmp_path, checkpoint=checkpoint)
+    assert str(caught.value) == message
+
+
 def test_a_scaled_engine_tunes_through_its_inner_engine_and_adds_the_eager_transfer_last(tmp_path):
     scaling = {"target_width": 64, "ratio": 4, "eager_transfer": 0.5}
     engine = tuner(tmp_path, PROXY_SPACE, scaling=scaling).engine

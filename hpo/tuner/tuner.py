@@ -36,6 +36,7 @@ from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
 from hpo.base import figures
 from hpo.base.ray_runtime import ensure_ray
 from hpo.base.scoped_environ import scoped_environ
+from hpo.config.errors import checked_block
 from hpo.config.preflight import largest_node
 from hpo.config.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
 from hpo.config.trainable_lookup import ResolvedTrainable, resolve_trainable
@@ -252,7 +253,7 @@ def grid_size(space: Any) -> int:
 def _checkpoint_policy(checkpoint: CheckpointPolicy | Mapping[str, Any] | None, scheduler: Any) -> CheckpointPolicy:
     """The sweep's checkpoint policy. Schedulers that pause trials (HyperBand, PBT) resume them
     from their last checkpoint, so under them every iteration is checkpointed."""
-    policy = checkpoint if isinstance(checkpoint, CheckpointPolicy) else CheckpointPolicy(**(checkpoint or {}))
+    policy = checkpoint if isinstance(checkpoint, CheckpointPolicy) else checked_block(CheckpointPolicy, checkpoint or {}, "checkpoint")
     if isinstance(scheduler, (HyperBandScheduler, PopulationBasedTraining)) and policy.every != 1:
         return policy.model_copy(update={"every": 1})
     return policy
