@@ -251,7 +251,7 @@ def _newest_run_of(sweep_file: Path) -> Path:
 def _cmd_coord_check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from hpo.scaling import coord_check, depth_contract_problem, depth_coord_check
+    from hpo.scaling import ScalingError, coord_check, depth_contract_problem, depth_coord_check
     from hpo.config.sweep_file import describe_exception
     from hpo.config.trainable_lookup import TrainableNotFound, resolve_trainable
     from hpo.base.workload import Workload
@@ -271,16 +271,24 @@ def _cmd_coord_check(args: argparse.Namespace) -> int:
     if args.depths and (problem := depth_contract_problem(workload)):
         print(f"error: --depths: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    for option, points in (("--widths", args.widths), ("--depths", args.depths)):
+        if points is not None and len(set(points)) < 2:  # a slope needs two sizes
+            print(f"error: {option}: the coordinate check compares at least two sizes, got {points}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     common = dict(config=config, tolerance=args.tolerance, parametrization=args.parametrization)
     reports = []
-    if args.widths or not args.depths:
-        reports.append(coord_check(workload, widths=args.widths or [32, 64, 128, 256], plot_path=args.plot, **common))
-    if args.depths:
-        plot = Path(args.plot)
-        depth_plot = str(plot.with_name(f"{plot.stem}_depth{plot.suffix}"))
-        reports.append(depth_coord_check(
-            workload, args.depths, base_depth=args.base_depth, depth_alpha=args.depth_alpha, plot_path=depth_plot, **common
-        ))  # fmt: skip
+    try:  # a model muP cannot scale (no readout, a width it ignores) is the user's to fix: one line
+        if args.widths or not args.depths:
+            reports.append(coord_check(workload, widths=args.widths or [32, 64, 128, 256], plot_path=args.plot, **common))
+        if args.depths:
+            plot = Path(args.plot)
+            depth_plot = str(plot.with_name(f"{plot.stem}_depth{plot.suffix}"))
+            reports.append(depth_coord_check(
+                workload, args.depths, base_depth=args.base_depth, depth_alpha=args.depth_alpha, plot_path=depth_plot, **common
+            ))  # fmt: skip
+    except ScalingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     for report in reports:
         print(report.summary())
         print(f"plot: {report.plot_path}")

@@ -108,3 +108,7 @@ def test_writing_the_plot_leaves_the_processes_matplotlib_as_it_was(tmp_path):
         assert plt.get_fignums() == figures
     finally:
         matplotlib.use(before)
+
+
+def test_the_best_configuration_reads_as_the_user_wrote_its_names():
+    assert console.config_text({"ß": 1, "名前": "ünï"}) == '{"ß": 1, "名前": "ünï"}'

@@ -184,6 +184,25 @@ def test_dry_run_reports_grid_size_and_inclusive_bounds_as_written(user_dir, cap
     assert "trials: 10" in out
 
 
+def test_dry_run_describes_unbounded_normal_distributions(user_dir, capsys):
+    """`normal` and `q_normal` have a mean and a spread but no min or max; describing them must
+    not read bounds they do not have."""
+    text = """\
+    trainable: preflight_user_code:train
+    method: random
+    metric: {name: score, goal: maximize}
+    parameters:
+      x: {distribution: normal, mu: 0, sigma: 1}
+      y: {distribution: q_normal, mu: 10, sigma: 2.5, q: 1}
+    """
+    path = str(sweep(user_dir, text))
+    assert main(["validate", path]) == 0
+    assert main(["run", "--dry-run", path]) == 0
+    out = capsys.readouterr().out
+    assert "x: normal, mean 0, std 1" in out
+    assert "y: normal, mean 10, std 2.5 in steps of 1" in out
+
+
 def test_a_key_the_workloads_own_code_reads_is_accepted_without_a_default(tmp_path, capsys):
     shutil.copy(Path(__file__).resolve().parent / "bad_sweeps" / "bad_workloads.py", tmp_path)
     (tmp_path / "logged_tiny.py").write_text(textwrap.dedent('''
@@ -230,6 +249,19 @@ def test_coord_check_across_depth_needs_the_depth_contract(capsys):
     assert main(["coord-check", "mlp_digits", "--depths", "2", "4"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("error: --depths: workload 'mlp_digits' has no depth contract"), err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bad_workloads:fixed_width"], "error: workload 'tiny' builds the same parameter shapes at width"),
+    (["bad_workloads:head_named"], "error: muP scaling: the model of workload 'tiny' (Sequential) has no module named 'readout'"),
+    (["bad_workloads:tiny", "--widths", "64"], "error: --widths: the coordinate check compares at least two sizes, got [64]"),
+], ids=["ignores-width", "no-readout", "one-width"])
+def test_coord_check_refuses_a_model_it_cannot_scale_in_one_line(tmp_path, monkeypatch, capsys, args, message):
+    shutil.copy(Path(__file__).resolve().parent / "bad_sweeps" / "bad_workloads.py", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["coord-check", *args, "--plot", str(tmp_path / "coord.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(message), err
 
 
 def test_coord_check_across_depth_passes_a_depth_scaled_vit_and_writes_its_plot(tmp_path, capsys):

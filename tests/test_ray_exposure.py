@@ -157,3 +157,38 @@ def test_a_driver_that_starts_ray_again_keeps_one_watchdog_for_the_running_ray_a
                           capture_output=True, text=True, timeout=patience(300))
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1]) == [1, 0], "watchdogs (while the second Ray runs, after it)"
+
+
+RAY_IMPORTED_FIRST = """
+import json
+import hpo            # as the README's examples begin; importing hpo sets nothing
+import ray            # so Ray reads its loopback switch before hpo.base.ray_runtime sets it
+import psutil
+from hpo.base.ray_runtime import start_local_ray
+
+start_local_ray(num_cpus=1)
+me = psutil.Process()
+found = []
+for process in [me, *me.children(recursive=True)]:
+    try:
+        found += [c.laddr.ip for c in process.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+    except psutil.NoSuchProcess:
+        pass
+ray.shutdown()
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.slow
+def test_a_script_that_imports_ray_before_hpo_still_gets_a_loopback_only_ray(tmp_path):
+    """`import hpo; from ray import tune; hpo.run(...)` is the README's own order: Ray read its switch
+    before hpo set it, and its servers listened on every interface."""
+    (tmp_path / "ray_first.py").write_text(RAY_IMPORTED_FIRST)
+    env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", LOOPBACK_ONLY_ENV)}
+    done = subprocess.run([sys.executable, str(tmp_path / "ray_first.py")], env={**env, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=patience(300))
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found, "the local Ray has listeners"
+    assert [address for address in found if not is_loopback(address)] == []
+    assert "all interfaces" not in done.stderr

@@ -8,6 +8,7 @@ import math
 import os
 import time
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -45,6 +46,34 @@ def test_run_files_hold_every_metric_status_and_checkpoint_and_leave_no_temporar
     summary = json.loads((tmp_path / SUMMARY_FILE).read_text())
     assert summary["best"]["trial_id"] == "t1" and summary["errored"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == [RESULTS_FILE, SUMMARY_FILE]
+
+
+def test_a_nested_metric_is_named_by_its_path_as_tune_names_it(tmp_path):
+    """A trial that reports `{"val": {"loss": x}}` has the metric `val/loss`, as Tune's dataframes,
+    schedulers and `get_best_result` read it; nested configs and other nested metrics are columns
+    by their paths too, as in Tune's `get_dataframe`."""
+    records = [
+        TrialRecord(f"t{x}", {"opt": {"lr": x}}, {"val": {"loss": x, "acc": 1 - x}, "training_iteration": 3})
+        for x in (0.3, 0.1, 0.2)
+    ]
+    assert best_record(records, "val/loss", "min", max_iterations=3).trial_id == "t0.1"
+    rows = write_run_files(tmp_path, records, "val/loss", "min", 3)
+    assert list(rows["val/loss"]) == [0.1, 0.2, 0.3]
+    assert list(rows["config/opt/lr"]) == [0.1, 0.2, 0.3]
+    assert list(rows["val/acc"]) == [0.9, 0.8, 0.7]
+    assert json.loads((tmp_path / SUMMARY_FILE).read_text())["best"]["value"] == 0.1
+
+
+def test_numpy_scalars_are_metric_values_like_python_numbers(tmp_path):
+    """A trainable that reports `np.float32(...)` (what a numpy or torch computation `.item()`s to in
+    float32 code) is ranked by it, and its row shows it: np.float32 is no Python float."""
+    records = [TrialRecord(f"t{i}", {"x": i}, {"loss": kind(x), "training_iteration": 3})
+               for i, (kind, x) in enumerate([(np.float32, 0.5), (np.int64, 2), (float, 1.0)])]
+    rows = write_run_files(tmp_path, records, "loss", "min", 3)
+    assert list(rows["loss"]) == [0.5, 1.0, 2.0]
+    assert best_record(records, "loss", "min", 3).trial_id == "t0"
+    best = json.loads((tmp_path / SUMMARY_FILE).read_text())["best"]
+    assert (best["trial_id"], best["value"]) == ("t0", 0.5)
 
 
 def test_integer_columns_stay_integer_beside_a_trial_that_never_started(tmp_path):

@@ -57,10 +57,12 @@ def test_valid_file_passes(tmp_path, capsys):
         (VALID.replace("{values: [16, 32]}", "[16, 32]"), "parameters.width", 7, "write {values: [16, 32]} to search these values"),
         (VALID + "fusion: true\n", "fusion", 10, "true is not a block of settings: write {enabled: true} (its keys: enabled, max_members"),
         (VALID + "early_terminate: asha\n", "early_terminate", 10, "'asha' is not a block of settings: write {key: value, ...} (its keys: type"),
+        (VALID.replace("method: random", "method: grid").replace("{distribution: log_uniform_values, min: 0.001, max: 0.1}", "{values: [0.01, 0.1, 1.0]}"),
+         "run_cap", 8, "a grid runs each of its 6 combinations once, so run_cap would not cap it"),
     ],
     ids=["unknown-key", "wrong-type", "min-ge-max", "non-positive-log-bound", "grid-continuous",
          "metric-never-reported", "unimportable-trainable", "unknown-nested-key", "bad-enum",
-         "bubbles-without-group-size", "bare-value", "bare-list", "bare-block-flag", "bare-block-value"],
+         "bubbles-without-group-size", "bare-value", "bare-list", "bare-block-flag", "bare-block-value", "grid-with-run-cap"],
 )
 def test_bad_input_names_key_and_line(tmp_path, capsys, bad, key, line, words):
     code, err = validate(write(tmp_path, bad), capsys)

@@ -149,6 +149,25 @@ def test_reusing_the_processes_of_a_class_without_reset_config_is_refused_saying
         FunctionEngine(plan(Counter)).start(tmp_path, tune.TuneConfig(reuse_actors=True), tune.RunConfig())
 
 
+@pytest.mark.parametrize("mode", [None, "maximize"])
+def test_a_metric_without_a_direction_is_refused_rather_than_ranked_as_a_loss(tmp_path, mode):
+    """Tune's own get_best_result refuses a metric without a mode; hpo ranked it 'min', so a sweep of
+    an accuracy without mode='max' named its worst configuration best."""
+    with pytest.raises(ValueError, match=f"mode: give mode='min' or mode='max' with metric='val_accuracy', got {mode!r}"):
+        Tuner(mlp_digits, param_space=SPACE, tune_config=tune.TuneConfig(metric="val_accuracy", mode=mode))
+
+
+@pytest.mark.parametrize("checkpoint, message", [
+    ({"evry": 2}, "checkpoint.evry: Extra inputs are not permitted"),
+    ({"every": 0}, "checkpoint.every: Input should be greater than or equal to 1"),
+])
+def test_a_bad_checkpoint_argument_fails_in_one_line_naming_its_key(tmp_path, checkpoint, message):
+    """`checkpoint=` is the sweep file's `checkpoint:` block as a dict, checked as `logging=` is."""
+    with pytest.raises(ValueError) as caught:
+        tuner(tmp_path, checkpoint=checkpoint)
+    assert str(caught.value) == message
+
+
 def test_a_scaled_engine_tunes_through_its_inner_engine_and_adds_the_eager_transfer_last(tmp_path):
     scaling = {"target_width": 64, "ratio": 4, "eager_transfer": 0.5}
     engine = tuner(tmp_path, PROXY_SPACE, scaling=scaling).engine

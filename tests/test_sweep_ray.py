@@ -57,6 +57,51 @@ def test_a_function_that_ends_its_own_loop_early_has_completed_unless_something_
                    storage_path=str(tmp_path), name="asha")
     assert set(asha.get_dataframe()["status"]) == {"early_stopped"}
 
+def test_trials_hyperband_stopped_while_paused_have_ended_and_the_sweep_was_not_interrupted(tmp_path):
+    """HyperBand pauses a trial at its bracket's milestone and later stops it without resuming it,
+    so the trial's last result lacks Tune's `done`: its row is `early_stopped`, not `running`, and
+    the sweep that ran to its end is not reported as interrupted (which made `hpo run` exit 130)."""
+    from ray.tune.schedulers import HyperBandScheduler
+
+    result = hpo.run(
+        three_reports, config={"x": tune.grid_search([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])}, metric="loss", mode="min",
+        stop={"training_iteration": 3}, scheduler=HyperBandScheduler(max_t=3, reduction_factor=2),
+        storage_path=str(tmp_path), name="hyperband", verbose=0,
+    )
+    frame = result.get_dataframe()
+    assert not result.interrupted
+    assert set(frame["status"]) <= {"completed", "early_stopped"}, frame
+    assert (frame["iterations"] < 3).any(), "HyperBand stopped some trials before the end"
+    assert result.best_config == {"x": 1.0}
+
+
+def three_reports(config):
+    for step in range(3):
+        tune.report({"loss": config["x"] + 1.0 / (step + 1)})
+
+
+def test_stop_takes_a_function_or_a_stopper_as_tune_run_does(tmp_path):
+    """`stop=` is a dict, a function `(trial_id, result) -> bool` or a `tune.Stopper`, as in `tune.run`."""
+    from ray.tune.stopper import MaximumIterationStopper
+
+    by_function = hpo.run(three_reports, config={"x": tune.grid_search([1.0, 5.0])}, metric="loss", mode="min",
+                          stop=lambda trial_id, result: result["loss"] < 5.0, storage_path=str(tmp_path),
+                          name="function", verbose=0)
+    assert sorted(by_function.get_dataframe()["iterations"]) == [1, 3], "x=1 stops at its first report"
+    by_stopper = hpo.run(three_reports, config={"x": tune.grid_search([1.0, 5.0])}, metric="loss", mode="min",
+                         stop=MaximumIterationStopper(2), storage_path=str(tmp_path), name="stopper", verbose=0)
+    assert list(by_stopper.get_dataframe()["iterations"]) == [2, 2]
+
+
+@pytest.mark.parametrize("resources, words", [({"cpu": 64}, "64 CPUs"), ({"cpu": 1, "gpu": 64}, "64 GPUs")])
+def test_a_trial_larger_than_any_node_is_refused_instead_of_waiting_forever(tmp_path, resources, words):
+    """Tune only warns (and hpo keeps its warnings off the console) while such a trial waits forever."""
+    with pytest.raises(ValueError, match=f"a trial asks for {words} but the largest node of this Ray has"):
+        hpo.run(three_reports, config={"x": 1.0}, metric="loss", mode="min", resources_per_trial=resources,
+                storage_path=str(tmp_path), name="too_big", verbose=0)
+    assert not (tmp_path / "too_big").exists(), "nothing ran"
+
+
 class Quadratic(tune.Trainable):
     """A Tune user's class trainable as Tune's docs write one: no `reset_config` (Tune itself saves
     a class trainable that a stop condition ends, so it saves and loads)."""

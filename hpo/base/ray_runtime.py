@@ -10,7 +10,7 @@ Two things Ray does not do for a local `ray.init()` are done here:
   Windows, honoured on Linux too). Ray reads that variable once, when `ray` is first imported, so
   importing this module sets it (unless it is set already), and what starts a local Ray imports it
   before `ray`: the `hpo` command (`hpo/cli.py`) and `hpo`'s public names (`hpo/__init__.py`);
-  `start_local_ray` warns where `ray` came earlier. No engine imports it, so importing one
+  where `ray` came earlier, `start_local_ray` has Ray read it again before starting. No engine imports it, so importing one
   (`fusion`, `pipeline_bubble`, `scheduler_bridge`) leaves the environment alone. Joining a cluster
   (`address=`) is unaffected.
 - No process left behind. Ray ties the GCS, raylet and head processes to the driver (the kernel kills
@@ -144,12 +144,12 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
 
     from hpo.base.actor_names import NAMESPACE  # here: this file also runs alone as the watchdog
 
+    _reread_loopback_switch()
     node_ip = ray.util.get_node_ip_address()  # before init: the address Ray will bind to
     if not ipaddress.ip_address(node_ip).is_loopback:
         logger.warning(
-            "the local Ray will listen on %s and on all interfaces: `ray` was imported before "
-            "hpo.base.ray_runtime; set %s=0 in the environment, or import hpo.base.ray_runtime first",
-            node_ip, LOOPBACK_ONLY_ENV)
+            "the local Ray will listen on %s and on all interfaces: %s is set in the environment; "
+            "set it to 0 (or unset it) for a Ray only this host can reach", node_ip, LOOPBACK_ONLY_ENV)
     # Ray's notice that it turned token authentication on ends with how to turn it off; the README
     # says why it stays on, and nothing here turns it off.
     logging.getLogger(_AUTH_NOTICE_LOGGER).addFilter(_no_advice_to_disable_auth)
@@ -180,6 +180,20 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
         # what it had started running, and that ends with this process too.
         _start_watchdog([child.pid for child in me.children() if child.pid not in before])
     keep_token_private()
+
+
+def _reread_loopback_switch() -> None:
+    """Have Ray read `LOOPBACK_ONLY_ENV` again, as it would had `ray` been imported now.
+
+    A script that imports `ray` before this module (`import hpo` then `from ray import tune`, as the
+    README's examples do: importing `hpo` sets nothing, see `hpo/__init__.py`) left Ray's copy of the
+    switch saying 'every interface'. Ray's Python side reads only that copy, to choose the node
+    address every server then binds to, and its processes inherit the environment this module
+    set, so updating the copy before `ray.init` makes the local Ray loopback-only whatever the
+    import order; a switch the user set to 1 is honoured as before."""
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = ray_constants.env_bool(LOOPBACK_ONLY_ENV, ray_constants.ENABLE_RAY_CLUSTER)
 
 
 #: The logger of Ray's notice when it turns token authentication on for a new local Ray.

@@ -19,7 +19,9 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+
+from hpo.config.errors import checked_block
 
 #: The extra that installs every logging library.
 EXTRA = "hydro-hpo[logging]"
@@ -85,9 +87,4 @@ def as_logging_spec(block: LoggingSpec | Mapping[str, Any]) -> LoggingSpec:
     mistyped key fails in one line before Ray starts rather than as a logger error in every trial."""
     if isinstance(block, LoggingSpec):
         return block
-    try:
-        return LoggingSpec.model_validate(dict(block))
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(["logging", *map(str, error["loc"])])
-        raise ValueError(f"{where}: {error['msg'].removeprefix('Value error, ')}") from None
+    return checked_block(LoggingSpec, block, "logging")

@@ -310,11 +310,16 @@ def local_gpu_count() -> int:
 
 def cluster_capacity(address: str) -> dict[str, float]:
     """The largest node of the Ray cluster at `address` (a trial runs on one node)."""
-    import ray
-
     from hpo.base.ray_runtime import ensure_ray
 
     ensure_ray(address=address)
+    return largest_node()
+
+
+def largest_node() -> dict[str, float]:
+    """The CPUs and GPUs of the largest live node of the Ray this process is connected to."""
+    import ray
+
     nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
     return {
         "cpu": max((float(r.get("CPU", 0)) for r in nodes), default=0.0),

@@ -297,6 +297,12 @@ class SweepSpec(_Strict):
                         f"parameters.{key}.distribution",
                         f"grid search needs discrete values, but {key!r} is {param.distribution}; use 'values'",
                     )
+            if self.run_cap is not None:  # W&B caps a grid at run_cap runs; Tune has no such cap
+                raise _KeyedError(
+                    "run_cap",
+                    f"a grid runs each of its {self.grid_size} combinations once, so run_cap would not cap it; "
+                    "remove run_cap, or use method: random to sample run_cap of them",
+                )
         if self.early_terminate and self.early_terminate.max_iter and self.early_terminate.max_iter > self.max_iterations:
             raise _KeyedError(
                 "early_terminate.max_iter",
@@ -315,7 +321,7 @@ class SweepSpec(_Strict):
 
     @property
     def num_samples(self) -> int:
-        """Trials to sample; a grid runs every combination once unless run_cap repeats it."""
+        """Trials to sample; a grid runs every combination once (a grid with run_cap is refused)."""
         if self.method == "grid":
             return 1
         return self.run_cap or 10

@@ -337,17 +337,17 @@ def describe_parameter(param: ParameterSpec, grid: bool = False) -> str:
     if kind == "categorical":
         label = "grid over" if grid else "one of"
         return f"{label} {len(param.values)} values {param.values!r}"
-    lo, hi = _number(param.min), _number(param.max)
     step = f" in steps of {_number(param.q)}" if param.q is not None else ""
+    if kind in ("normal", "q_normal"):  # unbounded: a mean and a spread, no min or max
+        return f"normal, mean {_number(param.mu)}, std {_number(param.sigma)}{step}"
+    lo, hi = _number(param.min), _number(param.max)
     if kind == "int_uniform":
         return f"integer from {lo} to {hi} inclusive, uniform"
     if kind in ("uniform", "q_uniform"):
         return f"uniform from {lo} to {hi}{step}"
     if kind in ("log_uniform_values", "q_log_uniform_values"):
         return f"log-uniform from {lo} to {hi}{step}"
-    if kind == "log_uniform":
-        return f"log-uniform from exp({lo}) = {math.exp(param.min):.4g} to exp({hi}) = {math.exp(param.max):.4g}"
-    return f"normal, mean {_number(param.mu)}, std {_number(param.sigma)}{step}"
+    return f"log-uniform from exp({lo}) = {math.exp(param.min):.4g} to exp({hi}) = {math.exp(param.max):.4g}"
 
 
 def _number(value: float | None) -> str:

@@ -70,9 +70,10 @@ ONE_LINE_CONFIG = 100
 
 
 def config_text(config: dict[str, Any]) -> str:
-    """The configuration as JSON: on the line itself when short, else indented below it."""
-    short = json.dumps(config, default=str)
-    return short if len(short) <= ONE_LINE_CONFIG else "\n" + json.dumps(config, indent=2, default=str)
+    """The configuration as JSON: on the line itself when short, else indented below it. Keys and
+    values read as the user wrote them (`"ß": 1`, not `"\\u00df": 1`)."""
+    short = json.dumps(config, default=str, ensure_ascii=False)
+    return short if len(short) <= ONE_LINE_CONFIG else "\n" + json.dumps(config, indent=2, default=str, ensure_ascii=False)
 
 
 #: What `report` found: every trial ran; the sweep was stopped first; trials errored; no finished
@@ -84,6 +85,8 @@ def report(result: Any, resume: str, out: TextIO | None = None, err: TextIO | No
     """Print the table, the best configuration, the engines' extras and the files, then one line
     for what went wrong, if anything (`resume`: the command that continues the sweep); returns
     OK, INTERRUPTED, ERRORED or NO_RESULT."""
+    from hpo.reporting.results_files import metric_value  # pandas: only once there is a result
+
     out, err = out or sys.stdout, err or sys.stderr
     print(file=out)
     print(result.summary_table(), file=out)
@@ -92,7 +95,7 @@ def report(result: Any, resume: str, out: TextIO | None = None, err: TextIO | No
     except RuntimeError:
         best = None
     if best is not None:
-        print(f"Best configuration ({result.metric} = {best.metrics[result.metric]:.4g}): {config_text(result.best_config)}", file=out)
+        print(f"Best configuration ({result.metric} = {metric_value(best.metrics, result.metric):.4g}): {config_text(result.best_config)}", file=out)
         if result.best_checkpoint:
             print(f"best checkpoint: {result.best_checkpoint}", file=out)
     for label, value in result.extras.items():

@@ -16,6 +16,7 @@ import ray
 from ray.tune import Callback
 
 from hpo.base.actor_names import NAMESPACE, controller_name
+from hpo.reporting.results_files import is_number, metric_value
 
 
 def start_controller(sweep: str, metric: str, mode: str) -> Any:
@@ -108,8 +109,8 @@ class ControllerCallback(Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         self._statuses.setdefault(trial.trial_id, None)
-        value = result.get(self.metric)
-        if isinstance(value, (int, float)):
+        value = metric_value(result, self.metric)
+        if is_number(value):
             self._values.append((float(value), trial.trial_id))
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:

@@ -23,6 +23,8 @@ from typing import Any, TextIO
 
 from ray.tune import Callback
 
+from hpo.reporting.results_files import is_number, metric_value
+
 #: Seconds between two redraws of the live line; Tune calls `on_step` far more often.
 REFRESH_S = 0.5
 _CLEAR_LINE = "\r\x1b[K"
@@ -95,7 +97,7 @@ class ProgressCallback(Callback):
         self.done += 1
         self.done_here += here
         result = trial.last_result or {}
-        value = result.get(self.metric)
+        value = metric_value(result, self.metric)
         if outcome == "finished" and not result.get("diverged") and _finite(value):
             value = float(value)
             if self._best is None or (value < self._best if self.mode == "min" else value > self._best):
@@ -140,7 +142,7 @@ class ProgressCallback(Callback):
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         if self.verbose >= 3:
             self._clear()
-            shown = _shown(self.metric, result.get(self.metric))
+            shown = _shown(self.metric, metric_value(result, self.metric))
             self.stream.write(f"      trial {trial.trial_id} it {result.get('training_iteration', '?')}: {shown}\n")
             self.stream.flush()
 
@@ -154,7 +156,7 @@ class ProgressCallback(Callback):
         iterations = result.get("training_iteration", 0)
         self._clear()
         best_so_far = f" (best {best:.4g})" if best is not None else ""
-        shown = _shown(self.metric, result.get(self.metric))
+        shown = _shown(self.metric, metric_value(result, self.metric))
         self.stream.write(f"[{self.done:3d}{total}] trial {trial.trial_id} {outcome} after {iterations} it: {shown}{best_so_far}\n")
         self.stream.flush()
         if self.live:
@@ -200,7 +202,7 @@ class ProgressCallback(Callback):
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return is_number(value) and math.isfinite(value)
 
 
 def _shown(metric: str, value: Any) -> str:

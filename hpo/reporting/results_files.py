@@ -13,7 +13,7 @@ import math
 import numbers
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,39 @@ class TrialRecord:
     status: str = ""
 
 
+def is_number(value: Any) -> bool:
+    """A reported value trials can be ranked by: a real number, numpy's scalars (`np.float32`, which
+    is no Python float, and `np.int64`) included, but not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def metric_value(result: Mapping[str, Any], metric: str) -> Any:
+    """`metric` in a trial's result as Tune reads it: the key itself, or a `/`-separated path into
+    nested results (`val/loss` is `{"val": {"loss": ...}}`, as in Tune's dataframes, schedulers and
+    `get_best_result`); None where it is neither."""
+    if metric in result:
+        return result[metric]
+    value: Any = result
+    for part in metric.split("/"):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def flattened(result: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """`{"a": {"b": 1}}` as `[("a/b", 1)]`: nested results and configs as Tune's dataframes (and
+    W&B's charts) name them."""
+    items: list[tuple[str, Any]] = []
+    for key, value in result.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            items.extend(flattened(value, f"{name}/"))
+        else:
+            items.append((name, value))
+    return items
+
+
 def error_line(error: BaseException | str | None) -> str:
     """The user's exception (`ValueError: ...`), which Ray puts last under its own wrapper lines."""
     if not error:
@@ -96,13 +129,13 @@ def record_row(record: TrialRecord, metric: str, max_iterations: int | None) -> 
     metric, iterations, status, checkpoint path, error line and error file."""
     metrics = record.metrics
     row: dict[str, Any] = {"trial_id": record.trial_id}
-    row.update({f"config/{key}": value for key, value in record.config.items()})
-    value = metrics.get(metric)
-    row[metric] = value if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    row.update({f"config/{key}": value for key, value in flattened(record.config)})
+    value = metric_value(metrics, metric)
+    row[metric] = float(value) if is_number(value) else math.nan
     row["iterations"] = int(metrics.get("training_iteration", 0))
     row["status"] = status_of(record, max_iterations)
-    for key, item in metrics.items():
-        if key not in TUNE_METADATA and key != metric and key not in row and not isinstance(item, (dict, list)):
+    for key, item in flattened(metrics):
+        if key.split("/", 1)[0] not in TUNE_METADATA and key != metric and key not in row and not isinstance(item, list):
             row[key] = item
     row["checkpoint"] = record.checkpoint
     row["error"] = record.error or (NO_RESULT if row["status"] == "error" else "")
@@ -131,7 +164,7 @@ def scoped_value(values: Sequence[Any], scope: str, mode: str) -> float | None:
     values that are not finite numbers are left out; None when none is."""
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
-    finite = [float(v) for v in values if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)]
+    finite = [float(v) for v in values if is_number(v) and math.isfinite(v)]
     if not finite:
         return None
     if scope == "last":
@@ -147,7 +180,7 @@ def history_of(record: TrialRecord, metric: str) -> list[Any]:
     frame = getattr(record.history, "metrics_dataframe", None)
     if frame is not None and metric in frame:
         return list(frame[metric])
-    return [record.metrics.get(metric)]
+    return [metric_value(record.metrics, metric)]
 
 
 def best_record(
@@ -159,7 +192,7 @@ def best_record(
     for record in records:
         if status_of(record, max_iterations) not in FINISHED:
             continue
-        value = scoped_value(history_of(record, metric) if scope != "last" else [record.metrics.get(metric)], scope, mode)
+        value = scoped_value(history_of(record, metric) if scope != "last" else [metric_value(record.metrics, metric)], scope, mode)
         if value is not None:
             candidates.append((value, record))
     if not candidates:
@@ -175,6 +208,7 @@ def write_run_files(
     replaced together atomically; returns the rows."""
     frame = rows_frame([record_row(r, metric, max_iterations) for r in records], metric, mode)
     best = best_record(records, metric, mode, max_iterations)
+    value = None if best is None else metric_value(best.metrics, metric)
     summary = {
         "metric": metric,
         "mode": mode,
@@ -182,7 +216,7 @@ def write_run_files(
         "trials": len(records),
         "errored": int((frame["status"] == "error").sum()) if len(frame) else 0,
         "best": None if best is None else {
-            "trial_id": best.trial_id, "config": dict(best.config), "value": best.metrics.get(metric),
+            "trial_id": best.trial_id, "config": dict(best.config), "value": float(value) if is_number(value) else value,
             "checkpoint": best.checkpoint,
         },
     }
@@ -197,11 +231,18 @@ def write_run_files(
 # -- sources --------------------------------------------------------------------------------------
 
 
-def ended(result: Any) -> bool:
-    """Whether Tune ended this trial (or a fused sweep its member): it errored, or its last result
-    carries Tune's `done`. A sweep stopped by Ctrl-C, or by its time budget, returns from `fit`
-    with such trials short."""
-    return result.error is not None or bool((result.metrics or {}).get("done"))
+def ended(result: Any, tune_ended: Collection[str] = ()) -> bool:
+    """Whether Tune ended this trial (or a fused sweep its member): it errored, its last result
+    carries Tune's `done`, or Tune's saved run state holds it as ended (`tune_ended`, trial ids:
+    HyperBand stops a trial it had paused, whose last result never carries `done`). A sweep
+    stopped by Ctrl-C, or by its time budget, returns from `fit` with such trials short."""
+    return (result.error is not None or bool((result.metrics or {}).get("done"))
+            or result_trial_id(result) in tune_ended)
+
+
+def result_trial_id(result: Any) -> str:
+    """A `ray.tune.Result`'s trial id: the one it reported, else its folder's name."""
+    return str((result.metrics or {}).get("trial_id", Path(result.path).name if result.path else ""))
 
 
 def record_from_result(result: Any) -> TrialRecord:
@@ -210,7 +251,7 @@ def record_from_result(result: Any) -> TrialRecord:
     error_file = path / "error.txt" if path is not None else None
     metrics = result.metrics or {}
     return TrialRecord(
-        trial_id=str(metrics.get("trial_id", path.name if path else "")),
+        trial_id=result_trial_id(result),
         config=result.config or {},
         metrics=metrics,
         error=error_line(result.error),

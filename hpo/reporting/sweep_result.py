@@ -7,7 +7,7 @@ report the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
@@ -30,7 +30,7 @@ from hpo.reporting.results_files import (
     summary_table,
     write_run_files,
 )
-from hpo.reporting.tune_state import DAMAGED, newest_state, trial_configs
+from hpo.reporting.tune_state import DAMAGED, ended_trials, newest_state, trial_configs
 
 
 def saved_configs(experiment: Path, trial_ids: set[str]) -> dict[str, dict[str, Any]]:
@@ -40,6 +40,15 @@ def saved_configs(experiment: Path, trial_ids: set[str]) -> dict[str, dict[str, 
         return trial_configs(newest, trial_ids) if newest else {}
     except DAMAGED:
         return {}
+
+
+def saved_ended_trials(experiment: Path) -> frozenset[str]:
+    """The trials Tune's newest saved run state holds as ended (none if there is none or it is damaged)."""
+    newest = newest_state(experiment)
+    try:
+        return frozenset(ended_trials(newest)) if newest else frozenset()
+    except DAMAGED:
+        return frozenset()
 
 
 class SweepResult:
@@ -103,12 +112,12 @@ class SweepResult:
     def num_errors(self) -> int:
         return len(self.errors)
 
-    def stopped_early(self) -> None:
+    def stopped_early(self, tune_ended: Collection[str] = ()) -> None:
         """Mark the sweep as interrupted: a row whose trial (or fused member) had not ended says
-        `running`."""
+        `running` (`tune_ended`: the trial ids Tune's saved state holds as ended, see `ended`)."""
         self.interrupted = True
         for record, result in zip(self.records, self.results):
-            record.running = not ended(result)
+            record.running = not ended(result, tune_ended)
 
     @property
     def num_terminated(self) -> int:

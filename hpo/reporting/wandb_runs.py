@@ -19,6 +19,8 @@ from typing import Any
 
 from ray.tune.logger import LoggerCallback
 
+from hpo.reporting.results_files import flattened
+
 logger = logging.getLogger(__name__)
 
 #: Result keys that are bookkeeping, not metrics (`config` is the run's config already).
@@ -92,7 +94,7 @@ class WandbRunsCallback(LoggerCallback):
             self.log_trial_start(trial)
         metrics: dict[str, Any] = {}
         config: dict[str, Any] = {}
-        for key, value in _flattened(result):
+        for key, value in flattened(result):
             if key.split("/", 1)[0] in NOT_LOGGED:
                 continue
             if key in TO_CONFIG:
@@ -129,18 +131,6 @@ class WandbRunsCallback(LoggerCallback):
                 ray.get(future)
             except Exception as error:  # one run's failure is W&B's to report, not the sweep's end
                 logger.warning("a W&B run did not finish cleanly: %s", error)
-
-
-def _flattened(result: dict, prefix: str = "") -> list[tuple[str, Any]]:
-    """`{"a": {"b": 1}}` as `[("a/b", 1)]`, the key W&B charts nested metrics under."""
-    items: list[tuple[str, Any]] = []
-    for key, value in result.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            items.extend(_flattened(value, f"{name}/"))
-        else:
-            items.append((name, value))
-    return items
 
 
 def _loggable(value: Any) -> bool:

@@ -20,13 +20,14 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler, TrialScheduler
 from ray.tune.search import BasicVariantGenerator, Searcher
+from ray.tune.stopper import Stopper
 
 from hpo.tuner.tuner import Trainable, Tuner, grid_size
 from hpo.tuner.atomic_storage import atomic_local_filesystem, is_local_path
@@ -110,6 +111,11 @@ def build_scheduler(spec: SweepSpec) -> TrialScheduler:
     return HyperBandScheduler(time_attr="training_iteration", max_t=max_t, reduction_factor=terminate.eta)
 
 
+#: When a trial stops, as `tune.run` and `tune.RunConfig` take it: a dict of result thresholds, a
+#: function `(trial_id, result) -> bool`, or a `tune.Stopper`.
+StopCondition = Union[Mapping[str, Any], Callable[[str, dict], bool], Stopper, None]
+
+
 def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
     """The Tuner a loaded sweep file describes (what `hpo run FILE` fits)."""
     spec = loaded.spec
@@ -143,7 +149,7 @@ def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
 def sweep_run_config(
     name: str | None,
     storage_path: str | None,
-    stop: Mapping[str, Any] | None,
+    stop: StopCondition,
     max_failures: int,
     callbacks: Sequence[tune.Callback] | None = None,
     **options: Any,
@@ -157,7 +163,7 @@ def sweep_run_config(
     return tune.RunConfig(
         name=name,
         storage_path=str(Path(storage_path).resolve()) if storage_path else None,
-        stop=dict(stop) if stop else None,
+        stop=(dict(stop) or None) if isinstance(stop, Mapping) else stop,
         callbacks=list(callbacks or []),
         failure_config=tune.FailureConfig(max_failures=max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=KEEP_NEWEST),
@@ -174,7 +180,7 @@ def run(
     search_alg: Any = None,
     scheduler: Any = None,
     resources_per_trial: Mapping[str, float] | None = None,
-    stop: Mapping[str, Any] | None = None,
+    stop: StopCondition = None,
     storage_path: str | None = None,
     name: str | None = None,
     max_concurrent_trials: int | None = None,

@@ -36,13 +36,15 @@ from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
 from hpo.base import figures
 from hpo.base.ray_runtime import ensure_ray
 from hpo.base.scoped_environ import scoped_environ
+from hpo.config.errors import checked_block
+from hpo.config.preflight import largest_node
 from hpo.config.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
 from hpo.config.trainable_lookup import ResolvedTrainable, resolve_trainable
 from hpo.engines._base import SweepEngine, TuneRun
 from hpo.engines.choice import engine_for
 from hpo.reporting.dashboard_actor import ControllerCallback, start_controller
 from hpo.reporting.results_files import ended
-from hpo.reporting.sweep_result import SweepResult
+from hpo.reporting.sweep_result import SweepResult, saved_ended_trials
 from hpo.reporting.trial_errors import TrialErrorCallback
 from hpo.reporting.trial_output import with_trial_output
 from hpo.tuner.atomic_storage import one_copying_thread
@@ -77,6 +79,9 @@ class Tuner:
             trainable = resolve_trainable(trainable)
         elif not isinstance(trainable, ResolvedTrainable):  # a sweep file's comes resolved (`build_tuner`)
             trainable = ResolvedTrainable.of(trainable)
+        if tune_config is not None and tune_config.metric and tune_config.mode not in ("min", "max"):
+            # Tune's get_best_result refuses to guess too; guessing 'min' ranked an accuracy backwards
+            raise ValueError(f"mode: give mode='min' or mode='max' with metric={tune_config.metric!r}, got {tune_config.mode!r}")
         self.trainable = trainable.obj
         self.checkpoint = _checkpoint_policy(checkpoint, (tune_config or tune.TuneConfig()).scheduler)
         self.param_space = dict(param_space or {})
@@ -113,6 +118,7 @@ class Tuner:
         """The sweep's controller, then its engine's run: what Tune is given, and every actor the
         sweep owns (the controller first). Whichever engine built the trainable, every line a trial
         prints carries the trial's id."""
+        self._refuse_resources_beyond_any_node()
         metric = self.tune_config.metric
         controller = start_controller(self.name, metric, self.mode) if metric else None
         if metric:  # the sweep ends with a plot of the metric
@@ -126,6 +132,20 @@ class Tuner:
         run_config = replace(self.run_config, name=self.name, callbacks=callbacks)
         run = self.engine.start(self.storage / self.name, self.tune_config, run_config)
         return replace(run, trainable=with_trial_output(run.trainable), actors=[controller, *run.actors])
+
+    def _refuse_resources_beyond_any_node(self) -> None:
+        """A trial asking for more CPUs or GPUs than any node of the Ray has would wait forever:
+        Tune only warns, and its warnings are kept off hpo's console, so the sweep hung without a
+        word. Refused as `hpo run` refuses it, once Ray is up (a cluster's nodes, or the local Ray)."""
+        capacity = largest_node()
+        for kind in ("cpu", "gpu"):
+            wanted = float(self.resources.get(kind, self.resources.get(kind.upper(), 0)))
+            if wanted > capacity[kind]:
+                unit = kind.upper() + ("s" if wanted != 1 else "")
+                raise ValueError(
+                    f"resources: a trial asks for {wanted:g} {unit} but the largest node of this Ray has "
+                    f"{capacity[kind]:g}; Ray would wait for them forever. Ask for less, or join a bigger cluster"
+                )
 
     def fit(self) -> SweepResult:
         """Run the sweep in a new run folder: a name already on disk gets the next versioned one."""
@@ -190,8 +210,9 @@ class Tuner:
         if isinstance(budget, timedelta):
             budget = budget.total_seconds()
         out_of_time = budget is not None and time.monotonic() - started >= budget
-        if not out_of_time and not all(ended(trial) for trial in grid):
-            result.stopped_early()  # Tune returns from a Ctrl-C as if the sweep had finished
+        tune_ended = saved_ended_trials(Path(grid.experiment_path))
+        if not out_of_time and not all(ended(trial, tune_ended) for trial in grid):
+            result.stopped_early(tune_ended)  # Tune returns from a Ctrl-C as if the sweep had finished
         # Holding the handle keeps `hpo:sweep:<name>` alive (and in the dashboard) while the result lives.
         result.controller = actors[0]
         result.actors = actors
@@ -238,7 +259,7 @@ def _fusion_config(fusion: FusionConfig | Mapping[str, Any] | None) -> FusionCon
 def _checkpoint_policy(checkpoint: CheckpointPolicy | Mapping[str, Any] | None, scheduler: Any) -> CheckpointPolicy:
     """The sweep's checkpoint policy. Schedulers that pause trials (HyperBand, PBT) resume them
     from their last checkpoint, so under them every iteration is checkpointed."""
-    policy = checkpoint if isinstance(checkpoint, CheckpointPolicy) else CheckpointPolicy(**(checkpoint or {}))
+    policy = checkpoint if isinstance(checkpoint, CheckpointPolicy) else checked_block(CheckpointPolicy, checkpoint or {}, "checkpoint")
     if isinstance(scheduler, (HyperBandScheduler, PopulationBasedTraining)) and policy.every != 1:
         return policy.model_copy(update={"every": 1})
     return policy
