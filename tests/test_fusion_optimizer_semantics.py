@@ -76,7 +76,9 @@ def member_output(params: dict[str, torch.Tensor], i: int, x: torch.Tensor, step
     return out
 
 
-def train_both(optimizer: str, steps: int = 7, **fused_options):
+def both_sides(optimizer: str, **fused_options):
+    """The members' own models with their torch optimizers and schedules, and the fused optimizer
+    over their stacked parameters."""
     hps = hparams(optimizer)
     models = []
     for i in range(MEMBERS):
@@ -86,6 +88,11 @@ def train_both(optimizer: str, steps: int = 7, **fused_options):
     fused = FusedOptimizer(params, hps, **fused_options)
     alone = [build_torch_optimizer(m.named_parameters(), hp) for m, hp in zip(models, hps)]
     schedules = [torch.optim.lr_scheduler.LambdaLR(o, hp.lr_factor) for o, hp in zip(alone, hps)]
+    return hps, models, params, fused, alone, schedules
+
+
+def train_both(optimizer: str, steps: int = 7, **fused_options):
+    hps, models, params, fused, alone, schedules = both_sides(optimizer, **fused_options)
     generator = torch.Generator().manual_seed(0)
     for step in range(steps):
         x = torch.randn(8, 4, generator=generator, dtype=torch.float64)
@@ -265,15 +272,7 @@ def test_backward_hands_gradients_over_without_a_kernel_per_parameter_and_the_st
 def test_gradients_accumulated_over_two_backward_passes_or_set_by_hand_step_as_torch_optim(optimizer):
     # Without zero_grad between them two backward passes add up in `.grad`, as in torch; a
     # gradient assigned by hand is taken as it is, and a parameter left without one is skipped.
-    hps = hparams(optimizer)
-    models = []
-    for i in range(MEMBERS):
-        torch.manual_seed(i)
-        models.append(SometimesUsed().double())
-    params = stacked(models)
-    fused = FusedOptimizer(params, hps)
-    alone = [build_torch_optimizer(m.named_parameters(), hp) for m, hp in zip(models, hps)]
-    schedules = [torch.optim.lr_scheduler.LambdaLR(o, hp.lr_factor) for o, hp in zip(alone, hps)]
+    hps, models, params, fused, alone, schedules = both_sides(optimizer)
     generator = torch.Generator().manual_seed(0)
     for step in range(4):
         x1, x2 = (torch.randn(8, 4, generator=generator, dtype=torch.float64) for _ in range(2))
