@@ -131,10 +131,13 @@ def test_resume_after_sigkill_does_not_rerun_finished_trials(ray_local, tmp_path
     assert "Best configuration" in resumed.stdout
 
 
-def test_a_sweep_stopped_with_ctrl_c_exits_130_keeps_what_finished_and_resumes(ray_local, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_sweep_stopped_with_ctrl_c_exits_130_keeps_what_finished_and_resumes(ray_local, tmp_path, signum):
+    # SIGTERM, as a batch system sends it, stops the sweep as Ctrl-C does (Ray's own handler
+    # aborted the driver with raw stack addresses, exit 134)
     sweep = StoppedSweep(ray_local, tmp_path)
     driver = sweep.start(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sweep.signal_after(driver, 2, signal.SIGINT)  # Ctrl-C: Tune ends the run and returns as if it were done
+    sweep.signal_after(driver, 2, signum)  # Tune ends the run and returns as if it were done
     out, err = driver.communicate(timeout=patience(120))
     assert driver.returncode == 130, err[-3000:]
     assert "interrupted before every trial ended" in err and f"hpo run {sweep.file} --resume" in err

@@ -48,6 +48,7 @@ from hpo.reporting.sweep_result import SweepResult, saved_ended_trials
 from hpo.reporting.trial_errors import TrialErrorCallback
 from hpo.reporting.trial_output import with_trial_output
 from hpo.tuner.atomic_storage import one_copying_thread
+from hpo.tuner.stop_signal import sigterm_stops_the_sweep
 from hpo.tuner.run_folders import fresh_run_name, verify_run_state
 from hpo.tuner.trial_memory import ReleaseFinishedWindows
 
@@ -160,7 +161,9 @@ class Tuner:
             tuner = tune.Tuner(run.trainable, param_space=run.param_space, tune_config=run.tune_config,
                                run_config=run.run_config)
             started = time.monotonic()
-            return self._wrap(tuner.fit(), run.actors, started)
+            with sigterm_stops_the_sweep():
+                grid = tuner.fit()
+            return self._wrap(grid, run.actors, started)
 
     def resume(self, path: str) -> SweepResult:
         """Continue an interrupted sweep stored at `path`: finished trials are kept, not re-run.
@@ -182,7 +185,9 @@ class Tuner:
                 resume_errored=True,
             )
             started = time.monotonic()
-            return self._wrap(tuner.fit(), run.actors, started)
+            with sigterm_stops_the_sweep():
+                grid = tuner.fit()
+            return self._wrap(grid, run.actors, started)
 
     @contextmanager
     def _process_settings(self) -> Iterator[None]:
