@@ -59,10 +59,12 @@ def test_valid_file_passes(tmp_path, capsys):
         (VALID + "early_terminate: asha\n", "early_terminate", 10, "'asha' is not a block of settings: write {key: value, ...} (its keys: type"),
         (VALID.replace("method: random", "method: grid").replace("{distribution: log_uniform_values, min: 0.001, max: 0.1}", "{values: [0.01, 0.1, 1.0]}"),
          "run_cap", 8, "a grid runs each of its 6 combinations once, so run_cap would not cap it"),
+        (VALID + "early_terminate: {type: hyperband, min_iter: 3}\n", "early_terminate", 10, "min_iter 3 does not go with type hyperband"),
     ],
     ids=["unknown-key", "wrong-type", "min-ge-max", "non-positive-log-bound", "grid-continuous",
          "metric-never-reported", "unimportable-trainable", "unknown-nested-key", "bad-enum",
-         "bubbles-without-group-size", "bare-value", "bare-list", "bare-block-flag", "bare-block-value", "grid-with-run-cap"],
+         "bubbles-without-group-size", "bare-value", "bare-list", "bare-block-flag", "bare-block-value", "grid-with-run-cap",
+         "hyperband-min-iter"],
 )
 def test_bad_input_names_key_and_line(tmp_path, capsys, bad, key, line, words):
     code, err = validate(write(tmp_path, bad), capsys)

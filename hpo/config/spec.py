@@ -193,6 +193,17 @@ class EarlyTerminateSpec(_Strict):
     max_iter: int | None = Field(None, ge=1)
     eta: float = Field(3, gt=1)
 
+    @model_validator(mode="after")
+    def _hyperband_has_no_min_iter(self) -> "EarlyTerminateSpec":
+        # W&B's hyperband is asynchronous with a grace period of min_iter; Tune's HyperBand has no
+        # such setting (its smallest bracket starts at 1), so any other min_iter would go unused silently
+        if self.type == "hyperband" and self.min_iter != 1:
+            raise ValueError(
+                f"min_iter {self.min_iter} does not go with type hyperband (Tune's HyperBand has no grace period): "
+                "use type asha for early stopping that waits min_iter iterations, or drop min_iter"
+            )
+        return self
+
 
 class ResourcesSpec(_Strict):
     cpu: float = Field(1.0, ge=0)
