@@ -3,8 +3,9 @@
 A dry run trains one step of a group of 1 and of 2 members of the config and measures what the
 group holds: parameters, gradients (the optimizer's matrix and the tensors backward hands it)
 and optimizer state (exact tensor sizes), the activations autograd saves for backward (counted
-through `saved_tensors_hooks`, each storage once) and the output of an evaluation batch; on CUDA also the allocator's peak. The difference between the two
-runs is the cost of one member; the rest is fixed (shared inputs, workspace).
+through `saved_tensors_hooks`, each storage once) and the output of an evaluation batch; on CUDA
+also the allocator's peak. The difference between the two runs is the cost of one member; the
+rest is fixed (shared inputs, workspace).
 `B = floor((available * safety_margin - fixed) / per_member)`, where available is the device's
 free memory (`torch.cuda.mem_get_info`) or, on CPU, the RAM psutil reports available.
 

@@ -133,11 +133,11 @@ class FusedTrainer:
         multipliers = [workload.lr_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         decay_multipliers = [workload.weight_decay_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         eps_multipliers = [workload.eps_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
-        example, _ = self.batches.batch(0)
+        first_batch = self.batches.batch(0)
         if verify:
-            check_shared_batches(workload, self.configs, self.batches.batch(0))
+            check_shared_batches(workload, self.configs, first_batch)
         witnesses = copy_witnesses(models, choose_witnesses(self.configs, self.hparams)) if verify else {}
-        fused = fuse_models(models, example, strategy)
+        fused = fuse_models(models, first_batch[0], strategy)
         if verify:
             check_initial_states(fused, models)
             verify_fused_training(

@@ -175,8 +175,8 @@ def verify_fused_training(
     samples: int | None = SAMPLES,
 ) -> None:
     """Raise FusionError unless `fused` (left as it is) trains as the witnesses (member index ->
-    its unfused model as built; the check trains them) train alone. `hparams` and
-    `multipliers` (each member's lr, weight-decay and Adam-eps multipliers: muP, depth) are every member's; the
+    its unfused model as built; the check trains them) train alone. `hparams` and `multipliers`
+    (each member's lr, weight-decay and Adam-eps multipliers: muP, depth) are every member's; the
     check takes a step on each of `batches` but the last, the probe (on the first `samples`
     samples of each; None: all)."""
     steps = len(batches) - 1
@@ -421,9 +421,8 @@ class _RoundingNoise:
     near zero. The runs are taken only when some result differs past RTOL, so a group that matches
     pays one copy of each witness."""
 
-    def __init__(self, start: nn.Module, own: _Results, hp: OptimHParams,
-                 multipliers: Multipliers, workload: Workload,
-                 data: Sequence[Batch], training: bool):
+    def __init__(self, start: nn.Module, own: _Results, hp: OptimHParams, multipliers: Multipliers,
+                 workload: Workload, data: Sequence[Batch], training: bool):
         self._start, self._own, self._hp, self._multipliers = start, own, hp, multipliers
         self._workload, self._data, self._training = workload, data, training
         self._nudged: list[_Results] = []

@@ -67,6 +67,9 @@ def test_the_python_api_takes_the_fusion_block_as_a_dict_as_it_takes_checkpoint_
     fused = tuner(tmp_path, fusion={"max_members": 4}).engine
     assert isinstance(fused, FusedEngine) and fused.fusion.max_members == 4
     assert type(tuner(tmp_path, fusion={"enabled": False}).engine) is WorkloadEngine
+    with pytest.raises(ValueError) as caught:  # and checks it as they check theirs: one line naming the key
+        tuner(tmp_path, fusion={"max_memberz": 4})
+    assert str(caught.value) == "fusion.max_memberz: Extra inputs are not permitted"
 
 
 CONFIG = tune.TuneConfig(metric="val_loss", mode="min")

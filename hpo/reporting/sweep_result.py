@@ -7,11 +7,11 @@ report the same way.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 
@@ -33,22 +33,26 @@ from hpo.reporting.results_files import (
 from hpo.reporting.tune_state import DAMAGED, ended_trials, newest_state, trial_configs
 
 
+T = TypeVar("T")
+
+
 def saved_configs(experiment: Path, trial_ids: set[str]) -> dict[str, dict[str, Any]]:
     """The configs of `trial_ids` in Tune's newest saved run state (empty if there is none or it is damaged)."""
-    newest = newest_state(experiment)
-    try:
-        return trial_configs(newest, trial_ids) if newest else {}
-    except DAMAGED:
-        return {}
+    return _from_saved_state(experiment, lambda state: trial_configs(state, trial_ids), {})
 
 
 def saved_ended_trials(experiment: Path) -> frozenset[str]:
     """The trials Tune's newest saved run state holds as ended (none if there is none or it is damaged)."""
+    return _from_saved_state(experiment, lambda state: frozenset(ended_trials(state)), frozenset())
+
+
+def _from_saved_state(experiment: Path, read: Callable[[Path], T], empty: T) -> T:
+    """`read` of Tune's newest saved run state, or `empty` where there is none or it is damaged."""
     newest = newest_state(experiment)
     try:
-        return frozenset(ended_trials(newest)) if newest else frozenset()
+        return read(newest) if newest else empty
     except DAMAGED:
-        return frozenset()
+        return empty
 
 
 class SweepResult:
