@@ -42,6 +42,7 @@ from hpo.config.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConf
 from hpo.config.trainable_lookup import ResolvedTrainable, resolve_trainable
 from hpo.engines._base import SweepEngine, TuneRun
 from hpo.engines.choice import engine_for
+from hpo.engines.stop_thresholds import directed_stop
 from hpo.reporting.dashboard_actor import ControllerCallback, start_controller
 from hpo.reporting.results_files import ended
 from hpo.reporting.sweep_result import SweepResult, saved_ended_trials
@@ -132,7 +133,9 @@ class Tuner:
         callbacks.append(ReleaseFinishedWindows())
         run_config = replace(self.run_config, name=self.name, callbacks=callbacks)
         run = self.engine.start(self.storage / self.name, self.tune_config, run_config)
-        return replace(run, trainable=with_trial_output(run.trainable), actors=[controller, *run.actors])
+        stop = directed_stop(run.run_config.stop, metric, self.mode)
+        return replace(run, trainable=with_trial_output(run.trainable), run_config=replace(run.run_config, stop=stop),
+                       actors=[controller, *run.actors])
 
     def _refuse_resources_beyond_any_node(self) -> None:
         """A trial asking for more CPUs or GPUs than any node of the Ray has would wait forever:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from hpo.engines.fused.callbacks import member_callbacks, member_results_callbac
 from hpo.engines.fused.group_size import group_size, group_slots
 from hpo.engines.fused.members import GROUP_DIR_PREFIX, MemberBook
 from hpo.engines.fused.scheduler import GroupScheduler
+from hpo.engines.stop_thresholds import split_stop
 from hpo.reporting.dashboard_actor import ControllerCallback
 from hpo.reporting.progress import ProgressCallback
 from hpo.reporting.sweep_result import SweepResult
@@ -57,12 +59,17 @@ class FusedEngine(SweepEngine):
         return self._sweep
 
     def start(self, experiment: Path, tune_config: tune.TuneConfig, run_config: tune.RunConfig) -> TuneRun:
-        """Groups are suggested whole by the group searcher, which holds the real space: Tune's is empty."""
+        """Groups are suggested whole by the group searcher, which holds the real space: Tune's is
+        empty. The group's trial stops by Tune's counters only: a `stop` threshold on what members
+        report is each member's (`GroupScheduler`)."""
         members = group_size(self.plan.trainable, self.fusion, self.plan.resources, self.plan.param_space)
-        self._sweep = self.build(experiment, members, self.slots())
-        return TuneRun(self._sweep.trainable, {}, self._tune_config(tune_config), self._run_config(run_config))
+        group_stop, thresholds = split_stop(run_config.stop)
+        self._sweep = self.build(experiment, members, self.slots(), thresholds)
+        return TuneRun(self._sweep.trainable, {}, self._tune_config(tune_config),
+                       self._run_config(replace(run_config, stop=group_stop)))
 
-    def build(self, experiment: Path, members_per_group: int, slots: int) -> FusedSweep:
+    def build(self, experiment: Path, members_per_group: int, slots: int,
+              thresholds: Mapping[str, float] | None = None) -> FusedSweep:
         """Group trials of up to `members_per_group` configurations; the user's searcher (or the
         grid/random expansion of the space) and scheduler act on each member.
 
@@ -70,7 +77,8 @@ class FusedEngine(SweepEngine):
         `slots` group slots one: sixteen configurations on two slots train as two groups of eight at
         once, not one group of sixteen beside an idle slot. Either way, and when the user's searcher
         hands out fewer configurations at a time than a group holds (its `ConcurrencyLimiter`), one
-        line says how large the groups will be and why."""
+        line says how large the groups will be and why. `thresholds` (the `stop` keys a member
+        reports) end each member that reaches one."""
         from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
         from fusion.grouping import structural_signature
@@ -114,7 +122,7 @@ class FusedEngine(SweepEngine):
             book=book,
             trainable=tune.with_resources(trainable, dict(plan.resources)),
             search_alg=searcher,
-            scheduler=GroupScheduler(tune_config.scheduler, book, plan.max_iterations),
+            scheduler=GroupScheduler(tune_config.scheduler, book, plan.max_iterations, thresholds or {}, metric, mode),
             checkpoint_config=group_checkpoint_config(checkpoint.every, checkpoint.at_end),
             callback=member_results_callback(book, experiment, metric, mode, plan.max_iterations),
             members_per_group=members_per_group,

@@ -11,18 +11,22 @@ member by member exactly as for unfused trials. What that means for the group's 
   iteration. A group whose live members are paused is paused by Tune (its checkpoint saved, its
   slot freed for the groups holding the rest of the bracket), and chosen to run again once each
   of them was resumed or stopped;
+- a member whose result reaches a `stop` threshold (`hpo.engines.stop_thresholds`) ends as an
+  unfused trial would, by its own values, not by the group's best member's;
 - a group with no live member left is stopped.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from hpo.engines.fused.members import MemberBook, MemberTrial
+from hpo.engines.stop_thresholds import threshold_reached
 from hpo.reporting.results_files import error_line
 
 logger = logging.getLogger(__name__)
@@ -49,11 +53,13 @@ class _MemberController:
 class GroupScheduler(TrialScheduler):
     """See the module docstring."""
 
-    def __init__(self, inner: TrialScheduler | None, book: MemberBook, max_iterations: int):
+    def __init__(self, inner: TrialScheduler | None, book: MemberBook, max_iterations: int,
+                 thresholds: Mapping[str, float] | None = None, metric: str | None = None, mode: str = "min"):
         super().__init__()
         self.inner = inner or FIFOScheduler()
         self.book = book
         self.max_iterations = max_iterations
+        self.thresholds, self.threshold_metric, self.threshold_mode = dict(thresholds or {}), metric, mode
         self.members = _MemberController(self)
         self.added: set[str] = set()
 
@@ -78,6 +84,11 @@ class GroupScheduler(TrialScheduler):
             if member_result.get("diverged"):
                 self.inner.on_trial_complete(self.members, member, member_result)
                 self._end(member, "diverged")
+                continue
+            if threshold_reached(self.thresholds, member_result, self.threshold_metric, self.threshold_mode):
+                self.inner.on_trial_complete(self.members, member, member_result)
+                finished = member_result.get("training_iteration", 0) >= self.max_iterations
+                self._end(member, "completed" if finished else "early_stopped")
                 continue
             decision = self.inner.on_trial_result(self.members, member, member_result)
             if decision == TrialScheduler.STOP:

@@ -1,0 +1,71 @@
+"""A sweep's `stop` thresholds, read in the direction of the sweep's goal, for every trial or member.
+
+Tune's dict `stop` ends a trial once `result[key] >= value`. For the sweep's own metric under
+`mode: min` that reading ends every trial at its first report (a loss starts above any target one
+would write), so a threshold on the sweep's metric is read in its goal's direction:
+`stop: {val_loss: 0.05}` ends a trial once its val_loss is at most 0.05. Every other key keeps
+Tune's reading (`training_iteration`, `time_total_s`, an accuracy).
+
+A fused group's trial reports for all its members at once, with the best member's value as its
+own, so a threshold on anything a member reports is applied to each member's result by the group's
+scheduler; Tune's own counters, the same for every member of a group, stay on the group's trial
+(`split_stop`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ray.tune.stopper import Stopper
+
+from hpo.reporting.results_files import is_number, metric_value
+
+#: Keys Tune fills in itself, alike for every member of a fused group.
+TUNE_COUNTERS = frozenset({
+    "training_iteration", "iterations_since_restore", "time_total_s", "time_since_restore",
+    "time_this_iter_s", "timesteps_total", "episodes_total",
+})
+
+
+def threshold_reached(stop: Mapping[str, float], result: Mapping[str, Any], metric: str | None, mode: str) -> bool:
+    """Whether `result` reaches any threshold of `stop` (see the module docstring). A key the
+    result lacks, or does not hold a number under, reaches nothing, as in Tune."""
+    for key, threshold in stop.items():
+        value = metric_value(result, key)
+        if not is_number(value):
+            continue
+        if value <= threshold if key == metric and mode == "min" else value >= threshold:
+            return True
+    return False
+
+
+class ThresholdStopper(Stopper):
+    """Tune's dict `stop`, with a threshold on a minimised metric read as an upper bound."""
+
+    def __init__(self, stop: Mapping[str, float], metric: str | None, mode: str):
+        self.stop, self.metric, self.mode = dict(stop), metric, mode
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return threshold_reached(self.stop, result, self.metric, self.mode)
+
+    def stop_all(self) -> bool:
+        return False
+
+
+def directed_stop(stop: Any, metric: str | None, mode: str) -> Any:
+    """What Tune is given for the run config's `stop`: a dict as it is where Tune reads it the same
+    way, else a `ThresholdStopper`; a `Stopper`, a function or None as they are."""
+    if isinstance(stop, Mapping) and metric in stop and mode == "min":
+        return ThresholdStopper(stop, metric, mode)
+    return stop
+
+
+def split_stop(stop: Any) -> tuple[Any, dict[str, float]]:
+    """A fused sweep's `stop`: what the group's trial applies (Tune's counters, or the user's
+    `Stopper` or function as it is; None where nothing is left, so the group trains to
+    `max_iterations`), and the thresholds applied to each member's own result."""
+    if not isinstance(stop, Mapping):
+        return stop, {}
+    group = {key: value for key, value in stop.items() if key in TUNE_COUNTERS}
+    return group or None, {key: value for key, value in stop.items() if key not in TUNE_COUNTERS}
