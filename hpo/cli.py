@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import hpo.base.ray_runtime  # noqa: F401  before anything imports ray: the local Ray listens on loopback only
 from hpo.config.errors import SweepConfigError
@@ -207,7 +208,8 @@ def _cmd_results(args: argparse.Namespace) -> int:
     import pandas as pd
 
     summary = json.loads(summary_path.read_text())
-    print(summary_table(pd.read_csv(run / RESULTS_FILE), summary["metric"]))
+    rows = pd.read_csv(run / RESULTS_FILE)
+    print(summary_table(rows, summary["metric"]))
     print()
     best = summary.get("best")
     if best:
@@ -217,8 +219,25 @@ def _cmd_results(args: argparse.Namespace) -> int:
         if best.get("checkpoint"):
             print(f"best checkpoint: {best['checkpoint']}")
     print(f"results: {run / RESULTS_FILE}\nsummary: {summary_path}")
-    if summary.get("errored"):
-        print(f"{summary['errored']} of {summary['trials']} trials errored", file=sys.stderr)
+    return _stored_verdict(summary, rows)
+
+
+def _stored_verdict(summary: dict, rows: Any) -> int:
+    """The exit status `hpo run` gave this run, so a script that checks a stored run (or a run
+    rebuilt after a crash) reads it as it read the sweep: errored trials, a run stopped before
+    every trial ended, no trial that reported the metric."""
+    errored = int(summary.get("errored") or 0)
+    running = sum(1 for status in (rows["status"] if "status" in rows else ()) if status == "running")
+    if errored:
+        print(f"{errored} of {summary['trials']} trials errored", file=sys.stderr)
+        return EXIT_TRIALS_ERRORED
+    if running:
+        print(f"{running} of {len(rows)} trials had not ended: the sweep was stopped; hpo run FILE --resume goes on",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if not summary.get("best"):
+        print(f"no finished trial reported {summary['metric']}", file=sys.stderr)
+        return EXIT_NO_RESULT
     return 0
 
 

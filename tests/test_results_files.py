@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hpo.cli import EXIT_BAD_INPUT, main
+from hpo.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_RESULT, EXIT_TRIALS_ERRORED, main
 from hpo.reporting.tune_state import newest_state
 from hpo.reporting.live_results import SavedRunState
 from hpo.reporting.rebuild import records_from_trial_dirs
@@ -201,6 +201,20 @@ def test_results_are_rebuilt_from_the_trials_own_folders_even_with_a_torn_last_l
     out = capsys.readouterr().out
     assert "rebuilt" in out and "Best configuration" in out and "checkpoint_000001" in out
     assert main(["results", str(tmp_path / "nowhere")]) == EXIT_BAD_INPUT
+
+
+@pytest.mark.parametrize("records, status, says", [
+    ([record("t1", 0.2), record("t2", 0.4)], 0, ""),
+    ([record("t1", 0.2), record("t2", 0.4, error="ValueError: boom")], EXIT_TRIALS_ERRORED, "1 of 2 trials errored"),
+    ([record("t1", 0.1, error="ValueError: boom"), record("t2", 0.4, error="OSError")], EXIT_TRIALS_ERRORED, "2 of 2 trials errored"),
+    ([record("t1", 0.2), record("t2", 0.4, running=True)], EXIT_INTERRUPTED, "1 of 2 trials had not ended"),
+    ([record("t1", math.nan)], EXIT_NO_RESULT, "no finished trial reported loss"),
+])
+def test_hpo_results_exits_as_hpo_run_did_for_the_stored_run(tmp_path, capsys, records, status, says):
+    # a script checking a stored (or rebuilt) run must not read a failed sweep as a good one
+    write_run_files(tmp_path, records, "loss", "min", 3)
+    assert main(["results", str(tmp_path)]) == status
+    assert says in capsys.readouterr().err
 
 
 # -- labels follow one rule, and --rebuild keeps the verdicts given when trials ended (issue 34, item 8)
