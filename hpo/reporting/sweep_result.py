@@ -7,6 +7,7 @@ report the same way.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
@@ -122,6 +123,23 @@ class SweepResult:
         self.interrupted = True
         for record, result in zip(self.records, self.results):
             record.running = not ended(result, tune_ended)
+
+    def out_of_time(self, budget_s: float, planned: float) -> None:
+        """The sweep's time budget ran out: a trial it cut short (its last result is not Tune's
+        `done`) or never started did not fail and did not complete, so its row says
+        `early_stopped` (0 iterations where it never reported), not `error` or `completed`. The
+        report says how many of the `planned` trials (`inf`: no end but the budget) never reported,
+        counting those Tune never created (a concurrency limit makes them one at a time), which
+        have no row."""
+        cut = [r for r in self.records if not r.error and not r.running and not r.status and not r.metrics.get("done")]
+        for record in cut:
+            record.status = "early_stopped"
+        never_created = max(0, int(planned) - len(self.records)) if math.isfinite(planned) else 0
+        unreported = sum(1 for r in cut if not r.metrics.get("training_iteration")) + never_created
+        if cut or never_created:
+            self.extras["time_budget_s"] = (
+                f"{budget_s:g} s ran out: of {len(self.records) + never_created} trials, {len(cut) + never_created - unreported} "
+                f"were cut short and {unreported} never reported (their rows, where Tune made one, say early_stopped)")
 
     @property
     def num_terminated(self) -> int:

@@ -218,6 +218,8 @@ class Tuner:
         if isinstance(budget, timedelta):
             budget = budget.total_seconds()
         out_of_time = budget is not None and time.monotonic() - started >= budget
+        if out_of_time:
+            result.out_of_time(budget, expected_trials(self.param_space, self.tune_config.num_samples))
         if not out_of_time and not all(ended(trial) for trial in grid):
             # Tune returns from a Ctrl-C as if the sweep had finished. Its saved state is read only
             # then (90 MB at 10,000 trials): it holds as ended the trials HyperBand stopped while
