@@ -60,6 +60,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from fusion.grouping import MULTIPLIER_KEYS
 from fusion.independence import output_tensors, preserved_state
@@ -181,7 +182,7 @@ def verify_fused_training(
     samples of each; None: all)."""
     steps = len(batches) - 1
     indices = sorted(witnesses)
-    with _refusing(f"a check of {steps} float64 steps"), torch.random.fork_rng(devices=[]), _default_dtype(torch.float64):
+    with _refusing(f"a check of {steps} float64 steps"), torch.random.fork_rng(devices=[]), _float64_throughout():
         fused_copy = _rows_copy(fused, indices)
         alone = [witnesses[index] for index in indices]
         own_hparams = [hparams[index] for index in indices]
@@ -471,11 +472,34 @@ def _small(t: torch.Tensor, samples: int | None) -> torch.Tensor:
 
 
 @contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """Tensors the models create in `forward` (`torch.zeros(...)`) follow the check's precision."""
+def _float64_throughout() -> Iterator[None]:
+    """The check's models compute in float64 all the way through: tensors they create in
+    `forward` (`torch.zeros(...)`) follow the default dtype, and a cast to a lower float precision
+    (`x.float()` on uint8 pixels, `.to(torch.float32)`, `.half()`), which users write for the
+    precision they train in, casts to float64 instead. The member alone and the fused model run
+    the same casts, so the check still compares like with like; without this every such model
+    was refused for mixing float32 inputs with float64 weights."""
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
+    torch.set_default_dtype(torch.float64)
     try:
-        yield
+        with _Float64Casts():
+            yield
     finally:
         torch.set_default_dtype(previous)
+
+
+_LOWER_FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
+_LOWER_FLOAT_CASTS = frozenset({torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16})
+
+
+def _as_float64(value: Any) -> Any:
+    return torch.float64 if isinstance(value, torch.dtype) and value in _LOWER_FLOATS else value
+
+
+class _Float64Casts(TorchFunctionMode):
+    """Every cast to a lower float precision casts to float64 (`_float64_throughout`)."""
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Mapping | None = None) -> Any:
+        if func in _LOWER_FLOAT_CASTS:
+            return args[0] if args[0].dtype == torch.float64 else args[0].double()
+        return func(*(_as_float64(a) for a in args), **{k: _as_float64(v) for k, v in (kwargs or {}).items()})

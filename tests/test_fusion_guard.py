@@ -8,6 +8,8 @@ learning rate to another, and the stacked layers forgetting that a parameter is 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -188,18 +190,60 @@ def test_witnesses_cover_every_optimizer_feature_and_multiplier_some_member_uses
     assert choose_witnesses(configs[:1] + configs[5:], hparams[:1] + hparams[5:]) == [0]
 
 
-class CastsToFloat32(nn.Module):
+class CastsItsInputs(nn.Module):
+    """What users write for uint8 pixels and for the precision they train in."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 16)
+        self.out = nn.Linear(16, 5)
+
+    def forward(self, x):
+        h = torch.relu(self.fc(x.float() / 255.0))
+        return self.out(h.to(torch.float32) + torch.zeros(16, dtype=torch.float32))
+
+
+def pixel_workload(model: type[nn.Module]) -> DatasetWorkload:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (64, 12), generator=generator, dtype=torch.uint8)
+    y = torch.randint(0, 5, (64,), generator=generator)
+    return DatasetWorkload(model=lambda config: model(), train=TensorDataset(x, y), val=TensorDataset(x[:16], y[:16]),
+                           loss=F.cross_entropy, defaults={"batch_size": 8})
+
+
+def test_a_model_that_casts_to_float32_in_forward_is_checked_in_float64_and_trains(steps_taken):
+    trainer = FusedTrainer(pixel_workload(CastsItsInputs), CONFIGS)
+    assert not steps_taken  # checked first
+    assert all(math.isfinite(r["train_loss"]) for r in trainer.train_iteration())
+
+
+def test_the_check_of_a_model_that_casts_to_float32_still_refuses_a_wrong_group(monkeypatch, steps_taken):
+    scheduled_lrs = fusion.optim.FusedOptimizer.scheduled_lrs
+
+    def swapped(self, steps):
+        lrs = scheduled_lrs(self, steps)
+        lrs[0], lrs[1] = lrs[1], lrs[0]
+        return lrs
+
+    monkeypatch.setattr(fusion.optim.FusedOptimizer, "scheduled_lrs", swapped)
+    with pytest.raises(FusionError, match=r"member [01]'s parameter '(fc|out)\.(weight|bias)' differs"):
+        FusedTrainer(pixel_workload(CastsItsInputs), CONFIGS)
+    assert not steps_taken
+
+
+class LeavesTorch(nn.Module):
+    """Its input goes through numpy as float32: nothing can run that in float64."""
+
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(12, 5)
 
     def forward(self, x):
-        return self.fc(x.float())
+        return self.fc(torch.from_numpy(x.numpy().astype("float32")))
 
 
 def test_a_model_the_check_cannot_run_in_float64_is_refused_saying_how_to_train_it_unchecked():
-    workload = probing_workload()
-    workload.model_factory = lambda config: CastsToFloat32()
+    workload = pixel_workload(LeavesTorch)
     with pytest.raises(FusionError, match=r"cannot train this group in float64 .* fusion: \{verify: false\} trains it unchecked"):
         FusedTrainer(workload, CONFIGS)
     FusedTrainer(workload, CONFIGS, verify=False).train_iteration()
