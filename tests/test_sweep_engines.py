@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import tempfile
 
+import pyarrow.fs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ from hpo.engines.fused.search import ConfigList, GroupSearcher
 from hpo.engines.plain import FunctionEngine, WorkloadEngine
 from hpo.engines.scaled import ScaledEngine
 from hpo.reporting.dashboard_actor import ControllerCallback
+from hpo.tuner.atomic_storage import AtomicLocalHandler
 from hpo.tuner.tuner import Tuner
 
 SPACE = {"lr": tune.grid_search([1e-3, 1e-2, 3e-2, 1e-1]), "width": 16}
@@ -252,3 +254,16 @@ def test_a_bubble_engine_starts_the_broker_and_gives_tune_one_relay_per_configur
         assert type(run.run_config.callbacks[0]).__name__ == "ResultsFileCallback"
     finally:
         ray_local.kill(broker)
+
+
+def test_the_tuner_stores_a_local_run_atomically_whoever_built_its_run_config(tmp_path):
+    # hpo.Tuner with the user's own tune.RunConfig, as the README shows it, gets the same storage
+    # as hpo.run and `hpo run`: no torn tuner.pkl or state after a killed driver or a full disk
+    def handler(run_config):
+        return getattr(Tuner(mlp_digits, param_space=SPACE, run_config=run_config).run_config.storage_filesystem, "handler", None)
+
+    assert isinstance(handler(tune.RunConfig(storage_path=str(tmp_path))), AtomicLocalHandler)
+    assert isinstance(handler(tune.RunConfig()), AtomicLocalHandler)  # Tune's default folder is local too
+    assert handler(tune.RunConfig(storage_path="s3://bucket/runs")) is None  # remote: Arrow's own filesystem
+    own = pyarrow.fs.LocalFileSystem()
+    assert Tuner(mlp_digits, param_space=SPACE, run_config=tune.RunConfig(storage_filesystem=own)).run_config.storage_filesystem is own

@@ -30,7 +30,6 @@ from ray.tune.search import BasicVariantGenerator, Searcher
 from ray.tune.stopper import Stopper
 
 from hpo.tuner.tuner import Trainable, Tuner, grid_size
-from hpo.tuner.atomic_storage import atomic_local_filesystem, is_local_path
 from hpo.base.checkpointing import KEEP_NEWEST
 from hpo.config.logging_spec import as_logging_spec
 from hpo.reporting.logging_callbacks import logger_callbacks
@@ -155,11 +154,7 @@ def sweep_run_config(
     **options: Any,
 ) -> tune.RunConfig:
     """Every sweep's run config: where it is stored, when trials stop, how often a failing trial
-    is retried, and the two newest checkpoints kept per trial (enough to resume either way).
-    Local storage is written file by file atomically (`hpo.tuner.atomic_storage`): a killed driver or a
-    full disk never leaves a torn tuner.pkl or experiment state behind."""
-    if is_local_path(storage_path) and "storage_filesystem" not in options:
-        options["storage_filesystem"] = atomic_local_filesystem()
+    is retried, and the two newest checkpoints kept per trial (enough to resume either way)."""
     return tune.RunConfig(
         name=name,
         storage_path=str(Path(storage_path).resolve()) if storage_path else None,

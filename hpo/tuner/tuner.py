@@ -48,7 +48,7 @@ from hpo.reporting.results_files import ended
 from hpo.reporting.sweep_result import SweepResult, saved_ended_trials
 from hpo.reporting.trial_errors import TrialErrorCallback
 from hpo.reporting.trial_output import with_trial_output
-from hpo.tuner.atomic_storage import one_copying_thread
+from hpo.tuner.atomic_storage import atomic_local_filesystem, is_local_path, one_copying_thread
 from hpo.tuner.stop_signal import sigterm_stops_the_sweep
 from hpo.tuner.run_folders import fresh_run_name, verify_run_state
 from hpo.tuner.trial_memory import ReleaseFinishedWindows
@@ -88,7 +88,7 @@ class Tuner:
         self.checkpoint = _checkpoint_policy(checkpoint, (tune_config or tune.TuneConfig()).scheduler)
         self.param_space = dict(param_space or {})
         self.tune_config = tune_config or tune.TuneConfig()
-        self.run_config = run_config or tune.RunConfig()
+        self.run_config = _atomic_local_storage(run_config or tune.RunConfig())
         self.resources = dict(resources or {"cpu": 1})
         #: The run folder of the last `fit` or `resume`, once it is chosen (before Tune starts).
         self.run_path: Path | None = None
@@ -262,6 +262,16 @@ def grid_size(space: Any) -> int:
             return len(space["grid_search"])
         return math.prod(grid_size(value) for value in space.values())
     return 1
+
+
+def _atomic_local_storage(run_config: tune.RunConfig) -> tune.RunConfig:
+    """Local storage is written file by file atomically (`hpo.tuner.atomic_storage`), whichever
+    way the sweep was asked for (a sweep file, `hpo.run`, or this Tuner with the user's own
+    `RunConfig`): a killed driver or a full disk never leaves a torn tuner.pkl or experiment
+    state behind, and `--resume` never meets one. A filesystem the user chose is kept."""
+    if run_config.storage_filesystem is None and is_local_path(run_config.storage_path):
+        return replace(run_config, storage_filesystem=atomic_local_filesystem())
+    return run_config
 
 
 def _fusion_config(fusion: FusionConfig | Mapping[str, Any] | None) -> FusionConfig | None:
