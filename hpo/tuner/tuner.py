@@ -133,8 +133,12 @@ class Tuner:
         callbacks.append(ReleaseFinishedWindows())
         run_config = replace(self.run_config, name=self.name, callbacks=callbacks)
         run = self.engine.start(self.storage / self.name, self.tune_config, run_config)
-        stop = directed_stop(run.run_config.stop, metric, self.mode)
-        return replace(run, trainable=with_trial_output(run.trainable), run_config=replace(run.run_config, stop=stop),
+        run_config = replace(run.run_config, stop=directed_stop(run.run_config.stop, metric, self.mode))
+        if isinstance(self.tune_config.scheduler, PopulationBasedTraining):
+            # its exploit step hands a trial another's newest checkpoint, restored only once that trial
+            # runs again: a limit on what is kept had deleted it by then, and the trial errored
+            run_config = replace(run_config, checkpoint_config=replace(run_config.checkpoint_config, num_to_keep=None))
+        return replace(run, trainable=with_trial_output(run.trainable), run_config=run_config,
                        actors=[controller, *run.actors])
 
     def _refuse_resources_beyond_any_node(self) -> None:
