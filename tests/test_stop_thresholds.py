@@ -11,34 +11,43 @@ from hypothesis import strategies as st
 from ray import tune
 
 from examples.mlp_digits import workload as mlp_digits
-from hpo.engines.stop_thresholds import ThresholdStopper, directed_stop, split_stop, threshold_reached
+from hpo.engines.stop_thresholds import Thresholds, ThresholdStopper, directed_stop, split_stop
 from hpo.tuner.tuner import Tuner
 
 values = st.floats(-1e6, 1e6, allow_nan=False)
 
 
+def reached(stop, result, metric, mode):
+    return Thresholds(stop, metric, mode).reached(result)
+
+
 @given(value=values, threshold=values)
 def test_a_threshold_on_a_minimised_metric_is_reached_from_above_and_any_other_from_below(value, threshold):
-    assert threshold_reached({"loss": threshold}, {"loss": value}, "loss", "min") == (value <= threshold)
-    assert threshold_reached({"loss": threshold}, {"loss": value}, "loss", "max") == (value >= threshold)
-    assert threshold_reached({"acc": threshold}, {"acc": value, "loss": 0.0}, "loss", "min") == (value >= threshold)
-    assert threshold_reached({"val/loss": threshold}, {"val": {"loss": value}}, "val/loss", "min") == (value <= threshold)
+    assert reached({"loss": threshold}, {"loss": value}, "loss", "min") == (value <= threshold)
+    assert reached({"loss": threshold}, {"loss": value}, "loss", "max") == (value >= threshold)
+    assert reached({"acc": threshold}, {"acc": value, "loss": 0.0}, "loss", "min") == (value >= threshold)
+    assert reached({"val/loss": threshold}, {"val": {"loss": value}}, "val/loss", "min") == (value <= threshold)
 
 
-def test_a_key_the_result_lacks_or_holds_no_number_under_reaches_nothing():
-    assert not threshold_reached({"loss": 1.0, "acc": 0.5}, {"accuracy": 0.9, "acc": "high"}, "loss", "min")
-    assert not threshold_reached({"loss": 1.0}, {"loss": True}, "loss", "max")
+def test_a_key_the_result_lacks_reaches_nothing_and_is_said_once(caplog):
+    thresholds = Thresholds({"los": 1.0, "acc": 0.5}, "loss", "min")
+    for _ in range(3):
+        assert not thresholds.reached({"loss": 0.1, "acc": "high", "training_iteration": 1})
+    said = [r.getMessage() for r in caplog.records if "stop:" in r.getMessage()]
+    assert said == ["warning: stop: 'los' is not in a trial's result (it reported: loss, acc); that threshold stops "
+                    "no trial unless a later result has it"]
+    assert not reached({"loss": 1.0}, {"loss": True}, "loss", "max")  # a bool is no number
 
 
-def test_tune_keeps_its_own_dict_where_it_reads_it_the_same_way():
-    stop = {"training_iteration": 4, "val_acc": 0.9}
-    assert directed_stop(stop, "val_loss", "min") is stop
-    assert directed_stop({"val_acc": 0.9}, "val_acc", "max") == {"val_acc": 0.9}
-    assert directed_stop(None, "val_loss", "min") is None
+def test_tune_is_given_every_dict_as_a_stopper_and_anything_else_as_it_is():
     stopper = directed_stop({"training_iteration": 4, "val_loss": 0.2}, "val_loss", "min")
     assert isinstance(stopper, ThresholdStopper) and not stopper.stop_all()
     assert stopper("t", {"training_iteration": 1, "val_loss": 0.1}) and stopper("t", {"training_iteration": 4, "val_loss": 3.0})
     assert not stopper("t", {"training_iteration": 2, "val_loss": 0.3})
+    assert directed_stop({"val_acc": 0.9}, "val_acc", "max")("t", {"val_acc": 0.95})
+    assert directed_stop(None, "val_loss", "min") is None
+    own = ThresholdStopper({}, None, "min")
+    assert directed_stop(own, "val_loss", "min") is own
 
 
 def test_a_fused_group_stops_by_tunes_counters_and_its_members_by_what_they_report():

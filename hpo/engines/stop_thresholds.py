@@ -14,12 +14,15 @@ scheduler; Tune's own counters, the same for every member of a group, stay on th
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from ray.tune.stopper import Stopper
 
 from hpo.reporting.results_files import is_number, metric_value
+
+logger = logging.getLogger(__name__)
 
 #: Keys Tune fills in itself, alike for every member of a fused group.
 TUNE_COUNTERS = frozenset({
@@ -28,35 +31,56 @@ TUNE_COUNTERS = frozenset({
 })
 
 
-def threshold_reached(stop: Mapping[str, float], result: Mapping[str, Any], metric: str | None, mode: str) -> bool:
-    """Whether `result` reaches any threshold of `stop` (see the module docstring). A key the
-    result lacks, or does not hold a number under, reaches nothing, as in Tune."""
-    for key, threshold in stop.items():
-        value = metric_value(result, key)
-        if not is_number(value):
-            continue
-        if value <= threshold if key == metric and mode == "min" else value >= threshold:
-            return True
-    return False
-
-
-class ThresholdStopper(Stopper):
-    """Tune's dict `stop`, with a threshold on a minimised metric read as an upper bound."""
+class Thresholds:
+    """A dict `stop` read in the goal's direction (see the module docstring). A key a result lacks
+    reaches nothing, as in Tune, but it is said once: Tune's own warning is kept off hpo's
+    console, and a mistyped key (`los` for `loss`) silently stopped no trial."""
 
     def __init__(self, stop: Mapping[str, float], metric: str | None, mode: str):
         self.stop, self.metric, self.mode = dict(stop), metric, mode
+        self.said: set[str] = set()
+
+    def reached(self, result: Mapping[str, Any]) -> bool:
+        """Whether `result` reaches any threshold."""
+        for key, threshold in self.stop.items():
+            value = metric_value(result, key)
+            if value is None:
+                self._say_missing(key, result)
+            elif is_number(value) and (value <= threshold if key == self.metric and self.mode == "min" else value >= threshold):
+                return True
+        return False
+
+    def _say_missing(self, key: str, result: Mapping[str, Any]) -> None:
+        if key in self.said:
+            return
+        self.said.add(key)
+        from ray.tune.result import AUTO_RESULT_KEYS
+
+        reported = [k for k in result if k not in AUTO_RESULT_KEYS and k not in ("done", "trial_id", "config")]
+        logger.warning("warning: stop: %r is not in a trial's result (it reported: %s); that threshold stops no "
+                       "trial unless a later result has it", key, ", ".join(reported) or "nothing of its own")
+
+    def __getstate__(self) -> dict[str, Any]:  # Tune saves its stopper with the sweep: what was said is not state
+        return {**self.__dict__, "said": set()}
+
+
+class ThresholdStopper(Stopper):
+    """Tune's dict `stop` for every trial, as `Thresholds` reads it."""
+
+    def __init__(self, stop: Mapping[str, float], metric: str | None, mode: str):
+        self.thresholds = Thresholds(stop, metric, mode)
 
     def __call__(self, trial_id: str, result: dict) -> bool:
-        return threshold_reached(self.stop, result, self.metric, self.mode)
+        return self.thresholds.reached(result)
 
     def stop_all(self) -> bool:
         return False
 
 
 def directed_stop(stop: Any, metric: str | None, mode: str) -> Any:
-    """What Tune is given for the run config's `stop`: a dict as it is where Tune reads it the same
-    way, else a `ThresholdStopper`; a `Stopper`, a function or None as they are."""
-    if isinstance(stop, Mapping) and metric in stop and mode == "min":
+    """What Tune is given for the run config's `stop`: a dict as a `ThresholdStopper`; a
+    `Stopper`, a function or None as they are."""
+    if isinstance(stop, Mapping):
         return ThresholdStopper(stop, metric, mode)
     return stop
 

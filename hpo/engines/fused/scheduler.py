@@ -26,7 +26,7 @@ from typing import Any
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from hpo.engines.fused.members import MemberBook, MemberTrial
-from hpo.engines.stop_thresholds import threshold_reached
+from hpo.engines.stop_thresholds import Thresholds
 from hpo.reporting.results_files import error_line
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class GroupScheduler(TrialScheduler):
         self.inner = inner or FIFOScheduler()
         self.book = book
         self.max_iterations = max_iterations
-        self.thresholds, self.threshold_metric, self.threshold_mode = dict(thresholds or {}), metric, mode
+        self.thresholds = Thresholds(thresholds or {}, metric, mode)
         self.members = _MemberController(self)
         self.added: set[str] = set()
 
@@ -85,7 +85,7 @@ class GroupScheduler(TrialScheduler):
                 self.inner.on_trial_complete(self.members, member, member_result)
                 self._end(member, "diverged")
                 continue
-            if threshold_reached(self.thresholds, member_result, self.threshold_metric, self.threshold_mode):
+            if self.thresholds.reached(member_result):
                 self.inner.on_trial_complete(self.members, member, member_result)
                 finished = member_result.get("training_iteration", 0) >= self.max_iterations
                 self._end(member, "completed" if finished else "early_stopped")
