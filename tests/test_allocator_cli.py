@@ -80,3 +80,21 @@ def test_a_bad_bubble_profile_is_a_one_line_error_before_connecting(tmp_path, ca
     assert main(["job", "submit", "m:f", "--gpus", "2", "--bubble-profile", str(profile), "--address", NOWHERE]) == 2
     err = capsys.readouterr().err
     assert f"{profile}: not a pipeline profile" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command", [["list"], ["cancel", "3"], ["stop"], ["submit", "m:f"]])
+def test_an_address_where_no_cluster_listens_is_a_one_line_error_at_once(capsys, monkeypatch, command):
+    """A mistyped port once left `hpo job list` retrying for minutes (Ray's warnings every few
+    seconds), never exiting. Nothing listens on port 9 here; `ray.init` must not even be called."""
+    import ray
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init was called"))
+    assert main(["job", *command, "--address", NOWHERE]) == 2
+    err = capsys.readouterr().err
+    assert f"--address {NOWHERE}: no Ray cluster answers there" in err and err.count("\n") == 1, err
+
+
+def test_an_address_that_is_not_host_and_port_is_refused(capsys, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "head-node")
+    assert main(["job", "list"]) == 2
+    err = capsys.readouterr().err
+    assert "RAY_ADDRESS 'head-node': expected HOST:PORT" in err and err.count("\n") == 1, err

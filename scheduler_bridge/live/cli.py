@@ -102,8 +102,32 @@ def _connect(address: str | None) -> None:
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto",
-                 namespace="hpo", log_to_driver=False)
+        source = "--address" if address else "RAY_ADDRESS"
+        address = address or os.environ.get("RAY_ADDRESS") or "auto"
+        _check_reachable(source, address)
+        ray.init(address=address, namespace="hpo", log_to_driver=False)
+
+
+#: Seconds a cluster's address gets to accept a connection before the command gives up on it.
+CONNECT_TIMEOUT_S = 10.0
+
+
+def _check_reachable(source: str, address: str) -> None:
+    """A ``HOST:PORT`` where nothing accepts a connection is a one-line ConnectionError at once:
+    ``ray.init`` would retry it for minutes, printing a warning every few seconds. ``auto`` and
+    addresses with a scheme (``ray://``) are left to Ray."""
+    import socket
+
+    if address in ("auto", "local") or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{source} {address!r}: expected HOST:PORT of the cluster's head (or auto)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise ConnectionError(f"{source} {address}: no Ray cluster answers there "
+                              f"({e.strerror or type(e).__name__})") from None
 
 
 def _value(text: str):
@@ -135,7 +159,10 @@ def _cmd_start(args) -> int:
     from . import client
     from ..policies.tiresias import Tiresias
 
-    env = {"env_vars": {"PYTHONPATH": args.pythonpath}} if args.pythonpath else None
+    # the allocator and the jobs run in Ray's folders: a relative entry would be read from there
+    pythonpath = os.pathsep.join(os.path.abspath(entry) for entry in args.pythonpath.split(os.pathsep)
+                                 if entry) if args.pythonpath else None
+    env = {"env_vars": {"PYTHONPATH": pythonpath}} if pythonpath else None
     tiresias = {}
     if args.tiresias_thresholds is not None:
         tiresias["thresholds"] = _floats("--tiresias-thresholds", args.tiresias_thresholds)
