@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import NamedTuple
@@ -163,9 +164,18 @@ def _cmd_start(args) -> int:
     pythonpath = os.pathsep.join(os.path.abspath(entry) for entry in args.pythonpath.split(os.pathsep)
                                  if entry) if args.pythonpath else None
     env = {"env_vars": {"PYTHONPATH": pythonpath}} if pythonpath else None
+    # NaN passes every `< 0` check below and in the policies: refuse what is not finite first
+    for knob in (*_KNOBS["ces"], *_KNOBS["lucid"]):
+        value = getattr(args, knob.flag.lstrip("-").replace("-", "_"))
+        if knob.type is float and value is not None and not math.isfinite(value):
+            raise ValueError(f"{knob.flag} = {value!r} must be a finite number")
+    if not math.isfinite(args.tiresias_starvation):
+        raise ValueError(f"--tiresias-starvation = {args.tiresias_starvation!r} must be a finite number")
     tiresias = {}
     if args.tiresias_thresholds is not None:
         tiresias["thresholds"] = _floats("--tiresias-thresholds", args.tiresias_thresholds)
+        if not all(map(math.isfinite, tiresias["thresholds"])):
+            raise ValueError(f"--tiresias-thresholds = {args.tiresias_thresholds} must be finite GPU-seconds")
     if args.tiresias_starvation:
         tiresias["starvation"] = args.tiresias_starvation
     if tiresias and args.policy != "tiresias":
@@ -183,6 +193,9 @@ def _cmd_start(args) -> int:
     if args.policy == "lucid":
         from .allocator import _live_lucid
         _live_lucid(dict(lucid), True, 0)   # a bad table or knob fails here, naming the row and column
+    elif args.policy == "tuning-aware":
+        from ..policies.registry import make_policy
+        make_policy(args.policy, base=args.base_policy)   # an unknown --base-policy fails here
     _connect(args.address)
     client.start_allocator(args.journal, args.storage, args.policy, base_policy=args.base_policy,
                              backfill=args.backfill, runtime_env=env, tiresias=tiresias, ces=ces,
