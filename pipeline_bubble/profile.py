@@ -183,6 +183,9 @@ def load_profile(path: str | Path) -> PipelineProfile:
         raise ProfileError(f"{path}: cannot read ({error.strerror or error})") from None
     except json.JSONDecodeError as error:
         raise ProfileError(f"{path}:{error.lineno}: not JSON ({error.msg})") from None
+    except UnicodeDecodeError as error:
+        raise ProfileError(f"{path}: byte 0x{error.object[error.start]:02x} at offset {error.start} is not UTF-8 "
+                           "(not a profile written by hpo profile pipeline)") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ProfileError(f"{path}: not a pipeline profile (no \"format\": \"{FORMAT}\")")
     if data.get("version") != VERSION:

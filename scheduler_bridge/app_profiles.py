@@ -18,9 +18,7 @@ yolov3 local-batch limit are those of the Pollux artifact (petuum/adaptdl,
 
 from __future__ import annotations
 
-import csv
 import glob
-import io
 import math
 import os
 from functools import lru_cache
@@ -28,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data_files import TraceError, default_traces_dir, read_text
+from .data_files import TraceError, csv_rows, default_traces_dir, read_text
 
 # name -> (max_epochs, max_local_bsz or None, max_gpus or None), from the Pollux artifact.
 APP_SETTINGS = {
@@ -43,17 +41,14 @@ MAX_GPUS = 64
 
 
 def _read(path: Path, cols: tuple[str, ...]) -> dict[str, np.ndarray]:
-    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
-    missing = [c for c in cols if c not in (reader.fieldnames or [])]
-    if missing:
-        raise TraceError(f"{path}: missing column(s) {missing}")
+    _, reader = csv_rows(path, read_text(path), cols)
     data = {c: [] for c in cols}
-    for row in reader:
+    for line, row in reader:
         for c in cols:
             try:
                 data[c].append(float(row[c]))
             except (TypeError, ValueError):
-                raise TraceError(f"{path}:{reader.line_num}: column {c!r} = {row[c]!r} "
+                raise TraceError(f"{path}:{line}: column {c!r} = {row[c]!r} "
                                  "is not a number") from None
     return {c: np.asarray(v) for c, v in data.items()}
 

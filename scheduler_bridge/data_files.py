@@ -6,7 +6,9 @@ The Philly trace and the Pollux workloads and profiles ship inside the package
 installed package and a plain clone have them; ``hpo sim --trace NAME`` finds them by name.
 
 Every reader reports a bad file as a ``TraceError`` naming the file, line and column, which the
-CLIs print as one line with exit status 2. It lives below the readers so that each imports it
+CLIs print as one line with exit status 2; ``csv_rows`` reads every CSV of them, so that a file
+that is not a table (an unclosed quote, an unquoted comma, a column named twice) is reported the
+same way in each. It lives below the readers so that each imports it
 one way (``simulation.traces`` builds Pollux jobs from ``app_profiles``, and both raise it).
 
 >>> shipped_traces()["workload-3"][1]
@@ -17,6 +19,8 @@ one way (``simulation.traces`` builds Pollux jobs from ``app_profiles``, and bot
 
 from __future__ import annotations
 
+import csv
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -54,3 +58,51 @@ def read_text(path) -> str:
         col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         raise TraceError(f"{path}:{line}: byte 0x{data[e.start]:02x} at column {col} is not UTF-8 "
                          "(traces must be UTF-8 CSV)") from None
+
+
+def csv_rows(path, text: str, required: tuple[str, ...] = (), *, first_line: int = 1
+             ) -> tuple[list[str], Iterator[tuple[int, dict[str, str]]]]:
+    """(header, rows) of CSV ``text`` read from ``path``, whose first line is line ``first_line``
+    of the file: each row as (its line, {column: value}), blank lines skipped. The header must
+    hold the ``required`` columns and name none twice, and every row must have as many fields as
+    the header: a row with more is an unquoted comma that would shift or drop values, one with
+    fewer lost its last values. A quote never closed (which would read the rest of the file into
+    one value) or a value larger than Python's ``csv`` takes is reported at the line its row
+    starts. Each problem is a ``TraceError`` naming the file and line."""
+    import io
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+
+    def records() -> Iterator[tuple[int, list[str]]]:
+        while True:
+            start = first_line + reader.line_num
+            try:
+                fields = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as e:
+                raise TraceError(f"{path}:{start}: not CSV from this line on ({e}); a value with a "
+                                 "quote, comma or line break must be quoted whole, its quotes doubled") from None
+            if fields:
+                yield start, fields
+
+    rows = records()
+    line, header = next(rows, (first_line, []))
+    seen = set()
+    for c in header:
+        if c in seen:
+            raise TraceError(f"{path}:{line}: column {c!r} appears twice in the header")
+        seen.add(c)
+    missing = [c for c in required if c not in seen]
+    if missing:
+        raise TraceError(f"{path}:{line}: missing column(s) {missing}; header is {header}")
+
+    def dicts() -> Iterator[tuple[int, dict[str, str]]]:
+        for n, fields in rows:
+            if len(fields) != len(header):
+                hint = ("a comma inside a value needs the value quoted" if len(fields) > len(header)
+                        else "a value is missing")
+                raise TraceError(f"{path}:{n}: row has {len(fields)} fields, the header has "
+                                 f"{len(header)} ({hint})")
+            yield n, dict(zip(header, fields))
+
+    return header, dicts()

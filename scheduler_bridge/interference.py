@@ -24,7 +24,7 @@ import io
 import math
 from pathlib import Path
 
-from .data_files import TraceError, read_text
+from .data_files import TraceError, csv_rows, read_text
 
 COLUMNS = ("workload", "partner", "alone_steps_s", "together_steps_s", "slowdown", "memory_mb")
 
@@ -52,14 +52,9 @@ class InterferenceTable:
         lines = text.splitlines(keepends=True)
         machine = " ".join(line[1:].strip() for line in lines if line.startswith("#"))
         first = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
-        reader = csv.DictReader(io.StringIO("".join(lines[first:])))
-        header = reader.fieldnames or []
-        missing = [c for c in COLUMNS if c not in header]
-        if missing:
-            raise TraceError(f"{path}:{first + 1}: missing column(s) {missing}; header is {header}")
+        _, reader = csv_rows(path, "".join(lines[first:]), COLUMNS, first_line=first + 1)
         slow, mem = {}, {}
-        for row in reader:
-            line = first + reader.line_num
+        for line, row in reader:
             for c in ("workload", "partner"):
                 if not (row.get(c) or "").strip():
                     raise TraceError(f"{path}:{line}: column {c!r} is empty")

@@ -74,9 +74,55 @@ def test_the_job_table_shows_a_placed_job_whose_ranks_are_not_all_up_as_starting
     assert [row.split()[1] for row in rows] == ["starting", "running", "queued"]
 
 
+def test_a_bubble_profile_that_is_not_text_is_a_one_line_error_naming_it(tmp_path, capsys):
+    profile = tmp_path / "profile.json"
+    profile.write_bytes(b"\xff\xfe{}")     # a UTF-16 file, say: once "'utf-8' codec can't decode..." and no file
+    assert main(["job", "submit", "m:f", "--gpus", "2", "--bubble-profile", str(profile), "--address", NOWHERE]) == 2
+    err = capsys.readouterr().err
+    assert f"{profile}: byte 0xff at offset 0 is not UTF-8" in err and err.count("\n") == 1, err
+
+
 def test_a_bad_bubble_profile_is_a_one_line_error_before_connecting(tmp_path, capsys):
     profile = tmp_path / "profile.json"
     profile.write_text('{"format": "something else"}')
     assert main(["job", "submit", "m:f", "--gpus", "2", "--bubble-profile", str(profile), "--address", NOWHERE]) == 2
     err = capsys.readouterr().err
     assert f"{profile}: not a pipeline profile" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command", [["list"], ["cancel", "3"], ["stop"], ["submit", "m:f"]])
+def test_an_address_where_no_cluster_listens_is_a_one_line_error_at_once(capsys, monkeypatch, command):
+    """A mistyped port once left `hpo job list` retrying for minutes (Ray's warnings every few
+    seconds), never exiting. Nothing listens on port 9 here; `ray.init` must not even be called."""
+    import ray
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init was called"))
+    assert main(["job", *command, "--address", NOWHERE]) == 2
+    err = capsys.readouterr().err
+    assert f"--address {NOWHERE}: no Ray cluster answers there" in err and err.count("\n") == 1, err
+
+
+def test_an_address_that_is_not_host_and_port_is_refused(capsys, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "head-node")
+    assert main(["job", "list"]) == 2
+    err = capsys.readouterr().err
+    assert "RAY_ADDRESS 'head-node': expected HOST:PORT" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--policy", "ces:fifo", "--ces-margin", "nan"], "--ces-margin = nan must be a finite number"),
+    (["--policy", "ces:fifo", "--ces-boot-delay", "inf"], "--ces-boot-delay = inf must be a finite number"),
+    (["--policy", "tiresias", "--tiresias-starvation", "nan"], "--tiresias-starvation = nan must be a finite number"),
+    (["--policy", "tiresias", "--tiresias-thresholds", "60,nan"], "--tiresias-thresholds = 60,nan must be finite"),
+    (["--policy", "lucid", "--pack-gpu-memory-mb", "inf"], "--pack-gpu-memory-mb = inf must be a finite number"),
+    (["--policy", "lucid", "--profile-seconds", "inf"], "--profile-seconds = inf must be a finite number"),
+    (["--policy", "tuning-aware", "--base-policy", "lottery"], "tuning-aware base policy must be one of"),
+])
+def test_a_setting_the_policy_cannot_use_is_refused_before_connecting(tmp_path, capsys, extra, says):
+    """NaN passed every `< 0` check and reached the allocator (a NaN CES margin, Tiresias
+    threshold...), and an unknown --base-policy was only found by the allocator's constructor on
+    the cluster. NOWHERE has no cluster: a check after connecting would say so instead."""
+    args = ["job", "start", "--journal", str(tmp_path / "j.log"), "--storage", str(tmp_path),
+            "--address", NOWHERE, *extra]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err

@@ -3,8 +3,10 @@ objects as the simulator, preemption, elastic resizes and tuning guests."""
 
 from __future__ import annotations
 
+import math
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from scheduler_bridge import ClusterSpec, Job, make_policy, make_trace, simulate
 from scheduler_bridge.live.journal import Journal
@@ -513,3 +515,35 @@ def test_a_job_rank_and_a_restarted_allocator_load_no_scikit_learn():
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parents[1])
     assert proc.stdout.split("\n")[0] == "[]", proc.stdout + proc.stderr[-2000:]
+
+
+@settings(max_examples=200, deadline=None)
+@given(field=st.sampled_from(["expected_seconds", "bubble_capacity_gpu_s", "iteration_s", "bubble_fraction"]),
+       value=st.floats(allow_nan=True, allow_infinity=True))
+def test_a_job_specs_times_and_fractions_are_finite_or_the_field_is_named(field, value):
+    # a NaN hint once queued a job (nan <= 0 is false) whose SJF/SRTF rank compared false with every
+    # other, so the queue's order was whatever the heap happened to hold
+    fields = {field: value}
+    if field == "bubble_capacity_gpu_s":
+        fields["iteration_s"] = 1.0
+    try:
+        spec = JobSpec(entrypoint="m:f", **fields)
+    except ValueError as e:
+        assert field in str(e), str(e)
+    else:
+        assert math.isfinite(getattr(spec, field))
+
+
+@settings(max_examples=100, deadline=None)
+@given(field=st.sampled_from(["batch_size", "min_batch", "max_batch", "min_gpus", "max_gpus"]),
+       value=st.integers(-10**6, 10**6))
+def test_a_job_specs_batch_sizes_and_gpu_bounds_are_at_least_one_or_the_field_is_named(field, value):
+    # `hpo job submit --batch-size -5` once ran the job with ctx.batch_size == -5; --max-gpus 0 meant "gpus"
+    extra = {"application": "bert"} if "gpus" in field else {}
+    try:
+        JobSpec(entrypoint="m:f", gpus=1, **extra, **{field: value})
+    except ValueError as e:
+        assert value < 1 or field == "min_gpus" and value > 1, (field, value, e)
+        assert field in str(e) or "min_gpus <= max_gpus" in str(e), str(e)
+    else:
+        assert value >= 1

@@ -3,6 +3,7 @@
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from patience import patience
 
@@ -123,6 +124,28 @@ def test_profile_colocate_refuses_an_output_folder_that_does_not_exist(tmp_path,
     from hpo.cli import main
     assert main(["profile", "colocate", "--out", str(tmp_path / "no" / "t.csv")]) == 2
     assert "does its folder exist" in capsys.readouterr().err
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(names=st.lists(st.sampled_from(["mlp-small", "mlp-large", "gpt-small", "gpt-large"]), min_size=1, max_size=6))
+def test_the_table_colocate_writes_has_one_row_per_pair_and_loads_whatever_workloads_are_listed(
+        tmp_path, monkeypatch, capsys, names):
+    """`--workloads mlp-small,mlp-small` once measured the one pair three times (30 s of a user's
+    time) and wrote a table `hpo sim --interference` refused ("pair appears twice")."""
+    from hpo.cli import main
+    from scheduler_bridge.live import colocate
+
+    def fake_run(group, device, cores, threads, warmup, seconds):  # no processes: rates by name
+        rate = {n: 100.0 * (i + 1) for i, n in enumerate(colocate.WORKLOADS)}
+        return [(n, rate[n] / len(group), 10.0) for n in group]
+
+    monkeypatch.setattr(colocate, "_run", fake_run)
+    out = tmp_path / "t.csv"
+    assert main(["profile", "colocate", "--out", str(out), "--workloads", ",".join(names)]) == 0
+    capsys.readouterr()
+    table = InterferenceTable.load(out)
+    distinct = set(names)
+    assert set(table.slowdown) == {(a, b) for a in distinct for b in distinct}
 
 
 @pytest.mark.slow

@@ -231,3 +231,84 @@ def test_cli_runs_tiresias_lucid_and_ces_and_reports_energy(tmp_path):
         for key in ("energy_kwh", "powered_node_hours", "on_utilization", "p999_queue"):
             assert key in d, key
     assert png.stat().st_size > 0
+
+
+HELIOS_HEADER = "job_id,user,vc,gpu_num,submit_time,duration\n"
+POLLUX_HEADER = "name,time,application,num_replicas,batch_size\n"
+TABLE_HEADER = "workload,partner,alone_steps_s,together_steps_s,slowdown,memory_mb\n"
+
+
+def _sim(tmp_path, fmt, text, *extra):
+    """``hpo sim`` of ``text`` as a trace of ``fmt`` (or, for fmt "table", as lucid's interference
+    table beside a good trace): (exit status, stderr)."""
+    import contextlib
+    import io
+    p = tmp_path / "t.csv"
+    p.write_text(text, newline="")
+    if fmt == "table":
+        argv = ["--trace", str(_small_philly(tmp_path)), "--format", "philly", "--policy", "lucid",
+                "--gpus", "40", "--interference", str(p)]
+    else:
+        argv = ["--trace", str(p), "--format", fmt, "--policy", "fifo", "--gpus", "16",
+                "--gpus-per-node", "4"] + (["--profiles", str(TRACES / "pollux" / "traces")] if fmt == "pollux" else [])
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["sim", *argv, *extra])
+    return rc, err.getvalue()
+
+
+# A file a spreadsheet or a hand edit gets wrong: every reader (traces, the interference table) names
+# the file and the line where the CSV stops being a table, instead of reading the rest of the file
+# into one cell (an unclosed quote), taking one of two same-named columns, dropping or shifting values
+# (a row with a field too few or too many: an unquoted comma), or ending in a traceback.
+@pytest.mark.parametrize("fmt, header, good, line", [
+    ("philly", PHILLY_HEADER, "0,60,1,0,a\n", "0,60,1,0,{}\n"),
+    ("helios", HELIOS_HEADER, "j1,u,v,1,0,60\n", "j2,u,v,1,5,{}\n"),
+    ("pollux", POLLUX_HEADER, "j1,0,cifar10,2,256\n", "j2,5,cifar10,2,{}\n"),
+    ("table", TABLE_HEADER, "a,a,1,1,1.1,5\n", "a,b,1,1,1.1,{}\nb,a,1,1,1.2,5\nb,b,1,1,1,5\n"),
+])
+@pytest.mark.parametrize("bad, needle", [
+    ('"5', "t.csv:3: "),                                   # a quote never closed
+    ("x" * 200_000, "t.csv:3: "),                          # a cell larger than Python's csv takes
+    ("5,6", "t.csv:3: row has 7 fields, the header has 6"),  # an unquoted comma (counts for a 6-column header)
+])
+def test_a_broken_csv_row_is_one_line_naming_file_and_line_in_every_reader(tmp_path, fmt, header, good, line,
+                                                                           bad, needle):
+    text = header + good + line.format(bad) + good.replace("j1", "j3").replace("0,", "9,", 1)
+    rc, err = _sim(tmp_path, fmt, text)
+    if "row has" in needle:
+        n = header.count(",") + 1
+        needle = f"t.csv:3: row has {n + 1} fields, the header has {n}"
+    assert rc == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("fmt, header, good", [
+    ("philly", PHILLY_HEADER, "0,60,1,0,a\n"), ("helios", HELIOS_HEADER, "j1,u,v,1,0,60\n"),
+    ("pollux", POLLUX_HEADER, "j1,0,cifar10,2,256\n"), ("table", TABLE_HEADER, "a,a,1,1,1.1,5\n")])
+def test_a_header_naming_a_column_twice_or_a_row_short_of_fields_is_refused(tmp_path, fmt, header, good):
+    cols = header.rstrip("\n").split(",")
+    twice = ",".join(cols + [cols[-1]]) + "\n"
+    rc, err = _sim(tmp_path, fmt, twice + good.rstrip("\n") + ",7\n")
+    assert rc == 2 and f"t.csv:1: column {cols[-1]!r} appears twice in the header" in err, err
+    short = good.rstrip("\n").rsplit(",", 1)[0] + "\n"
+    rc, err = _sim(tmp_path, fmt, header + short)
+    assert rc == 2 and f"t.csv:2: row has {len(cols) - 1} fields, the header has {len(cols)}" in err, err
+
+
+@pytest.mark.parametrize("batch", [1, 31, 4097, 99_999_999])
+def test_a_pollux_job_whose_batch_its_profile_never_measured_is_refused_naming_the_row(tmp_path, batch):
+    # cifar10's profile measured global batches 128..4096 and at least 32 per GPU: a batch of 1 once
+    # made the job's duration infinite (fifo "completed 0", exit 0; elastic an error without a line)
+    rc, err = _sim(tmp_path, "pollux", POLLUX_HEADER + "j1,0,cifar10,2,256\n" + f"j2,5,cifar10,8,{batch}\n")
+    assert rc == 2 and f"t.csv:3: column 'batch_size' = '{batch}'" in err and err.count("\n") == 1, err
+
+
+def test_a_helios_log_of_cpu_jobs_only_is_refused_not_simulated_as_nothing(tmp_path):
+    rc, err = _sim(tmp_path, "helios", HELIOS_HEADER + "j1,u,v,0,0,60\nj2,u,v,0,5,60\n")
+    assert rc == 2 and "t.csv: no GPU jobs" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("spec", [",", " , ", ""])
+def test_a_policy_list_without_a_name_is_refused(tmp_path, spec):
+    rc, err = _sim(tmp_path, "philly", PHILLY_HEADER + "0,60,1,0,a\n", "--policy", spec)
+    assert rc == 2 and "give --policy NAME[,NAME...] or --compare" in err and "Traceback" not in err, err

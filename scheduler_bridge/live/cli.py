@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import NamedTuple
@@ -102,8 +103,32 @@ def _connect(address: str | None) -> None:
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto",
-                 namespace="hpo", log_to_driver=False)
+        source = "--address" if address else "RAY_ADDRESS"
+        address = address or os.environ.get("RAY_ADDRESS") or "auto"
+        _check_reachable(source, address)
+        ray.init(address=address, namespace="hpo", log_to_driver=False)
+
+
+#: Seconds a cluster's address gets to accept a connection before the command gives up on it.
+CONNECT_TIMEOUT_S = 10.0
+
+
+def _check_reachable(source: str, address: str) -> None:
+    """A ``HOST:PORT`` where nothing accepts a connection is a one-line ConnectionError at once:
+    ``ray.init`` would retry it for minutes, printing a warning every few seconds. ``auto`` and
+    addresses with a scheme (``ray://``) are left to Ray."""
+    import socket
+
+    if address in ("auto", "local") or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{source} {address!r}: expected HOST:PORT of the cluster's head (or auto)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise ConnectionError(f"{source} {address}: no Ray cluster answers there "
+                              f"({e.strerror or type(e).__name__})") from None
 
 
 def _value(text: str):
@@ -135,10 +160,22 @@ def _cmd_start(args) -> int:
     from . import client
     from ..policies.tiresias import Tiresias
 
-    env = {"env_vars": {"PYTHONPATH": args.pythonpath}} if args.pythonpath else None
+    # the allocator and the jobs run in Ray's folders: a relative entry would be read from there
+    pythonpath = os.pathsep.join(os.path.abspath(entry) for entry in args.pythonpath.split(os.pathsep)
+                                 if entry) if args.pythonpath else None
+    env = {"env_vars": {"PYTHONPATH": pythonpath}} if pythonpath else None
+    # NaN passes every `< 0` check below and in the policies: refuse what is not finite first
+    for knob in (*_KNOBS["ces"], *_KNOBS["lucid"]):
+        value = getattr(args, knob.flag.lstrip("-").replace("-", "_"))
+        if knob.type is float and value is not None and not math.isfinite(value):
+            raise ValueError(f"{knob.flag} = {value!r} must be a finite number")
+    if not math.isfinite(args.tiresias_starvation):
+        raise ValueError(f"--tiresias-starvation = {args.tiresias_starvation!r} must be a finite number")
     tiresias = {}
     if args.tiresias_thresholds is not None:
         tiresias["thresholds"] = _floats("--tiresias-thresholds", args.tiresias_thresholds)
+        if not all(map(math.isfinite, tiresias["thresholds"])):
+            raise ValueError(f"--tiresias-thresholds = {args.tiresias_thresholds} must be finite GPU-seconds")
     if args.tiresias_starvation:
         tiresias["starvation"] = args.tiresias_starvation
     if tiresias and args.policy != "tiresias":
@@ -156,6 +193,9 @@ def _cmd_start(args) -> int:
     if args.policy == "lucid":
         from .allocator import _live_lucid
         _live_lucid(dict(lucid), True, 0)   # a bad table or knob fails here, naming the row and column
+    elif args.policy == "tuning-aware":
+        from ..policies.registry import make_policy
+        make_policy(args.policy, base=args.base_policy)   # an unknown --base-policy fails here
     _connect(args.address)
     client.start_allocator(args.journal, args.storage, args.policy, base_policy=args.base_policy,
                              backfill=args.backfill, runtime_env=env, tiresias=tiresias, ces=ces,

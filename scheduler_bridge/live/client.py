@@ -15,15 +15,29 @@ actor ``hpo:allocator`` in namespace ``hpo``.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
 import ray
+from ray.exceptions import ActorDiedError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from hpo.base.actor_names import ALLOCATOR_NAME, NAMESPACE
 from .allocator import Allocator
 from .job_state import JobSpec
+
+
+def _answer(ref, timeout: float | None = None):
+    """The allocator's answer to one call. Its refusal (a ValueError it raised: an unknown job, a
+    spec its policy cannot run) comes back as that ValueError, one line, not inside Ray's
+    ``RayTaskError`` with the actor's traceback around it."""
+    try:
+        return ray.get(ref, timeout=timeout)
+    except RayTaskError as e:
+        if isinstance(e.cause, ValueError):
+            raise e.cause.with_traceback(None) from None
+        raise
 
 
 def get_allocator():
@@ -58,11 +72,22 @@ def start_allocator(journal_path: str, storage_path: str, policy: str = "fifo", 
     running ones of as many GPUs (``packing``);
     ``lucid``: its knobs (``allocator._live_lucid``: table, margin, Lucid's own). ``runtime_env``: for the allocator and the jobs it starts
     (e.g. ``{"env_vars": {"PYTHONPATH": ...}}`` so entry points import).
+
+    Relative paths are this process's (the actor's own folder is wherever Ray started). An
+    allocator already running on another journal or policy is a ValueError (stop it first), and
+    so is one that cannot start (its journal cannot be opened...): one line naming the cause.
     """
+    journal_path, storage_path = os.path.abspath(journal_path), os.path.abspath(storage_path)
     try:
-        return get_allocator()
+        running = get_allocator()
     except ValueError:
         pass
+    else:
+        now = _answer(running.status.remote(), timeout=wait_s)
+        if (now["journal"], now["policy"]) != (journal_path, policy):
+            raise ValueError(f"an allocator is already running with --policy {now['policy']} and --journal "
+                             f"{now['journal']}; stop it first (hpo job stop: its journal keeps the queue)")
+        return running
     node_id = node_id or ray.get_runtime_context().get_node_id()
     opts = dict(name=ALLOCATOR_NAME, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
                 max_restarts=max_restarts, max_task_retries=-1, max_concurrency=1,
@@ -77,7 +102,14 @@ def start_allocator(journal_path: str, storage_path: str, policy: str = "fifo", 
             tiresias=tiresias, ces=ces, lucid=lucid)
     except ValueError:  # someone else started it first
         return get_allocator()
-    ray.get(actor.ping.remote(), timeout=wait_s)
+    try:
+        ray.get(actor.ping.remote(), timeout=wait_s)
+    except ActorDiedError as e:
+        if not e.actor_init_failed:
+            raise
+        # Ray keeps only the text of the error its constructor raised; the last line is the error
+        cause = [line.strip() for line in str(e).splitlines() if line.strip()][-1]
+        raise ValueError(f"the allocator could not start: {cause}") from None
     return actor
 
 
@@ -106,7 +138,7 @@ def submit(entrypoint: str, gpus: int = 1, *, request_id: str | None = None, **f
     queues the job twice."""
     spec = JobSpec(entrypoint=entrypoint, gpus=gpus, **fields)
     rid = request_id or uuid.uuid4().hex
-    return ray.get(get_allocator().submit.remote(spec.to_dict(), rid))
+    return _answer(get_allocator().submit.remote(spec.to_dict(), rid))
 
 
 def submit_sweep(sweep: str, groups: int, *, request_id: str | None = None, **fields) -> int:
@@ -119,19 +151,19 @@ def submit_sweep(sweep: str, groups: int, *, request_id: str | None = None, **fi
 
 
 def list_jobs() -> list[dict]:
-    return ray.get(get_allocator().list.remote())
+    return _answer(get_allocator().list.remote())
 
 
 def get_job(job_id: int) -> dict:
-    return ray.get(get_allocator().get.remote(job_id))
+    return _answer(get_allocator().get.remote(job_id))
 
 
 def cancel(job_id: int) -> bool:
-    return ray.get(get_allocator().cancel.remote(job_id))
+    return _answer(get_allocator().cancel.remote(job_id))
 
 
 def status() -> dict:
-    return ray.get(get_allocator().status.remote())
+    return _answer(get_allocator().status.remote())
 
 
 def wait_job(job_id: int, timeout_s: float = 300.0, poll_s: float = 0.5) -> dict:

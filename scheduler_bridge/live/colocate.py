@@ -191,7 +191,8 @@ def _fail(msg: str) -> int:
 
 
 def run_colocate(args) -> int:
-    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    # a workload named twice is one workload: its pairs are measured once, and the table has one row each
+    names = list(dict.fromkeys(n.strip() for n in args.workloads.split(",") if n.strip()))
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown or not names:
         return _fail(f"--workloads: unknown {unknown or 'empty list'}; choose from {', '.join(WORKLOADS)}")

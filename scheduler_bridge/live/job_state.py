@@ -15,6 +15,7 @@ ValueError: entrypoint must look like 'package.module:function', got 'train'
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -83,6 +84,14 @@ class JobSpec:
             raise ValueError(f"sweep={self.sweep!r} is for tuning jobs, not kind={self.kind!r}")
         if self.kind == "tuning" and not self.sweep:
             raise ValueError("a tuning job is a running sweep: give sweep=<its name> (hpo run --allocator does)")
+        for name in ("min_gpus", "max_gpus", "batch_size", "min_batch", "max_batch"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be an int >= 1 when given, got {value!r}")
+        for name in ("expected_seconds", "bubble_fraction", "bubble_capacity_gpu_s", "iteration_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
         lo, hi = self.min_gpus or 1, self.max_gpus or self.gpus
         if not 1 <= lo <= hi:
             raise ValueError(f"elastic range needs 1 <= min_gpus <= max_gpus, got {lo}..{hi}")

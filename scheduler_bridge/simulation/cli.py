@@ -183,10 +183,10 @@ def run_sim(args) -> int:
     bad = resolve_trace(args)
     if bad:
         return _fail(bad)
-    spec_policies = args.policy or (COMPARE_DEFAULT[args.format] if args.compare else None)
-    if not spec_policies:
-        return _fail("give --policy NAME[,NAME...] or --compare")
+    spec_policies = args.policy or (COMPARE_DEFAULT[args.format] if args.compare else "")
     names = [p.strip() for p in spec_policies.split(",") if p.strip()]
+    if not names:
+        return _fail("give --policy NAME[,NAME...] or --compare")
     for name in names:
         try:
             check_policy_name(name)

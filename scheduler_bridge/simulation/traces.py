@@ -11,13 +11,11 @@ raises ``TraceError`` naming the file, line and column of the first bad row.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..data_files import TraceError, read_text
+from ..data_files import TraceError, csv_rows, read_text
 from ..jobs import ElasticSpec, Job, Trace, make_trace
 from ..app_profiles import load_profiles
 
@@ -29,15 +27,11 @@ MAX_TIMESTAMP = 1e11   # seconds; year ~5100
 def _rows(path: Path, required: tuple[str, ...]):
     """Yield (line_number, row dict) checking the header has ``required`` columns;
     a file with a header and no rows is an error too."""
-    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
-    header = reader.fieldnames or []
-    missing = [c for c in required if c not in header]
-    if missing:
-        raise TraceError(f"{path}:1: missing column(s) {missing}; header is {header}")
+    _, reader = csv_rows(path, read_text(path), required)
     rows = 0
-    for row in reader:
+    for line, row in reader:
         rows += 1
-        yield reader.line_num, row
+        yield line, row
     if not rows:
         raise TraceError(f"{path}:2: no job rows after the header")
 
@@ -111,6 +105,8 @@ def load_helios(path, *, skip_cpu_jobs: bool = True) -> Trace:
         jobs.append(Job(job_id=line, submit=_time(path, line, row, "submit_time"), gpus=gpus,
                         duration=_num(path, line, row, "duration", minimum=0, maximum=MAX_SECONDS),
                         user=row["user"], vc=row["vc"], name=row["job_id"]))
+    if not jobs:
+        raise TraceError(f"{path}: no GPU jobs (every row has gpu_num 0, and CPU jobs are skipped)")
     return make_trace(jobs, source=str(path))
 
 
@@ -129,8 +125,13 @@ def load_pollux(path, profiles_dir=None) -> Trace:
             raise TraceError(f"{path}:{line}: column 'application' = {app!r} has no profile "
                              f"in {profiles_dir} (known: {sorted(apps)})")
         gpus = _num(path, line, row, "num_replicas", integer=True, minimum=1)
-        bsz = _num(path, line, row, "batch_size", integer=True, minimum=1)
         prof = apps[app]
+        bsz = _num(path, line, row, "batch_size", integer=True, minimum=1)
+        if not prof.min_local <= bsz <= prof.max_bsz:
+            # no step time or gradient statistics were measured there; below min_local the job
+            # cannot run even on one GPU (its duration would be infinite)
+            raise TraceError(f"{path}:{line}: column 'batch_size' = {row['batch_size']!r} is outside "
+                             f"the batches {app}'s profile measured ({prof.min_local} to {prof.max_bsz})")
         spec = ElasticSpec(app, bsz, 1, prof.max_gpus)
         submit = _num(path, line, row, "time", minimum=0, maximum=MAX_TIMESTAMP)
         jobs.append(Job(job_id=line, submit=submit, gpus=gpus,
