@@ -132,7 +132,7 @@ def watchdogs():
     return found
 
 
-def settled(most, timeout=20.0):
+def settled(most, timeout=60.0):
     deadline = time.time() + timeout
     while len(watchdogs()) > most and time.time() < deadline:
         time.sleep(0.2)

@@ -121,3 +121,23 @@ def test_run_via_the_allocator_needs_a_sweep_that_targets_bubbles(tmp_path, caps
     code = main(["run", "--allocator", str(write(tmp_path, VALID + "fusion: {max_members: 2}\n"))])
     assert code == 2
     assert "needs fusion: {placement: bubbles" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, env, says", [
+    (["run", "--address", "127.0.0.1:9"], {}, "--address 127.0.0.1:9: no Ray cluster answers there"),
+    (["run"], {"RAY_ADDRESS": "127.0.0.1:9"}, "RAY_ADDRESS 127.0.0.1:9: no Ray cluster answers there"),
+    (["validate", "--address", "127.0.0.1:9"], {}, "--address 127.0.0.1:9: no Ray cluster answers there"),
+    (["run"], {"RAY_ADDRESS": "head-node"}, "RAY_ADDRESS 'head-node': expected HOST:PORT of the cluster's head"),
+])
+def test_an_address_where_no_cluster_listens_is_one_line_at_once(tmp_path, capsys, monkeypatch, command, env, says):
+    # `ray.init` retried such an address for minutes, a warning every few seconds, and never gave
+    # up; nothing listens on port 9 here, and ray.init must not even be called
+    import ray
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init was called"))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    path = write(tmp_path, VALID)
+    assert main([*command, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err

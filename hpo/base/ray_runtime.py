@@ -61,6 +61,36 @@ NODE_START_TIMEOUT = "timed out during startup"
 
 logger = logging.getLogger(__name__)
 
+#: Seconds a cluster's address gets to accept a connection before the command gives up on it.
+CONNECT_TIMEOUT_S = 10.0
+
+
+class BadClusterAddress(ValueError):
+    """An address that is not HOST:PORT (nor `auto`, `local` or a `scheme://` address)."""
+
+
+class UnreachableCluster(ConnectionError):
+    """A HOST:PORT where nothing accepts a connection."""
+
+
+def check_reachable(source: str, address: str) -> None:
+    """A HOST:PORT where nothing accepts a connection is a one-line `UnreachableCluster` at once:
+    `ray.init` would retry it for minutes, printing a warning every few seconds, and never give
+    up. `auto`, `local` and addresses with a scheme (`ray://`) are left to Ray. `source` names
+    where the address came from (`--address`, `RAY_ADDRESS`) for the message."""
+    import socket
+
+    if address in ("auto", "local") or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise BadClusterAddress(f"{source} {address!r}: expected HOST:PORT of the cluster's head (or auto)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise UnreachableCluster(f"{source} {address}: no Ray cluster answers there "
+                                 f"({e.strerror or type(e).__name__})") from None
+
 
 def ensure_ray(
     address: str | None = None, dashboard: bool = False, num_gpus: int | None = None,
@@ -83,8 +113,10 @@ def ensure_ray(
         return
     runtime_env = code_runtime_env(code_folder, exclude) if code_folder is not None else {}
     logging_level = logging.INFO if dashboard else logging.WARNING
+    source = "--address" if address else "RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
+        check_reachable(source, address)
         ray.init(address=address, namespace=NAMESPACE, runtime_env=_beside_submitted_job(runtime_env),
                  logging_level=logging_level)
         return

@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from hpo.base.ray_runtime import BadClusterAddress, UnreachableCluster
 from hpo.config.errors import ConfigIssue, SweepConfigError
 from hpo.scaling._config import ScalingConfig
 from hpo.config.sweep_file import LoadedSweep, describe_exception
@@ -269,12 +270,14 @@ def _proxy_sizes(scaling: ScalingConfig) -> str:
 
 def check_resources(loaded: LoadedSweep, address: str | None = None) -> list[ConfigIssue]:
     """A trial asking for more than any node has would wait for it forever (Tune only warns)."""
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        try:
-            capacity, where = cluster_capacity(address), f"any node of the cluster at {address}"
+    target = address or os.environ.get("RAY_ADDRESS")
+    if target:
+        try:  # None: RAY_ADDRESS, which the refusal then names
+            capacity, where = cluster_capacity(address), f"any node of the cluster at {target}"
+        except (BadClusterAddress, UnreachableCluster) as exc:
+            return [ConfigIssue("", str(exc))]
         except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
-            return [ConfigIssue("", f"cannot reach the Ray cluster at {address} to check resources: {describe_exception(exc)}")]
+            return [ConfigIssue("", f"cannot reach the Ray cluster at {target} to check resources: {describe_exception(exc)}")]
     else:
         capacity, where = machine_capacity(), "this machine"
     spec = loaded.spec
@@ -308,8 +311,8 @@ def local_gpu_count() -> int:
     return len(glob.glob("/dev/nvidia[0-9]*"))
 
 
-def cluster_capacity(address: str) -> dict[str, float]:
-    """The largest node of the Ray cluster at `address` (a trial runs on one node)."""
+def cluster_capacity(address: str | None) -> dict[str, float]:
+    """The largest node of the Ray cluster at `address` (None: `RAY_ADDRESS`; a trial runs on one node)."""
     from hpo.base.ray_runtime import ensure_ray
 
     ensure_ray(address=address)

@@ -105,30 +105,10 @@ def _connect(address: str | None) -> None:
     if not ray.is_initialized():
         source = "--address" if address else "RAY_ADDRESS"
         address = address or os.environ.get("RAY_ADDRESS") or "auto"
-        _check_reachable(source, address)
+        from hpo.base.ray_runtime import check_reachable  # here: importing it sets Ray's loopback switch
+
+        check_reachable(source, address)
         ray.init(address=address, namespace="hpo", log_to_driver=False)
-
-
-#: Seconds a cluster's address gets to accept a connection before the command gives up on it.
-CONNECT_TIMEOUT_S = 10.0
-
-
-def _check_reachable(source: str, address: str) -> None:
-    """A ``HOST:PORT`` where nothing accepts a connection is a one-line ConnectionError at once:
-    ``ray.init`` would retry it for minutes, printing a warning every few seconds. ``auto`` and
-    addresses with a scheme (``ray://``) are left to Ray."""
-    import socket
-
-    if address in ("auto", "local") or "://" in address:
-        return
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"{source} {address!r}: expected HOST:PORT of the cluster's head (or auto)")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as e:
-        raise ConnectionError(f"{source} {address}: no Ray cluster answers there "
-                              f"({e.strerror or type(e).__name__})") from None
 
 
 def _value(text: str):
