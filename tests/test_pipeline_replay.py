@@ -384,9 +384,9 @@ def test_a_profile_recorded_before_layers_were_timed_at_several_sizes_still_read
         (lambda d: d.pop("format"), "not a pipeline profile"),
         (lambda d: d.update(version=99), "profile version 99"),
         (lambda d: d["config"].update(micro_batches=5), "not DeepSpeed's TrainSchedule for p=2 m=5"),
-        (lambda d: d["stages"][0].pop("tail_s"), "stages: "),
+        (lambda d: d["stages"][0].pop("tail_s"), r"stages\[0\]: missing key 'tail_s'"),
         (lambda d: d["config"].update(stages=1), "config: stages must be >= 2"),
-        (lambda d: d["layers"][1].update(timed_at=[[0, 0.1, 0.2]]), r"layers\[1\].timed_at: \[0, 0.1, 0.2\]"),
+        (lambda d: d["layers"][1].update(timed_at=[[0, 0.1, 0.2]]), r"layers\[1\].timed_at\[0\]: \[0, 0.1, 0.2\]"),
     ],
 )
 def test_a_bad_profile_file_is_refused_naming_the_file_and_key(tmp_path, edit, needle):
@@ -398,6 +398,51 @@ def test_a_bad_profile_file_is_refused_naming_the_file_and_key(tmp_path, edit, n
     with pytest.raises(ProfileError, match=needle) as error:
         load_profile(path)
     assert str(path) in str(error.value)
+
+
+def _optimizer_step(data: dict, stage: int) -> dict:
+    return next(i for i in data["stages"][stage]["instructions"] if i["name"] == "OptimizerStep")
+
+
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda d: d["layers"][0].update(forward_s="fast"), "layers[0].forward_s: 'fast' is not a number >= 0"),
+        (lambda d: d["layers"][0].update(params=None), "layers[0].params: None is not an integer >= 0"),
+        (lambda d: d["layers"][0].update(timed_at=[["a", 1, 1], [32, 1, 1]]), "layers[0].timed_at[0]: ['a', 1, 1] is not"),
+        (lambda d: d["stages"][0]["instructions"][3].update(duration_s=[float("nan")] * 4), "instructions[3].duration_s[0]: nan"),
+        (lambda d: d["stages"][0]["instructions"][3]["duration_s"].__setitem__(1, -1.0), "instructions[3].duration_s[1]: -1.0"),
+        (lambda d: d["stages"][0]["instructions"][3].update(duration_s=["a"] * 4), "instructions[3].duration_s[0]: 'a'"),
+        (lambda d: d["stages"][0]["instructions"][3].update(gap_s=[]), "instructions[3].gap_s: 0 gaps for 4 batches"),
+        (lambda d: d["stages"][0].update(tail_s=[]), "stages[0].tail_s: 0 tails for 4 batches"),
+        (lambda d: d["stages"][0].update(tail_s="x"), "stages[0].tail_s: a list expected, got 'x'"),
+        (lambda d: d["stages"][1].update(stage=7), "stages[1].stage: 7"),
+        (lambda d: d.update(stages=d["stages"][::-1]), "stages[0].stage: 1"),
+        (lambda d: d["stages"][0].update(layers=[0, 20]), "stages[0].layers: [0, 20] is not"),
+        (lambda d: _optimizer_step(d, 0).update(collective=[[1]] * 4), "collective[0]: [1] is not a pair"),
+        (lambda d: d.update(machine=None), "machine: a mapping expected, got None"),
+        (lambda d: d.update(device=3), "device: a string expected, got 3"),
+        (lambda d: d.update(batches=0), "batches: 0 is not an integer >= 1"),
+        (lambda d: d.update(config="p=2"), "config: a mapping of"),
+        (lambda d: d["config"].update(micro_batch_size=32.5), "config: micro_batch_size must be an integer, got 32.5"),
+        (lambda d: d["config"].update(split=[1, 3]), "config.split: [1, 3], but the stages hold [2, 2]"),
+    ],
+)
+def test_a_hand_edited_profile_is_refused_in_one_line_naming_the_key_and_the_value(tmp_path, capsys, edit, needle):
+    """Every value a replay reads is checked when the file is read: a wrong type, a NaN or a
+    negative time, a list too short for the profiled batches, stages out of order, or a split the
+    stages do not hold is one line with exit status 2, never a traceback or a NaN prediction."""
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.01, 0.01], [0.02, 0.02])
+    data = profile.to_dict()
+    edit(data)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError) as error:
+        load_profile(path)
+    assert needle in str(error.value) and str(path) in str(error.value), error.value
+    assert _cli(["--profile", str(path), "--iterations", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
 
 
 def test_a_profile_from_another_machine_replays_with_a_warning_naming_what_differs():
