@@ -38,12 +38,17 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
+import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hpo.base.exceptions import describe_exception
 from pipeline_bubble.profile import PipelineConfig, ProfileError, config_from_dict, load_profile
 
 #: The short names --config takes, and the PipelineConfig field each sets.
@@ -140,6 +145,9 @@ def read_job_file(path: Path) -> dict[str, Any]:
         raise UsageError(f"{path}: profile: the configuration to profile, e.g. {{stages: 2, micro_batches: 4}}")
     try:
         profiled = config_from_dict(data["profile"], f"{path}: profile")
+        if profiled.guest_step_s is not None:
+            raise UsageError(f"{path}: profile: guest_step_s: a profile is recorded without guests; "
+                             "give guest_step_s in a configuration to predict")
         entries = data.get("configurations") or []
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
             raise UsageError(f"{path}: configurations: a list of mappings expected")
@@ -191,7 +199,9 @@ def _run(args) -> int:
         except ProfileError as error:
             raise UsageError(str(error)) from None
     profiled = spec["profile"] if spec else profile.config
-    configs = (list(spec["configurations"]) if spec else []) + [parse_config(text, profiled) for text in args.config]
+    entries = [(f"{args.job_file}: configurations[{i}]", c) for i, c in enumerate(spec["configurations"])] if spec else []
+    entries += [(f"--config {text!r}", parse_config(text, profiled)) for text in args.config]
+    configs = [config for _, config in entries]
     device = args.device or (spec["device"] if spec else profile.device.split(":")[0])
     if device == "cuda" and (spec is not None or args.measure):
         import torch
@@ -199,22 +209,35 @@ def _run(args) -> int:
         if not torch.cuda.is_available():
             raise UsageError("device cuda: no CUDA device here")
 
-    from pipeline_bubble.replay import predict
+    from pipeline_bubble.replay import predict, split_for
 
     job = None
     if spec is not None or args.measure:
         from pipeline_bubble.profiling import load_job
 
         where = args.job_file or args.profile
-        try:
-            job = load_job(spec["job"] if spec else profile.job, where)
+        try:  # the job's module beside the job file (or the saved profile) is found, as a sweep's trainable is
+            job = load_job(spec["job"] if spec else profile.job, where, [Path(where).resolve().parent, Path.cwd()])
         except ValueError as error:
             raise UsageError(str(error)) from None
+    # every configuration the profile can describe, before a minute of profiling and measuring
+    if profile is None:
+        layers, split = _job_shape(job, profiled, args.job_file)
+    else:
+        layers, split = len(profile.layers), profile.stage_split()
+        if args.measure:  # the job the profile names, built again to be measured, must still be its job
+            _job_shape(job, profile.config, args.profile)
+    for where, config in entries:
+        try:
+            split_for(config, layers, split)
+        except ProfileError as error:
+            raise UsageError(f"{where}: {error}") from None
     if profile is None:
         from pipeline_bubble.profiling import profile_pipeline
 
         print(f"profiling {profiled.label} of {spec['job']['job']} on {device} ({spec['batches']} batches)...", flush=True)
-        profile = profile_pipeline(job, profiled, batches=spec["batches"], device=device)
+        with _ranks(f"profiling {profiled.label}") as logs:
+            profile = profile_pipeline(job, profiled, batches=spec["batches"], device=device, log_dir=logs)
         profile.save(args.out)
         print(f"wrote {args.out}")
     configs = configs or [profile.config]
@@ -232,8 +255,9 @@ def _run(args) -> int:
 
     measured = None
     if args.measure:
-        measured, again = measure_configurations(job, configs, predictions, batches=args.batches, device=device,
-                                                 profiled=profile.config if spec is not None else None)
+        with _ranks("measuring") as logs:
+            measured, again = measure_configurations(job, configs, predictions, batches=args.batches, device=device,
+                                                     profiled=profile.config if spec is not None else None, log_dir=logs)
         if again is not None:
             profile = again
             profile.save(args.out)
@@ -256,8 +280,42 @@ def _run(args) -> int:
     return 0
 
 
+@contextmanager
+def _ranks(what: str) -> Iterator[Path]:
+    """A folder for the ranks' logs while they run `what`: removed once they succeed, kept and named
+    in one line when one fails (its exception, not every rank's traceback)."""
+    from pipeline_bubble.launch import LaunchError
+
+    logs = Path(tempfile.mkdtemp(prefix="hpo-profile-pipeline-"))
+    try:
+        yield logs
+    except LaunchError as error:
+        raise UsageError(f"{what} failed: {error.summary}; every rank's log is in {logs}") from None
+    shutil.rmtree(logs, ignore_errors=True)
+
+
+def _job_shape(job, profiled: PipelineConfig, where: str) -> tuple[int, tuple[int, ...]]:
+    """How many layers `job` builds, and their split over `profiled`'s stages (its own, else the job's
+    default), checked before any rank starts."""
+    try:
+        layers = len(job.layers())
+    except Exception as error:  # the job's own code
+        raise UsageError(f"{where}: job: building its layers failed: {describe_exception(error)}") from None
+    split = profiled.split
+    if split is None:
+        try:
+            split = tuple(job.default_split(profiled.stages))
+        except ValueError as error:
+            raise UsageError(f"{where}: profile: {error}") from None
+        except Exception as error:
+            raise UsageError(f"{where}: profile: the job's default_split({profiled.stages}) failed: {describe_exception(error)}") from None
+    if sum(split) != layers:
+        raise UsageError(f"{where}: profile: the split {list(split)} holds {sum(split)} layers; the job has {layers}")
+    return layers, split
+
+
 def measure_configurations(job, configs: list[PipelineConfig], predictions, *, batches: int, device: str,
-                           profiled: PipelineConfig | None = None) -> tuple[list, Any]:
+                           profiled: PipelineConfig | None = None, log_dir: str | Path | None = None) -> tuple[list, Any]:
     """Measure `configs` (each with guests seeded by its prediction), adding each guest configuration's
     baseline (the same without guests) where it is not already among them; returns one entry per
     config, its `Measured` and its baseline's (or None), and, given `profiled`, that configuration's
@@ -283,9 +341,9 @@ def measure_configurations(job, configs: list[PipelineConfig], predictions, *, b
         block = max(2, batches // 2)  # two rounds of back-to-back batches, ABBA
         group = [runs[i] for i in members]
         if profiled is not None and profiled.stages == stages:
-            again, group_results = profile_and_measure(job, profiled, group, block=block, device=device)
+            again, group_results = profile_and_measure(job, profiled, group, block=block, device=device, log_dir=log_dir)
         else:
-            group_results = measure(job, group, block=block, device=device)
+            group_results = measure(job, group, block=block, device=device, log_dir=log_dir)
         for i, result in zip(members, group_results):
             results[i] = result
     out = []

@@ -134,6 +134,22 @@ def size_scale(layer: LayerProfile, phase: int, size: int, profiled: int) -> flo
     return piecewise_affine(points, size) / at_profiled if at_profiled > 0 else size / profiled
 
 
+def split_for(config: PipelineConfig, layers: int, profiled_split: tuple[int, ...]) -> tuple[int, ...]:
+    """How a job's `layers` lie over `config`'s stages in a replay of a profile that ran `profiled_split`:
+    the config's own split, else the profiled one where the stage counts agree; a configuration
+    that says neither raises ProfileError naming it."""
+    if config.split is None:
+        if config.stages != len(profiled_split):
+            raise ProfileError(
+                f"{config.label}: give a split of the job's {layers} layers over {config.stages} stages "
+                f"(the profile ran {len(profiled_split)})"
+            )
+        return profiled_split
+    if sum(config.split) != layers:
+        raise ProfileError(f"{config.label}: the split holds {sum(config.split)} layers; the job has {layers}")
+    return config.split
+
+
 @dataclass(frozen=True)
 class Cost:
     """What one instruction of a target configuration costs: the gap before it and its duration
@@ -232,17 +248,7 @@ class CostModel:
         return bounds
 
     def split(self, config: PipelineConfig) -> tuple[int, ...]:
-        layers = len(self.profile.layers)
-        if config.split is None:
-            if config.stages != self.profile.config.stages:
-                raise ProfileError(
-                    f"{config.label}: give a split of the job's {layers} layers over {config.stages} stages "
-                    f"(the profile ran {self.profile.config.stages})"
-                )
-            return self.profile.stage_split()
-        if sum(config.split) != layers:
-            raise ProfileError(f"{config.label}: the split holds {sum(config.split)} layers; the job has {layers}")
-        return config.split
+        return split_for(config, len(self.profile.layers), self.profile.stage_split())
 
     def costs(self, config: PipelineConfig) -> list[list[Cost]]:
         """Every stage's instructions' costs in `config`, slot by slot."""

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import warnings
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -527,6 +528,79 @@ def test_a_bad_job_file_is_refused_naming_the_file_and_key(tmp_path, capsys, tex
     assert _cli([str(job)]) == 2
     err = capsys.readouterr().err
     assert str(job) in err and needle in err, err
+
+
+#: A user's pipeline job in a module of its own (written beside the job file): the digits MLP with a
+#: loss whose shapes do not match, so the last stage's first loss raises.
+USER_JOB = """\
+from dataclasses import dataclass
+
+import torch
+
+from pipeline_bubble.profiling import MLPJob
+
+
+@dataclass(frozen=True)
+class WrongLoss(MLPJob):
+    def loss(self, outputs, targets):
+        return torch.nn.functional.mse_loss(outputs, targets)
+"""
+
+
+@pytest.mark.parametrize(
+    "text, argv, needle",
+    [
+        ("options: {width: 32, blocks: 2}\nprofile: {stages: 2, split: [3, 3]}\n", [],
+         "profile: the split [3, 3] holds 6 layers; the job has 7"),
+        ("options: {width: 32, blocks: 2}\nprofile: {stages: 3}\n", [], "profile: 2 blocks cannot fill 3 stages"),
+        ("options: {width: -32, blocks: 2}\nprofile: {stages: 2}\n", [], "job: building its layers failed: RuntimeError"),
+        ("profile: {stages: 2, guest_step_s: 0.004}\n", [], "profile: guest_step_s: a profile is recorded without guests"),
+        ("profile: {stages: 2.5}\n", [], "profile: stages must be an integer, got 2.5"),
+        ("profile: {stages: 2}\nconfigurations: [{stages: 3}]\n", [],
+         "configurations[0]: p=3 m=4 mbs=128: give a split of the job's 13 layers over 3 stages"),
+        ("profile: {stages: 2}\nconfigurations: [{split: [5, 5]}]\n", [], "configurations[0]: p=2 m=4 mbs=128 split=5:5: the split holds 10"),
+        ("profile: {stages: 2}\n", ["--config", "p=3"], "--config 'p=3': p=3 m=4 mbs=128: give a split"),
+        ("job: user_job:Missing\nprofile: {stages: 2}\n", [], "job: cannot import 'user_job:Missing'"),
+    ],
+)
+def test_a_job_that_cannot_be_profiled_as_written_is_refused_before_any_rank_starts(tmp_path, capsys, monkeypatch, text, argv, needle):
+    """The job's layers and split and every configuration to predict are checked in the command's own
+    process: one line naming the job file's key, before a minute of profiling, not a traceback from
+    every rank (or a refusal once the profile is done)."""
+    import pipeline_bubble.profiling
+
+    def no_ranks(*args, **kwargs):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(pipeline_bubble.profiling, "launch", no_ranks)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the job file's folder is added to it
+    (tmp_path / "user_job.py").write_text(USER_JOB)
+    job = tmp_path / "job.yaml"
+    job.write_text(text)
+    assert _cli([str(job), "--out", str(tmp_path / "profile.json"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "profile.json").exists()
+
+
+@pytest.mark.slow
+def test_a_job_module_beside_its_job_file_is_profiled_from_any_folder_and_a_rank_that_raises_is_one_line(tmp_path):
+    """`job: user_job:WrongLoss` names a module beside the job file, found as a sweep's trainable
+    is, from whatever folder the command runs in; the loss raising in the last rank is one line
+    naming that rank and the exception, with the folder that keeps every rank's log, exit 2."""
+    (tmp_path / "user_job.py").write_text(USER_JOB)
+    job = tmp_path / "job.yaml"
+    job.write_text("job: user_job:WrongLoss\noptions: {width: 16, blocks: 2}\nbatches: 2\n"
+                   "profile: {stages: 2, micro_batches: 2, micro_batch_size: 4}\n")
+    hpo = Path(sys.executable).with_name("hpo")
+    done = subprocess.run([str(hpo), "profile", "pipeline", str(job), "--out", str(tmp_path / "profile.json")],
+                          cwd="/", capture_output=True, text=True, timeout=300)
+    err = done.stderr.strip()
+    assert done.returncode == 2 and len(err.splitlines()) == 1, err
+    assert "profiling p=2 m=2 mbs=4 failed: rank 1 raised RuntimeError: The size of tensor a (10)" in err, err
+    logs = Path(err.rsplit("every rank's log is in ", 1)[1])
+    assert "Traceback" in (logs / "rank1.log").read_text()
+    assert not (tmp_path / "profile.json").exists()
 
 
 def test_hpo_profile_pipeline_predicts_from_a_saved_profile_with_charts_and_json(tmp_path, capsys):

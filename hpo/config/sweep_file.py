@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import math
 import re
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from hpo.base.exceptions import describe_exception
 from hpo.config.errors import ConfigIssue, SweepConfigError
 from hpo.config.spec import ParameterSpec, SweepSpec, fused_placement
 from hpo.config.trainable_lookup import ResolvedTrainable, TrainableNotFound, TrainableSource, locate_trainable, resolve_trainable
@@ -283,18 +283,6 @@ def load_sweep(path: str | Path, execute: bool = True, for_ray: bool = True) -> 
         except Exception as exc:  # the module's own top-level code failed: say where, in one line
             raise loaded.fail("trainable", f"importing {loaded.located.module!r} failed: {describe_exception(exc)}") from None
     return loaded
-
-
-def describe_exception(exc: BaseException) -> str:
-    """`Type: message (file:line)` of an exception raised by user code, at its innermost frame."""
-    if isinstance(exc, SyntaxError):
-        where = f" ({exc.filename}:{exc.lineno})"
-        message = exc.msg
-    else:
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")]
-        where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-        message = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {message}{where}" if message else f"{type(exc).__name__}{where}"
 
 
 def describe_plan(loaded: LoadedSweep) -> str:
