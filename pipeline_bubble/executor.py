@@ -74,6 +74,7 @@ from typing import Any, Protocol
 import torch
 
 from hpo.base.atomic_files import write_atomically
+from hpo.base.exceptions import describe_exception
 from hpo.base.trial_state import rng_devices
 from pipeline_bubble.guests import GuestWork
 from pipeline_bubble.harvest_policy import HISTORY, OBSERVE_EVERY, SAFETY, WINDOW_HISTORY, WINDOW_QUANTILE, quantile
@@ -295,9 +296,17 @@ class BubbleExecutor:
             self._release_guest(None)
         self._count_starved_batch()
         if self.guest is None and self.guest_source is not None:
-            guest = self.guest_source()
+            try:  # a source or guest that fails is dropped, never the job
+                guest = self.guest_source()
+            except Exception as error:
+                self.failed = f"the guest source failed: {describe_exception(error)}"
+                guest = None
             if guest is not None:
-                self.adopt(guest)
+                try:
+                    self.adopt(guest)
+                except Exception as error:
+                    self.failed = describe_exception(error)
+                    self._release_guest(self.failed)
         elif self.guest is not None and self.step_time_s is None:
             self._profile()
 
@@ -435,7 +444,14 @@ class BubbleExecutor:
 
     def _guest_ready(self) -> bool:
         ready = getattr(self.guest, "ready", None)
-        return self.guest is not None and (ready is None or ready())
+        if self.guest is None or ready is None:
+            return self.guest is not None
+        try:
+            return bool(ready())
+        except Exception as error:  # (a sweep's group whose actor is gone) dropped, never the job
+            self.failed = describe_exception(error)
+            self._release_guest(self.failed)
+            return False
 
     def _timed_step(self) -> float:
         """One guest step under a private RNG (and stream on CUDA); returns its duration."""

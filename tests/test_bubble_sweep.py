@@ -216,6 +216,33 @@ def test_hpo_run_via_the_allocator_trains_only_in_the_bubbles_it_granted(pipelin
         jobs_api.stop_allocator()
 
 
+def test_a_config_whose_model_cannot_be_built_fails_its_trial_and_never_the_main_job(pipeline_job, tmp_path):
+    """`dropout: 1.5` makes the digits MLP raise where a stage builds the group, inside the main
+    job's `train_batch`: that trial fails with the reason, the others train to their end, and the
+    main job trains on as if no sweep had come."""
+    with BOTH_RANKS:
+        before = [len(stage["losses"]) for stage in ray.get([rank.stats.remote() for rank in pipeline_job])]
+    result = hpo.run(
+        digits,
+        config={"lr": 1e-2, "width": 16, "seed": 3, "dropout": tune.grid_search([0.0, 1.5])},
+        metric="val_loss",
+        mode="min",
+        stop={"training_iteration": SWEEP_ITERATIONS},
+        storage_path=str(tmp_path / "runs"),
+        name="unbuildable",
+        fusion=hpo.FusionConfig(placement="bubbles", max_members=1),
+        time_budget_s=TIME_BUDGET_S,
+    )
+    rows = pd.read_csv(tmp_path / "runs" / "unbuildable" / "results.csv").set_index("config/dropout")
+    assert rows.loc[0.0, "status"] == "completed" and rows.loc[0.0, "iterations"] == SWEEP_ITERATIONS, rows
+    assert rows.loc[1.5, "status"] == "error" and "dropout probability has to be between 0 and 1" in rows.loc[1.5, "error"]
+    assert len(result.errors) == 1
+    with BOTH_RANKS:
+        job = ray.get([rank.stats.remote() for rank in pipeline_job])
+    assert all(len(stage["losses"]) > trained for stage, trained in zip(job, before)), "the main job went on"
+    assert all(math.isfinite(loss) for loss in job[-1]["losses"])
+
+
 def test_the_main_job_kept_training_and_gave_the_pool_its_stages_back(pipeline_job):
     from pipeline_bubble.bubble_pool import bubble_pool
 

@@ -495,6 +495,43 @@ def test_a_failing_guest_is_dropped_and_the_stage_carries_on():
     assert executor.guest is None and "guest blew up" in executor.failed
 
 
+def test_a_guest_source_that_raises_or_a_guest_that_cannot_say_whether_it_is_ready_never_fails_the_job():
+    """A lending stage asks its source for a sweep's group between batches, inside the job's
+    `train_batch`: a group that cannot be built there (a member's config its model refuses) or
+    whose actor has gone (`ready()` raising) is dropped like a guest whose step raises; the job's
+    batch ends normally and the next group is taken."""
+    clock = _Clock()
+    closed = []
+
+    class Gone(_TimedGuest):
+        def ready(self):
+            raise RuntimeError("the group's actor died")
+
+        def close(self, failure):
+            closed.append(failure)
+
+    offers = iter([ValueError("dropout probability has to be between 0 and 1, but got 1.5"), Gone(clock, 0.001),
+                   _TimedGuest(clock, 0.001)])
+
+    def source():
+        offer = next(offers)
+        if isinstance(offer, Exception):
+            raise offer
+        return offer
+
+    executor = BubbleExecutor(None, profile_steps=2, history=1, clock=clock, guest_source=source)
+    executor.start()
+    executor.begin_batch()
+    executor.end_batch()  # must not raise: the job's batch ends as usual
+    assert executor.guest is None and "dropout probability" in executor.failed
+    executor.begin_batch()
+    executor.end_batch()  # the next group's actor has gone: dropped, told why
+    assert executor.guest is None and "the group's actor died" in executor.failed and closed == [executor.failed]
+    executor.begin_batch()
+    executor.end_batch()
+    assert isinstance(executor.guest, _TimedGuest) and executor.step_time_s == pytest.approx(0.001)
+
+
 def test_requested_eviction_checkpoints_before_the_next_step(tmp_path):
     executor, clock = _executor(0.001, history=1, checkpoint_path=tmp_path / "g.pt")
     guest = executor.guest
