@@ -291,6 +291,9 @@ def _ranks(what: str) -> Iterator[Path]:
         yield logs
     except LaunchError as error:
         raise UsageError(f"{what} failed: {error.summary}; every rank's log is in {logs}") from None
+    except BaseException:  # Ctrl-C: nothing to read there
+        shutil.rmtree(logs, ignore_errors=True)
+        raise
     shutil.rmtree(logs, ignore_errors=True)
 
 

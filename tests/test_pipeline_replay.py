@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import subprocess
 import sys
 import warnings
@@ -600,6 +601,7 @@ def test_a_job_module_beside_its_job_file_is_profiled_from_any_folder_and_a_rank
     assert "profiling p=2 m=2 mbs=4 failed: rank 1 raised RuntimeError: The size of tensor a (10)" in err, err
     logs = Path(err.rsplit("every rank's log is in ", 1)[1])
     assert "Traceback" in (logs / "rank1.log").read_text()
+    shutil.rmtree(logs)
     assert not (tmp_path / "profile.json").exists()
 
 
