@@ -519,7 +519,7 @@ def test_hpo_profile_pipeline_refuses_bad_arguments_in_one_line(tmp_path, capsys
         ("profile: {stages: 2}\nspeed: 3\n", "unknown key 'speed'"),
         ("profile: {stages: 2, micro_batchez: 4}\n", "profile: unknown key 'micro_batchez'"),
         ("profile: {stages: 2}\nconfigurations: [{split: [0, 13]}]\n", "configurations[0]: split must give every one"),
-        ("profile: [1\n", ":2: not YAML"),
+        ("profile: [1\n", ":2: malformed YAML"),
         ("profile: {stages: 2}\nbatches: 1\n", "batches: an integer >= 2"),
     ],
 )
@@ -529,6 +529,37 @@ def test_a_bad_job_file_is_refused_naming_the_file_and_key(tmp_path, capsys, tex
     assert _cli([str(job)]) == 2
     err = capsys.readouterr().err
     assert str(job) in err and needle in err, err
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("profile: {stages: 2, micro_batches: 4}\nbatches: 4\nprofile: {stages: 3}\n",
+         "job.yaml:3: profile: duplicate key 'profile': first given on line 1, again on line 3"),
+        ("batches: 4\nprofile:\n  stages: 2\n  micro_batchez: 4\n", "job.yaml:2: profile: unknown key 'micro_batchez'"),
+        ("profile: {stages: 2}\nconfigurations:\n  - {micro_batches: 8}\n  - {split: [0, 13]}\n",
+         "job.yaml:4: configurations[1]: split must give every one of the 2 stages >= 1 layer"),
+        ("profile: {stages: 2}\n\ndevice: gpu\n", "job.yaml:3: device: cpu or cuda, got 'gpu'"),
+        ("profile: {stages: 2}\nspeed: 3\n", "job.yaml:2: speed: unknown key 'speed'"),
+    ],
+)
+def test_a_job_file_is_read_as_a_sweep_file_is_each_problem_naming_its_line(tmp_path, capsys, text, needle):
+    """A key given twice is refused (PyYAML would keep the last one unseen, and profile it), and
+    every problem names the line of its key, as in a sweep file."""
+    job = tmp_path / "job.yaml"
+    job.write_text(text)
+    assert _cli([str(job)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{tmp_path}/{needle}" in err, err
+
+
+def test_a_job_file_reads_seconds_written_with_an_exponent_as_numbers(tmp_path):
+    """`guest_step_s: 4e-3` is 4 ms, as YAML 1.2 and a sweep file read it (YAML 1.1 reads a string)."""
+    from pipeline_bubble.profile_cli import read_job_file
+
+    job = tmp_path / "job.yaml"
+    job.write_text("profile: {stages: 2}\nconfigurations: [{guest_step_s: 4e-3}]\n")
+    assert read_job_file(job)["configurations"][0].guest_step_s == 0.004
 
 
 #: A user's pipeline job in a module of its own (written beside the job file): the digits MLP with a
@@ -554,8 +585,8 @@ class WrongLoss(MLPJob):
         ("options: {width: 32, blocks: 2}\nprofile: {stages: 2, split: [3, 3]}\n", [],
          "profile: the split [3, 3] holds 6 layers; the job has 7"),
         ("options: {width: 32, blocks: 2}\nprofile: {stages: 3}\n", [], "profile: 2 blocks cannot fill 3 stages"),
-        ("options: {width: -32, blocks: 2}\nprofile: {stages: 2}\n", [], "job: building its layers failed: RuntimeError"),
-        ("profile: {stages: 2, guest_step_s: 0.004}\n", [], "profile: guest_step_s: a profile is recorded without guests"),
+        ("options: {width: -32, blocks: 2}\nprofile: {stages: 2}\n", [], "options: building the job's layers failed: RuntimeError"),
+        ("profile: {stages: 2, guest_step_s: 0.004}\n", [], "profile.guest_step_s: a profile is recorded without guests"),
         ("profile: {stages: 2.5}\n", [], "profile: stages must be an integer, got 2.5"),
         ("profile: {stages: 2}\nconfigurations: [{stages: 3}]\n", [],
          "configurations[0]: p=3 m=4 mbs=128: give a split of the job's 13 layers over 3 stages"),
