@@ -155,6 +155,21 @@ def bubble_sweep(pipeline_job, tmp_path_factory):
     return result, pipeline_job
 
 
+def test_a_bubble_sweep_on_a_ray_where_no_stage_lends_says_so_when_it_starts(tmp_path, capsys):
+    """Before any pipeline job lends its bubbles (here: before the module's job starts), a sweep's
+    groups can only wait: it says so at once instead of waiting in silence until its trials end
+    without a result."""
+    from hpo.engines.bubbles.engine import NO_LENDING_STAGE
+    from pipeline_bubble.bubble_pool import lending_stages
+
+    assert lending_stages() == 0
+    result = hpo.run(digits, config={"lr": 1e-2, "width": 16, "seed": 3}, metric="val_loss", mode="min",
+                     stop={"training_iteration": 1}, storage_path=str(tmp_path), name="no_lender",
+                     fusion=hpo.FusionConfig(placement="bubbles", max_members=1), time_budget_s=3)
+    assert NO_LENDING_STAGE in capsys.readouterr().out
+    assert result.get_dataframe()["iterations"].tolist() == [0]
+
+
 def test_every_trial_is_reported_after_training_in_the_bubbles(bubble_sweep):
     result, ranks = bubble_sweep
     job = ray.get([rank.stats.remote() for rank in ranks])
