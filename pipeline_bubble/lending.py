@@ -144,6 +144,13 @@ def lend_bubbles(
     job ends. With the job's `profile`, every group it takes starts from the windows the replay
     predicts (`api.predicted_windows`) instead of learning them first.
     """
+    if not ray.is_initialized():
+        # Ray's first remote call would start a cluster of this rank's own, listening beyond
+        # loopback, where no sweep's groups ever are: the job would train on, lending to no one.
+        raise RuntimeError(
+            "lend_bubbles needs this rank connected to the Ray cluster the sweeps run on: call "
+            "ray.init(address=...) before it (or run the rank as a Ray actor)"
+        )
     engine = instrument(engine) if not isinstance(engine, InstrumentedPipelineEngine) else engine
     lender = BubbleLender(engine, poll_interval_s, owner)
     executor = BubbleExecutor(None, memory_cap_bytes=memory_cap_bytes, safety=safety, guest_source=lender.next_guest)

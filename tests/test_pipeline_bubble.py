@@ -9,6 +9,8 @@ the guests are evicted part-way.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -530,6 +532,22 @@ def test_a_guest_source_that_raises_or_a_guest_that_cannot_say_whether_it_is_rea
     executor.begin_batch()
     executor.end_batch()
     assert isinstance(executor.guest, _TimedGuest) and executor.step_time_s == pytest.approx(0.001)
+
+
+def test_lending_bubbles_without_ray_connected_is_refused_instead_of_starting_a_ray_of_the_ranks_own():
+    """A rank that calls `lend_bubbles` before `ray.init(address=...)` would have Ray start a
+    cluster of its own (every rank one, listening beyond loopback) where no sweep's groups are:
+    the job would train on and lend to no one. It is refused, naming the missing call."""
+    code = (
+        "import ray, pipeline_bubble\n"
+        "try:\n"
+        "    pipeline_bubble.lend_bubbles(object())\n"
+        "except RuntimeError as error:\n"
+        "    print(error)\n"
+        "print('ray started:', ray.is_initialized())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert "call ray.init(address=...) before it" in out and "ray started: False" in out, out
 
 
 def test_requested_eviction_checkpoints_before_the_next_step(tmp_path):
