@@ -14,6 +14,7 @@ import random
 import shutil
 import subprocess
 import sys
+import threading
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -334,6 +335,26 @@ def test_steady_windows_hold_whole_guest_steps_at_no_cost():
     expected = sum(int(w.idle_s / step + 1e-9) * step for w in windows)
     assert sum(prediction.guest_s) == pytest.approx(expected)
     assert expected > 0
+
+
+def test_guest_steps_far_shorter_than_the_windows_are_counted_not_replayed_one_by_one():
+    """`--config guest=1e-9` (a nanosecond step, a typo for 1e-3 say) fills every window with
+    millions of steps: the replay counts them as the executor would take them and answers at once,
+    where stepping through them one by one never ended."""
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.010, 0.030], [0.020, 0.060])
+    answered = threading.Event()
+    predictions = []
+
+    def run() -> None:
+        predictions.append(predict(profile, PipelineConfig(2, 4, 32, guest_step_s=1e-9), iterations=5))
+        answered.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert answered.wait(timeout=60), "the replay stepped through the guest steps one by one"
+    (prediction,) = predictions
+    idle = sum(w.idle_s for w in prediction.typical.windows)
+    assert sum(prediction.guest_s) == pytest.approx(idle, rel=1e-6) and idle > 0, "every window filled"
+    assert prediction.slowdown == pytest.approx(0.0, abs=1e-6)
 
 
 def test_guest_steps_longer_than_every_window_are_never_admitted():
