@@ -569,7 +569,7 @@ def test_a_job_file_is_read_as_a_sweep_file_is_each_problem_naming_its_line(tmp_
     every problem names the line of its key, as in a sweep file."""
     job = tmp_path / "job.yaml"
     job.write_text(text)
-    assert _cli([str(job)]) == 2
+    assert _cli([str(job), "--out", str(tmp_path / "profile.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{tmp_path}/{needle}" in err, err
 
