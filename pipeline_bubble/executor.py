@@ -218,7 +218,12 @@ class BubbleExecutor:
             return
         if self.checkpoint_path is not None and self.checkpoint_path.exists():
             saved = torch.load(self.checkpoint_path, weights_only=True)  # tensors and plain values: nothing in it runs code
-            self.guest.load_state_dict(saved["guest"])
+            try:
+                self.guest.load_state_dict(saved["guest"])
+            except (ValueError, KeyError, RuntimeError) as error:  # another guest's (other configs, another model)
+                first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                raise ValueError(f"{self.checkpoint_path}: cannot resume this guest from it: {first}; "
+                                 "give it a checkpoint path of its own, or remove that file to start afresh") from None
         self._check_memory()
         self._profile()
 

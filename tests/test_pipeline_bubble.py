@@ -481,6 +481,31 @@ def test_sweep_configs_become_one_fused_guest_per_stage_with_per_trial_rows():
     assert all(row["steps"] == 3 and "val_loss" in row for row in rows)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-group", "one-config"])
+def test_a_stage_resumes_its_own_configs_from_its_checkpoint_and_never_another_sweeps(tmp_path, fused):
+    """`run_guests_in_bubbles` resumes each stage from `checkpoint_dir/stage<s>.pt`. The job run again
+    with other configs and the same folder must not train them on from the first configs' weights,
+    optimizer and step count (the results would be reported under the new configs): it is refused
+    naming the file. The same configs resume."""
+    first = [{"lr": 1e-3, "width": 32, "seed": 0}, {"lr": 3e-3, "width": 32, "seed": 0}][: 2 if fused else 1]
+    other = [{**config, "lr": 10 * config["lr"]} for config in first]
+    path = tmp_path / "stage0.pt"
+    guest = _stage_guest(digits, first, [0, 2][: len(first)], torch.device("cpu"))
+    executor = BubbleExecutor(guest, profile_steps=3, checkpoint_path=path)
+    executor.start()
+    executor.checkpoint()
+
+    again = _stage_guest(digits, first, [0, 2][: len(first)], torch.device("cpu"))
+    BubbleExecutor(again, profile_steps=3, checkpoint_path=path).start()
+    assert again.steps == 2 * 3, "the same configs go on from their checkpoint"
+
+    changed = _stage_guest(digits, other, [0, 2][: len(other)], torch.device("cpu"))
+    with pytest.raises(ValueError, match="cannot resume this guest from it: it holds the progress of config") as error:
+        BubbleExecutor(changed, profile_steps=3, checkpoint_path=path).start()
+    assert str(path) in str(error.value) and len(str(error.value).splitlines()) == 1
+    assert changed.steps == 0
+
+
 def test_a_failing_guest_is_dropped_and_the_stage_carries_on():
     class Failing(_TimedGuest):
         def step(self):
