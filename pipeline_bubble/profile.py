@@ -203,6 +203,9 @@ def load_profile(path: str | Path) -> PipelineProfile:
         raise ProfileError(f"{path}: cannot read ({error.strerror or error})") from None
     except json.JSONDecodeError as error:
         raise ProfileError(f"{path}:{error.lineno}: not JSON ({error.msg})") from None
+    except UnicodeDecodeError as error:  # a binary file, or a profile saved in another encoding
+        raise ProfileError(f"{path}: not a pipeline profile (byte 0x{error.object[error.start]:02x} at offset "
+                           f"{error.start} is not UTF-8 text)") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ProfileError(f"{path}: not a pipeline profile (no \"format\": \"{FORMAT}\")")
     if data.get("version") != VERSION:

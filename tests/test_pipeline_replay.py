@@ -423,6 +423,16 @@ def test_a_bad_profile_file_is_refused_naming_the_file_and_key(tmp_path, edit, n
     assert str(path) in str(error.value)
 
 
+def test_a_profile_that_is_not_text_is_refused_in_one_line(tmp_path, capsys):
+    path = tmp_path / "profile.json"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ProfileError, match="not a pipeline profile \\(byte 0xff at offset 0 is not UTF-8 text\\)"):
+        load_profile(path)
+    assert _cli(["--profile", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err, err
+
+
 def _optimizer_step(data: dict, stage: int) -> dict:
     return next(i for i in data["stages"][stage]["instructions"] if i["name"] == "OptimizerStep")
 
