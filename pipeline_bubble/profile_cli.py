@@ -185,6 +185,21 @@ def _check_output(flag: str, value: str | None, folder: bool = False) -> None:
         raise UsageError(f"{flag} {value}: its folder does not exist")
 
 
+def _check_nothing_overwritten(args) -> None:
+    """No file this run writes is one it reads or another it writes: `--json profile.json` beside
+    `--profile profile.json` would replace a profile (a minute or more of profiling) with predictions."""
+    read = {"the job file": args.job_file, "--profile": args.profile}
+    written = {"--out": args.out if args.job_file else None, "--json": args.json}  # --out: only a new profile
+    seen: dict[Path, str] = {}
+    for name, value in [*read.items(), *written.items()]:
+        if value is None:
+            continue
+        path = Path(value).resolve()
+        if path in seen and name in written:
+            raise UsageError(f"{name} {value}: that is {seen[path]}, which this would overwrite; give another file")
+        seen.setdefault(path, name)
+
+
 def run_pipeline_profile(args) -> int:
     try:
         return _run(args)
@@ -199,6 +214,7 @@ def _run(args) -> int:
         raise UsageError(f"--batches must be >= 4 and --iterations >= 1, got {args.batches}, {args.iterations}")
     for flag, value, folder in (("--out", args.out, False), ("--json", args.json, False), ("--gantt", args.gantt, True)):
         _check_output(flag, value, folder)
+    _check_nothing_overwritten(args)
     spec = read_job_file(Path(args.job_file)) if args.job_file else None
     profile = None
     if args.profile:

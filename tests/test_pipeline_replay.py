@@ -667,6 +667,27 @@ def test_a_job_module_beside_its_job_file_is_profiled_from_any_folder_and_a_rank
     assert not (tmp_path / "profile.json").exists()
 
 
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--profile", "profile.json", "--json", "profile.json"], "--json PATH/profile.json: that is --profile"),
+        (["job.yaml", "--out", "job.yaml"], "--out PATH/job.yaml: that is the job file"),
+        (["job.yaml", "--out", "profile.json", "--json", "profile.json"], "--json PATH/profile.json: that is --out"),
+    ],
+)
+def test_no_output_of_hpo_profile_pipeline_overwrites_a_file_it_reads_or_writes(tmp_path, capsys, argv, needle):
+    """A typo that names one file twice is refused before anything runs: the saved profile (a minute
+    or more of profiling) and the job file are never replaced by a table of predictions."""
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.010, 0.020], [0.020, 0.040])
+    profile.save(tmp_path / "profile.json")
+    (tmp_path / "job.yaml").write_text("profile: {stages: 2}\n")
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    assert _cli([str(tmp_path / a) if a.endswith((".json", ".yaml")) else a for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err.replace(str(tmp_path), "PATH"), err
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
 def test_hpo_profile_pipeline_predicts_from_a_saved_profile_with_charts_and_json(tmp_path, capsys):
     profile, _ = _profile(PipelineConfig(2, 4, 32), [0.010, 0.020], [0.020, 0.040])
     profile.save(tmp_path / "profile.json")
