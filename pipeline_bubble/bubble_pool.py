@@ -192,5 +192,10 @@ def bubble_group_launcher(
 
 
 def lending_stages() -> int:
-    """How many pipeline stages lend their bubbles right now (a sweep sizes its concurrency by it)."""
-    return len(ray.get(bubble_pool().state.remote())["hosts"])
+    """How many pipeline stages lend their bubbles right now (a sweep sizes its concurrency by it).
+    Asking creates no pool: where there is none, no stage has lent its bubbles yet."""
+    try:
+        pool = ray.get_actor(POOL_NAME, namespace=NAMESPACE)
+    except ValueError:
+        return 0
+    return len(ray.get(pool.state.remote())["hosts"])

@@ -74,6 +74,7 @@ from typing import Any, Protocol
 import torch
 
 from hpo.base.atomic_files import write_atomically
+from hpo.base.exceptions import describe_exception
 from hpo.base.trial_state import rng_devices
 from pipeline_bubble.guests import GuestWork
 from pipeline_bubble.harvest_policy import HISTORY, OBSERVE_EVERY, SAFETY, WINDOW_HISTORY, WINDOW_QUANTILE, quantile
@@ -217,7 +218,12 @@ class BubbleExecutor:
             return
         if self.checkpoint_path is not None and self.checkpoint_path.exists():
             saved = torch.load(self.checkpoint_path, weights_only=True)  # tensors and plain values: nothing in it runs code
-            self.guest.load_state_dict(saved["guest"])
+            try:
+                self.guest.load_state_dict(saved["guest"])
+            except (ValueError, KeyError, RuntimeError) as error:  # another guest's (other configs, another model)
+                first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                raise ValueError(f"{self.checkpoint_path}: cannot resume this guest from it: {first}; "
+                                 "give it a checkpoint path of its own, or remove that file to start afresh") from None
         self._check_memory()
         self._profile()
 
@@ -295,9 +301,17 @@ class BubbleExecutor:
             self._release_guest(None)
         self._count_starved_batch()
         if self.guest is None and self.guest_source is not None:
-            guest = self.guest_source()
+            try:  # a source or guest that fails is dropped, never the job
+                guest = self.guest_source()
+            except Exception as error:
+                self.failed = f"the guest source failed: {describe_exception(error)}"
+                guest = None
             if guest is not None:
-                self.adopt(guest)
+                try:
+                    self.adopt(guest)
+                except Exception as error:
+                    self.failed = describe_exception(error)
+                    self._release_guest(self.failed)
         elif self.guest is not None and self.step_time_s is None:
             self._profile()
 
@@ -435,7 +449,14 @@ class BubbleExecutor:
 
     def _guest_ready(self) -> bool:
         ready = getattr(self.guest, "ready", None)
-        return self.guest is not None and (ready is None or ready())
+        if self.guest is None or ready is None:
+            return self.guest is not None
+        try:
+            return bool(ready())
+        except Exception as error:  # (a sweep's group whose actor is gone) dropped, never the job
+            self.failed = describe_exception(error)
+            self._release_guest(self.failed)
+            return False
 
     def _timed_step(self) -> float:
         """One guest step under a private RNG (and stream on CUDA); returns its duration."""

@@ -74,6 +74,9 @@ class FusedGroupGuest:
         return {"trainer": self.trainer.state_dict(), "rng": self.rng.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        saved = [dict(config) for config in state["trainer"].get("configs", self.config)]
+        if saved != [dict(config) for config in self.config]:  # the same member ids, other configs
+            raise ValueError(f"it holds the progress of configs {saved}, not of {self.config}")
         with self.rng.isolated():  # FusedTrainer restores the global RNG
             self.trainer.load_state_dict(state["trainer"])
         self.rng.load_state_dict(state["rng"])

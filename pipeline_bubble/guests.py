@@ -131,9 +131,12 @@ class TorchGuest:
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "steps": self.steps,
             "rng": self.rng.state_dict(),
+            "config": self.config,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if "config" in state and state["config"] != self.config:  # (older checkpoints do not say)
+            raise ValueError(f"it holds the progress of config {state['config']}, not of {self.config}")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state["scheduler"] is not None:

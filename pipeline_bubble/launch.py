@@ -4,7 +4,9 @@ Each rank is a `spawn`ed process with the usual RANK / WORLD_SIZE / LOCAL_RANK /
 MASTER_PORT environment (a free port is picked), one intra-op thread unless told otherwise, and
 its stdout/stderr sent to `log_dir/rank<r>.log` (DeepSpeed prints a lot). The worker is a
 module-level function `worker(rank, world_size, payload) -> result`; results come back in rank
-order. A failing rank fails the launch with the tail of its log.
+order. A failing rank fails the launch (`LaunchError`) with the tail of every rank's log, and
+in one line (`LaunchError.summary`) with the first exception raised: the other ranks then fail
+only because their peer has gone.
 
 On a single GPU, `same_device=True` gives every rank `LOCAL_RANK=0`: all stages share cuda:0.
 NCCL refuses two ranks on one device and gloo has no CUDA send/recv, so then the worker calls
@@ -14,6 +16,7 @@ through host memory.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -26,6 +29,17 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+
+from hpo.base.exceptions import describe_exception
+
+
+class LaunchError(RuntimeError):
+    """A rank failed or the launch timed out. `str()` has every rank's log tail; `summary` is one
+    line: the rank whose exception came first and that exception (`describe_exception`)."""
+
+    def __init__(self, message: str, summary: str):
+        super().__init__(message)
+        self.summary = summary
 
 
 def free_port() -> int:
@@ -51,9 +65,11 @@ def _entry(worker, rank, world_size, port, payload, result_dir, log_dir, threads
     try:
         result = worker(rank, world_size, payload)
         torch.save(result, Path(result_dir) / f"rank{rank}.pt")
-    except BaseException:
+    except BaseException as error:
         traceback.print_exc()
         log.flush()
+        failure = {"at": time.time(), "error": describe_exception(error)}
+        (Path(result_dir) / f"rank{rank}.error.json").write_text(json.dumps(failure))
         raise
 
 
@@ -86,16 +102,36 @@ def launch(
             while any(p.is_alive() for p in procs):
                 failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
                 if failed or time.monotonic() > deadline:
-                    raise RuntimeError(_failure(procs, logs, "timed out" if not failed else f"rank {failed[0]} failed"))
+                    what = "timed out" if not failed else f"rank {failed[0]} failed"
+                    raise LaunchError(_failure(procs, logs, what), _summary(procs, tmp, what, timeout_s))
                 time.sleep(0.05)
             if any(p.exitcode != 0 for p in procs):
-                raise RuntimeError(_failure(procs, logs, "a rank failed"))
+                raise LaunchError(_failure(procs, logs, "a rank failed"), _summary(procs, tmp, "a rank failed", timeout_s))
         finally:
             for p in procs:
                 if p.is_alive():
                     p.kill()
                 p.join()
         return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
+
+
+def _summary(procs, result_dir: str, what: str, timeout_s: float) -> str:
+    """One line: the first exception a rank raised, else how the launch failed."""
+    failures = []
+    for rank in range(len(procs)):
+        path = Path(result_dir) / f"rank{rank}.error.json"
+        try:
+            failure = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        failures.append((failure["at"], rank, failure["error"]))
+    if failures:
+        _, rank, error = min(failures)
+        return f"rank {rank} raised {error}"
+    if what == "timed out":
+        return f"timed out after {timeout_s:g} s"
+    codes = {rank: p.exitcode for rank, p in enumerate(procs) if p.exitcode not in (None, 0)}
+    return f"{what}: exit codes {codes} (killed?)"
 
 
 def _failure(procs, logs: Path, what: str) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 
 import ray
 
+from hpo.base.exceptions import describe_exception
 from pipeline_bubble.api import predicted_windows
 from pipeline_bubble.bubble_pool import bubble_pool
 from pipeline_bubble.executor import SAFETY, BubbleExecutor
@@ -77,13 +78,23 @@ class BubbleLender:
         self._yield = _PeriodicQuery(lambda: self.pool.should_yield.remote(self.host_id), poll_interval_s)
 
     def next_guest(self) -> SweepGroupGuest | None:
-        """Non-blocking: a group if the pool has answered with one since the last batch."""
+        """Non-blocking: a group if the pool has answered with one since the last batch.
+
+        A group this stage cannot build (a member's model raises for its config, the group's actor
+        is gone) fails its member trials, so the sweep reports the error, and the stage is free
+        for the next group: the job itself never sees the exception."""
         group = self._take.answer()
         if group is None:
             return None
         self.groups_taken += 1
-        assignment = ray.get(group.assignment.remote())
-        return SweepGroupGuest(group, assignment, self.engine.device, self._closed, self._yield_requested)
+        try:
+            assignment = ray.get(group.assignment.remote())
+            return SweepGroupGuest(group, assignment, self.engine.device, self._closed, self._yield_requested)
+        except Exception as error:
+            group.fail.remote(f"building the fused group on pipeline stage {self.engine.stage_id} failed: "
+                              f"{describe_exception(error)}")
+            self.pool.done.remote(self.host_id)
+            return None
 
     def _yield_requested(self) -> bool:
         """Non-blocking: whether the pool asked this stage to give its group back (its owner
@@ -133,6 +144,13 @@ def lend_bubbles(
     job ends. With the job's `profile`, every group it takes starts from the windows the replay
     predicts (`api.predicted_windows`) instead of learning them first.
     """
+    if not ray.is_initialized():
+        # Ray's first remote call would start a cluster of this rank's own, listening beyond
+        # loopback, where no sweep's groups ever are: the job would train on, lending to no one.
+        raise RuntimeError(
+            "lend_bubbles needs this rank connected to the Ray cluster the sweeps run on: call "
+            "ray.init(address=...) before it (or run the rank as a Ray actor)"
+        )
     engine = instrument(engine) if not isinstance(engine, InstrumentedPipelineEngine) else engine
     lender = BubbleLender(engine, poll_interval_s, owner)
     executor = BubbleExecutor(None, memory_cap_bytes=memory_cap_bytes, safety=safety, guest_source=lender.next_guest)

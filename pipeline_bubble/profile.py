@@ -34,7 +34,10 @@ from __future__ import annotations
 
 import datetime
 import json
-from dataclasses import asdict, dataclass, field, fields
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -49,6 +52,15 @@ VERSION = 1
 
 class ProfileError(ValueError):
     """A profile that cannot be read or built: the message names the file and the key or value."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    """A finite real number (not a bool, not NaN or infinity): what every time and size in a profile is."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,14 @@ class PipelineConfig:
     guest_step_s: float | None = None
 
     def __post_init__(self) -> None:
+        for name in ("stages", "micro_batches", "micro_batch_size"):
+            if not _is_int(getattr(self, name)):
+                raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        if self.split is not None and (isinstance(self.split, (str, bytes)) or not isinstance(self.split, Sequence)
+                                       or not all(_is_int(n) for n in self.split)):
+            raise ValueError(f"split must be a list of layer counts, one per stage, got {self.split!r}")
+        if self.guest_step_s is not None and not _is_number(self.guest_step_s):
+            raise ValueError(f"guest_step_s must be a number of seconds, got {self.guest_step_s!r}")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
         if self.micro_batches < 1 or self.micro_batch_size < 1:
@@ -74,7 +94,7 @@ class PipelineConfig:
             object.__setattr__(self, "split", tuple(int(n) for n in self.split))
             if len(self.split) != self.stages or min(self.split) < 1:
                 raise ValueError(f"split must give every one of the {self.stages} stages >= 1 layer, got {list(self.split)}")
-        if self.guest_step_s is not None and not self.guest_step_s > 0:
+        if self.guest_step_s is not None and not (0 < self.guest_step_s < math.inf):
             raise ValueError(f"guest_step_s must be > 0, got {self.guest_step_s}")
 
     @property
@@ -183,32 +203,129 @@ def load_profile(path: str | Path) -> PipelineProfile:
         raise ProfileError(f"{path}: cannot read ({error.strerror or error})") from None
     except json.JSONDecodeError as error:
         raise ProfileError(f"{path}:{error.lineno}: not JSON ({error.msg})") from None
-    except UnicodeDecodeError as error:
-        raise ProfileError(f"{path}: byte 0x{error.object[error.start]:02x} at offset {error.start} is not UTF-8 "
-                           "(not a profile written by hpo profile pipeline)") from None
+    except UnicodeDecodeError as error:  # a binary file, or a profile saved in another encoding
+        raise ProfileError(f"{path}: not a pipeline profile (byte 0x{error.object[error.start]:02x} at offset "
+                           f"{error.start} is not UTF-8 text)") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ProfileError(f"{path}: not a pipeline profile (no \"format\": \"{FORMAT}\")")
     if data.get("version") != VERSION:
         raise ProfileError(f"{path}: profile version {data.get('version')!r}; this hydro-hpo reads version {VERSION}")
-    key = "config"
-    try:
-        config = PipelineConfig(**data["config"])
-        key = "layers"
-        layers = [LayerProfile(**layer) for layer in data["layers"]]
-        key = "stages"
-        stages = [
-            StageProfile(**{**s, "instructions": [InstructionProfile(**i) for i in s["instructions"]]}) for s in data["stages"]
-        ]
-        key = "device"
-        profile = PipelineProfile(
-            config, data["device"], data["job"], data["machine"], data["recorded"], int(data["batches"]), layers, stages
-        )
-    except KeyError as error:
-        raise ProfileError(f"{path}: {key}: missing key {error}") from None
-    except (TypeError, ValueError) as error:
-        raise ProfileError(f"{path}: {key}: {error}") from None
+    _check_values(data, path)
+    config = config_from_dict(data["config"], f"{path}: config")
+    layers = [LayerProfile(**layer) for layer in data["layers"]]
+    stages = [StageProfile(**{**s, "instructions": [InstructionProfile(**i) for i in s["instructions"]]}) for s in data["stages"]]
+    profile = PipelineProfile(config, data["device"], data["job"], data["machine"], data["recorded"], data["batches"], layers, stages)
     _check_consistent(profile, path)
     return profile
+
+
+def _check_values(data: Mapping[str, Any], path: Path) -> None:
+    """Every key of a profile read from `path` present, known and of its type, and every time a
+    finite number >= 0: a hand-edited or damaged file fails here naming the key and the value,
+    not as a traceback (or a NaN prediction) deep in the replay."""
+
+    def fail(where: str, message: str) -> None:
+        raise ProfileError(f"{path}: {where}: {message}")
+
+    def shown(value: Any) -> str:
+        text = repr(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    def record(value: Any, cls: type, where: str, extra: tuple[str, ...] = ()) -> None:
+        if not isinstance(value, Mapping):
+            fail(where, f"a mapping of {', '.join(f.name for f in fields(cls))} expected, got {shown(value)}")
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(value) - set(known) - set(extra), key=str)
+        if unknown:
+            fail(where, f"unknown key {unknown[0]!r}; known: {', '.join(known)}")
+        required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+        missing = [name for name in required if name not in value]
+        if missing:
+            fail(where, f"missing key {missing[0]!r}")
+
+    def listed(value: Any, where: str, length: int | None = None, what: str = "values") -> list:
+        if not isinstance(value, list):
+            fail(where, f"a list expected, got {shown(value)}")
+        if length is not None and len(value) != length:
+            fail(where, f"{len(value)} {what} for {length} batches")
+        return value
+
+    def integer(value: Any, where: str, least: int = 0) -> None:
+        if not _is_int(value) or value < least:
+            fail(where, f"{shown(value)} is not an integer >= {least}")
+
+    def seconds(values: Any, where: str, length: int | None = None, what: str = "values", signed: bool = False) -> None:
+        for index, value in enumerate(listed(values, where, length, what)):
+            if not _is_number(value) or (value < 0 and not signed):
+                fail(f"{where}[{index}]", f"{shown(value)} is not a number{'' if signed else ' >= 0'} (seconds)")
+
+    def pairs(values: Any, where: str, length: int | None, signed: bool = False) -> None:
+        for index, pair in enumerate(listed(values, where, length)):
+            if not isinstance(pair, list) or len(pair) != 2:
+                fail(f"{where}[{index}]", f"{shown(pair)} is not a pair [start, end]")
+            seconds(pair, f"{where}[{index}]", signed=signed)
+
+    record(data, PipelineProfile, "(top level)", extra=("format", "version"))
+    for key in ("job", "machine"):
+        if not isinstance(data[key], Mapping):
+            fail(key, f"a mapping expected, got {shown(data[key])}")
+    for key in ("device", "recorded"):
+        if not isinstance(data[key], str):
+            fail(key, f"a string expected, got {shown(data[key])}")
+    if not isinstance(data["config"], Mapping):
+        fail("config", f"a mapping of {', '.join(f.name for f in fields(PipelineConfig))} expected, got {shown(data['config'])}")
+    integer(data["batches"], "batches", least=1)
+    batches = data["batches"]
+    for index, layer in enumerate(listed(data["layers"], "layers")):
+        where = f"layers[{index}]"
+        record(layer, LayerProfile, where)
+        if not isinstance(layer["name"], str):
+            fail(f"{where}.name", f"a string expected, got {shown(layer['name'])}")
+        for key in ("params", "output_bytes"):
+            if key in layer:
+                integer(layer[key], f"{where}.{key}")
+        for key in ("forward_s", "backward_s"):
+            if key in layer and (not _is_number(layer[key]) or layer[key] < 0):
+                fail(f"{where}.{key}", f"{shown(layer[key])} is not a number >= 0 (seconds)")
+        for entry_index, entry in enumerate(listed(layer.get("timed_at", []), f"{where}.timed_at")):
+            if not isinstance(entry, list) or len(entry) != 3 or not all(_is_number(v) for v in entry) \
+                    or not entry[0] > 0 or min(entry[1:]) < 0:
+                fail(f"{where}.timed_at[{entry_index}]",
+                     f"{shown(entry)} is not [micro-batch size > 0, forward seconds >= 0, backward seconds >= 0]")
+    stop = 0
+    for index, stage in enumerate(listed(data["stages"], "stages")):
+        where = f"stages[{index}]"
+        record(stage, StageProfile, where)
+        if stage["stage"] != index or not _is_int(stage["stage"]):
+            fail(f"{where}.stage", f"{shown(stage['stage'])}: the stages are listed in order, so {index} expected")
+        bounds = stage["layers"]
+        if not isinstance(bounds, list) or len(bounds) != 2 or not all(_is_int(b) for b in bounds) \
+                or bounds[0] != stop or not stop < bounds[1] <= len(data["layers"]):
+            fail(f"{where}.layers", f"{shown(bounds)} is not [first, stop) of its layers: first = {stop} (where the "
+                 f"stage before ends), first < stop <= {len(data['layers'])} (the layers listed)")
+        stop = bounds[1]
+        integer(stage["params"], f"{where}.params")
+        seconds(stage["tail_s"], f"{where}.tail_s", batches, "tails")
+        seconds(stage["between_s"], f"{where}.between_s")
+        for slot, instruction in enumerate(listed(stage["instructions"], f"{where}.instructions")):
+            at = f"{where}.instructions[{slot}]"
+            record(instruction, InstructionProfile, at)
+            if instruction["slot"] != slot or not _is_int(instruction["slot"]):
+                fail(f"{at}.slot", f"{shown(instruction['slot'])}: the instructions are listed in order, so {slot} expected")
+            if not isinstance(instruction["name"], str):
+                fail(f"{at}.name", f"a string expected, got {shown(instruction['name'])}")
+            integer(instruction["micro_batch"], f"{at}.micro_batch", least=-1)
+            for key in ("duration_s", "blocked_s", "gap_s"):
+                seconds(instruction[key], f"{at}.{key}", batches, key.removesuffix("_s").replace("_", " ") + "s")
+            for key in ("host", "device"):
+                pairs(instruction[key], f"{at}.{key}", batches, signed=True)
+            for other in listed(instruction["waits_on"], f"{at}.waits_on"):
+                if not isinstance(other, list) or len(other) != 2 or not all(_is_int(v) and v >= 0 for v in other):
+                    fail(f"{at}.waits_on", f"{shown(other)} is not a [stage, slot] it meets")
+            for late in listed(instruction.get("late", []), f"{at}.late"):
+                integer(late, f"{at}.late")
+            if instruction.get("collective"):
+                pairs(instruction["collective"], f"{at}.collective", batches)
 
 
 def _check_consistent(profile: PipelineProfile, where: Any) -> None:
@@ -234,6 +351,9 @@ def _check_consistent(profile: PipelineProfile, where: Any) -> None:
                                    "forward seconds >= 0, backward seconds >= 0]")
     if profile.stages[-1].layers[1] != len(profile.layers):
         raise ProfileError(f"{where}: layers: {len(profile.layers)} layers, the stages hold {profile.stages[-1].layers[1]}")
+    if config.split is not None and config.split != profile.stage_split():
+        raise ProfileError(f"{where}: config.split: {list(config.split)}, but the stages hold {list(profile.stage_split())} "
+                           "of the layers")
 
 
 def build_profile(
@@ -339,7 +459,9 @@ def _host(interval, end: int) -> float:
 def config_from_dict(data: dict[str, Any], where: str) -> PipelineConfig:
     """A `PipelineConfig` from a mapping (a file's entry); unknown keys and bad values name `where`."""
     known = {f.name for f in fields(PipelineConfig)}
-    unknown = sorted(set(data) - known)
+    if not isinstance(data, Mapping):
+        raise ProfileError(f"{where}: a mapping of {', '.join(sorted(known))} expected, got {data!r}")
+    unknown = sorted(set(data) - known, key=str)
     if unknown:
         raise ProfileError(f"{where}: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
     try:

@@ -30,7 +30,8 @@ measurement does. A saved profile (--profile) is what the table checks, so it is
     hpo profile pipeline job.yaml --out profile.json --measure --gantt gantt/
     hpo profile pipeline --profile profile.json --config m=16 --config m=8,guest=4ms
 
-Bad input prints one line naming the file and key (or the flag) and exits with 2.
+Bad input prints one line naming the file, line and key (or the flag) and exits with 2; the job file is
+read as a sweep file is (a key given twice is refused, 1e-3 is a number).
 """
 
 from __future__ import annotations
@@ -38,12 +39,17 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
+import tempfile
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hpo.base.exceptions import describe_exception
 from pipeline_bubble.profile import PipelineConfig, ProfileError, config_from_dict, load_profile
 
 #: The short names --config takes, and the PipelineConfig field each sets.
@@ -110,41 +116,50 @@ def parse_config(text: str, base: PipelineConfig) -> PipelineConfig:
 
 
 def read_job_file(path: Path) -> dict[str, Any]:
-    """The job file's settings, checked: unknown keys and bad values name the file and key."""
-    import yaml
+    """The job file's settings, checked: each problem is one line naming the file, the line and the
+    key (`at(key)` gives that prefix for the checks made later, against the job itself)."""
+    from hpo.base.yaml_source import SweepConfigError, YamlSource
 
-    try:
-        data = yaml.safe_load(path.read_text())
+    try:  # as a sweep file is read: a key given twice is refused, 1e-3 is a number
+        source = YamlSource.from_file(path, kind="job file")
+    except SweepConfigError as error:
+        raise UsageError(error.issues[0].format(error.source)) from None
     except OSError as error:
         raise UsageError(f"{path}: cannot read ({error.strerror or error})") from None
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise UsageError(f"{where}: not YAML ({getattr(error, 'problem', None) or error})") from None
+    data = source.data
+
+    def at(key: str, label: str | None = None) -> str:
+        line = source.line_of(key)
+        return f"{path}{f':{line}' if line is not None else ''}: {label or key}"
+
     if not isinstance(data, dict):
-        raise UsageError(f"{path}: a mapping of job, options, device, batches, profile, configurations expected")
+        raise UsageError(f"{at('')}a mapping of job, options, device, batches, profile, configurations expected")
     known = {"job", "options", "device", "batches", "profile", "configurations"}
-    unknown = sorted(set(data) - known)
+    unknown = sorted(set(data) - known, key=str)
     if unknown:
-        raise UsageError(f"{path}: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        raise UsageError(f"{at(str(unknown[0]))}: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
     if not isinstance(data.get("job", DEFAULT_JOB), str) or ":" not in data.get("job", DEFAULT_JOB):
-        raise UsageError(f"{path}: job: give module:attribute, got {data.get('job')!r}")
+        raise UsageError(f"{at('job')}: give module:attribute, got {data.get('job')!r}")
     if not isinstance(data.get("options", {}), dict):
-        raise UsageError(f"{path}: options: a mapping expected")
+        raise UsageError(f"{at('options')}: a mapping expected")
     if data.get("device", "cpu") not in ("cpu", "cuda"):
-        raise UsageError(f"{path}: device: cpu or cuda, got {data.get('device')!r}")
+        raise UsageError(f"{at('device')}: cpu or cuda, got {data.get('device')!r}")
     batches = data.get("batches", 8)
-    if not isinstance(batches, int) or batches < 2:
-        raise UsageError(f"{path}: batches: an integer >= 2 (the first is warm-up), got {batches!r}")
+    if not isinstance(batches, int) or isinstance(batches, bool) or batches < 2:
+        raise UsageError(f"{at('batches')}: an integer >= 2 (the first is warm-up), got {batches!r}")
     if not isinstance(data.get("profile"), dict):
-        raise UsageError(f"{path}: profile: the configuration to profile, e.g. {{stages: 2, micro_batches: 4}}")
+        raise UsageError(f"{at('profile')}: the configuration to profile, e.g. {{stages: 2, micro_batches: 4}}")
     try:
-        profiled = config_from_dict(data["profile"], f"{path}: profile")
+        profiled = config_from_dict(data["profile"], at("profile"))
+        if profiled.guest_step_s is not None:
+            raise UsageError(f"{at('profile.guest_step_s')}: a profile is recorded without guests; "
+                             "give guest_step_s in a configuration to predict")
         entries = data.get("configurations") or []
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-            raise UsageError(f"{path}: configurations: a list of mappings expected")
+            raise UsageError(f"{at('configurations')}: a list of mappings expected")
         base = replace(profiled, split=None, guest_step_s=None)
-        configs = [config_from_dict({**base.to_dict(), **e}, f"{path}: configurations[{i}]") for i, e in enumerate(entries)]
+        configs = [config_from_dict({**base.to_dict(), **e}, at(f"configurations.{i}", f"configurations[{i}]"))
+                   for i, e in enumerate(entries)]
     except ProfileError as error:
         raise UsageError(str(error)) from None
     return {
@@ -153,6 +168,7 @@ def read_job_file(path: Path) -> dict[str, Any]:
         "batches": batches,
         "profile": profiled,
         "configurations": configs,
+        "at": at,
     }
 
 
@@ -169,6 +185,21 @@ def _check_output(flag: str, value: str | None, folder: bool = False) -> None:
         raise UsageError(f"{flag} {value}: its folder does not exist")
 
 
+def _check_nothing_overwritten(args) -> None:
+    """No file this run writes is one it reads or another it writes: `--json profile.json` beside
+    `--profile profile.json` would replace a profile (a minute or more of profiling) with predictions."""
+    read = {"the job file": args.job_file, "--profile": args.profile}
+    written = {"--out": args.out if args.job_file else None, "--json": args.json}  # --out: only a new profile
+    seen: dict[Path, str] = {}
+    for name, value in [*read.items(), *written.items()]:
+        if value is None:
+            continue
+        path = Path(value).resolve()
+        if path in seen and name in written:
+            raise UsageError(f"{name} {value}: that is {seen[path]}, which this would overwrite; give another file")
+        seen.setdefault(path, name)
+
+
 def run_pipeline_profile(args) -> int:
     try:
         return _run(args)
@@ -183,6 +214,7 @@ def _run(args) -> int:
         raise UsageError(f"--batches must be >= 4 and --iterations >= 1, got {args.batches}, {args.iterations}")
     for flag, value, folder in (("--out", args.out, False), ("--json", args.json, False), ("--gantt", args.gantt, True)):
         _check_output(flag, value, folder)
+    _check_nothing_overwritten(args)
     spec = read_job_file(Path(args.job_file)) if args.job_file else None
     profile = None
     if args.profile:
@@ -191,7 +223,9 @@ def _run(args) -> int:
         except ProfileError as error:
             raise UsageError(str(error)) from None
     profiled = spec["profile"] if spec else profile.config
-    configs = (list(spec["configurations"]) if spec else []) + [parse_config(text, profiled) for text in args.config]
+    entries = [(spec["at"](f"configurations.{i}", f"configurations[{i}]"), c) for i, c in enumerate(spec["configurations"])] if spec else []
+    entries += [(f"--config {text!r}", parse_config(text, profiled)) for text in args.config]
+    configs = [config for _, config in entries]
     device = args.device or (spec["device"] if spec else profile.device.split(":")[0])
     if device == "cuda" and (spec is not None or args.measure):
         import torch
@@ -199,22 +233,35 @@ def _run(args) -> int:
         if not torch.cuda.is_available():
             raise UsageError("device cuda: no CUDA device here")
 
-    from pipeline_bubble.replay import predict
+    from pipeline_bubble.replay import predict, split_for
 
     job = None
     if spec is not None or args.measure:
         from pipeline_bubble.profiling import load_job
 
         where = args.job_file or args.profile
-        try:
-            job = load_job(spec["job"] if spec else profile.job, where)
+        try:  # the job's module beside the job file (or the saved profile) is found, as a sweep's trainable is
+            job = load_job(spec["job"] if spec else profile.job, where, [Path(where).resolve().parent, Path.cwd()])
         except ValueError as error:
             raise UsageError(str(error)) from None
+    # every configuration the profile can describe, before a minute of profiling and measuring
+    if profile is None:
+        layers, split = _job_shape(job, profiled, spec["at"])
+    else:
+        layers, split = len(profile.layers), profile.stage_split()
+        if args.measure:  # the job the profile names, built again to be measured, must still be its job
+            _job_shape(job, profile.config, lambda key: f"{args.profile}: {key}")
+    for where, config in entries:
+        try:
+            split_for(config, layers, split)
+        except ProfileError as error:
+            raise UsageError(f"{where}: {error}") from None
     if profile is None:
         from pipeline_bubble.profiling import profile_pipeline
 
         print(f"profiling {profiled.label} of {spec['job']['job']} on {device} ({spec['batches']} batches)...", flush=True)
-        profile = profile_pipeline(job, profiled, batches=spec["batches"], device=device)
+        with _ranks(f"profiling {profiled.label}") as logs:
+            profile = profile_pipeline(job, profiled, batches=spec["batches"], device=device, log_dir=logs)
         profile.save(args.out)
         print(f"wrote {args.out}")
     configs = configs or [profile.config]
@@ -232,8 +279,9 @@ def _run(args) -> int:
 
     measured = None
     if args.measure:
-        measured, again = measure_configurations(job, configs, predictions, batches=args.batches, device=device,
-                                                 profiled=profile.config if spec is not None else None)
+        with _ranks("measuring") as logs:
+            measured, again = measure_configurations(job, configs, predictions, batches=args.batches, device=device,
+                                                     profiled=profile.config if spec is not None else None, log_dir=logs)
         if again is not None:
             profile = again
             profile.save(args.out)
@@ -256,8 +304,45 @@ def _run(args) -> int:
     return 0
 
 
+@contextmanager
+def _ranks(what: str) -> Iterator[Path]:
+    """A folder for the ranks' logs while they run `what`: removed once they succeed, kept and named
+    in one line when one fails (its exception, not every rank's traceback)."""
+    from pipeline_bubble.launch import LaunchError
+
+    logs = Path(tempfile.mkdtemp(prefix="hpo-profile-pipeline-"))
+    try:
+        yield logs
+    except LaunchError as error:
+        raise UsageError(f"{what} failed: {error.summary}; every rank's log is in {logs}") from None
+    except BaseException:  # Ctrl-C: nothing to read there
+        shutil.rmtree(logs, ignore_errors=True)
+        raise
+    shutil.rmtree(logs, ignore_errors=True)
+
+
+def _job_shape(job, profiled: PipelineConfig, at: Callable[[str], str]) -> tuple[int, tuple[int, ...]]:
+    """How many layers `job` builds, and their split over `profiled`'s stages (its own, else the job's
+    default), checked before any rank starts; `at(key)` says where the file gives `key`."""
+    try:
+        layers = len(job.layers())
+    except Exception as error:  # the job's own code
+        raise UsageError(f"{at('options')}: building the job's layers failed: {describe_exception(error)}") from None
+    split = profiled.split
+    if split is None:
+        try:
+            split = tuple(job.default_split(profiled.stages))
+        except ValueError as error:
+            raise UsageError(f"{at('profile')}: {error}") from None
+        except Exception as error:
+            raise UsageError(f"{at('profile')}: the job's default_split({profiled.stages}) failed: {describe_exception(error)}") from None
+    if sum(split) != layers:
+        raise UsageError(f"{at('profile')}: the split {list(split)} holds {sum(split)} layers; the job has {layers}")
+    return layers, split
+
+
 def measure_configurations(job, configs: list[PipelineConfig], predictions, *, batches: int, device: str,
-                           profiled: PipelineConfig | None = None) -> tuple[list, Any]:
+                           profiled: PipelineConfig | None = None, log_dir: str | Path | None = None) -> tuple[list, Any]:
     """Measure `configs` (each with guests seeded by its prediction), adding each guest configuration's
     baseline (the same without guests) where it is not already among them; returns one entry per
     config, its `Measured` and its baseline's (or None), and, given `profiled`, that configuration's
@@ -283,9 +368,9 @@ def measure_configurations(job, configs: list[PipelineConfig], predictions, *, b
         block = max(2, batches // 2)  # two rounds of back-to-back batches, ABBA
         group = [runs[i] for i in members]
         if profiled is not None and profiled.stages == stages:
-            again, group_results = profile_and_measure(job, profiled, group, block=block, device=device)
+            again, group_results = profile_and_measure(job, profiled, group, block=block, device=device, log_dir=log_dir)
         else:
-            group_results = measure(job, group, block=block, device=device)
+            group_results = measure(job, group, block=block, device=device, log_dir=log_dir)
         for i, result in zip(members, group_results):
             results[i] = result
     out = []

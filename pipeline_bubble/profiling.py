@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from statistics import median
@@ -34,6 +35,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from hpo.base.exceptions import describe_exception
 from pipeline_bubble.accuracy import Measured
 from pipeline_bubble.clocks import clock_for
 from pipeline_bubble.guests import teacher_guest
@@ -107,19 +109,29 @@ class MLPJob:
         return {"job": f"{__name__}:{type(self).__name__}", "options": asdict(self)}
 
 
-def load_job(spec: Mapping[str, Any], where: str) -> PipelineJob:
+def load_job(spec: Mapping[str, Any], where: str, search_dirs: Sequence[str | Path] = ()) -> PipelineJob:
     """The job `spec` names (`{"job": "module:attribute", "options": {...}}`, as `describe()` and a job
-    file give it), built; a bad one raises ValueError naming `where` and the key."""
+    file give it), built; a bad one raises ValueError naming `where` and the key.
+
+    A module in one of `search_dirs` (the job file's folder) is importable, as a sweep file's
+    trainable beside it is, here and in the ranks `launch` spawns (they start with this sys.path)."""
     name, options = spec.get("job", ""), spec.get("options") or {}
     module, _, attribute = str(name).partition(":")
+    for folder in search_dirs:
+        if str(folder) not in sys.path:
+            sys.path.append(str(folder))
     try:
         factory = getattr(importlib.import_module(module), attribute)
     except (ImportError, AttributeError, ValueError) as error:
         raise ValueError(f"{where}: job: cannot import {name!r} ({error})") from None
+    except Exception as error:  # the module's own code failed (a SyntaxError included)
+        raise ValueError(f"{where}: job: importing {module!r} failed: {describe_exception(error)}") from None
     try:
         job = factory(**options)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{where}: options: {error}") from None
+    except Exception as error:
+        raise ValueError(f"{where}: options: building {name} failed: {describe_exception(error)}") from None
     missing = [m for m in ("layers", "loss", "optimizer", "batches", "default_split", "describe") if not callable(getattr(job, m, None))]
     if missing:
         raise ValueError(f"{where}: job: {name} lacks {', '.join(missing)} (see pipeline_bubble.profiling.PipelineJob)")

@@ -64,6 +64,7 @@ profile recorded on another machine replays with a `ReplayWarning` naming what d
 
 from __future__ import annotations
 
+import math
 import random
 import warnings
 from collections import deque
@@ -132,6 +133,22 @@ def size_scale(layer: LayerProfile, phase: int, size: int, profiled: int) -> flo
         return size / profiled
     at_profiled = piecewise_affine(points, profiled)
     return piecewise_affine(points, size) / at_profiled if at_profiled > 0 else size / profiled
+
+
+def split_for(config: PipelineConfig, layers: int, profiled_split: tuple[int, ...]) -> tuple[int, ...]:
+    """How a job's `layers` lie over `config`'s stages in a replay of a profile that ran `profiled_split`:
+    the config's own split, else the profiled one where the stage counts agree; a configuration
+    that says neither raises ProfileError naming it."""
+    if config.split is None:
+        if config.stages != len(profiled_split):
+            raise ProfileError(
+                f"{config.label}: give a split of the job's {layers} layers over {config.stages} stages "
+                f"(the profile ran {len(profiled_split)})"
+            )
+        return profiled_split
+    if sum(config.split) != layers:
+        raise ProfileError(f"{config.label}: the split holds {sum(config.split)} layers; the job has {layers}")
+    return config.split
 
 
 @dataclass(frozen=True)
@@ -232,17 +249,7 @@ class CostModel:
         return bounds
 
     def split(self, config: PipelineConfig) -> tuple[int, ...]:
-        layers = len(self.profile.layers)
-        if config.split is None:
-            if config.stages != self.profile.config.stages:
-                raise ProfileError(
-                    f"{config.label}: give a split of the job's {layers} layers over {config.stages} stages "
-                    f"(the profile ran {self.profile.config.stages})"
-                )
-            return self.profile.stage_split()
-        if sum(config.split) != layers:
-            raise ProfileError(f"{config.label}: the split holds {sum(config.split)} layers; the job has {layers}")
-        return config.split
+        return split_for(config, len(self.profile.layers), self.profile.stage_split())
 
     def costs(self, config: PipelineConfig) -> list[list[Cost]]:
         """Every stage's instructions' costs in `config`, slot by slot."""
@@ -363,10 +370,22 @@ class GuestPolicy:
         if not history:
             return 0
         if self.signals:
-            plan, steps = quantile(history, WINDOW_QUANTILE), 0
-            while (steps + 1) * self.step_s <= plan and entered + steps * self.step_s < arrival:
-                steps += 1
-            return steps
+            # as the executor steps: while one more fits the plan and the neighbour has not arrived,
+            # counted at once (a step of a microsecond in a window of 10 ms is 10,000 steps)
+            plan, step = quantile(history, WINDOW_QUANTILE), self.step_s
+            fit = int(plan // step)
+            while fit > 0 and fit * step > plan:  # floating-point division may round up
+                fit -= 1
+            while (fit + 1) * step <= plan:
+                fit += 1
+            if entered >= arrival:
+                return 0
+            until = max(1, math.ceil((arrival - entered) / step))  # the first step count that reaches the arrival
+            while until > 1 and entered + (until - 1) * step >= arrival:
+                until -= 1
+            while entered + until * step < arrival:
+                until += 1
+            return min(fit, until)
         return int(min(history) * SAFETY // self.step_s)
 
     def observe(self, stage: int, slot: int, window: float) -> None:
@@ -521,8 +540,8 @@ class _Graph:
                             break
                         self._resolve(self.groups[key], entered, durations, resolved, guest)
                     start, end, steps, neighbour = resolved[key]
-                    for i in range(steps):
-                        intervals[stage].append(Interval("guest_step", GUEST, ready + i * step_s, ready + (i + 1) * step_s, slot))
+                    if steps:  # the window's guest steps back to back, as one interval (there may be thousands)
+                        intervals[stage].append(Interval("guest_step", GUEST, ready, ready + steps * step_s, slot))
                     blocked_from = ready + steps * step_s
                     intervals[stage].append(Interval(name, WAIT, blocked_from, end, slot))
                     windows.append(Window(stage, slot, name, ready, max(0.0, start - ready), end - blocked_from, neighbour, steps))

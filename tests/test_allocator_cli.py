@@ -79,7 +79,7 @@ def test_a_bubble_profile_that_is_not_text_is_a_one_line_error_naming_it(tmp_pat
     profile.write_bytes(b"\xff\xfe{}")     # a UTF-16 file, say: once "'utf-8' codec can't decode..." and no file
     assert main(["job", "submit", "m:f", "--gpus", "2", "--bubble-profile", str(profile), "--address", NOWHERE]) == 2
     err = capsys.readouterr().err
-    assert f"{profile}: byte 0xff at offset 0 is not UTF-8" in err and err.count("\n") == 1, err
+    assert f"{profile}: not a pipeline profile (byte 0xff at offset 0 is not UTF-8 text)" in err and err.count("\n") == 1, err
 
 
 def test_a_bad_bubble_profile_is_a_one_line_error_before_connecting(tmp_path, capsys):

@@ -155,6 +155,21 @@ def bubble_sweep(pipeline_job, tmp_path_factory):
     return result, pipeline_job
 
 
+def test_a_bubble_sweep_on_a_ray_where_no_stage_lends_says_so_when_it_starts(tmp_path, capsys):
+    """Before any pipeline job lends its bubbles (here: before the module's job starts), a sweep's
+    groups can only wait: it says so at once instead of waiting in silence until its trials end
+    without a result."""
+    from hpo.engines.bubbles.engine import NO_LENDING_STAGE
+    from pipeline_bubble.bubble_pool import lending_stages
+
+    assert lending_stages() == 0
+    result = hpo.run(digits, config={"lr": 1e-2, "width": 16, "seed": 3}, metric="val_loss", mode="min",
+                     stop={"training_iteration": 1}, storage_path=str(tmp_path), name="no_lender",
+                     fusion=hpo.FusionConfig(placement="bubbles", max_members=1), time_budget_s=3)
+    assert NO_LENDING_STAGE in capsys.readouterr().out
+    assert result.get_dataframe()["iterations"].tolist() == [0]
+
+
 def test_every_trial_is_reported_after_training_in_the_bubbles(bubble_sweep):
     result, ranks = bubble_sweep
     job = ray.get([rank.stats.remote() for rank in ranks])
@@ -214,6 +229,33 @@ def test_hpo_run_via_the_allocator_trains_only_in_the_bubbles_it_granted(pipelin
             time.sleep(0.2)
     finally:
         jobs_api.stop_allocator()
+
+
+def test_a_config_whose_model_cannot_be_built_fails_its_trial_and_never_the_main_job(pipeline_job, tmp_path):
+    """`dropout: 1.5` makes the digits MLP raise where a stage builds the group, inside the main
+    job's `train_batch`: that trial fails with the reason, the others train to their end, and the
+    main job trains on as if no sweep had come."""
+    with BOTH_RANKS:
+        before = [len(stage["losses"]) for stage in ray.get([rank.stats.remote() for rank in pipeline_job])]
+    result = hpo.run(
+        digits,
+        config={"lr": 1e-2, "width": 16, "seed": 3, "dropout": tune.grid_search([0.0, 1.5])},
+        metric="val_loss",
+        mode="min",
+        stop={"training_iteration": SWEEP_ITERATIONS},
+        storage_path=str(tmp_path / "runs"),
+        name="unbuildable",
+        fusion=hpo.FusionConfig(placement="bubbles", max_members=1),
+        time_budget_s=TIME_BUDGET_S,
+    )
+    rows = pd.read_csv(tmp_path / "runs" / "unbuildable" / "results.csv").set_index("config/dropout")
+    assert rows.loc[0.0, "status"] == "completed" and rows.loc[0.0, "iterations"] == SWEEP_ITERATIONS, rows
+    assert rows.loc[1.5, "status"] == "error" and "dropout probability has to be between 0 and 1" in rows.loc[1.5, "error"]
+    assert len(result.errors) == 1
+    with BOTH_RANKS:
+        job = ray.get([rank.stats.remote() for rank in pipeline_job])
+    assert all(len(stage["losses"]) > trained for stage, trained in zip(job, before)), "the main job went on"
+    assert all(math.isfinite(loss) for loss in job[-1]["losses"])
 
 
 def test_the_main_job_kept_training_and_gave_the_pool_its_stages_back(pipeline_job):

@@ -9,6 +9,8 @@ the guests are evicted part-way.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -479,6 +481,31 @@ def test_sweep_configs_become_one_fused_guest_per_stage_with_per_trial_rows():
     assert all(row["steps"] == 3 and "val_loss" in row for row in rows)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-group", "one-config"])
+def test_a_stage_resumes_its_own_configs_from_its_checkpoint_and_never_another_sweeps(tmp_path, fused):
+    """`run_guests_in_bubbles` resumes each stage from `checkpoint_dir/stage<s>.pt`. The job run again
+    with other configs and the same folder must not train them on from the first configs' weights,
+    optimizer and step count (the results would be reported under the new configs): it is refused
+    naming the file. The same configs resume."""
+    first = [{"lr": 1e-3, "width": 32, "seed": 0}, {"lr": 3e-3, "width": 32, "seed": 0}][: 2 if fused else 1]
+    other = [{**config, "lr": 10 * config["lr"]} for config in first]
+    path = tmp_path / "stage0.pt"
+    guest = _stage_guest(digits, first, [0, 2][: len(first)], torch.device("cpu"))
+    executor = BubbleExecutor(guest, profile_steps=3, checkpoint_path=path)
+    executor.start()
+    executor.checkpoint()
+
+    again = _stage_guest(digits, first, [0, 2][: len(first)], torch.device("cpu"))
+    BubbleExecutor(again, profile_steps=3, checkpoint_path=path).start()
+    assert again.steps == 2 * 3, "the same configs go on from their checkpoint"
+
+    changed = _stage_guest(digits, other, [0, 2][: len(other)], torch.device("cpu"))
+    with pytest.raises(ValueError, match="cannot resume this guest from it: it holds the progress of config") as error:
+        BubbleExecutor(changed, profile_steps=3, checkpoint_path=path).start()
+    assert str(path) in str(error.value) and len(str(error.value).splitlines()) == 1
+    assert changed.steps == 0
+
+
 def test_a_failing_guest_is_dropped_and_the_stage_carries_on():
     class Failing(_TimedGuest):
         def step(self):
@@ -493,6 +520,59 @@ def test_a_failing_guest_is_dropped_and_the_stage_carries_on():
     executor.begin_batch()
     executor.harvest(0, _Recorder(clock))  # must not raise
     assert executor.guest is None and "guest blew up" in executor.failed
+
+
+def test_a_guest_source_that_raises_or_a_guest_that_cannot_say_whether_it_is_ready_never_fails_the_job():
+    """A lending stage asks its source for a sweep's group between batches, inside the job's
+    `train_batch`: a group that cannot be built there (a member's config its model refuses) or
+    whose actor has gone (`ready()` raising) is dropped like a guest whose step raises; the job's
+    batch ends normally and the next group is taken."""
+    clock = _Clock()
+    closed = []
+
+    class Gone(_TimedGuest):
+        def ready(self):
+            raise RuntimeError("the group's actor died")
+
+        def close(self, failure):
+            closed.append(failure)
+
+    offers = iter([ValueError("dropout probability has to be between 0 and 1, but got 1.5"), Gone(clock, 0.001),
+                   _TimedGuest(clock, 0.001)])
+
+    def source():
+        offer = next(offers)
+        if isinstance(offer, Exception):
+            raise offer
+        return offer
+
+    executor = BubbleExecutor(None, profile_steps=2, history=1, clock=clock, guest_source=source)
+    executor.start()
+    executor.begin_batch()
+    executor.end_batch()  # must not raise: the job's batch ends as usual
+    assert executor.guest is None and "dropout probability" in executor.failed
+    executor.begin_batch()
+    executor.end_batch()  # the next group's actor has gone: dropped, told why
+    assert executor.guest is None and "the group's actor died" in executor.failed and closed == [executor.failed]
+    executor.begin_batch()
+    executor.end_batch()
+    assert isinstance(executor.guest, _TimedGuest) and executor.step_time_s == pytest.approx(0.001)
+
+
+def test_lending_bubbles_without_ray_connected_is_refused_instead_of_starting_a_ray_of_the_ranks_own():
+    """A rank that calls `lend_bubbles` before `ray.init(address=...)` would have Ray start a
+    cluster of its own (every rank one, listening beyond loopback) where no sweep's groups are:
+    the job would train on and lend to no one. It is refused, naming the missing call."""
+    code = (
+        "import ray, pipeline_bubble\n"
+        "try:\n"
+        "    pipeline_bubble.lend_bubbles(object())\n"
+        "except RuntimeError as error:\n"
+        "    print(error)\n"
+        "print('ray started:', ray.is_initialized())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert "call ray.init(address=...) before it" in out and "ray started: False" in out, out
 
 
 def test_requested_eviction_checkpoints_before_the_next_step(tmp_path):

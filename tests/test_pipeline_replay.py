@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import subprocess
 import sys
+import threading
 import warnings
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -334,6 +337,26 @@ def test_steady_windows_hold_whole_guest_steps_at_no_cost():
     assert expected > 0
 
 
+def test_guest_steps_far_shorter_than_the_windows_are_counted_not_replayed_one_by_one():
+    """`--config guest=1e-9` (a nanosecond step, a typo for 1e-3 say) fills every window with
+    millions of steps: the replay counts them as the executor would take them and answers at once,
+    where stepping through them one by one never ended."""
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.010, 0.030], [0.020, 0.060])
+    answered = threading.Event()
+    predictions = []
+
+    def run() -> None:
+        predictions.append(predict(profile, PipelineConfig(2, 4, 32, guest_step_s=1e-9), iterations=5))
+        answered.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert answered.wait(timeout=60), "the replay stepped through the guest steps one by one"
+    (prediction,) = predictions
+    idle = sum(w.idle_s for w in prediction.typical.windows)
+    assert sum(prediction.guest_s) == pytest.approx(idle, rel=1e-6) and idle > 0, "every window filled"
+    assert prediction.slowdown == pytest.approx(0.0, abs=1e-6)
+
+
 def test_guest_steps_longer_than_every_window_are_never_admitted():
     profile, _ = _profile(PipelineConfig(2, 4, 32), [0.010, 0.012], [0.020, 0.024])
     longest = max(w.idle_s for w in replay(profile, profile.config).windows)
@@ -384,9 +407,9 @@ def test_a_profile_recorded_before_layers_were_timed_at_several_sizes_still_read
         (lambda d: d.pop("format"), "not a pipeline profile"),
         (lambda d: d.update(version=99), "profile version 99"),
         (lambda d: d["config"].update(micro_batches=5), "not DeepSpeed's TrainSchedule for p=2 m=5"),
-        (lambda d: d["stages"][0].pop("tail_s"), "stages: "),
+        (lambda d: d["stages"][0].pop("tail_s"), r"stages\[0\]: missing key 'tail_s'"),
         (lambda d: d["config"].update(stages=1), "config: stages must be >= 2"),
-        (lambda d: d["layers"][1].update(timed_at=[[0, 0.1, 0.2]]), r"layers\[1\].timed_at: \[0, 0.1, 0.2\]"),
+        (lambda d: d["layers"][1].update(timed_at=[[0, 0.1, 0.2]]), r"layers\[1\].timed_at\[0\]: \[0, 0.1, 0.2\]"),
     ],
 )
 def test_a_bad_profile_file_is_refused_naming_the_file_and_key(tmp_path, edit, needle):
@@ -398,6 +421,61 @@ def test_a_bad_profile_file_is_refused_naming_the_file_and_key(tmp_path, edit, n
     with pytest.raises(ProfileError, match=needle) as error:
         load_profile(path)
     assert str(path) in str(error.value)
+
+
+def test_a_profile_that_is_not_text_is_refused_in_one_line(tmp_path, capsys):
+    path = tmp_path / "profile.json"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ProfileError, match="not a pipeline profile \\(byte 0xff at offset 0 is not UTF-8 text\\)"):
+        load_profile(path)
+    assert _cli(["--profile", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err, err
+
+
+def _optimizer_step(data: dict, stage: int) -> dict:
+    return next(i for i in data["stages"][stage]["instructions"] if i["name"] == "OptimizerStep")
+
+
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda d: d["layers"][0].update(forward_s="fast"), "layers[0].forward_s: 'fast' is not a number >= 0"),
+        (lambda d: d["layers"][0].update(params=None), "layers[0].params: None is not an integer >= 0"),
+        (lambda d: d["layers"][0].update(timed_at=[["a", 1, 1], [32, 1, 1]]), "layers[0].timed_at[0]: ['a', 1, 1] is not"),
+        (lambda d: d["stages"][0]["instructions"][3].update(duration_s=[float("nan")] * 4), "instructions[3].duration_s[0]: nan"),
+        (lambda d: d["stages"][0]["instructions"][3]["duration_s"].__setitem__(1, -1.0), "instructions[3].duration_s[1]: -1.0"),
+        (lambda d: d["stages"][0]["instructions"][3].update(duration_s=["a"] * 4), "instructions[3].duration_s[0]: 'a'"),
+        (lambda d: d["stages"][0]["instructions"][3].update(gap_s=[]), "instructions[3].gap_s: 0 gaps for 4 batches"),
+        (lambda d: d["stages"][0].update(tail_s=[]), "stages[0].tail_s: 0 tails for 4 batches"),
+        (lambda d: d["stages"][0].update(tail_s="x"), "stages[0].tail_s: a list expected, got 'x'"),
+        (lambda d: d["stages"][1].update(stage=7), "stages[1].stage: 7"),
+        (lambda d: d.update(stages=d["stages"][::-1]), "stages[0].stage: 1"),
+        (lambda d: d["stages"][0].update(layers=[0, 20]), "stages[0].layers: [0, 20] is not"),
+        (lambda d: _optimizer_step(d, 0).update(collective=[[1]] * 4), "collective[0]: [1] is not a pair"),
+        (lambda d: d.update(machine=None), "machine: a mapping expected, got None"),
+        (lambda d: d.update(device=3), "device: a string expected, got 3"),
+        (lambda d: d.update(batches=0), "batches: 0 is not an integer >= 1"),
+        (lambda d: d.update(config="p=2"), "config: a mapping of"),
+        (lambda d: d["config"].update(micro_batch_size=32.5), "config: micro_batch_size must be an integer, got 32.5"),
+        (lambda d: d["config"].update(split=[1, 3]), "config.split: [1, 3], but the stages hold [2, 2]"),
+    ],
+)
+def test_a_hand_edited_profile_is_refused_in_one_line_naming_the_key_and_the_value(tmp_path, capsys, edit, needle):
+    """Every value a replay reads is checked when the file is read: a wrong type, a NaN or a
+    negative time, a list too short for the profiled batches, stages out of order, or a split the
+    stages do not hold is one line with exit status 2, never a traceback or a NaN prediction."""
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.01, 0.01], [0.02, 0.02])
+    data = profile.to_dict()
+    edit(data)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError) as error:
+        load_profile(path)
+    assert needle in str(error.value) and str(path) in str(error.value), error.value
+    assert _cli(["--profile", str(path), "--iterations", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
 
 
 def test_a_profile_from_another_machine_replays_with_a_warning_naming_what_differs():
@@ -472,7 +550,7 @@ def test_hpo_profile_pipeline_refuses_bad_arguments_in_one_line(tmp_path, capsys
         ("profile: {stages: 2}\nspeed: 3\n", "unknown key 'speed'"),
         ("profile: {stages: 2, micro_batchez: 4}\n", "profile: unknown key 'micro_batchez'"),
         ("profile: {stages: 2}\nconfigurations: [{split: [0, 13]}]\n", "configurations[0]: split must give every one"),
-        ("profile: [1\n", ":2: not YAML"),
+        ("profile: [1\n", ":2: malformed YAML"),
         ("profile: {stages: 2}\nbatches: 1\n", "batches: an integer >= 2"),
     ],
 )
@@ -482,6 +560,132 @@ def test_a_bad_job_file_is_refused_naming_the_file_and_key(tmp_path, capsys, tex
     assert _cli([str(job)]) == 2
     err = capsys.readouterr().err
     assert str(job) in err and needle in err, err
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("profile: {stages: 2, micro_batches: 4}\nbatches: 4\nprofile: {stages: 3}\n",
+         "job.yaml:3: profile: duplicate key 'profile': first given on line 1, again on line 3"),
+        ("batches: 4\nprofile:\n  stages: 2\n  micro_batchez: 4\n", "job.yaml:2: profile: unknown key 'micro_batchez'"),
+        ("profile: {stages: 2}\nconfigurations:\n  - {micro_batches: 8}\n  - {split: [0, 13]}\n",
+         "job.yaml:4: configurations[1]: split must give every one of the 2 stages >= 1 layer"),
+        ("profile: {stages: 2}\n\ndevice: gpu\n", "job.yaml:3: device: cpu or cuda, got 'gpu'"),
+        ("profile: {stages: 2}\nspeed: 3\n", "job.yaml:2: speed: unknown key 'speed'"),
+    ],
+)
+def test_a_job_file_is_read_as_a_sweep_file_is_each_problem_naming_its_line(tmp_path, capsys, text, needle):
+    """A key given twice is refused (PyYAML would keep the last one unseen, and profile it), and
+    every problem names the line of its key, as in a sweep file."""
+    job = tmp_path / "job.yaml"
+    job.write_text(text)
+    assert _cli([str(job), "--out", str(tmp_path / "profile.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{tmp_path}/{needle}" in err, err
+
+
+def test_a_job_file_reads_seconds_written_with_an_exponent_as_numbers(tmp_path):
+    """`guest_step_s: 4e-3` is 4 ms, as YAML 1.2 and a sweep file read it (YAML 1.1 reads a string)."""
+    from pipeline_bubble.profile_cli import read_job_file
+
+    job = tmp_path / "job.yaml"
+    job.write_text("profile: {stages: 2}\nconfigurations: [{guest_step_s: 4e-3}]\n")
+    assert read_job_file(job)["configurations"][0].guest_step_s == 0.004
+
+
+#: A user's pipeline job in a module of its own (written beside the job file): the digits MLP with a
+#: loss whose shapes do not match, so the last stage's first loss raises.
+USER_JOB = """\
+from dataclasses import dataclass
+
+import torch
+
+from pipeline_bubble.profiling import MLPJob
+
+
+@dataclass(frozen=True)
+class WrongLoss(MLPJob):
+    def loss(self, outputs, targets):
+        return torch.nn.functional.mse_loss(outputs, targets)
+"""
+
+
+@pytest.mark.parametrize(
+    "text, argv, needle",
+    [
+        ("options: {width: 32, blocks: 2}\nprofile: {stages: 2, split: [3, 3]}\n", [],
+         "profile: the split [3, 3] holds 6 layers; the job has 7"),
+        ("options: {width: 32, blocks: 2}\nprofile: {stages: 3}\n", [], "profile: 2 blocks cannot fill 3 stages"),
+        ("options: {width: -32, blocks: 2}\nprofile: {stages: 2}\n", [], "options: building the job's layers failed: RuntimeError"),
+        ("profile: {stages: 2, guest_step_s: 0.004}\n", [], "profile.guest_step_s: a profile is recorded without guests"),
+        ("profile: {stages: 2.5}\n", [], "profile: stages must be an integer, got 2.5"),
+        ("profile: {stages: 2}\nconfigurations: [{stages: 3}]\n", [],
+         "configurations[0]: p=3 m=4 mbs=128: give a split of the job's 13 layers over 3 stages"),
+        ("profile: {stages: 2}\nconfigurations: [{split: [5, 5]}]\n", [], "configurations[0]: p=2 m=4 mbs=128 split=5:5: the split holds 10"),
+        ("profile: {stages: 2}\n", ["--config", "p=3"], "--config 'p=3': p=3 m=4 mbs=128: give a split"),
+        ("job: user_job:Missing\nprofile: {stages: 2}\n", [], "job: cannot import 'user_job:Missing'"),
+    ],
+)
+def test_a_job_that_cannot_be_profiled_as_written_is_refused_before_any_rank_starts(tmp_path, capsys, monkeypatch, text, argv, needle):
+    """The job's layers and split and every configuration to predict are checked in the command's own
+    process: one line naming the job file's key, before a minute of profiling, not a traceback from
+    every rank (or a refusal once the profile is done)."""
+    import pipeline_bubble.profiling
+
+    def no_ranks(*args, **kwargs):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(pipeline_bubble.profiling, "launch", no_ranks)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the job file's folder is added to it
+    (tmp_path / "user_job.py").write_text(USER_JOB)
+    job = tmp_path / "job.yaml"
+    job.write_text(text)
+    assert _cli([str(job), "--out", str(tmp_path / "profile.json"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "profile.json").exists()
+
+
+@pytest.mark.slow
+def test_a_job_module_beside_its_job_file_is_profiled_from_any_folder_and_a_rank_that_raises_is_one_line(tmp_path):
+    """`job: user_job:WrongLoss` names a module beside the job file, found as a sweep's trainable
+    is, from whatever folder the command runs in; the loss raising in the last rank is one line
+    naming that rank and the exception, with the folder that keeps every rank's log, exit 2."""
+    (tmp_path / "user_job.py").write_text(USER_JOB)
+    job = tmp_path / "job.yaml"
+    job.write_text("job: user_job:WrongLoss\noptions: {width: 16, blocks: 2}\nbatches: 2\n"
+                   "profile: {stages: 2, micro_batches: 2, micro_batch_size: 4}\n")
+    hpo = Path(sys.executable).with_name("hpo")
+    done = subprocess.run([str(hpo), "profile", "pipeline", str(job), "--out", str(tmp_path / "profile.json")],
+                          cwd="/", capture_output=True, text=True, timeout=300)
+    err = done.stderr.strip()
+    assert done.returncode == 2 and len(err.splitlines()) == 1, err
+    assert "profiling p=2 m=2 mbs=4 failed: rank 1 raised RuntimeError: The size of tensor a (10)" in err, err
+    logs = Path(err.rsplit("every rank's log is in ", 1)[1])
+    assert "Traceback" in (logs / "rank1.log").read_text()
+    shutil.rmtree(logs)
+    assert not (tmp_path / "profile.json").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--profile", "profile.json", "--json", "profile.json"], "--json PATH/profile.json: that is --profile"),
+        (["job.yaml", "--out", "job.yaml"], "--out PATH/job.yaml: that is the job file"),
+        (["job.yaml", "--out", "profile.json", "--json", "profile.json"], "--json PATH/profile.json: that is --out"),
+    ],
+)
+def test_no_output_of_hpo_profile_pipeline_overwrites_a_file_it_reads_or_writes(tmp_path, capsys, argv, needle):
+    """A typo that names one file twice is refused before anything runs: the saved profile (a minute
+    or more of profiling) and the job file are never replaced by a table of predictions."""
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.010, 0.020], [0.020, 0.040])
+    profile.save(tmp_path / "profile.json")
+    (tmp_path / "job.yaml").write_text("profile: {stages: 2}\n")
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    assert _cli([str(tmp_path / a) if a.endswith((".json", ".yaml")) else a for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err.replace(str(tmp_path), "PATH"), err
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
 
 
 def test_hpo_profile_pipeline_predicts_from_a_saved_profile_with_charts_and_json(tmp_path, capsys):

@@ -53,6 +53,8 @@ def test_valid_file_passes(tmp_path, capsys):
         (VALID.replace("{values: [16, 32]}", "{valeus: [16, 32]}"), "parameters.width.valeus", 7, "did you mean 'values'"),
         (VALID.replace("goal: minimize", "goal: smallest"), "metric.goal", 4, "minimize"),
         (VALID + "fusion: {placement: bubbles}\n", "fusion", 10, "needs an explicit max_members"),
+        (VALID + "fusion: {placement: bubbles, max_members: two}\n", "fusion.max_members", 10,
+         "max_members must be 'auto' or a positive integer, got 'two'"),
         (VALID.replace("{values: [16, 32]}", "32"), "parameters.width", 7, "32 is not a parameter: write {value: 32}"),
         (VALID.replace("{values: [16, 32]}", "[16, 32]"), "parameters.width", 7, "write {values: [16, 32]} to search these values"),
         (VALID + "fusion: true\n", "fusion", 10, "true is not a block of settings: write {enabled: true} (its keys: enabled, max_members"),
@@ -63,12 +65,13 @@ def test_valid_file_passes(tmp_path, capsys):
     ],
     ids=["unknown-key", "wrong-type", "min-ge-max", "non-positive-log-bound", "grid-continuous",
          "metric-never-reported", "unimportable-trainable", "unknown-nested-key", "bad-enum",
-         "bubbles-without-group-size", "bare-value", "bare-list", "bare-block-flag", "bare-block-value", "grid-with-run-cap",
+         "bubbles-without-group-size", "group-size-in-words", "bare-value", "bare-list", "bare-block-flag", "bare-block-value", "grid-with-run-cap",
          "hyperband-min-iter"],
 )
 def test_bad_input_names_key_and_line(tmp_path, capsys, bad, key, line, words):
     code, err = validate(write(tmp_path, bad), capsys)
     assert code == 2, err
+    assert len(err.strip().splitlines()) == 1, err
     assert f"sweep.yaml:{line}: {key}:" in err, err
     assert words in err, err
 

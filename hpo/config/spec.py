@@ -235,6 +235,14 @@ class FusionConfig(_Strict):
             raise ValueError(f"compile {self.compile!r} is for placement 'device'; bubble guests run their steps eagerly")
         return self
 
+    @field_validator("max_members", mode="before")
+    @classmethod
+    def _auto_or_a_count(cls, value: Any) -> Any:
+        # before the union's own checks, which would report each of its branches on a line of its own
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        raise ValueError(f"max_members must be 'auto' or a positive integer, got {value!r}")
+
     @field_validator("max_members")
     @classmethod
     def _positive(cls, value: int | str) -> int | str:

@@ -20,6 +20,14 @@ from hpo.reporting.live_results import results_file_callback
 from hpo.reporting.sweep_result import SweepResult
 
 
+#: What a bubble sweep says when it starts on a Ray where no pipeline stage lends its bubbles.
+NO_LENDING_STAGE = (
+    "fusion: no pipeline stage lends its bubbles on this Ray cluster yet: the groups wait until a DeepSpeed "
+    "pipeline job connected to it calls pipeline_bubble.lend_bubbles (a sweep on a Ray of its own, "
+    "started without --address, has none), and trials that never get one end without a result"
+)
+
+
 class BubbleEngine(SweepEngine):
     """A sweep fused into pipeline jobs' bubbles: a relay Tune trial per configuration."""
 
@@ -30,24 +38,25 @@ class BubbleEngine(SweepEngine):
     def start(self, experiment: Path, tune_config: tune.TuneConfig, run_config: tune.RunConfig) -> TuneRun:
         """Start the sweep's broker (B measured first with `max_members: auto`) and give Tune one
         relay per configuration, over the user's space."""
-        from pipeline_bubble.bubble_pool import bubble_group_launcher  # torch: only sweeps that lend bubbles
+        from pipeline_bubble.bubble_pool import bubble_group_launcher, lending_stages  # torch: only sweeps that lend bubbles
 
         plan = self.plan
         self.members_per_group = group_size(plan.trainable, self.fusion, plan.resources, plan.param_space)
+        stages = lending_stages()
+        if not stages:  # else the sweep waits in silence, and its trials end without a result
+            print(NO_LENDING_STAGE, flush=True)
         launcher = bubble_group_launcher(experiment.name, plan.trainable, plan.max_iterations, self.fusion.dtype, self.fusion.verify)
         broker = start_broker(broker_name(experiment.name), NAMESPACE, plan.trainable, self.members_per_group, launcher)
         relay = tune.with_resources(fused_member_trainable(experiment.name, plan.max_iterations), MEMBER_TRIAL_RESOURCES)
-        return TuneRun(relay, dict(plan.param_space), self._tune_config(tune_config),
+        return TuneRun(relay, dict(plan.param_space), self._tune_config(tune_config, stages),
                        self._run_config(experiment, run_config), [broker])
 
-    def _tune_config(self, tune_config: tune.TuneConfig) -> tune.TuneConfig:
+    def _tune_config(self, tune_config: tune.TuneConfig, stages: int) -> tune.TuneConfig:
         """Enough member trials at once to fill every lending stage with a full group."""
         tune_config = workload_tune_config(tune_config)
         if tune_config.max_concurrent_trials:
             return tune_config
-        from pipeline_bubble.bubble_pool import lending_stages
-
-        return replace(tune_config, max_concurrent_trials=self.members_per_group * max(1, lending_stages()))
+        return replace(tune_config, max_concurrent_trials=self.members_per_group * max(1, stages))
 
     def _run_config(self, experiment: Path, run_config: tune.RunConfig) -> tune.RunConfig:
         run_config = workload_run_config(run_config, self.plan.max_iterations)
