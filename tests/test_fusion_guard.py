@@ -62,7 +62,9 @@ def steps_taken(monkeypatch) -> list[int]:
     return taken
 
 
-def test_a_group_that_swaps_two_members_learning_rates_is_refused_before_it_trains(monkeypatch, steps_taken):
+@pytest.fixture
+def swapped_learning_rates(monkeypatch) -> None:
+    """The fused optimizer gives member 0 member 1's learning rate and back: a bug the guard must catch."""
     scheduled_lrs = fusion.optim.FusedOptimizer.scheduled_lrs
 
     def swapped(self, steps):
@@ -71,6 +73,9 @@ def test_a_group_that_swaps_two_members_learning_rates_is_refused_before_it_trai
         return lrs
 
     monkeypatch.setattr(fusion.optim.FusedOptimizer, "scheduled_lrs", swapped)
+
+
+def test_a_group_that_swaps_two_members_learning_rates_is_refused_before_it_trains(swapped_learning_rates, steps_taken):
     with pytest.raises(FusionError, match=r"member [01]'s parameter 'head\.weight' differs .* it is not trained"):
         FusedTrainer(probing_workload(), CONFIGS)
     assert not steps_taken
@@ -217,15 +222,7 @@ def test_a_model_that_casts_to_float32_in_forward_is_checked_in_float64_and_trai
     assert all(math.isfinite(r["train_loss"]) for r in trainer.train_iteration())
 
 
-def test_the_check_of_a_model_that_casts_to_float32_still_refuses_a_wrong_group(monkeypatch, steps_taken):
-    scheduled_lrs = fusion.optim.FusedOptimizer.scheduled_lrs
-
-    def swapped(self, steps):
-        lrs = scheduled_lrs(self, steps)
-        lrs[0], lrs[1] = lrs[1], lrs[0]
-        return lrs
-
-    monkeypatch.setattr(fusion.optim.FusedOptimizer, "scheduled_lrs", swapped)
+def test_the_check_of_a_model_that_casts_to_float32_still_refuses_a_wrong_group(swapped_learning_rates, steps_taken):
     with pytest.raises(FusionError, match=r"member [01]'s parameter '(fc|out)\.(weight|bias)' differs"):
         FusedTrainer(pixel_workload(CastsItsInputs), CONFIGS)
     assert not steps_taken
