@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpo.base import atomic_files
-from hpo.base.atomic_files import replace_folder_durably, write_all_atomically, write_atomically
+from hpo.base.atomic_files import _umask, replace_folder_durably, write_all_atomically, write_atomically
 
 
 def tree(folder: Path) -> dict[str, bytes]:
@@ -26,7 +26,9 @@ def test_the_new_content_replaces_the_file_and_nothing_else_is_left_beside_it(tm
     write_atomically(target, lambda temporary: Path(temporary).write_text("newest"))
     assert os.listdir(target.parent) == ["state.json"]
     assert target.read_text() == "newest"
-    assert stat.S_IMODE(target.stat().st_mode) == 0o600  # it may hold a job's settings
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~_umask()  # as a plain open(path, "w") makes it
+    write_atomically(target, "a job's settings", private=True)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
 
 
 def test_a_writer_that_fails_halfway_leaves_the_old_file_no_temporary_and_an_error_naming_the_target(tmp_path):

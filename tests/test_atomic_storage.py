@@ -5,6 +5,8 @@ state costs what changed since the last one."""
 
 from __future__ import annotations
 
+import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -133,3 +135,25 @@ def test_storage_on_arrows_own_filesystems_keeps_every_io_thread():
     assert before > 1
     with one_copying_thread(pyarrow.fs.LocalFileSystem()), one_copying_thread(None):
         assert pyarrow.io_thread_count() == before
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_a_replaced_file_gets_the_mode_a_plain_write_gives_not_the_temporarys(tmp_path, umask):
+    # the temporaries are private (0600), and renaming one over a run's files left every result
+    # and checkpoint unreadable to a teammate or a TensorBoard on a shared disk, unlike Tune's own
+    from hpo.base import atomic_files
+
+    plain, via_storage, via_rule = tmp_path / "plain.json", tmp_path / "result.json", tmp_path / "summary.json"
+    old = os.umask(umask)
+    atomic_files._umask.cache_clear()
+    try:
+        plain.write_text("{}")
+        with atomic_local_filesystem().open_output_stream(str(via_storage)) as stream:
+            stream.write(b"{}")
+        atomic_files.write_atomically(via_rule, "{}")
+    finally:
+        os.umask(old)
+        atomic_files._umask.cache_clear()
+    expected = stat.S_IMODE(plain.stat().st_mode)
+    assert expected == 0o666 & ~umask
+    assert stat.S_IMODE(via_storage.stat().st_mode) == expected and stat.S_IMODE(via_rule.stat().st_mode) == expected

@@ -8,13 +8,17 @@ file back, or leave neither. A write that fails (a full disk) removes its tempor
 the target as it was; its OSError names the target, which is what a user can act on, not the
 temporary's random name.
 
-Temporaries are private (mode 0600, as `tempfile.mkstemp` makes them) and named
-`.<target name>.<random><target suffix>`: hidden, and with the target's suffix, so a writer
-that picks a format by the file's name (matplotlib, pandas) picks the target's.
+Temporaries are named `.<target name>.<random><target suffix>`: hidden, and with the target's
+suffix, so a writer that picks a format by the file's name (matplotlib, pandas) picks the
+target's. `tempfile.mkstemp` makes them private (0600); the file that replaces the target gets
+the mode a plain `open` gives (`file_mode`: 0666 less the umask), so a run's results and
+checkpoints are as readable as Tune leaves them, to a teammate or a TensorBoard on a shared disk,
+unless the writer asks for a private file (`private=True`: the allocator's journal of jobs).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -25,6 +29,34 @@ from pathlib import Path
 #: The new content of a file: its bytes, its text (UTF-8), or a function that writes the file
 #: at the path it is given (`torch.save`, `DataFrame.to_csv`).
 Content = bytes | str | Callable[[str], object]
+
+
+@functools.cache
+def _umask() -> int:
+    """The process's umask, read without setting it (`os.umask` sets it while reading it, which
+    races any thread creating a file meanwhile)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+def file_mode() -> int:
+    """The mode `open(path, "w")` gives a new file: 0666 less the umask."""
+    return 0o666 & ~_umask()
+
+
+def new_temporary(target: Path, suffix: str | None = None, private: bool = False) -> tuple[int, str]:
+    """An open descriptor and the name of a new temporary beside `target` (see the module
+    docstring; `suffix`: another than the target's), with the mode the target is to have."""
+    suffix = target.suffix if suffix is None else suffix
+    handle, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
+    if not private:
+        os.fchmod(handle, file_mode())
+    return handle, name
 
 
 def fsync_folder(folder: str | os.PathLike) -> None:
@@ -49,12 +81,12 @@ def replace_durably(temporary: str | os.PathLike, target: str | os.PathLike) -> 
     fsync_folder(os.path.dirname(os.path.abspath(target)))
 
 
-def write_atomically(path: str | os.PathLike, content: Content) -> None:
+def write_atomically(path: str | os.PathLike, content: Content, private: bool = False) -> None:
     """Replace the file at `path` (its folder made if missing) by `content`, durably."""
-    write_all_atomically({Path(path): content})
+    write_all_atomically({Path(path): content}, private)
 
 
-def write_all_atomically(writes: Mapping[Path, Content]) -> None:
+def write_all_atomically(writes: Mapping[Path, Content], private: bool = False) -> None:
     """Write every file to its temporary (fsynced) before renaming any into place: a failed write
     changes none of the files, so a reader never pairs a new file with an old one."""
     staged: dict[Path, str] = {}
@@ -62,7 +94,7 @@ def write_all_atomically(writes: Mapping[Path, Content]) -> None:
         for path, content in writes.items():
             with _naming(path):
                 path.parent.mkdir(parents=True, exist_ok=True)
-                handle, staged[path] = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+                handle, staged[path] = new_temporary(path, private=private)
                 os.close(handle)
                 _write(staged[path], content)
                 fsync_file(staged[path])

@@ -33,16 +33,16 @@ from __future__ import annotations
 import io
 import os
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pyarrow
 import pyarrow.fs
 
-from hpo.base.atomic_files import replace_durably
+from hpo.base.atomic_files import new_temporary, replace_durably
 
 
 #: Files up to this size are compared with the file they replace before anything is written
@@ -113,8 +113,7 @@ class _ReplacedWhenClosed(io.RawIOBase):
 
     def _spill(self) -> None:
         """Go on in a temporary file beside the target, starting with what was written so far."""
-        folder, name = os.path.split(self._target)
-        handle, self._temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=folder or ".")
+        handle, self._temporary = new_temporary(Path(os.path.abspath(self._target)), suffix=".partial")
         self._spilled = io.FileIO(handle, "wb")
         _write_all(self._spilled, memoryview(self._pending))
         self._pending, self._old = bytearray(), None

@@ -176,8 +176,8 @@ class Journal:
             elif line.strip():
                 skipped += 1
         kept = self.path.with_name(self.path.name + ".unframed")
-        write_atomically(kept, data)
-        write_atomically(self.path, b"".join(framed))
+        write_atomically(kept, data, private=True)  # jobs' settings: for the allocator's user alone
+        write_atomically(self.path, b"".join(framed), private=True)
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
         self.note(f"{self.path}: converted {len(framed)} records of the unframed format "
