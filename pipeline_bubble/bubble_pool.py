@@ -62,6 +62,9 @@ class BubblePool:
         self.waiting: deque[tuple[Any, str]] = deque()
         self.hosts: dict[str, _Host] = {}
         self.quotas: dict[str, dict[int | str, int]] = {}
+        #: Runs (one start of a sweep, `run_id`) that have ended: a group one of them submits late
+        #: (its broker launched it while Tune was ending the sweep) goes nowhere.
+        self.ended_runs: set[str] = set()
 
     def register(self, host_id: str, owner: int | str | None = None) -> None:
         self.hosts.setdefault(host_id, _Host(owner))
@@ -73,8 +76,15 @@ class BubblePool:
         if host is not None and host.group is not None and not host.withdrawn:
             self.waiting.appendleft((host.group, host.sweep))
 
-    def submit(self, group: Any, sweep: str) -> None:
-        self.waiting.append((group, sweep))
+    def submit(self, group: Any, sweep: str, run: str | None = None) -> None:
+        """Queue `group` of `sweep`, unless `run` (the start of the sweep that launched it) has ended.
+
+        A broker submits without waiting, and Tune's end of the sweep reaches the pool from the
+        driver, so a group launched as the sweep ended could arrive after `end_sweep` and wait
+        here for the next pipeline job, which took it, found its actor gone, and counted a group it
+        never trained. A sweep's name comes back when it is resumed; its run does not."""
+        if run is None or run not in self.ended_runs:
+            self.waiting.append((group, sweep))
 
     def _held(self, sweep: str, owner: int | str | None) -> list[_Host]:
         return [h for h in self.hosts.values() if h.sweep == sweep and h.owner == owner and h.group is not None]
@@ -110,10 +120,13 @@ class BubblePool:
         if host is not None:
             host.group, host.sweep, host.yielding, host.withdrawn = None, None, False, False
 
-    def end_sweep(self, sweep: str) -> None:
+    def end_sweep(self, sweep: str, run: str | None = None) -> None:
         """`sweep` has ended: its waiting groups leave the line, and the stages training one are
         asked to yield it, which then goes nowhere. (A group left in line or handed back would run
-        in the next sweep's bubbles, long after its trials ended.)"""
+        in the next sweep's bubbles, long after its trials ended.) A group `run` submits after this
+        is dropped (`submit`)."""
+        if run is not None:
+            self.ended_runs.add(run)
         self.waiting = deque((group, s) for group, s in self.waiting if s != sweep)
         for host in self.hosts.values():
             if host.sweep == sweep and host.group is not None:
@@ -179,13 +192,15 @@ class BubbleGroup(MemberRelay):
 
 
 def bubble_group_launcher(
-    sweep: str, workload: Workload, max_iterations: int, dtype: str = "fp32", verify: bool = True
+    sweep: str, workload: Workload, max_iterations: int, dtype: str = "fp32", verify: bool = True,
+    run: str | None = None,
 ) -> GroupLauncher:
-    """Each group a `BubbleGroup`, queued in the cluster's pool for the next free stage."""
+    """Each group a `BubbleGroup`, queued in the cluster's pool for the next free stage (`run`:
+    this start of the sweep, whose end drops a group it submits late; see `BubblePool.submit`)."""
 
     def launch(configs: list[Mapping[str, Any]], members: list[Hashable], states: list[bytes | None]) -> Any:
         group = BubbleGroup.remote(GroupAssignment(workload, configs, members, states, max_iterations, dtype, verify))
-        bubble_pool().submit.remote(group, sweep)
+        bubble_pool().submit.remote(group, sweep, run)
         return group
 
     return launch

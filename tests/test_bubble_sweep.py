@@ -399,3 +399,21 @@ def test_a_sweep_that_ends_takes_its_groups_out_of_the_pool_wherever_they_are():
     ray.get(pool.unregister.remote("stage-b"))  # the job of the other stage ended
     assert ray.get(pool.state.remote())["waiting"] == waiting, "neither went back in line for the next sweep"
     ray.get(pool.unregister.remote("stage-a"))
+
+
+def test_a_group_its_broker_submits_after_the_sweep_ended_waits_for_no_stage():
+    # a broker submits without waiting, and Tune's end of the sweep reaches the pool from the
+    # driver: a group launched as a short sweep ended (its time budget) arrived after the end, and
+    # the next pipeline job took it, found its actor gone, and counted a group it never trained
+    from hpo.engines.bubbles.relay_trial import FusionCallback
+    from pipeline_bubble.bubble_pool import bubble_pool
+
+    pool = bubble_pool()
+    waiting = ray.get(pool.state.remote())["waiting"]
+    FusionCallback("late", "run-1").on_experiment_end(trials=[])
+    ray.get(pool.submit.remote("launched-as-it-ended", "late", "run-1"))
+    assert ray.get(pool.state.remote())["waiting"] == waiting, "a group of an ended run waits for no stage"
+    ray.get(pool.submit.remote("resumed", "late", "run-2"))  # the same sweep resumed: a new run, same name
+    assert ray.get(pool.state.remote())["waiting"] == waiting + 1
+    ray.get(pool.end_sweep.remote("late", "run-2"))
+    assert ray.get(pool.state.remote())["waiting"] == waiting

@@ -13,7 +13,8 @@ suffix, so a writer that picks a format by the file's name (matplotlib, pandas) 
 target's. `tempfile.mkstemp` makes them private (0600); the file that replaces the target gets
 the mode a plain `open` gives (`file_mode`: 0666 less the umask), so a run's results and
 checkpoints are as readable as Tune leaves them, to a teammate or a TensorBoard on a shared disk,
-unless the writer asks for a private file (`private=True`: the allocator's journal of jobs).
+unless the writer asks for a private file (`private=True`: the allocator's journal and its jobs'
+checkpoints).
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ class JobContext:
         if not self.is_chief:
             return
         data = _encode_state(state)
-        write_atomically(Path(self.checkpoint_dir) / CHECKPOINT_FILE, data)
+        write_atomically(Path(self.checkpoint_dir) / CHECKPOINT_FILE, data, private=True)  # the job's own state
         if progress is not None:
             self._report_progress(progress)
 

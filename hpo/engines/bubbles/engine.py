@@ -4,6 +4,7 @@ trains them in pipeline jobs' bubbles, outside Tune."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ class BubbleEngine(SweepEngine):
     def __init__(self, plan: SweepPlan, fusion: FusionConfig):
         self.plan, self.fusion = plan, fusion
         self.members_per_group = 0
+        #: This start of the sweep, for the pool: a resumed sweep keeps its name, not its run.
+        self.run_id = uuid.uuid4().hex
 
     def start(self, experiment: Path, tune_config: tune.TuneConfig, run_config: tune.RunConfig) -> TuneRun:
         """Start the sweep's broker (B measured first with `max_members: auto`) and give Tune one
@@ -45,7 +48,8 @@ class BubbleEngine(SweepEngine):
         stages = lending_stages()
         if not stages:  # else the sweep waits in silence, and its trials end without a result
             print(NO_LENDING_STAGE, flush=True)
-        launcher = bubble_group_launcher(experiment.name, plan.trainable, plan.max_iterations, self.fusion.dtype, self.fusion.verify)
+        launcher = bubble_group_launcher(experiment.name, plan.trainable, plan.max_iterations, self.fusion.dtype,
+                                         self.fusion.verify, self.run_id)
         broker = start_broker(broker_name(experiment.name), NAMESPACE, plan.trainable, self.members_per_group, launcher)
         relay = tune.with_resources(fused_member_trainable(experiment.name, plan.max_iterations), MEMBER_TRIAL_RESOURCES)
         return TuneRun(relay, dict(plan.param_space), self._tune_config(tune_config, stages),
@@ -63,7 +67,7 @@ class BubbleEngine(SweepEngine):
         callbacks = list(run_config.callbacks or [])
         if self.plan.metric:
             callbacks.append(results_file_callback(experiment, self.plan.metric, self.plan.mode, self.plan.max_iterations))
-        callbacks.append(FusionCallback(experiment.name))
+        callbacks.append(FusionCallback(experiment.name, self.run_id))
         return replace(run_config, callbacks=callbacks)
 
     def result(self, grid: Any) -> SweepResult:

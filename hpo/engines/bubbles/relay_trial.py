@@ -80,8 +80,8 @@ class FusionCallback(tune.Callback):
     in the pool and train in the next sweep's bubbles.
     """
 
-    def __init__(self, sweep: str):
-        self.sweep = sweep
+    def __init__(self, sweep: str, run: str | None = None):
+        self.sweep, self.run = sweep, run
         self.registered: set[str] = set()
         self._broker: Any = None
 
@@ -116,4 +116,4 @@ class FusionCallback(tune.Callback):
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         from pipeline_bubble.bubble_pool import bubble_pool  # torch: the driver's, which has it already
 
-        ray.get(bubble_pool().end_sweep.remote(self.sweep))  # before the next sweep can start
+        ray.get(bubble_pool().end_sweep.remote(self.sweep, self.run))  # before the next sweep can start
