@@ -285,15 +285,19 @@ def check_resources(loaded: LoadedSweep, address: str | None = None) -> list[Con
     if spec.scaling is not None and spec.scaling.eager_transfer is not None:
         asks["scaling.target_cpus"] = ("cpu", spec.scaling.target_cpus)
         asks["scaling.target_gpus"] = ("gpu", spec.scaling.target_gpus)
-    issues = []
-    for key, (kind, wanted) in asks.items():
-        if wanted > capacity[kind]:
-            unit = kind.upper() + ("s" if wanted != 1 else "")
-            issues.append(loaded.issue(key, (
-                f"a trial asks for {wanted:g} {unit} but {where} has {capacity[kind]:g}; Ray would wait for "
-                "them forever. Ask for less, or join a bigger cluster with --address"
-            )))
-    return issues
+    return [loaded.issue(key, f"{beyond} with --address") for key, (kind, wanted) in asks.items()
+            if (beyond := beyond_capacity(kind, wanted, capacity, where))]
+
+
+def beyond_capacity(kind: str, wanted: float, capacity: dict[str, float], where: str) -> str | None:
+    """Why a trial asking for `wanted` of `kind` ("cpu", "gpu") can never start where the largest
+    node (`where`) has `capacity`, or None when it fits: the one wording of `hpo run`'s check
+    before Ray starts and the `Tuner`'s once it is up."""
+    if wanted <= capacity[kind]:
+        return None
+    unit = kind.upper() + ("s" if wanted != 1 else "")
+    return (f"a trial asks for {wanted:g} {unit} but {where} has {capacity[kind]:g}; Ray would wait for "
+            "them forever. Ask for less, or join a bigger cluster")
 
 
 def machine_capacity() -> dict[str, float]:

@@ -37,7 +37,7 @@ from hpo.base import figures
 from hpo.base.ray_runtime import ensure_ray
 from hpo.base.scoped_environ import scoped_environ
 from hpo.config.errors import checked_block
-from hpo.config.preflight import largest_node
+from hpo.config.preflight import beyond_capacity, largest_node
 from hpo.config.spec import DEFAULT_MAX_ITERATIONS, CheckpointPolicy, FusionConfig
 from hpo.config.trainable_lookup import ResolvedTrainable, resolve_trainable
 from hpo.engines._base import SweepEngine, TuneRun
@@ -148,12 +148,8 @@ class Tuner:
         capacity = largest_node()
         for kind in ("cpu", "gpu"):
             wanted = float(self.resources.get(kind, self.resources.get(kind.upper(), 0)))
-            if wanted > capacity[kind]:
-                unit = kind.upper() + ("s" if wanted != 1 else "")
-                raise ValueError(
-                    f"resources: a trial asks for {wanted:g} {unit} but the largest node of this Ray has "
-                    f"{capacity[kind]:g}; Ray would wait for them forever. Ask for less, or join a bigger cluster"
-                )
+            if beyond := beyond_capacity(kind, wanted, capacity, "the largest node of this Ray"):
+                raise ValueError(f"resources: {beyond}")
 
     def fit(self) -> SweepResult:
         """Run the sweep in a new run folder: a name already on disk gets the next versioned one."""
