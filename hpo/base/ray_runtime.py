@@ -92,6 +92,16 @@ def check_reachable(source: str, address: str) -> None:
                                  f"({e.strerror or type(e).__name__})") from None
 
 
+def cluster_address(address: str | None, default: str | None = None) -> str | None:
+    """The cluster to join: `address` (`--address`), else `RAY_ADDRESS`, else `default`; checked
+    first to accept a connection (`check_reachable`, whose refusal names where it came from)."""
+    source = "--address" if address else "RAY_ADDRESS"
+    address = address or os.environ.get("RAY_ADDRESS") or default
+    if address:
+        check_reachable(source, address)
+    return address
+
+
 def ensure_ray(
     address: str | None = None, dashboard: bool = False, num_gpus: int | None = None,
     code_folder: str | Path | None = None, exclude: Sequence[str | Path] = (),
@@ -113,10 +123,8 @@ def ensure_ray(
         return
     runtime_env = code_runtime_env(code_folder, exclude) if code_folder is not None else {}
     logging_level = logging.INFO if dashboard else logging.WARNING
-    source = "--address" if address else "RAY_ADDRESS"
-    address = address or os.environ.get("RAY_ADDRESS")
+    address = cluster_address(address)
     if address:
-        check_reachable(source, address)
         ray.init(address=address, namespace=NAMESPACE, runtime_env=_beside_submitted_job(runtime_env),
                  logging_level=logging_level)
         return

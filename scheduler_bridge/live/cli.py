@@ -103,12 +103,9 @@ def _connect(address: str | None) -> None:
     import ray
 
     if not ray.is_initialized():
-        source = "--address" if address else "RAY_ADDRESS"
-        address = address or os.environ.get("RAY_ADDRESS") or "auto"
-        from hpo.base.ray_runtime import check_reachable  # here: importing it sets Ray's loopback switch
+        from hpo.base.ray_runtime import cluster_address  # here: importing it sets Ray's loopback switch
 
-        check_reachable(source, address)
-        ray.init(address=address, namespace="hpo", log_to_driver=False)
+        ray.init(address=cluster_address(address, "auto"), namespace="hpo", log_to_driver=False)
 
 
 def _value(text: str):
