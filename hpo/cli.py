@@ -174,9 +174,7 @@ def _report(result, sweep_file: str) -> int:
     trial errored (EXIT_TRIALS_ERRORED), or none reported the metric (1)."""
     from hpo.reporting import console
 
-    verdict = console.report(result, f"hpo run {sweep_file} --resume")
-    return {console.OK: 0, console.INTERRUPTED: EXIT_INTERRUPTED, console.ERRORED: EXIT_TRIALS_ERRORED,
-            console.NO_RESULT: EXIT_NO_RESULT}[verdict]
+    return _exit_status(console.report(result, f"hpo run {sweep_file} --resume"))
 
 
 def _cmd_results(args: argparse.Namespace) -> int:
@@ -223,22 +221,32 @@ def _cmd_results(args: argparse.Namespace) -> int:
 
 
 def _stored_verdict(summary: dict, rows: Any) -> int:
-    """The exit status `hpo run` gave this run, so a script that checks a stored run (or a run
-    rebuilt after a crash) reads it as it read the sweep: errored trials, a run stopped before
-    every trial ended, no trial that reported the metric."""
+    """The exit status `hpo run` gave this run, by the same verdicts in the same order as its
+    report (`console.report`), so a script that checks a stored run (or a run rebuilt after a
+    crash) reads it as it read the sweep."""
+    from hpo.reporting import console
+
     errored = int(summary.get("errored") or 0)
     running = sum(1 for status in (rows["status"] if "status" in rows else ()) if status == "running")
-    if errored:
-        print(f"{errored} of {summary['trials']} trials errored", file=sys.stderr)
-        return EXIT_TRIALS_ERRORED
     if running:
         print(f"{running} of {len(rows)} trials had not ended: the sweep was stopped; hpo run FILE --resume goes on",
               file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _exit_status(console.INTERRUPTED)
+    if errored:
+        print(f"{errored} of {summary['trials']} trials errored", file=sys.stderr)
+        return _exit_status(console.ERRORED)
     if not summary.get("best"):
         print(f"no finished trial reported {summary['metric']}", file=sys.stderr)
-        return EXIT_NO_RESULT
-    return 0
+        return _exit_status(console.NO_RESULT)
+    return _exit_status(console.OK)
+
+
+def _exit_status(verdict: str) -> int:
+    """The exit status of a sweep's verdict (`console.report`'s)."""
+    from hpo.reporting import console
+
+    return {console.OK: 0, console.INTERRUPTED: EXIT_INTERRUPTED, console.ERRORED: EXIT_TRIALS_ERRORED,
+            console.NO_RESULT: EXIT_NO_RESULT}[verdict]
 
 
 def _verdicts(results_file: Path) -> dict[str, str]:

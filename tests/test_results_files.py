@@ -208,6 +208,8 @@ def test_results_are_rebuilt_from_the_trials_own_folders_even_with_a_torn_last_l
     ([record("t1", 0.2), record("t2", 0.4, error="ValueError: boom")], EXIT_TRIALS_ERRORED, "1 of 2 trials errored"),
     ([record("t1", 0.1, error="ValueError: boom"), record("t2", 0.4, error="OSError")], EXIT_TRIALS_ERRORED, "2 of 2 trials errored"),
     ([record("t1", 0.2), record("t2", 0.4, running=True)], EXIT_INTERRUPTED, "1 of 2 trials had not ended"),
+    # stopped with an error among the finished: hpo run's report says interrupted first, and so does this
+    ([record("t1", 0.2, error="ValueError: boom"), record("t2", 0.4, running=True)], EXIT_INTERRUPTED, "1 of 2 trials had not ended"),
     ([record("t1", math.nan)], EXIT_NO_RESULT, "no finished trial reported loss"),
 ])
 def test_hpo_results_exits_as_hpo_run_did_for_the_stored_run(tmp_path, capsys, records, status, says):
