@@ -21,6 +21,7 @@ from typing import Any
 from ray.tune.stopper import Stopper
 
 from hpo.reporting.results_files import is_number, metric_value
+from hpo.reporting.tune_errors import own_keys
 
 logger = logging.getLogger(__name__)
 
@@ -54,11 +55,8 @@ class Thresholds:
         if key in self.said:
             return
         self.said.add(key)
-        from ray.tune.result import AUTO_RESULT_KEYS
-
-        reported = [k for k in result if k not in AUTO_RESULT_KEYS and k not in ("done", "trial_id", "config")]
         logger.warning("warning: stop: %r is not in a trial's result (it reported: %s); that threshold stops no "
-                       "trial unless a later result has it", key, ", ".join(reported) or "nothing of its own")
+                       "trial unless a later result has it", key, ", ".join(own_keys(result)) or "nothing of its own")
 
     def __getstate__(self) -> dict[str, Any]:  # Tune saves its stopper with the sweep: what was said is not state
         return {**self.__dict__, "said": set()}

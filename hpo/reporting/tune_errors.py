@@ -11,7 +11,8 @@ from __future__ import annotations
 import ast
 import errno
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 
 def causes(exc: BaseException | None) -> Iterator[BaseException]:
@@ -39,12 +40,19 @@ def unreported_metric(exc: BaseException) -> str | None:
         match = _TUNE_MISSING_METRIC.search(str(cause))
         if match is None:
             continue
-        from ray.tune.result import AUTO_RESULT_KEYS
-
         try:
             result = ast.literal_eval(match.group(1))
         except (ValueError, SyntaxError):
             return ""
-        tune_keys = {*AUTO_RESULT_KEYS, "done", "trial_id"}
-        return ", ".join(k for k in result if k not in tune_keys and not k.startswith("config/"))
+        return ", ".join(own_keys(result))
     return None
+
+
+def own_keys(result: Mapping[str, Any]) -> list[str]:
+    """The keys of a trial's result that the trainable reported, not those Tune adds (its
+    counters and times, `done`, `trial_id`, the config): the names to show a user who named
+    another (a metric, a `stop` key)."""
+    from ray.tune.result import AUTO_RESULT_KEYS
+
+    tune_keys = {*AUTO_RESULT_KEYS, "done", "trial_id", "config"}
+    return [k for k in result if k not in tune_keys and not k.startswith("config/")]
