@@ -163,10 +163,7 @@ class Tuner:
             run = self._start()
             tuner = tune.Tuner(run.trainable, param_space=run.param_space, tune_config=run.tune_config,
                                run_config=run.run_config)
-            started = time.monotonic()
-            with sigterm_stops_the_sweep():
-                grid = tuner.fit()
-            return self._wrap(grid, run.actors, started)
+            return self._fit(tuner, run)
 
     def resume(self, path: str) -> SweepResult:
         """Continue an interrupted sweep stored at `path`: finished trials are kept, not re-run.
@@ -187,10 +184,14 @@ class Tuner:
                 resume_unfinished=True,
                 resume_errored=True,
             )
-            started = time.monotonic()
-            with sigterm_stops_the_sweep():
-                grid = tuner.fit()
-            return self._wrap(grid, run.actors, started)
+            return self._fit(tuner, run)
+
+    def _fit(self, tuner: tune.Tuner, run: TuneRun) -> SweepResult:
+        """Tune's fit, which SIGTERM stops as Ctrl-C does, as the sweep's result."""
+        started = time.monotonic()
+        with sigterm_stops_the_sweep():
+            grid = tuner.fit()
+        return self._wrap(grid, run.actors, started)
 
     @contextmanager
     def _process_settings(self) -> Iterator[None]:
@@ -220,7 +221,7 @@ class Tuner:
         out_of_time = budget is not None and time.monotonic() - started >= budget
         if out_of_time:
             result.out_of_time(budget, expected_trials(self.param_space, self.tune_config.num_samples))
-        if not out_of_time and not all(ended(trial) for trial in grid):
+        elif not all(ended(trial) for trial in grid):
             # Tune returns from a Ctrl-C as if the sweep had finished. Its saved state is read only
             # then (90 MB at 10,000 trials): it holds as ended the trials HyperBand stopped while
             # paused, whose last result carries no `done`.

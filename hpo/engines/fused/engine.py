@@ -122,7 +122,7 @@ class FusedEngine(SweepEngine):
             book=book,
             trainable=tune.with_resources(trainable, dict(plan.resources)),
             search_alg=searcher,
-            scheduler=GroupScheduler(tune_config.scheduler, book, plan.max_iterations, thresholds or {}, metric, mode),
+            scheduler=GroupScheduler(tune_config.scheduler, book, plan.max_iterations, thresholds, metric, mode),
             checkpoint_config=group_checkpoint_config(checkpoint.every, checkpoint.at_end),
             callback=member_results_callback(book, experiment, metric, mode, plan.max_iterations),
             members_per_group=members_per_group,

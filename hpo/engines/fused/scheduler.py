@@ -87,8 +87,7 @@ class GroupScheduler(TrialScheduler):
                 continue
             if self.thresholds.reached(member_result):
                 self.inner.on_trial_complete(self.members, member, member_result)
-                finished = member_result.get("training_iteration", 0) >= self.max_iterations
-                self._end(member, "completed" if finished else "early_stopped")
+                self._end(member, self._ended_at(member_result))
                 continue
             decision = self.inner.on_trial_result(self.members, member, member_result)
             if decision == TrialScheduler.STOP:
@@ -121,13 +120,13 @@ class GroupScheduler(TrialScheduler):
         for member in self.book.group(trial.trial_id):
             if not member.live:
                 continue
-            finished = member.last_result.get("training_iteration", 0) >= self.max_iterations
-            if member.last_result.get("diverged"):
-                status = "diverged"
-            else:
-                status = "completed" if finished else "early_stopped"
+            status = "diverged" if member.last_result.get("diverged") else self._ended_at(member.last_result)
             self.inner.on_trial_complete(self.members, member, member.last_result)
             self._end(member, status)
+
+    def _ended_at(self, result: dict) -> str:
+        """A member that ends at `result` (not diverged): `completed` at `max_iterations`, else `early_stopped`."""
+        return "completed" if result.get("training_iteration", 0) >= self.max_iterations else "early_stopped"
 
     def on_trial_error(self, tune_controller: Any, trial: Any) -> None:
         """Every retry of a group reaches here; only a group out of retries ends its members."""
