@@ -287,11 +287,7 @@ def _check_values(data: Mapping[str, Any], path: Path) -> None:
         for key in ("forward_s", "backward_s"):
             if key in layer and (not _is_number(layer[key]) or layer[key] < 0):
                 fail(f"{where}.{key}", f"{shown(layer[key])} is not a number >= 0 (seconds)")
-        for entry_index, entry in enumerate(listed(layer.get("timed_at", []), f"{where}.timed_at")):
-            if not isinstance(entry, list) or len(entry) != 3 or not all(_is_number(v) for v in entry) \
-                    or not entry[0] > 0 or min(entry[1:]) < 0:
-                fail(f"{where}.timed_at[{entry_index}]",
-                     f"{shown(entry)} is not [micro-batch size > 0, forward seconds >= 0, backward seconds >= 0]")
+        listed(layer.get("timed_at", []), f"{where}.timed_at")  # its entries: `_check_consistent`
     stop = 0
     for index, stage in enumerate(listed(data["stages"], "stages")):
         where = f"stages[{index}]"
@@ -345,9 +341,10 @@ def _check_consistent(profile: PipelineProfile, where: Any) -> None:
                 raise ProfileError(f"{where}: stages[{stage.stage}].instructions[{instruction.slot}]: "
                                    f"{len(instruction.duration_s)} durations for {profile.batches} batches")
     for index, layer in enumerate(profile.layers):
-        for entry in layer.timed_at:
-            if len(entry) != 3 or not entry[0] > 0 or min(entry[1:]) < 0:
-                raise ProfileError(f"{where}: layers[{index}].timed_at: {entry!r} is not [micro-batch size > 0, "
+        for at, entry in enumerate(layer.timed_at):
+            if not isinstance(entry, (list, tuple)) or len(entry) != 3 or not all(_is_number(v) for v in entry) \
+                    or not entry[0] > 0 or min(entry[1:]) < 0:
+                raise ProfileError(f"{where}: layers[{index}].timed_at[{at}]: {entry!r} is not [micro-batch size > 0, "
                                    "forward seconds >= 0, backward seconds >= 0]")
     if profile.stages[-1].layers[1] != len(profile.layers):
         raise ProfileError(f"{where}: layers: {len(profile.layers)} layers, the stages hold {profile.stages[-1].layers[1]}")
