@@ -1,11 +1,21 @@
-"""SIGTERM stops a sweep as Ctrl-C does: Tune saves its state, the finished trials are kept, and
-`--resume` goes on.
+"""Ctrl-C and SIGTERM stop a sweep: Tune saves its state, the finished trials are kept, and
+`--resume` goes on; the sweep knows it was stopped, even where every trial Tune had made had ended.
 
-Batch systems (Slurm's preemption, Kubernetes, `ray job stop`) end a job with SIGTERM. Ray's
-driver answers SIGTERM with its C++ failure handler, which prints raw stack addresses and aborts
-(exit 134) in the middle of whatever Tune was writing. Tune stops gracefully on SIGINT and on
-SIGUSR1 (`ray.tune.tune._setup_signal_catching`), so while a sweep runs SIGTERM is passed on to
-Tune as SIGUSR1. It must be installed after Ray has started, whose start installs its handler.
+Tune returns from a stop as if the sweep were done, and keeps the fact to itself (a local event in
+`ray.tune.tune`). Reading it back from the trials misses the stop that lands between two trials:
+with a concurrency limit, or in a fused sweep whose next group Tune had not made yet, every trial
+made so far has ended, and the sweep looked complete (exit 0, the rest never trained). So the
+signals are caught here: Tune's own Ctrl-C handler is switched off (`TUNE_DISABLE_SIGINT_HANDLER`,
+documented among Tune's environment variables) and a stop signal is recorded, then passed on to
+Tune as SIGUSR1, on which Tune stops exactly as on Ctrl-C (`ray.tune.tune._setup_signal_catching`).
+
+SIGTERM matters too: batch systems (Slurm's preemption, Kubernetes, `ray job stop`) end a job with
+it, and Ray's driver answers it with its C++ failure handler, which prints raw stack addresses and
+aborts (exit 134) in the middle of whatever Tune was writing. The handlers must be installed after
+Ray has started, whose start installs its own.
+
+A second stop signal while Tune stops raises KeyboardInterrupt wherever the driver is, as a second
+Ctrl-C does in Tune: the user wants out now.
 """
 
 from __future__ import annotations
@@ -16,22 +26,46 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from hpo.base.scoped_environ import scoped_environ
 
-@contextmanager
-def sigterm_stops_the_sweep() -> Iterator[None]:
-    """While the block runs (a Tune fit), SIGTERM asks Tune to stop as Ctrl-C does; afterwards
-    SIGTERM does what it did before, or the default (end the process) where that was Ray's handler,
-    which Python cannot put back."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGUSR1"):
-        yield  # signal handlers belong to the main thread (and Windows has no SIGUSR1)
-        return
-    previous = signal.getsignal(signal.SIGTERM)
+#: Tune's documented switch for its own SIGINT handler; SIGUSR1 it always catches.
+TUNE_SIGINT_ENV = "TUNE_DISABLE_SIGINT_HANDLER"
 
-    def stop(signum: int, frame: object) -> None:
+
+class StopRequest:
+    """Whether a stop signal arrived while the sweep ran (`received`), and which (`signum`)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @property
+    def received(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.received:
+            raise KeyboardInterrupt
+        self.signum = signum
         os.kill(os.getpid(), signal.SIGUSR1)
 
-    signal.signal(signal.SIGTERM, stop)
+
+@contextmanager
+def stop_signals() -> Iterator[StopRequest]:
+    """While the block runs (a Tune fit), Ctrl-C and SIGTERM ask Tune to stop and are recorded in
+    the `StopRequest` yielded; afterwards each signal does what it did before, or the default where
+    that was Ray's handler, which Python cannot put back."""
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGUSR1"):
+        yield request  # signal handlers belong to the main thread (and Windows has no SIGUSR1)
+        return
+    # a user who switched Tune's Ctrl-C handling off wants Ctrl-C to end the driver at once
+    caught = (signal.SIGTERM,) if os.environ.get(TUNE_SIGINT_ENV, "0") not in ("", "0") else (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.getsignal(signum) for signum in caught}
+    for signum in previous:
+        signal.signal(signum, request._handle)
     try:
-        yield
+        with scoped_environ({TUNE_SIGINT_ENV: "1"}):
+            yield request
     finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)

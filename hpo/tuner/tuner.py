@@ -49,7 +49,7 @@ from hpo.reporting.sweep_result import SweepResult, saved_ended_trials
 from hpo.reporting.trial_errors import TrialErrorCallback
 from hpo.reporting.trial_output import with_trial_output
 from hpo.tuner.atomic_storage import atomic_local_filesystem, is_local_path, one_copying_thread
-from hpo.tuner.stop_signal import sigterm_stops_the_sweep
+from hpo.tuner.stop_signal import stop_signals
 from hpo.tuner.run_folders import fresh_run_name, verify_run_state
 from hpo.tuner.trial_memory import ReleaseFinishedWindows
 
@@ -189,9 +189,9 @@ class Tuner:
     def _fit(self, tuner: tune.Tuner, run: TuneRun) -> SweepResult:
         """Tune's fit, which SIGTERM stops as Ctrl-C does, as the sweep's result."""
         started = time.monotonic()
-        with sigterm_stops_the_sweep():
+        with stop_signals() as stop:
             grid = tuner.fit()
-        return self._wrap(grid, run.actors, started)
+        return self._wrap(grid, run.actors, started, stopped=stop.received)
 
     @contextmanager
     def _process_settings(self) -> Iterator[None]:
@@ -213,20 +213,23 @@ class Tuner:
         trials = expected_trials(self.param_space, self.tune_config.num_samples)
         return {SAVE_PERIOD_ENV: PROMPT_SAVE_PERIOD_S} if trials <= PROMPT_SAVE_MAX_TRIALS else {}
 
-    def _wrap(self, grid: tune.ResultGrid, actors: list[Any], started: float) -> SweepResult:
+    def _wrap(self, grid: tune.ResultGrid, actors: list[Any], started: float, stopped: bool) -> SweepResult:
+        """The sweep's result; `stopped`: a stop signal arrived while Tune ran."""
         result = self.engine.result(grid)
         budget = self.tune_config.time_budget_s
         if isinstance(budget, timedelta):
             budget = budget.total_seconds()
+        planned = expected_trials(self.param_space, self.tune_config.num_samples)
         out_of_time = budget is not None and time.monotonic() - started >= budget
         if out_of_time:
-            result.out_of_time(budget, expected_trials(self.param_space, self.tune_config.num_samples))
-        elif not all(ended(trial) for trial in grid):
-            # Tune returns from a Ctrl-C as if the sweep had finished. Its saved state is read only
+            result.out_of_time(budget, planned)
+        elif stopped or not all(ended(trial) for trial in grid):
+            # Tune returns from a stop as if the sweep had finished. Its saved state is read only
             # then (90 MB at 10,000 trials): it holds as ended the trials HyperBand stopped while
-            # paused, whose last result carries no `done`.
+            # paused, whose last result carries no `done`. A stop that landed after every trial
+            # Tune had made ended still cut the sweep short unless every planned row is there.
             tune_ended = saved_ended_trials(Path(grid.experiment_path))
-            if not all(ended(trial, tune_ended) for trial in grid):
+            if (stopped and len(result.records) < planned) or not all(ended(trial, tune_ended) for trial in grid):
                 result.stopped_early(tune_ended)
         # Holding the handle keeps `hpo:sweep:<name>` alive (and in the dashboard) while the result lives.
         result.controller = actors[0]
