@@ -14,6 +14,13 @@ it, and Ray's driver answers it with its C++ failure handler, which prints raw s
 aborts (exit 134) in the middle of whatever Tune was writing. The handlers must be installed after
 Ray has started, whose start installs its own.
 
+A stop that arrives before Tune listens (its fit is still importing and setting up) is passed on
+the moment Tune installs its handler, and Tune stops at its first step. Raising KeyboardInterrupt
+there instead, as Python's own handler would, can be swallowed: a handler runs wherever the main
+thread is, and an exception raised in a weakref callback or `__del__` is printed and dropped, so
+the stop was lost and the sweep ran on, once holding the import lock it had been taking, which
+later deadlocked the driver against the thread that imports matplotlib meanwhile.
+
 A second stop signal while Tune stops raises KeyboardInterrupt wherever the driver is, as a second
 Ctrl-C does in Tune: the user wants out now.
 """
@@ -35,8 +42,15 @@ TUNE_SIGINT_ENV = "TUNE_DISABLE_SIGINT_HANDLER"
 class StopRequest:
     """Whether a stop signal arrived while the sweep ran (`received`), and which (`signum`)."""
 
+    #: How often a stop that came before Tune listened looks again whether it listens now.
+    LISTEN_POLL_S = 0.05
+
     def __init__(self) -> None:
         self.signum: int | None = None
+        #: SIGUSR1's handler before Tune's fit installed its own: while it is still there, Tune is
+        #: not listening (its loop has not begun), and SIGUSR1 would end the process unhandled.
+        self._before_tune = signal.getsignal(signal.SIGUSR1) if hasattr(signal, "SIGUSR1") else None
+        self._ended = threading.Event()
 
     @property
     def received(self) -> bool:
@@ -44,9 +58,21 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.received:
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt  # a second stop: out now
         self.signum = signum
-        os.kill(os.getpid(), signal.SIGUSR1)
+        if self._tune_listens():
+            os.kill(os.getpid(), signal.SIGUSR1)
+        else:
+            threading.Thread(target=self._pass_on_when_tune_listens, name="hpo-pending-stop", daemon=True).start()
+
+    def _tune_listens(self) -> bool:
+        return signal.getsignal(signal.SIGUSR1) is not self._before_tune
+
+    def _pass_on_when_tune_listens(self) -> None:
+        while not self._ended.wait(self.LISTEN_POLL_S):
+            if self._tune_listens():
+                os.kill(os.getpid(), signal.SIGUSR1)
+                return
 
 
 @contextmanager
@@ -67,5 +93,6 @@ def stop_signals() -> Iterator[StopRequest]:
         with scoped_environ({TUNE_SIGINT_ENV: "1"}):
             yield request
     finally:
+        request._ended.set()
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
