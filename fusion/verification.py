@@ -235,6 +235,10 @@ def _float64_copy(model: nn.Module, rows: torch.Tensor | None = None) -> nn.Modu
         for value in vars(module).values():
             if type(value) in _EMPTY_COPIES and not value:
                 memo.setdefault(id(value), type(value)())
+            elif isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                # a tensor computed from the parameters (the `weight` torch.nn.utils.weight_norm
+                # recomputes before every forward), which copy.deepcopy refuses: copied detached
+                memo.setdefault(id(value), value.detach().clone())
         for table in (module._parameters, module._buffers):
             for tensor in table.values():
                 if tensor is None or id(tensor) in memo:
