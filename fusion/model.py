@@ -43,6 +43,7 @@ import torch
 from torch import nn
 from torch.func import vmap
 from torch.nn import functional as F
+from torch.nn.parameter import is_lazy
 from torch.nn.utils import parametrize
 from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
@@ -451,6 +452,11 @@ def _check_members(models: Sequence[nn.Module]) -> None:
         name = f"layer '{path or '<root>'}' ({type(module).__name__})"
         if isinstance(module, UNSUPPORTED):
             raise FusionError(f"{name} is not supported by fusion; supported weight layers: {sorted(t.__name__ for t in FUSERS)}")
+        if any(is_lazy(t) for t in (*module._parameters.values(), *module._buffers.values()) if t is not None):
+            raise FusionError(
+                f"{name} has uninitialized parameters (a lazy module takes its shape and initial values at its first "
+                "forward, and fusion stacks the members' tensors before any); give it its input size"
+            )
         check = LEAF_CHECKS.get(type(module))
         reason = check(module) if check else None
         if reason:

@@ -143,3 +143,14 @@ def test_a_model_that_keeps_its_last_activation_as_an_attribute_fuses_and_trains
         alone.train_iteration()
         for name, tensor in alone.model.state_dict().items():
             torch.testing.assert_close(trainer.model.member_state_dict(index)[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_lazy_layer_is_refused_in_one_line_naming_it(verify):
+    # trained alone, a LazyLinear takes its shape and initial values at the first forward; fused,
+    # the check's copy crashed on the uninitialized parameter (verify on) or the shape check did
+    def model(config):
+        return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.LazyLinear(3))
+
+    with pytest.raises(FusionError, match=r"^layer '2' \(LazyLinear\) has uninitialized parameters[^\n]*$"):
+        FusedTrainer(workload(model), CONFIGS, verify=verify)
