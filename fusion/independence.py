@@ -72,9 +72,13 @@ def _perturbed_input(x: torch.Tensor, member: int) -> torch.Tensor:
 
 @contextmanager
 def preserved_state(model: nn.Module) -> Iterator[None]:
-    """Leave parameters, buffers, RNG state and train/eval mode as they were."""
+    """Leave parameters, buffers, RNG state, train/eval mode and the modules' plain attributes as
+    they were. A `forward` that keeps something as an attribute (its last activation, a call
+    count) would otherwise keep what a probe run left: in member 0 only, which then "differs"
+    from the other members, and on the vmap path a batched tensor that outlives its vmap."""
     saved = {name: tensor.detach().clone() for name, tensor in model.state_dict(keep_vars=True).items()}
     modes = [(module, module.training) for module in model.modules()]
+    attributes = [(module, _plain_attributes(module)) for module in model.modules()]
     devices = sorted({t.device.index for t in saved.values() if t.device.type == "cuda"})
     with torch.random.fork_rng(devices=devices):
         try:
@@ -83,6 +87,15 @@ def preserved_state(model: nn.Module) -> Iterator[None]:
             _load(model, saved)
             for module, training in modes:
                 module.training = training
+            for module, before in attributes:
+                for key in _plain_attributes(module).keys() - before.keys():
+                    del module.__dict__[key]
+                module.__dict__.update(before)
+
+
+def _plain_attributes(module: nn.Module) -> dict[str, Any]:
+    """A module's own attributes but its tables (`_parameters`, hooks...) and its mode."""
+    return {key: value for key, value in vars(module).items() if not key.startswith("_") and key != "training"}
 
 
 @torch.no_grad()

@@ -43,7 +43,10 @@ import torch
 from torch import nn
 from torch.func import vmap
 from torch.nn import functional as F
+from torch.nn.parameter import is_lazy
 from torch.nn.utils import parametrize
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
@@ -412,6 +415,13 @@ def _differing_attributes(modules: Sequence[nn.Module]) -> list[str]:
     return [key for key, value in first.items() if not all(_same(value, getattr(m, key, None)) for m in modules[1:])]
 
 
+#: The reparametrizations torch.nn.utils made as forward pre-hooks before `parametrize`, by hook type.
+_LEGACY_REPARAMETRIZATIONS: dict[type, str] = {
+    WeightNorm: "torch.nn.utils.weight_norm",
+    SpectralNorm: "torch.nn.utils.spectral_norm",
+}
+
+
 def _corresponding(models: Sequence[nn.Module]) -> Iterator[tuple[str, list[nn.Module]]]:
     """(path, [member modules at that path]) for every module, checking the trees match."""
     named = [dict(m.named_modules(remove_duplicate=False)) for m in models]
@@ -422,6 +432,13 @@ def _corresponding(models: Sequence[nn.Module]) -> Iterator[tuple[str, list[nn.M
                 f"layer '{path or '<root>'}' ({type(module).__bases__[0].__name__}) has parametrized tensors "
                 f"{sorted(module.parametrizations.keys())} (torch.nn.utils.parametrize: weight_norm, spectral_norm, "
                 "orthogonal), which fusion does not stack; train these configurations unfused (fusion: {enabled: false})"
+            )
+        legacy = next((hook for hook in module._forward_pre_hooks.values() if isinstance(hook, tuple(_LEGACY_REPARAMETRIZATIONS))), None)
+        if legacy is not None:  # `weight` is a tensor the hook recomputes: neither a parameter to stack nor one to copy
+            raise FusionError(
+                f"layer '{path or '<root>'}' ({type(module).__name__}) uses {_LEGACY_REPARAMETRIZATIONS[type(legacy)]} on "
+                f"'{legacy.name}' (a forward pre-hook that recomputes it), which fusion does not stack; train these "
+                "configurations unfused (fusion: {enabled: false})"
             )
         if any(type(m) is not type(module) for m in group):
             raise FusionError(f"members differ in layer '{path or '<root>'}': {sorted({type(m).__name__ for m in group})}")
@@ -435,6 +452,11 @@ def _check_members(models: Sequence[nn.Module]) -> None:
         name = f"layer '{path or '<root>'}' ({type(module).__name__})"
         if isinstance(module, UNSUPPORTED):
             raise FusionError(f"{name} is not supported by fusion; supported weight layers: {sorted(t.__name__ for t in FUSERS)}")
+        if any(is_lazy(t) for t in (*module._parameters.values(), *module._buffers.values()) if t is not None):
+            raise FusionError(
+                f"{name} has uninitialized parameters (a lazy module takes its shape and initial values at its first "
+                "forward, and fusion stacks the members' tensors before any); give it its input size"
+            )
         check = LEAF_CHECKS.get(type(module))
         reason = check(module) if check else None
         if reason:
@@ -444,6 +466,14 @@ def _check_members(models: Sequence[nn.Module]) -> None:
         if member != shapes[0]:
             diff = sorted(k for k in set(member) | set(shapes[0]) if member.get(k) != shapes[0].get(k))
             raise FusionError(f"member {i} has different tensors than member 0 (structural config keys must match): {diff[:5]}")
+    for model in models:
+        for name, param in model.named_parameters():
+            if param._backward_hooks or getattr(param, "_post_accumulate_grad_hooks", None):
+                raise FusionError(
+                    f"parameter '{name}' has a gradient hook (Tensor.register_hook or register_post_accumulate_grad_hook), "
+                    "which stays on the member's own tensor and would never run on the fused one; move it into the "
+                    "model's forward or train these configurations unfused (fusion: {enabled: false})"
+                )
     trainable = [{name: p.requires_grad for name, p in m.named_parameters()} for m in models]
     for i, member in enumerate(trainable[1:], start=1):
         differ = [name for name, flag in trainable[0].items() if member.get(name) != flag]
@@ -498,6 +528,13 @@ def _leaves(model: nn.Module) -> set[int]:
     return found
 
 
+def _module_hooks(module: nn.Module) -> list[str]:
+    """The kinds of hooks registered on `module` itself (`register_forward_hook`, ...)."""
+    tables = {"forward": module._forward_hooks, "forward pre": module._forward_pre_hooks,
+              "backward": module._backward_hooks, "backward pre": module._backward_pre_hooks}
+    return [f"{kind} hook" for kind, table in tables.items() if table]
+
+
 def _stack_tree(
     modules: Sequence[nn.Module], path: str, memo: dict[int, nn.Module], leaves: set[int], internal: set[str]
 ) -> nn.Module:
@@ -509,6 +546,9 @@ def _stack_tree(
         return memo[id(first)]
     fuser = _fuser(first)
     if fuser is not None:
+        hooks = _module_hooks(first)
+        if hooks:  # the fused layer is a new module: the member's hooks would not run
+            raise _NotStackable(f"layer '{path or '<root>'}' ({type(first).__name__}) has hooks ({', '.join(hooks)}) that its fused version would not run")
         differing = _differing_attributes(modules)
         if differing:  # a fused layer has one eps, momentum, ... for all members: member 0's
             raise _NotStackable(f"layer '{path or '<root>'}' ({type(first).__name__}) differs between members in {sorted(differing)}")
@@ -680,6 +720,13 @@ def _vmapped(models: Sequence[nn.Module], internal: set[str]) -> VmapModel:
             raise FusionError(
                 f"layer '{path}' ({type(module).__name__}) with momentum=None reads its batch count with .item(), "
                 "which torch.func.vmap cannot batch; give it a momentum or keep it inside nn.Sequential-style code"
+            )
+    for path, module in models[0].named_modules():
+        if module._backward_hooks or module._backward_pre_hooks:
+            raise FusionError(
+                f"layer '{path or '<root>'}' ({type(module).__name__}) has a backward hook (register_full_backward_hook or "
+                "register_full_backward_pre_hook), which torch.func.vmap does not run on each member's gradients; train "
+                "these configurations unfused (fusion: {enabled: false})"
             )
     # Scalar attributes that differ between members (e.g. a per-member output multiplier)
     # become per-member buffers; anything else that differs cannot be fused.

@@ -60,6 +60,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torch.overrides import TorchFunctionMode
 
 from fusion.grouping import MULTIPLIER_KEYS
@@ -235,9 +236,13 @@ def _float64_copy(model: nn.Module, rows: torch.Tensor | None = None) -> nn.Modu
         for value in vars(module).values():
             if type(value) in _EMPTY_COPIES and not value:
                 memo.setdefault(id(value), type(value)())
+            elif isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                # a tensor computed from the parameters (the `weight` torch.nn.utils.weight_norm
+                # recomputes before every forward), which copy.deepcopy refuses: copied detached
+                memo.setdefault(id(value), value.detach().clone())
         for table in (module._parameters, module._buffers):
             for tensor in table.values():
-                if tensor is None or id(tensor) in memo:
+                if tensor is None or id(tensor) in memo or is_lazy(tensor):  # a lazy one: fusing names it
                     continue
                 value = tensor.detach() if rows is None else tensor.detach()[rows.to(tensor.device)]
                 dtype = torch.float64 if value.is_floating_point() else value.dtype

@@ -33,6 +33,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line \d+')
 #: Frames in these files are Ray's machinery and hydro-hpo's wrapper around the trainable.
 _PLUMBING = (str(Path(ray.__file__).parent) + "/", str(Path(__file__).parent / "trial_output.py"))
+#: Exceptions hydro-hpo raises to refuse what a trial asks for, in one line that names the cause
+#: (a fused group's layer or parameter): their frames are hydro-hpo's own, not the user's.
+_REFUSALS = ("fusion.layers.FusionError: ",)
 
 
 def last_failure(error_text: str) -> str:
@@ -117,12 +120,15 @@ class TrialErrorCallback(Callback):
         written = trial.error_file
         text = self._failure_text(trial) if text is None else text
         frames = user_frames(last_failure(text)) or "(no traceback recorded)"
+        refusal = exception_line(frames).startswith(_REFUSALS)
+        if refusal:
+            frames = exception_line(frames)
         attempt = f"attempt {trial.num_failures}"
         where = f" (full traceback: {Path(trial.path) / Path(written).name})" if written and trial.path else ""
         if self._shown.get(trial.trial_id) == frames:
             message = f"trial {trial.trial_id} failed again with the same error ({attempt}): {exception_line(frames)}; {next_step}{where}"
         else:
-            message = f"trial {trial.trial_id} failed ({attempt}); {next_step}{where}:\n{frames}"
+            message = f"trial {trial.trial_id} failed ({attempt}); {next_step}{where}:{' ' if refusal else chr(10)}{frames}"
         self._shown[trial.trial_id] = frames
         self.stream.write(message + "\n")
         self.stream.flush()
