@@ -156,3 +156,48 @@ def test_readout_zero_init_and_init_std_give_mups_width_scaled_init():
     hidden_std = model.body[2].weight.std().item()
     assert hidden_std == pytest.approx(0.02 * (32 / 128) ** -0.5, rel=0.1), "hidden std scales like width**-0.5"
     assert model.body[0].weight.std().item() == pytest.approx(0.02, rel=0.1), "input weights keep init_std"
+
+
+class _TiedLM(nn.Module):
+    """A language model whose output head is its embedding (weight tying), biases off."""
+
+    def __init__(self, width, vocab=24):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, width)
+        self.body = nn.Linear(width, width, bias=False)
+        self.readout = nn.Linear(width, vocab, bias=False)
+        self.readout.weight = self.emb.weight
+
+    def forward(self, tokens):
+        return self.readout(torch.relu(self.body(self.emb(tokens))))
+
+
+class _TiedWorkload(_HeadWorkload):
+    name = "tied_lm"
+
+    def build_model(self, config):
+        return _TiedLM(int(config["width"]))
+
+
+def test_a_readout_tied_to_the_embedding_stays_tied_in_the_proxy_and_the_target():
+    scaling = ScalingConfig(target_width=128, ratio=4)
+    proxy = proxy_workload(_TiedWorkload(), scaling)
+    model = proxy.build_model(proxy.resolve({}))
+    assert isinstance(model.readout, mup.MuReadout)
+    assert model.readout.weight is model.emb.weight, "the proxy must keep the user's weight tying"
+    assert [name for name, _ in model.named_parameters()] == ["emb.weight", "body.weight"]
+    target = target_workload(_TiedWorkload(), scaling)
+    torch.manual_seed(0)
+    scaled = target.build_model(target.resolve({}))
+    torch.manual_seed(0)
+    plain = _TiedLM(128)
+    tokens = torch.randint(0, 24, (2, 8))
+    assert torch.equal(scaled(tokens), plain(tokens)), "at the base width the tied target is the user's model"
+
+
+def test_a_tied_embedding_keeps_its_width_independent_init_in_the_proxy():
+    """The shared weight is an embedding (N(0, 1) at every width); mup's readout rescale, meant for
+    an nn.Linear's 1/fan_in init, must not shrink it in the proxy."""
+    torch.manual_seed(0)
+    model = MuPWorkload(_TiedWorkload(), width=32, base_width=512).build_model({"width": 32})
+    assert model.emb.weight.std().item() == pytest.approx(1.0, rel=0.1)
