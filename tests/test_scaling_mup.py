@@ -201,3 +201,9 @@ def test_a_tied_embedding_keeps_its_width_independent_init_in_the_proxy():
     torch.manual_seed(0)
     model = MuPWorkload(_TiedWorkload(), width=32, base_width=512).build_model({"width": 32})
     assert model.emb.weight.std().item() == pytest.approx(1.0, rel=0.1)
+
+
+def test_readout_zero_init_on_a_readout_tied_to_the_embedding_is_refused_not_a_zeroed_embedding():
+    proxy = proxy_workload(_TiedWorkload(), SCALING)
+    with pytest.raises(ScalingError, match=r"readout_zero_init.*'readout'.*'emb\.weight'"):
+        proxy.build_model(proxy.resolve({"readout_zero_init": True}))

@@ -146,6 +146,14 @@ class MuPWorkload(Workload):
         if init_std is not None:
             mup_normal_init_(model, float(init_std))
         if config.get("readout_zero_init"):
+            readout = model.get_submodule(self.readout)
+            if isinstance(readout, mup.MuSharedReadout):
+                shared = next(name for name, p in model.named_parameters() if p is readout.weight)
+                raise ScalingError(
+                    f"readout_zero_init: the readout {self.readout!r} of workload {self.inner.name!r} shares its weight "
+                    f"with {shared!r}; zeroing it would zero that embedding too, and the model could not learn. "
+                    "Drop readout_zero_init or untie the output layer."
+                )
             with torch.no_grad():
                 for tensor in model.get_submodule(self.readout).parameters():
                     tensor.zero_()
