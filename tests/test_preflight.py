@@ -271,3 +271,33 @@ def test_coord_check_across_depth_passes_a_depth_scaled_vit_and_writes_its_plot(
     out = capsys.readouterr().out
     assert "coordinate check (mup, depths [1, 2, 4], 4 steps): OK" in out, out
     assert (tmp_path / "coord_depth.png").stat().st_size > 10_000 and not plot.exists(), "only the depth check ran"
+
+
+def test_coord_check_scales_a_model_whose_output_layer_is_named_by_readout(tmp_path, monkeypatch, capsys):
+    shutil.copy(Path(__file__).resolve().parent / "bad_sweeps" / "bad_workloads.py", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code = main(["coord-check", "bad_workloads:head_named", "--readout", "head", "--widths", "8", "16", "--plot", str(tmp_path / "c.png")])
+    captured = capsys.readouterr()
+    assert code in (0, 1) and "coordinate check (mup, widths [8, 16]" in captured.out, captured.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bad_workloads:broken_factory"], "error: the coordinate check of 'bad_workloads:broken_factory' failed: KeyError: 'hidden_size' ("),
+    (["bad_workloads:tiny", "--set", "lr=fast"], "error: --set: config key 'lr' must be a float, got 'fast'"),
+    (["bad_workloads:tiny", "--set", "optimizer=rmsprop"], "error: --set: config key 'optimizer' is 'rmsprop'"),
+    (["bad_workloads:tiny", "--widths", "0", "16"], "error: --widths: sizes must be positive, got [0, 16]"),
+    (["bad_workloads:tiny", "--tolerance", "-1"], "error: --tolerance: must be positive, got -1.0"),
+], ids=["factory-fails", "lr-not-a-number", "unknown-optimizer", "zero-width", "negative-tolerance"])
+def test_coord_check_answers_bad_input_in_one_line_with_exit_status_2(tmp_path, monkeypatch, capsys, args, message):
+    shutil.copy(Path(__file__).resolve().parent / "bad_sweeps" / "bad_workloads.py", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["coord-check", *args, "--plot", str(tmp_path / "coord.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(message), err
+
+
+def test_coord_check_reads_true_and_false_in_set_as_booleans():
+    from hpo.cli import _literal
+
+    assert _literal("false") is False and _literal("True") is True
+    assert _literal("3") == 3 and _literal("0.5") == 0.5 and _literal("inv_d") == "inv_d"
