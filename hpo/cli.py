@@ -112,6 +112,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(_interrupted(getattr(tuner, "run_path", None) or run_path, args.file), file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:
+        if loaded.spec.scaling is not None:  # the proxy's coordinate check failed: the model is the user's to fix
+            from hpo.scaling import ScalingError
+
+            if isinstance(exc, ScalingError):
+                raise loaded.fail("scaling", " ".join(str(exc).split())) from None
         reported = unreported_metric(exc)
         if reported is None:
             raise

@@ -301,3 +301,44 @@ def test_coord_check_reads_true_and_false_in_set_as_booleans():
 
     assert _literal("false") is False and _literal("True") is True
     assert _literal("3") == 3 and _literal("0.5") == 0.5 and _literal("inv_d") == "inv_d"
+
+
+def test_a_sweep_whose_model_fails_its_coordinate_check_stops_in_one_line_with_exit_status_2(tmp_path, monkeypatch, capsys):
+    from hpo import cli
+
+    (tmp_path / "unscaled.py").write_text(textwrap.dedent('''
+        import torch
+        from torch import nn
+        from hpo.base.workload import Workload
+
+        class Unscaled(Workload):
+            name = "unscaled"
+            defaults = {"width": 8}
+
+            def build_model(self, config):
+                width = int(config["width"])
+                model = nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU())
+                nn.init.normal_(model[2].weight, std=0.5)  # a fixed std: grows with width, not muP
+                model.add_module("readout", nn.Linear(width, 2))
+                return model
+
+            def train_batches(self, config, seed):
+                generator = torch.Generator().manual_seed(seed)
+                while True:
+                    x = torch.randn(16, 4, generator=generator)
+                    yield x, (x[:, 0] > 0).long()
+
+            def eval_batches(self, config):
+                return [next(self.train_batches(config, 1))]
+
+        workload = Unscaled()
+    '''))
+    (tmp_path / "sweep.yaml").write_text(
+        "trainable: unscaled:workload\nmetric: {name: val_loss, goal: minimize}\nparameters:\n  lr: {value: 0.01}\n"
+        f"storage_path: {tmp_path / 'runs'}\nscaling: {{target_width: 256, ratio: 8, coord_check: true}}\n"
+    )
+    monkeypatch.setattr(cli, "_start_ray", lambda *args, **kwargs: None)  # the check runs before any trial
+    assert cli.main(["run", str(tmp_path / "sweep.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sweep.yaml:6: scaling: coordinate check (mup, widths [32, 64, 128, 256]" in err, err
+    assert "FAILED" in err and "Traceback" not in err
