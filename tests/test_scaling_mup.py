@@ -5,6 +5,8 @@ import warnings
 
 import mup
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from torch import nn
 
@@ -207,3 +209,32 @@ def test_readout_zero_init_on_a_readout_tied_to_the_embedding_is_refused_not_a_z
     proxy = proxy_workload(_TiedWorkload(), SCALING)
     with pytest.raises(ScalingError, match=r"readout_zero_init.*'readout'.*'emb\.weight'"):
         proxy.build_model(proxy.resolve({"readout_zero_init": True}))
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    width=st.sampled_from([8, 16, 24, 48]),
+    base_width=st.sampled_from([16, 32, 64]),
+    optimizer=st.sampled_from(["adam", "adamw", "sgd"]),
+)
+def test_a_tied_proxy_trains_exactly_like_mups_own_optimizer_on_mups_shared_readout(width, base_width, optimizer):
+    proxy = MuPWorkload(_TiedWorkload(), width=width, base_width=base_width)
+    config = proxy.resolve({"optimizer": optimizer, "lr": 0.02, "weight_decay": 0.1})
+    torch.manual_seed(0)
+    ours = proxy.build_model(config)
+    theirs = _TiedLM(width)
+    theirs.readout = mup.MuSharedReadout(theirs.emb.weight, bias=False)
+    mup.set_base_shapes(theirs, _TiedLM(base_width), delta=_TiedLM(2 * base_width), rescale_params=False)
+    theirs.load_state_dict(ours.state_dict())
+    mup_optimizer = {"adam": mup.MuAdam, "adamw": mup.MuAdamW, "sgd": mup.MuSGD}[optimizer]
+    ours_opt = workload_optimizer(proxy, ours, OptimHParams.from_config(config))
+    theirs_opt = mup_optimizer(theirs.parameters(), lr=0.02, weight_decay=0.1)
+    tokens = torch.randint(0, 24, (4, 9), generator=torch.Generator().manual_seed(1))
+    for model, opt in ((ours, ours_opt), (theirs, theirs_opt)):
+        for _ in range(2):
+            opt.zero_grad()
+            proxy.loss(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+            opt.step()
+    assert ours.readout.weight is ours.emb.weight
+    for (name, mine), reference in zip(ours.named_parameters(), theirs.parameters()):
+        torch.testing.assert_close(mine, reference, msg=f"{name} differs from {mup_optimizer.__name__}")
