@@ -494,7 +494,7 @@ def _replace_mup_readouts(models: Sequence[nn.Module]) -> set[str]:
     internal: set[str] = set()
     for model in models:
         for path, module in list(model.named_modules()):
-            if type(module) is MuReadout:
+            if isinstance(module, MuReadout):  # MuSharedReadout too: its weight stays the tied one
                 scaled = ScaledLinear(module.in_features, module.out_features, module.bias is not None, module.output_mult / module.width_mult())
                 scaled.to(module.weight.device, module.weight.dtype)
                 scaled.weight, scaled.bias = module.weight, module.bias

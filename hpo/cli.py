@@ -112,6 +112,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(_interrupted(getattr(tuner, "run_path", None) or run_path, args.file), file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:
+        if loaded.spec.scaling is not None:  # the proxy's coordinate check failed: the model is the user's to fix
+            from hpo.scaling import ScalingError
+
+            if isinstance(exc, ScalingError):
+                raise loaded.fail("scaling", " ".join(str(exc).split())) from None
         reported = unreported_metric(exc)
         if reported is None:
             raise
@@ -281,6 +286,7 @@ def _cmd_coord_check(args: argparse.Namespace) -> int:
     from hpo.scaling import ScalingError, coord_check, depth_contract_problem, depth_coord_check
     from hpo.config.sweep_file import describe_exception
     from hpo.config.trainable_lookup import TrainableNotFound, resolve_trainable
+    from hpo.base.hparams import OptimHParams
     from hpo.base.workload import Workload
 
     try:  # a module in the current folder is importable, as it is for `python -m`
@@ -295,18 +301,32 @@ def _cmd_coord_check(args: argparse.Namespace) -> int:
         print(f"error: {args.trainable!r} is a function; the coordinate check needs a Workload", file=sys.stderr)
         return EXIT_BAD_INPUT
     config = {key: _literal(value) for key, value in dict(args.set).items()}
+    try:  # the optimizer keys are read before any model is built: a bad value is the --set's
+        OptimHParams.from_config(config)
+    except ValueError as exc:
+        print(f"error: --set: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.depths and (problem := depth_contract_problem(workload)):
         print(f"error: --depths: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    for option, points in (("--widths", args.widths), ("--depths", args.depths)):
-        if points is not None and len(set(points)) < 2:  # a slope needs two sizes
+    for option, points in (("--widths", args.widths), ("--depths", args.depths), ("--base-depth", args.base_depth)):
+        sizes = points if isinstance(points, list) else [] if points is None else [points]
+        if any(size <= 0 for size in sizes):
+            print(f"error: {option}: sizes must be positive, got {points}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if isinstance(points, list) and len(set(points)) < 2:  # a slope needs two sizes
             print(f"error: {option}: the coordinate check compares at least two sizes, got {points}", file=sys.stderr)
             return EXIT_BAD_INPUT
+    if args.tolerance is not None and not args.tolerance > 0:
+        print(f"error: --tolerance: must be positive, got {args.tolerance}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     common = dict(config=config, tolerance=args.tolerance, parametrization=args.parametrization)
     reports = []
     try:  # a model muP cannot scale (no readout, a width it ignores) is the user's to fix: one line
         if args.widths or not args.depths:
-            reports.append(coord_check(workload, widths=args.widths or [32, 64, 128, 256], plot_path=args.plot, **common))
+            reports.append(coord_check(
+                workload, widths=args.widths or [32, 64, 128, 256], readout=args.readout, plot_path=args.plot, **common
+            ))  # fmt: skip
         if args.depths:
             plot = Path(args.plot)
             depth_plot = str(plot.with_name(f"{plot.stem}_depth{plot.suffix}"))
@@ -315,6 +335,9 @@ def _cmd_coord_check(args: argparse.Namespace) -> int:
             ))  # fmt: skip
     except ScalingError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # the workload's own code failed (its factory, its data): one line, where
+        print(f"error: the coordinate check of {args.trainable!r} failed: {describe_exception(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     for report in reports:
         print(report.summary())
@@ -330,7 +353,9 @@ def _key_value(text: str) -> tuple[str, str]:
 
 
 def _literal(text: str) -> object:
-    """`--set key=value` values: numbers as numbers, everything else as text."""
+    """`--set key=value` values: numbers as numbers, true/false as booleans, everything else as text."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     for convert in (int, float):
         try:
             return convert(text)
@@ -475,6 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also check across depth (CompleteP), e.g. 2 4 8 16; needs the workload's depth contract")
     check.add_argument("--base-depth", type=int, default=None, help="with --depths: depth where scaling is the identity (default: the shallowest)")
     check.add_argument("--depth-alpha", type=float, default=1.0, help="with --depths: 1 CompleteP (default), 0.5 Depth-muP")
+    check.add_argument("--readout", default="readout",
+                       help="module name of the output layer, muP's readout (default: readout; a sweep's scaling.readout)")
     check.add_argument("--set", action="append", default=[], type=_key_value, metavar="KEY=VALUE", help="fixed config values")
     check.add_argument("--tolerance", type=float, default=None, help="largest allowed slope of log activation size")
     check.add_argument("--parametrization", choices=["mup", "sp"], default="mup", help="muP (default) or standard parametrisation, to compare")

@@ -128,6 +128,40 @@ def test_a_per_member_multiplier_on_the_vmap_path_is_the_members_own_value_not_i
     assert_members_match_trained_alone(proxy, configs)
 
 
+class TiedNextToken(Workload):
+    """A language model whose output head is its embedding (weight tying), no biases."""
+
+    vocab, length = 11, 8
+    steps_per_iteration = 25
+    defaults = {"width": 16}
+
+    def build_model(self, config):
+        embedding = nn.Embedding(self.vocab, config["width"])
+        readout = nn.Linear(config["width"], self.vocab, bias=False)
+        readout.weight = embedding.weight
+        model = nn.Sequential(embedding, nn.Linear(config["width"], config["width"], bias=False), nn.Tanh())
+        model.add_module("readout", readout)
+        return model
+
+    def train_batches(self, config, seed):
+        generator = torch.Generator().manual_seed(seed)
+        while True:
+            tokens = torch.randint(0, self.vocab, (8, self.length + 1), generator=generator)
+            yield tokens[:, :-1], tokens[:, 1:]
+
+    def eval_batches(self, config):
+        return [next(self.train_batches(config, 1))]
+
+
+def test_muP_proxy_members_with_a_readout_tied_to_the_embedding_match_training_alone():
+    proxy = MuPWorkload(TiedNextToken(), 16, base_width=64)
+    configs = [
+        {"steps_per_iteration": 25, "seed": 0, "lr": 2e-3},
+        {"steps_per_iteration": 25, "seed": 1, "lr": 5e-3, "weight_decay": 0.1},
+    ]
+    assert_members_match_trained_alone(proxy, configs)
+
+
 class PaddedNextToken(Workload):
     """Next-token prediction on sequences padded at their end, whose padded targets are -100
     (F.cross_entropy's ignore_index, as Hugging Face's collators mark them); the default loss."""

@@ -271,3 +271,74 @@ def test_coord_check_across_depth_passes_a_depth_scaled_vit_and_writes_its_plot(
     out = capsys.readouterr().out
     assert "coordinate check (mup, depths [1, 2, 4], 4 steps): OK" in out, out
     assert (tmp_path / "coord_depth.png").stat().st_size > 10_000 and not plot.exists(), "only the depth check ran"
+
+
+def test_coord_check_scales_a_model_whose_output_layer_is_named_by_readout(tmp_path, monkeypatch, capsys):
+    shutil.copy(Path(__file__).resolve().parent / "bad_sweeps" / "bad_workloads.py", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code = main(["coord-check", "bad_workloads:head_named", "--readout", "head", "--widths", "8", "16", "--plot", str(tmp_path / "c.png")])
+    captured = capsys.readouterr()
+    assert code in (0, 1) and "coordinate check (mup, widths [8, 16]" in captured.out, captured.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bad_workloads:broken_factory"], "error: the coordinate check of 'bad_workloads:broken_factory' failed: KeyError: 'hidden_size' ("),
+    (["bad_workloads:tiny", "--set", "lr=fast"], "error: --set: config key 'lr' must be a float, got 'fast'"),
+    (["bad_workloads:tiny", "--set", "optimizer=rmsprop"], "error: --set: config key 'optimizer' is 'rmsprop'"),
+    (["bad_workloads:tiny", "--widths", "0", "16"], "error: --widths: sizes must be positive, got [0, 16]"),
+    (["bad_workloads:tiny", "--tolerance", "-1"], "error: --tolerance: must be positive, got -1.0"),
+], ids=["factory-fails", "lr-not-a-number", "unknown-optimizer", "zero-width", "negative-tolerance"])
+def test_coord_check_answers_bad_input_in_one_line_with_exit_status_2(tmp_path, monkeypatch, capsys, args, message):
+    shutil.copy(Path(__file__).resolve().parent / "bad_sweeps" / "bad_workloads.py", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["coord-check", *args, "--plot", str(tmp_path / "coord.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(message), err
+
+
+def test_coord_check_reads_true_and_false_in_set_as_booleans():
+    from hpo.cli import _literal
+
+    assert _literal("false") is False and _literal("True") is True
+    assert _literal("3") == 3 and _literal("0.5") == 0.5 and _literal("inv_d") == "inv_d"
+
+
+def test_a_sweep_whose_model_fails_its_coordinate_check_stops_in_one_line_with_exit_status_2(tmp_path, monkeypatch, capsys):
+    from hpo import cli
+
+    (tmp_path / "unscaled.py").write_text(textwrap.dedent('''
+        import torch
+        from torch import nn
+        from hpo.base.workload import Workload
+
+        class Unscaled(Workload):
+            name = "unscaled"
+            defaults = {"width": 8}
+
+            def build_model(self, config):
+                width = int(config["width"])
+                model = nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU())
+                nn.init.normal_(model[2].weight, std=0.5)  # a fixed std: grows with width, not muP
+                model.add_module("readout", nn.Linear(width, 2))
+                return model
+
+            def train_batches(self, config, seed):
+                generator = torch.Generator().manual_seed(seed)
+                while True:
+                    x = torch.randn(16, 4, generator=generator)
+                    yield x, (x[:, 0] > 0).long()
+
+            def eval_batches(self, config):
+                return [next(self.train_batches(config, 1))]
+
+        workload = Unscaled()
+    '''))
+    (tmp_path / "sweep.yaml").write_text(
+        "trainable: unscaled:workload\nmetric: {name: val_loss, goal: minimize}\nparameters:\n  lr: {value: 0.01}\n"
+        f"storage_path: {tmp_path / 'runs'}\nscaling: {{target_width: 256, ratio: 8, coord_check: true}}\n"
+    )
+    monkeypatch.setattr(cli, "_start_ray", lambda *args, **kwargs: None)  # the check runs before any trial
+    assert cli.main(["run", str(tmp_path / "sweep.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sweep.yaml:6: scaling: coordinate check (mup, widths [32, 64, 128, 256]" in err, err
+    assert "FAILED" in err and "Traceback" not in err

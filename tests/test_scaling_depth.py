@@ -12,6 +12,7 @@ from examples.mlp_digits import workload as mlp_digits
 from fusion.optim import FusedOptimizer
 from hpo.base.checkpointing import CHECKPOINT_FILE
 from hpo.base.hparams import OptimHParams, build_torch_optimizer, workload_optimizer
+from hpo.base.workload import Workload
 from hpo.examples.vit_digits import workload as vit_digits
 from hpo.engines.scaled import build_proxy
 from hpo.scaling import (
@@ -169,3 +170,58 @@ def test_the_python_api_refuses_what_validation_refuses(tmp_path):
         build_proxy(mlp_digits, scaling, {"lr": 1e-3}, tmp_path)
     with pytest.raises(ScalingError, match="depth is set by scaling.proxy_depth/depth_ratio"):
         build_proxy(vit_digits, scaling, {"depth": 2}, tmp_path)
+
+
+class _ListBlock(nn.Module):
+    def __init__(self, width, residual_mult):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+        self.residual_mult = residual_mult
+
+    def forward(self, x):
+        return x + self.residual_mult * self.mlp(self.norm(x))
+
+
+class _ListModel(nn.Module):
+    """Pre-LN residual blocks in an nn.ModuleList, called in a loop: no module's output is the
+    residual stream leaving the blocks (the final norm flattens it)."""
+
+    def __init__(self, width, depth, residual_mult):
+        super().__init__()
+        self.embed = nn.Linear(8, width)
+        self.layers = nn.ModuleList(_ListBlock(width, residual_mult) for _ in range(depth))
+        self.norm = nn.LayerNorm(width)
+        self.readout = nn.Linear(width, 3)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.readout(self.norm(x))
+
+
+class _ListWorkload(Workload):
+    name = "module_list"
+    depth_key, residual_blocks = "n_blocks", "layers"
+    defaults = {"width": 32, "n_blocks": 2, "residual_mult": 1.0}
+
+    def build_model(self, config):
+        return _ListModel(int(config["width"]), int(config["n_blocks"]), float(config["residual_mult"]))
+
+    def train_batches(self, config, seed):
+        generator = torch.Generator().manual_seed(seed)
+        while True:
+            x = torch.randn(16, 8, generator=generator)
+            yield x, (x[:, 0] > 0).long()
+
+    def eval_batches(self, config):
+        return [next(self.train_batches(config, 1))]
+
+
+def test_the_depth_check_sees_the_residual_stream_of_blocks_held_in_a_module_list():
+    config = {"lr": 3e-3}
+    unscaled = depth_coord_check(_ListWorkload(), [1, 2, 4, 8, 16], config=config, seeds=1, steps=3, parametrization="sp")
+    assert not unscaled.ok and "layers[-1]" in unscaled.offending, unscaled.summary()
+    scaled = depth_coord_check(_ListWorkload(), [1, 2, 4, 8, 16], config=config, seeds=1, steps=3)
+    assert scaled.ok, scaled.summary()

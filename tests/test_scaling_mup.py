@@ -5,6 +5,8 @@ import warnings
 
 import mup
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from torch import nn
 
@@ -156,3 +158,83 @@ def test_readout_zero_init_and_init_std_give_mups_width_scaled_init():
     hidden_std = model.body[2].weight.std().item()
     assert hidden_std == pytest.approx(0.02 * (32 / 128) ** -0.5, rel=0.1), "hidden std scales like width**-0.5"
     assert model.body[0].weight.std().item() == pytest.approx(0.02, rel=0.1), "input weights keep init_std"
+
+
+class _TiedLM(nn.Module):
+    """A language model whose output head is its embedding (weight tying), biases off."""
+
+    def __init__(self, width, vocab=24):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, width)
+        self.body = nn.Linear(width, width, bias=False)
+        self.readout = nn.Linear(width, vocab, bias=False)
+        self.readout.weight = self.emb.weight
+
+    def forward(self, tokens):
+        return self.readout(torch.relu(self.body(self.emb(tokens))))
+
+
+class _TiedWorkload(_HeadWorkload):
+    name = "tied_lm"
+
+    def build_model(self, config):
+        return _TiedLM(int(config["width"]))
+
+
+def test_a_readout_tied_to_the_embedding_stays_tied_in_the_proxy_and_the_target():
+    scaling = ScalingConfig(target_width=128, ratio=4)
+    proxy = proxy_workload(_TiedWorkload(), scaling)
+    model = proxy.build_model(proxy.resolve({}))
+    assert isinstance(model.readout, mup.MuReadout)
+    assert model.readout.weight is model.emb.weight, "the proxy must keep the user's weight tying"
+    assert [name for name, _ in model.named_parameters()] == ["emb.weight", "body.weight"]
+    target = target_workload(_TiedWorkload(), scaling)
+    torch.manual_seed(0)
+    scaled = target.build_model(target.resolve({}))
+    torch.manual_seed(0)
+    plain = _TiedLM(128)
+    tokens = torch.randint(0, 24, (2, 8))
+    assert torch.equal(scaled(tokens), plain(tokens)), "at the base width the tied target is the user's model"
+
+
+def test_a_tied_embedding_keeps_its_width_independent_init_in_the_proxy():
+    """The shared weight is an embedding (N(0, 1) at every width); mup's readout rescale, meant for
+    an nn.Linear's 1/fan_in init, must not shrink it in the proxy."""
+    torch.manual_seed(0)
+    model = MuPWorkload(_TiedWorkload(), width=32, base_width=512).build_model({"width": 32})
+    assert model.emb.weight.std().item() == pytest.approx(1.0, rel=0.1)
+
+
+def test_readout_zero_init_on_a_readout_tied_to_the_embedding_is_refused_not_a_zeroed_embedding():
+    proxy = proxy_workload(_TiedWorkload(), SCALING)
+    with pytest.raises(ScalingError, match=r"readout_zero_init.*'readout'.*'emb\.weight'"):
+        proxy.build_model(proxy.resolve({"readout_zero_init": True}))
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    width=st.sampled_from([8, 16, 24, 48]),
+    base_width=st.sampled_from([16, 32, 64]),
+    optimizer=st.sampled_from(["adam", "adamw", "sgd"]),
+)
+def test_a_tied_proxy_trains_exactly_like_mups_own_optimizer_on_mups_shared_readout(width, base_width, optimizer):
+    proxy = MuPWorkload(_TiedWorkload(), width=width, base_width=base_width)
+    config = proxy.resolve({"optimizer": optimizer, "lr": 0.02, "weight_decay": 0.1})
+    torch.manual_seed(0)
+    ours = proxy.build_model(config)
+    theirs = _TiedLM(width)
+    theirs.readout = mup.MuSharedReadout(theirs.emb.weight, bias=False)
+    mup.set_base_shapes(theirs, _TiedLM(base_width), delta=_TiedLM(2 * base_width), rescale_params=False)
+    theirs.load_state_dict(ours.state_dict())
+    mup_optimizer = {"adam": mup.MuAdam, "adamw": mup.MuAdamW, "sgd": mup.MuSGD}[optimizer]
+    ours_opt = workload_optimizer(proxy, ours, OptimHParams.from_config(config))
+    theirs_opt = mup_optimizer(theirs.parameters(), lr=0.02, weight_decay=0.1)
+    tokens = torch.randint(0, 24, (4, 9), generator=torch.Generator().manual_seed(1))
+    for model, opt in ((ours, ours_opt), (theirs, theirs_opt)):
+        for _ in range(2):
+            opt.zero_grad()
+            proxy.loss(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+            opt.step()
+    assert ours.readout.weight is ours.emb.weight
+    for (name, mine), reference in zip(ours.named_parameters(), theirs.parameters()):
+        torch.testing.assert_close(mine, reference, msg=f"{name} differs from {mup_optimizer.__name__}")

@@ -145,7 +145,8 @@ def depth_coord_check(
 
     Each depth's model is depth-scaled (`depth_alpha`, relative to `base_depth`, by default the
     shallowest) as the sweep trains it; the modules compared are those every depth has (the
-    embeddings, the first block, the residual stream leaving the blocks, the readout). Without
+    embeddings, the first block, the residual stream leaving the blocks, recorded as the last
+    block's output `<residual_blocks>[-1]`, the readout). Without
     depth scaling (`parametrization="sp"`) the residual stream and the logits grow with depth.
     `scaling` supplies the base depth, alpha, tolerance, the proxy's width (in muP) and by default
     depths from the proxy up by factors of 2, capped at the target. `options`: `CheckOptions`.
@@ -211,8 +212,9 @@ def _check(
     for point in points:
         workload = scaled(point, parametrization == "mup")
         run_config = workload.resolve({**(config or {}), key: point})
+        stream = workload.residual_blocks if dimension == "depth" else None
         for seed in range(seeds):
-            for (module, t), l1 in _record_sizes(workload, run_config, seed, steps).items():
+            for (module, t), l1 in _record_sizes(workload, run_config, seed, steps, stream).items():
                 sums[(point, module, t)] = sums.get((point, module, t), 0.0) + l1 / seeds
 
     sizes = [{"point": w, "module": m, "t": t, "l1": v} for (w, m, t), v in sorted(sums.items())]
@@ -234,10 +236,18 @@ def _check(
     return report
 
 
-def _record_sizes(workload: Workload, config: Mapping[str, Any], seed: int, steps: int) -> dict[tuple[str, int], float]:
-    """Mean |output| of every module at steps 1..steps (step 1 is at initialisation)."""
+def _record_sizes(
+    workload: Workload, config: Mapping[str, Any], seed: int, steps: int, stream: str | None = None
+) -> dict[tuple[str, int], float]:
+    """Mean |output| of every module at steps 1..steps (step 1 is at initialisation). With `stream`
+    (the residual blocks' module), the last block's output, the residual stream leaving the blocks,
+    is also recorded as `<stream>[-1]`: one name at every depth, and the only place it shows when
+    the blocks sit in an nn.ModuleList the model loops over (no module outputs the stream)."""
     torch.manual_seed(seed)
     model = workload.build_model(config)
+    named = [(name, m) for name, m in model.named_modules() if name]
+    if stream is not None and (blocks := list(model.get_submodule(stream).children())):
+        named.append((f"{stream}[-1]", blocks[-1]))
     model.train()
     hparams = OptimHParams.from_config(config)
     optimizer = workload_optimizer(workload, model, hparams)
@@ -252,7 +262,7 @@ def _record_sizes(workload: Workload, config: Mapping[str, Any], seed: int, step
         return record
 
     for t in range(1, steps + 1):
-        handles = [m.register_forward_hook(hook(name, t)) for name, m in model.named_modules() if name]
+        handles = [m.register_forward_hook(hook(name, t)) for name, m in named]
         loss = workload.loss(model(inputs), targets)
         for handle in handles:
             handle.remove()

@@ -5,7 +5,8 @@ a base width (by default the target's, so the target itself is ordinary parametr
 
 1. the user's model factory builds the model at the requested width;
 2. the output layer (`readout`) becomes a `mup.MuReadout` (same weights, so at the base width
-   the model is bit-identical to the user's);
+   the model is bit-identical to the user's), or a `mup.MuSharedReadout` when its weight is tied
+   to another layer's (an embedding's), which keeps the tie and the embedding's init;
 3. `mup.set_base_shapes(model, base, delta=delta)`, with base and delta models built on the
    meta device (shapes only, no memory even for a huge target), marks which dimensions are
    "width" and rescales the default PyTorch init to muP;
@@ -133,17 +134,26 @@ class MuPWorkload(Workload):
         _swap_readout(model, self.readout, self.inner.name)
         base, delta = self._shape_models(config)
         try:
-            mup.set_base_shapes(model, base, delta=delta)
+            mup.set_base_shapes(model, base, delta=delta, rescale_params=False)
         except AssertionError as error:  # mup's check for width->finite Linear layers
             raise ScalingError(
                 f"muP cannot scale workload {self.inner.name!r}: {error} Only the output layer may map width "
                 f"to a fixed size; if that layer is the model's output, set `scaling.readout` to its name "
                 f"(now {self.readout!r})."
             ) from None
+        _rescale_to_mup(model)
         init_std = config.get("init_std")
         if init_std is not None:
             mup_normal_init_(model, float(init_std))
         if config.get("readout_zero_init"):
+            readout = model.get_submodule(self.readout)
+            if isinstance(readout, mup.MuSharedReadout):
+                shared = next(name for name, p in model.named_parameters() if p is readout.weight)
+                raise ScalingError(
+                    f"readout_zero_init: the readout {self.readout!r} of workload {self.inner.name!r} shares its weight "
+                    f"with {shared!r}; zeroing it would zero that embedding too, and the model could not learn. "
+                    "Drop readout_zero_init or untie the output layer."
+                )
             with torch.no_grad():
                 for tensor in model.get_submodule(self.readout).parameters():
                     tensor.zero_()
@@ -344,14 +354,31 @@ def _swap_readout(model: nn.Module, name: str, workload_name: str) -> None:
             "not an nn.Linear; muP replaces the output nn.Linear by mup.MuReadout. Fix: make the output layer "
             "an nn.Linear (or a mup.MuReadout) or point `scaling.readout` at it."
         )
-    readout = mup.MuReadout(layer.in_features, layer.out_features, bias=layer.bias is not None)
+    tied = any(param is layer.weight for owner, param in model.named_parameters(remove_duplicate=False)
+               if not owner.startswith(f"{name}."))
+    if tied:  # the output head is another layer's weight (an embedding's): keep the tie, as mup prescribes
+        readout = mup.MuSharedReadout(layer.weight, bias=layer.bias is not None)
+    else:
+        readout = mup.MuReadout(layer.in_features, layer.out_features, bias=layer.bias is not None)
     readout.to(device=layer.weight.device, dtype=layer.weight.dtype)
     with torch.no_grad():
-        readout.weight.copy_(layer.weight)
+        if not tied:
+            readout.weight.copy_(layer.weight)
         if layer.bias is not None:
             readout.bias.copy_(layer.bias)
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, readout)
+
+
+def _rescale_to_mup(model: nn.Module) -> None:
+    """`mup.set_base_shapes`'s rescaling of PyTorch's default init to muP, except a readout tied to
+    an embedding: its weight is the embedding's (constant variance, already muP's for both uses),
+    not an nn.Linear's 1/fan_in init, so only its bias is rescaled."""
+    for module in model.modules():
+        if isinstance(module, mup.MuReadout) and not isinstance(module, mup.MuSharedReadout):
+            module._rescale_parameters()
+        elif isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)):
+            mup.layer.rescale_linear_bias(module)
 
 
 def _build_shapes_only(workload: Workload, config: Mapping[str, Any]) -> nn.Module:
