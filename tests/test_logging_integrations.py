@@ -157,6 +157,23 @@ def test_wandb_offline_writes_a_run_per_trial_with_its_metrics(logged_sweep):
     assert sorted(seen) == pytest.approx(sorted(expected_scores(x)[-1] for x in X_VALUES))
 
 
+def offline_run_ids(folder: Path) -> set[str]:
+    """The trial ids of the offline W&B runs under `folder/wandb` (offline-run-<time>-<run id>)."""
+    return {run.name.rsplit("-", 1)[1] for run in (folder / "wandb").glob("offline-run-*")}
+
+
+@pytest.mark.slow
+def test_a_second_run_of_a_sweep_writes_its_wandb_runs_in_its_own_run_folder(ray_local, tmp_path, monkeypatch):
+    # the second run is runs/logged-2; its W&B runs had gone into the first run's folder, runs/logged
+    path = sweep_file(tmp_path, "logging: {wandb: {project: hpo-tests, mode: offline}}\n")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert main(["run", str(path)]) == 0
+    assert main(["run", str(path)]) == 0
+    for run in (tmp_path / "runs" / "logged", tmp_path / "runs" / "logged-2"):
+        trials = {json.loads(result.read_text().splitlines()[-1])["trial_id"] for result in run.glob("*/result.json")}
+        assert len(trials) == len(X_VALUES) and offline_run_ids(run) == trials, run
+
+
 def test_a_missing_logging_library_is_a_one_line_error_naming_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # what `import wandb` sees where it is not installed
     path = sweep_file(tmp_path, "logging:\n  wandb: {project: p}\n")
