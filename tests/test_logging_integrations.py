@@ -184,6 +184,18 @@ def test_a_missing_logging_library_is_a_one_line_error_naming_the_extra(tmp_path
     )
 
 
+@pytest.mark.parametrize("block, key, says", [
+    ("{project: my/runs, mode: offline}", "project", "Invalid project name 'my/runs'"),
+    (f"{{project: p, mode: offline, tags: [ok, {'t' * 65}]}}", "tags", "Tags must be between 1 and 64 characters"),
+])
+def test_a_wandb_project_or_tag_wandb_refuses_names_its_line_before_ray(tmp_path, block, key, says):
+    # W&B refused it only inside each trial's run: the sweep went on without a single run and exited 0
+    path = sweep_file(tmp_path, f"logging:\n  wandb: {block}\n")
+    with pytest.raises(SweepConfigError) as caught:
+        SweepSpec.from_source(YamlSource.from_file(path))
+    assert str(caught.value).startswith(f"{path}:10: logging.wandb.{key}: W&B refuses it: ") and says in str(caught.value)
+
+
 def test_an_unknown_key_in_the_logging_block_names_its_line_and_a_suggestion(tmp_path):
     path = sweep_file(tmp_path, "logging:\n  mlflow:\n    tracking_url: sqlite:///m.db\n")
     with pytest.raises(SweepConfigError) as caught:

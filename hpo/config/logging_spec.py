@@ -64,6 +64,26 @@ class WandbSpec(_Strict):
     #: copy would stay behind in Ray's session directory.)
     dir: str | None = None
 
+    @field_validator("project", "tags")
+    @classmethod
+    def _as_wandb_takes_it(cls, value: Any, info: ValidationInfo) -> Any:
+        """W&B's own rules for a project name ('/', '#', ':' ... refused) and tags (1 to 64
+        characters): W&B applies them only inside each trial's run, where a refusal lost every run
+        while the sweep went on and exited 0."""
+        if value is None or importlib.util.find_spec("wandb") is None:
+            return value  # a missing wandb is the block's own error (`LoggingSpec._installed`)
+        import wandb
+
+        setting = {"project": "project", "tags": "run_tags"}[info.field_name]
+        try:
+            wandb.Settings(**{setting: tuple(value) if isinstance(value, list) else value})
+        except ValueError as exc:  # pydantic's ValidationError, W&B's Settings being a pydantic model
+            errors = getattr(exc, "errors", None)
+            raise ValueError(f"W&B refuses it: {errors()[0]['msg'].removeprefix('Value error, ') if errors else exc}") from None
+        except wandb.errors.UsageError as exc:
+            raise ValueError(f"W&B refuses it: {exc}") from None
+        return value
+
 
 class LoggingSpec(_Strict):
     tensorboard: bool = False
