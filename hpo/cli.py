@@ -17,7 +17,7 @@ from typing import Any
 
 from hpo.base.ray_runtime import BadClusterAddress, UnreachableCluster  # before anything imports ray: loopback only
 from hpo.config.errors import SweepConfigError
-from hpo.reporting.tune_errors import storage_full, unreported_metric
+from hpo.reporting.tune_errors import mlflow_refusal, storage_full, unreported_metric
 
 EXIT_BAD_INPUT = 2
 #: The sweep ran, but no finished trial reported its metric.
@@ -111,7 +111,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         # came before Tune listened for it, or was a second one while Tune saved its last state.
         print(_interrupted(getattr(tuner, "run_path", None) or run_path, args.file), file=sys.stderr)
         return EXIT_INTERRUPTED
+    except SweepConfigError:
+        raise  # already one line (a tracking store MLflow refuses names the key it was read from)
     except Exception as exc:
+        if (refusal := mlflow_refusal(exc)) is not None:
+            raise loaded.fail("logging.mlflow", f"MLflow refused a trial's metric or parameter: {refusal.rstrip('.')}; Tune stopped "
+                              "the sweep there: rename it in the trainable or the search space, or drop logging.mlflow") from None
         reported = unreported_metric(exc)
         if reported is None:
             raise

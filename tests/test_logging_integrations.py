@@ -35,6 +35,14 @@ def quadratic(config):
 quadratic.reported_metrics = ("score",)  # lets `hpo` check the sweep's metric name up front
 
 
+def top1(config):
+    """Reports a metric named as many trainers name theirs, which MLflow's names may not hold."""
+    tune.report({"score": config["x"], "acc@1": 0.5})
+
+
+top1.reported_metrics = ("score", "acc@1")
+
+
 def expected_scores(x: float) -> list[float]:
     return [(x - 1.0) ** 2 + 1.0 / iteration for iteration in range(1, ITERATIONS + 1)]
 
@@ -211,6 +219,17 @@ def test_a_tracking_store_mlflow_refuses_fails_before_any_trial_with_exit_status
     assert len(errors) == 1, errors
     assert errors[0].startswith(f"error: {path}:10: logging.mlflow.tracking_uri: MLflow cannot use tracking store")
     assert not (tmp_path / "runs" / "logged").exists(), "no trial ran"
+
+
+def test_a_metric_name_mlflow_refuses_stops_the_sweep_in_one_line_naming_it_with_exit_status_2(ray_local, tmp_path, capsys):
+    # Ray's MLflow callback raised from inside Tune's controller: a 90-line traceback, exit 1
+    path = sweep_file(tmp_path, f"logging:\n  mlflow: {{tracking_uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\n")
+    path.write_text(path.read_text().replace(":quadratic", ":top1"))
+    assert main(["run", str(path)]) == 2
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in captured.err + captured.out, captured.err
+    assert errors[0].startswith(f"error: {path}:10: logging.mlflow: MLflow refused a trial's metric or parameter: ") and "acc@1" in errors[0]
 
 
 def test_an_online_wandb_sweep_without_an_api_key_fails_before_any_trial_with_exit_status_2(ray_local, tmp_path, monkeypatch, capsys):
