@@ -211,6 +211,23 @@ def test_an_unknown_key_in_the_logging_block_names_its_line_and_a_suggestion(tmp
     assert str(caught.value) == f"{path}:11: logging.mlflow.tracking_url: unknown key 'tracking_url' (did you mean 'tracking_uri'?)"
 
 
+def test_relative_mlflow_store_and_wandb_dir_are_relative_to_the_sweep_files_folder_as_storage_path_is(tmp_path, monkeypatch):
+    # `hpo run sweeps/x.yaml` from another folder (or its --resume from a third) put the MLflow store
+    # and the W&B runs under whichever folder hpo ran in, apart from the run they log
+    from hpo.config.sweep_file import load_sweep
+    from hpo.tuner.sweep import build_tuner
+
+    sweeps, elsewhere = tmp_path / "sweeps", tmp_path / "elsewhere"
+    sweeps.mkdir(), elsewhere.mkdir()
+    path = sweep_file(sweeps, "logging:\n  mlflow: {tracking_uri: 'sqlite:///runs/mlflow.db'}\n  wandb: {mode: offline, dir: wb}\n")
+    monkeypatch.chdir(elsewhere)
+    callbacks = build_tuner(load_sweep(path)).run_config.callbacks
+    (mlflow,) = [cb for cb in callbacks if type(cb).__name__ == "MLflowLoggerCallback"]
+    assert mlflow.tracking_uri == f"sqlite:///{sweeps / 'runs' / 'mlflow.db'}"
+    assert (sweeps / "runs" / "mlflow.db").is_file() and (sweeps / "wb").is_dir()
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_a_tracking_store_mlflow_refuses_fails_before_any_trial_with_exit_status_2(ray_local, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     path = sweep_file(tmp_path, f"logging:\n  mlflow: {{tracking_uri: 'file://{tmp_path / 'store'}'}}\n")
