@@ -17,7 +17,7 @@ from typing import Any
 
 from hpo.base.ray_runtime import BadClusterAddress, UnreachableCluster  # before anything imports ray: loopback only
 from hpo.config.errors import SweepConfigError
-from hpo.reporting.tune_errors import storage_full, unreported_metric
+from hpo.reporting.tune_errors import mlflow_refusal, storage_full, unreported_metric
 
 EXIT_BAD_INPUT = 2
 #: The sweep ran, but no finished trial reported its metric.
@@ -107,16 +107,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
         tuner = build_tuner(loaded, show_progress=True)
         result = tuner.resume(str(run_path)) if run_path is not None else tuner.fit()
     except KeyboardInterrupt:
-        # Tune turns a running sweep's first Ctrl-C into an orderly stop (reported below); this one
-        # came before Tune listened for it, or was a second one while Tune saved its last state.
+        # A Ctrl-C while Tune's fit runs is an orderly stop (reported below, see
+        # hpo.tuner.stop_signal); this one came before the fit (Ray starting, the trainable
+        # loading), or was a second one while Tune saved its last state.
         print(_interrupted(getattr(tuner, "run_path", None) or run_path, args.file), file=sys.stderr)
         return EXIT_INTERRUPTED
+    except SweepConfigError:
+        raise  # already one line (a tracking store MLflow refuses names the key it was read from)
     except Exception as exc:
         if loaded.spec.scaling is not None:  # the proxy's coordinate check failed: the model is the user's to fix
             from hpo.scaling import ScalingError
 
             if isinstance(exc, ScalingError):
                 raise loaded.fail("scaling", " ".join(str(exc).split())) from None
+        if (refusal := mlflow_refusal(exc)) is not None:
+            raise loaded.fail("logging.mlflow", f"MLflow refused a trial's metric or parameter: {refusal.rstrip('.')}; Tune stopped "
+                              "the sweep there: rename it in the trainable or the search space, or drop logging.mlflow") from None
         reported = unreported_metric(exc)
         if reported is None:
             raise
@@ -184,7 +190,8 @@ def _report(result, sweep_file: str) -> int:
 
 def _cmd_results(args: argparse.Namespace) -> int:
     """Reprint a stored run's table, best configuration and files; `--rebuild` first rewrites
-    results.csv and summary.json from the trials' own folders (for a run whose state is damaged)."""
+    results.csv and summary.json from the trials' own folders (for a run whose state is damaged).
+    A damaged results file is one line naming it (exit 2), as bad input is, never a traceback."""
     from hpo.reporting.rebuild import records_from_trial_dirs
     from hpo.reporting.results_files import RESULTS_FILE, SUMMARY_FILE, summary_table, write_run_files
 
@@ -193,7 +200,13 @@ def _cmd_results(args: argparse.Namespace) -> int:
         run = _newest_run_of(run)
     summary_path = run / SUMMARY_FILE
     if args.rebuild:
-        stored = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        try:
+            stored = _read_summary(summary_path) if summary_path.exists() else {}
+        except ValueError as exc:
+            if not args.metric:
+                print(f"error: {exc}; name the metric with --metric to rebuild without it", file=sys.stderr)
+                return EXIT_BAD_INPUT
+            stored = {}
         metric = args.metric or stored.get("metric")
         if not metric:
             print(f"error: {summary_path} is missing; name the metric with --metric", file=sys.stderr)
@@ -203,6 +216,10 @@ def _cmd_results(args: argparse.Namespace) -> int:
         if not records:
             print(f"error: {run}: no trial folders (*/params.json) to rebuild from", file=sys.stderr)
             return EXIT_BAD_INPUT
+        if args.metric and (unknown := _unreported(records, metric)):
+            print(f"error: --metric {metric!r}: no trial of {run} reported it (they reported: {unknown}); "
+                  "nothing was rewritten", file=sys.stderr)
+            return EXIT_BAD_INPUT
         write_run_files(run, records, metric, mode, stored.get("max_iterations"))
         print(f"rebuilt {run / RESULTS_FILE} from {len(records)} trial folders")
     if not (run / RESULTS_FILE).exists() or not summary_path.exists():
@@ -210,8 +227,15 @@ def _cmd_results(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     import pandas as pd
 
-    summary = json.loads(summary_path.read_text())
-    rows = pd.read_csv(run / RESULTS_FILE)
+    try:
+        summary = _read_summary(summary_path)
+        try:
+            rows = pd.read_csv(run / RESULTS_FILE)
+        except (ValueError, pd.errors.ParserError) as exc:  # EmptyDataError is a ValueError
+            raise ValueError(f"{run / RESULTS_FILE}: damaged ({exc})") from None
+    except ValueError as exc:
+        print(f"error: {exc}; rebuild it from the trials' own folders: hpo results {run} --rebuild", file=sys.stderr)
+        return EXIT_BAD_INPUT
     print(summary_table(rows, summary["metric"]))
     print()
     best = summary.get("best")
@@ -223,6 +247,31 @@ def _cmd_results(args: argparse.Namespace) -> int:
             print(f"best checkpoint: {best['checkpoint']}")
     print(f"results: {run / RESULTS_FILE}\nsummary: {summary_path}")
     return _stored_verdict(summary, rows)
+
+
+def _read_summary(path: Path) -> dict:
+    """A run's summary.json; ValueError naming the file when it is not one `write_run_files` wrote."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: damaged ({exc})") from None
+    best = summary.get("best") if isinstance(summary, dict) else None
+    if not isinstance(summary, dict) or not isinstance(summary.get("metric"), str) or not (
+        best is None or (isinstance(best, dict) and isinstance(best.get("value"), (int, float)) and "config" in best)
+    ):
+        raise ValueError(f"{path}: damaged (not a run summary)")
+    return summary
+
+
+def _unreported(records: Sequence[Any], metric: str) -> str:
+    """The names the trials reported when none reported `metric`; '' when one did, or when none
+    reported anything (a run whose every trial failed at once is rebuilt as it is)."""
+    from hpo.reporting.results_files import TUNE_METADATA, flattened, metric_value
+
+    if any(metric_value(record.metrics, metric) is not None for record in records):
+        return ""
+    names = {key for record in records for key, _ in flattened(record.metrics) if key.split("/", 1)[0] not in TUNE_METADATA}
+    return ", ".join(sorted(names))
 
 
 def _stored_verdict(summary: dict, rows: Any) -> int:

@@ -35,6 +35,14 @@ def quadratic(config):
 quadratic.reported_metrics = ("score",)  # lets `hpo` check the sweep's metric name up front
 
 
+def top1(config):
+    """Reports a metric named as many trainers name theirs, which MLflow's names may not hold."""
+    tune.report({"score": config["x"], "acc@1": 0.5})
+
+
+top1.reported_metrics = ("score", "acc@1")
+
+
 def expected_scores(x: float) -> list[float]:
     return [(x - 1.0) ** 2 + 1.0 / iteration for iteration in range(1, ITERATIONS + 1)]
 
@@ -157,6 +165,23 @@ def test_wandb_offline_writes_a_run_per_trial_with_its_metrics(logged_sweep):
     assert sorted(seen) == pytest.approx(sorted(expected_scores(x)[-1] for x in X_VALUES))
 
 
+def offline_run_ids(folder: Path) -> set[str]:
+    """The trial ids of the offline W&B runs under `folder/wandb` (offline-run-<time>-<run id>)."""
+    return {run.name.rsplit("-", 1)[1] for run in (folder / "wandb").glob("offline-run-*")}
+
+
+@pytest.mark.slow
+def test_a_second_run_of_a_sweep_writes_its_wandb_runs_in_its_own_run_folder(ray_local, tmp_path, monkeypatch):
+    # the second run is runs/logged-2; its W&B runs had gone into the first run's folder, runs/logged
+    path = sweep_file(tmp_path, "logging: {wandb: {project: hpo-tests, mode: offline}}\n")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert main(["run", str(path)]) == 0
+    assert main(["run", str(path)]) == 0
+    for run in (tmp_path / "runs" / "logged", tmp_path / "runs" / "logged-2"):
+        trials = {json.loads(result.read_text().splitlines()[-1])["trial_id"] for result in run.glob("*/result.json")}
+        assert len(trials) == len(X_VALUES) and offline_run_ids(run) == trials, run
+
+
 def test_a_missing_logging_library_is_a_one_line_error_naming_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # what `import wandb` sees where it is not installed
     path = sweep_file(tmp_path, "logging:\n  wandb: {project: p}\n")
@@ -167,11 +192,40 @@ def test_a_missing_logging_library_is_a_one_line_error_naming_the_extra(tmp_path
     )
 
 
+@pytest.mark.parametrize("block, key, says", [
+    ("{project: my/runs, mode: offline}", "project", "Invalid project name 'my/runs'"),
+    (f"{{project: p, mode: offline, tags: [ok, {'t' * 65}]}}", "tags", "Tags must be between 1 and 64 characters"),
+])
+def test_a_wandb_project_or_tag_wandb_refuses_names_its_line_before_ray(tmp_path, block, key, says):
+    # W&B refused it only inside each trial's run: the sweep went on without a single run and exited 0
+    path = sweep_file(tmp_path, f"logging:\n  wandb: {block}\n")
+    with pytest.raises(SweepConfigError) as caught:
+        SweepSpec.from_source(YamlSource.from_file(path))
+    assert str(caught.value).startswith(f"{path}:10: logging.wandb.{key}: W&B refuses it: ") and says in str(caught.value)
+
+
 def test_an_unknown_key_in_the_logging_block_names_its_line_and_a_suggestion(tmp_path):
     path = sweep_file(tmp_path, "logging:\n  mlflow:\n    tracking_url: sqlite:///m.db\n")
     with pytest.raises(SweepConfigError) as caught:
         SweepSpec.from_source(YamlSource.from_file(path))
     assert str(caught.value) == f"{path}:11: logging.mlflow.tracking_url: unknown key 'tracking_url' (did you mean 'tracking_uri'?)"
+
+
+def test_relative_mlflow_store_and_wandb_dir_are_relative_to_the_sweep_files_folder_as_storage_path_is(tmp_path, monkeypatch):
+    # `hpo run sweeps/x.yaml` from another folder (or its --resume from a third) put the MLflow store
+    # and the W&B runs under whichever folder hpo ran in, apart from the run they log
+    from hpo.config.sweep_file import load_sweep
+    from hpo.tuner.sweep import build_tuner
+
+    sweeps, elsewhere = tmp_path / "sweeps", tmp_path / "elsewhere"
+    sweeps.mkdir(), elsewhere.mkdir()
+    path = sweep_file(sweeps, "logging:\n  mlflow: {tracking_uri: 'sqlite:///runs/mlflow.db'}\n  wandb: {mode: offline, dir: wb}\n")
+    monkeypatch.chdir(elsewhere)
+    callbacks = build_tuner(load_sweep(path)).run_config.callbacks
+    (mlflow,) = [cb for cb in callbacks if type(cb).__name__ == "MLflowLoggerCallback"]
+    assert mlflow.tracking_uri == f"sqlite:///{sweeps / 'runs' / 'mlflow.db'}"
+    assert (sweeps / "runs" / "mlflow.db").is_file() and (sweeps / "wb").is_dir()
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_a_tracking_store_mlflow_refuses_fails_before_any_trial_with_exit_status_2(ray_local, tmp_path, monkeypatch, capsys):
@@ -182,6 +236,17 @@ def test_a_tracking_store_mlflow_refuses_fails_before_any_trial_with_exit_status
     assert len(errors) == 1, errors
     assert errors[0].startswith(f"error: {path}:10: logging.mlflow.tracking_uri: MLflow cannot use tracking store")
     assert not (tmp_path / "runs" / "logged").exists(), "no trial ran"
+
+
+def test_a_metric_name_mlflow_refuses_stops_the_sweep_in_one_line_naming_it_with_exit_status_2(ray_local, tmp_path, capsys):
+    # Ray's MLflow callback raised from inside Tune's controller: a 90-line traceback, exit 1
+    path = sweep_file(tmp_path, f"logging:\n  mlflow: {{tracking_uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\n")
+    path.write_text(path.read_text().replace(":quadratic", ":top1"))
+    assert main(["run", str(path)]) == 2
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in captured.err + captured.out, captured.err
+    assert errors[0].startswith(f"error: {path}:10: logging.mlflow: MLflow refused a trial's metric or parameter: ") and "acc@1" in errors[0]
 
 
 def test_an_online_wandb_sweep_without_an_api_key_fails_before_any_trial_with_exit_status_2(ray_local, tmp_path, monkeypatch, capsys):

@@ -269,3 +269,42 @@ def test_a_resumed_fused_sweeps_group_list_is_read_from_its_members_folders(tmp_
     resumed = MemberBook(tmp_path, "train")  # after a resume, Tune's restored scheduler holds the groups
     groups = resumed.result(None, "loss", "min", 1, {"g1", "g2"}).extras["fused_groups"]
     assert str(groups) == "2 of 2 members each", "a resumed fused sweep printed fused_groups: [] for two groups"
+
+
+# -- hpo results on a damaged run folder: one line and exit 2, never a traceback; --rebuild is the way back
+
+
+@pytest.mark.parametrize("damage", [
+    lambda run: (run / SUMMARY_FILE).write_text('{"metric": "lo'),  # torn by a crash or a copy cut short
+    lambda run: (run / SUMMARY_FILE).write_text("[]\n"),  # not a summary at all
+    lambda run: (run / RESULTS_FILE).write_text(""),
+])
+def test_hpo_results_on_a_damaged_results_file_is_one_line_naming_it_and_exit_2(tmp_path, capsys, damage):
+    run = stored_run(tmp_path)
+    assert main(["results", str(run), "--rebuild", "--metric", "loss"]) == 0
+    damage(run)
+    capsys.readouterr()
+    assert main(["results", str(run)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {run}/") and "--rebuild" in err[0], err
+
+
+def test_rebuild_goes_on_past_a_damaged_summary_json_with_the_metric_named(tmp_path, capsys):
+    run = stored_run(tmp_path)
+    (run / SUMMARY_FILE).write_text('{"metric": "lo')
+    assert main(["results", str(run), "--rebuild"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and SUMMARY_FILE in err[0] and "--metric" in err[0], err
+    assert main(["results", str(run), "--rebuild", "--metric", "loss"]) == 0
+    assert json.loads((run / SUMMARY_FILE).read_text())["best"]["trial_id"] == "t1"
+
+
+def test_rebuild_with_a_metric_no_trial_reported_is_refused_and_keeps_the_files(tmp_path, capsys):
+    run = stored_run(tmp_path)
+    assert main(["results", str(run), "--rebuild", "--metric", "loss"]) == 0
+    before = {name: (run / name).read_bytes() for name in (RESULTS_FILE, SUMMARY_FILE)}
+    capsys.readouterr()
+    assert main(["results", str(run), "--rebuild", "--metric", "los"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'los'" in err[0] and "loss" in err[0], err
+    assert {name: (run / name).read_bytes() for name in before} == before, "a mistyped metric overwrote the run's files"

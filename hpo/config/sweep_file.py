@@ -23,6 +23,7 @@ from pathlib import Path
 from hpo.base.exceptions import describe_exception
 from hpo.base.yaml_source import YamlSource
 from hpo.config.errors import ConfigIssue, SweepConfigError
+from hpo.config.logging_spec import LoggingSpec
 from hpo.config.spec import ParameterSpec, SweepSpec, fused_placement
 from hpo.config.trainable_lookup import ResolvedTrainable, TrainableNotFound, TrainableSource, locate_trainable, resolve_trainable
 
@@ -43,6 +44,14 @@ class LoadedSweep:
         if "://" in self.spec.storage_path:
             return self.spec.storage_path
         return str(Path(self.source.name).resolve().parent.joinpath(Path(self.spec.storage_path).expanduser()).resolve())
+
+    @property
+    def logging(self) -> LoggingSpec | None:
+        """The `logging:` block, its relative paths (an MLflow store, W&B's `dir`) relative to the
+        sweep file's folder, as `storage_path` is."""
+        if self.spec.logging is None:
+            return None
+        return self.spec.logging.relative_to(Path(self.source.name).resolve().parent)
 
     @property
     def experiment_path(self) -> Path:

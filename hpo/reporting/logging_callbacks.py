@@ -61,10 +61,14 @@ def _wandb_callback(spec: WandbSpec, sweep: str, experiment_dir: Path, source: A
 
     if spec.mode == "online":
         _check_wandb_login(source)
-    directory = Path(spec.dir or experiment_dir).expanduser().resolve()
-    directory.mkdir(parents=True, exist_ok=True)
-    init = {"project": spec.project or sweep, "group": spec.group, "mode": spec.mode, "dir": str(directory), "entity": spec.entity, "tags": spec.tags}
-    return WandbRunsCallback(init)
+    directory = None
+    if spec.dir:
+        directory = Path(spec.dir).expanduser().resolve()
+        directory.mkdir(parents=True, exist_ok=True)
+    init = {"project": spec.project or sweep, "group": spec.group, "mode": spec.mode, "dir": directory and str(directory),
+            "entity": spec.entity, "tags": spec.tags}
+    # by default each run's own folder, named only when the Tuner picks it (`name-2` beside an earlier run)
+    return WandbRunsCallback(init, storage=Path(experiment_dir).expanduser().resolve().parent)
 
 
 def _check_wandb_login(source: Any) -> None:

@@ -1,5 +1,6 @@
-"""Tune's exceptions read for what the user must do: a full disk (`storage_full`), or a sweep Tune
-stopped because a trial's result lacked the sweep's metric (`unreported_metric`).
+"""Tune's exceptions read for what the user must do: a full disk (`storage_full`), a sweep Tune
+stopped because a trial's result lacked the sweep's metric (`unreported_metric`), or one stopped
+because MLflow refused what a trial logged (`mlflow_refusal`).
 
 Tune wraps and re-raises what went wrong, and says some of it only in its messages, so the cause is
 sought along the exception's chain, and the missing metric in Tune's message. Imports no Ray: the
@@ -27,6 +28,18 @@ def causes(exc: BaseException | None) -> Iterator[BaseException]:
 def storage_full(exc: BaseException | None) -> OSError | None:
     """The out-of-space OSError (ENOSPC, EDQUOT) that `exc` is or was caused by, if any."""
     return next((e for e in causes(exc) if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)), None)
+
+
+def mlflow_refusal(exc: BaseException | None) -> str | None:
+    """MLflow's first line when `exc` is, or was caused by, its refusal of something a trial logged
+    (a metric or parameter name it does not take: `acc@1`): Ray's MLflow callback raises it inside
+    Tune's controller, which stops the sweep. Read by the type's name: this module imports no MLflow."""
+    for cause in causes(exc):
+        kind = type(cause)
+        if kind.__name__ == "MlflowException" and kind.__module__.startswith("mlflow"):
+            lines = str(getattr(cause, "message", cause)).strip().splitlines()
+            return lines[0] if lines else kind.__name__
+    return None
 
 
 #: What Tune's strict metric check raises in its controller, which stops the whole sweep.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import numbers
 import os
+from pathlib import Path
 from typing import Any
 
 from ray.tune.logger import LoggerCallback
@@ -58,11 +59,15 @@ class WandbRunsCallback(LoggerCallback):
     """Tune's logger callback for W&B: a run per trial, grouped by the sweep's folder name.
 
     `init` goes to `wandb.init` as given (project, group, mode, dir, entity, tags); the callback
-    fills in the run's id, name, group and config from the trial. `finish_timeout_s` bounds how
-    long the end of the sweep waits for W&B to finish writing (online runs upload then)."""
+    fills in the run's id, name, group and config from the trial. Without a `dir`, W&B writes in
+    the folder of the run the trial belongs to, `storage / trial.experiment_dir_name`: a second
+    run of a sweep's name is `name-2`, known only once the Tuner has chosen it, and `--resume`
+    continues that folder. `finish_timeout_s` bounds how long the end of the sweep waits for W&B
+    to finish writing (online runs upload then)."""
 
-    def __init__(self, init: dict[str, Any], finish_timeout_s: float = 1800.0) -> None:
+    def __init__(self, init: dict[str, Any], storage: str | os.PathLike | None = None, finish_timeout_s: float = 1800.0) -> None:
         self._init = dict(init)
+        self._storage = storage
         self._finish_timeout_s = finish_timeout_s
         self._actors: dict[str, Any] = {}
         self._finishing: dict[Any, Any] = {}  # the `finish` call's future -> its actor, kept alive until it returns
@@ -86,6 +91,10 @@ class WandbRunsCallback(LoggerCallback):
             "config": config,
             **{key: value for key, value in self._init.items() if value is not None},
         }
+        if not init.get("dir") and self._storage is not None:
+            run_folder = Path(self._storage) / trial.experiment_dir_name
+            run_folder.mkdir(parents=True, exist_ok=True)
+            init["dir"] = str(run_folder)
         environ = {key: value for key, value in os.environ.items() if key.startswith("WANDB_")}
         self._actors[trial.trial_id] = self._actor_class.remote(init, environ)
 

@@ -135,7 +135,7 @@ def build_tuner(loaded: LoadedSweep, show_progress: bool = False) -> Tuner:
         ),
         run_config=sweep_run_config(
             spec.name, loaded.storage, stop, spec.max_failures,
-            (callbacks if show_progress else []) + logger_callbacks(spec.logging, spec.name, loaded.experiment_path, loaded.source), verbose=0,
+            (callbacks if show_progress else []) + logger_callbacks(loaded.logging, spec.name, loaded.experiment_path, loaded.source), verbose=0,
         ),
         resources={"cpu": spec.resources.cpu, "gpu": spec.resources.gpu},
         scaling=spec.scaling,
