@@ -193,7 +193,8 @@ def _cmd_results(args: argparse.Namespace) -> int:
     results.csv and summary.json from the trials' own folders (for a run whose state is damaged).
     A damaged results file is one line naming it (exit 2), as bad input is, never a traceback."""
     from hpo.reporting.rebuild import records_from_trial_dirs
-    from hpo.reporting.results_files import RESULTS_FILE, SUMMARY_FILE, summary_table, write_run_files
+    from hpo.reporting.results_files import (RESULTS_FILE, SUMMARY_FILE, names_reported_without, read_summary,
+                                             summary_table, write_run_files)
 
     run = Path(args.run_dir)
     if run.is_file():  # a sweep file: its newest run, where `hpo run FILE` stored it
@@ -201,7 +202,7 @@ def _cmd_results(args: argparse.Namespace) -> int:
     summary_path = run / SUMMARY_FILE
     if args.rebuild:
         try:
-            stored = _read_summary(summary_path) if summary_path.exists() else {}
+            stored = read_summary(summary_path) if summary_path.exists() else {}
         except ValueError as exc:
             if not args.metric:
                 print(f"error: {exc}; name the metric with --metric to rebuild without it", file=sys.stderr)
@@ -216,7 +217,7 @@ def _cmd_results(args: argparse.Namespace) -> int:
         if not records:
             print(f"error: {run}: no trial folders (*/params.json) to rebuild from", file=sys.stderr)
             return EXIT_BAD_INPUT
-        if args.metric and (unknown := _unreported(records, metric)):
+        if args.metric and (unknown := names_reported_without(records, metric)):
             print(f"error: --metric {metric!r}: no trial of {run} reported it (they reported: {unknown}); "
                   "nothing was rewritten", file=sys.stderr)
             return EXIT_BAD_INPUT
@@ -228,7 +229,7 @@ def _cmd_results(args: argparse.Namespace) -> int:
     import pandas as pd
 
     try:
-        summary = _read_summary(summary_path)
+        summary = read_summary(summary_path)
         try:
             rows = pd.read_csv(run / RESULTS_FILE)
         except (ValueError, pd.errors.ParserError) as exc:  # EmptyDataError is a ValueError
@@ -247,31 +248,6 @@ def _cmd_results(args: argparse.Namespace) -> int:
             print(f"best checkpoint: {best['checkpoint']}")
     print(f"results: {run / RESULTS_FILE}\nsummary: {summary_path}")
     return _stored_verdict(summary, rows)
-
-
-def _read_summary(path: Path) -> dict:
-    """A run's summary.json; ValueError naming the file when it is not one `write_run_files` wrote."""
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: damaged ({exc})") from None
-    best = summary.get("best") if isinstance(summary, dict) else None
-    if not isinstance(summary, dict) or not isinstance(summary.get("metric"), str) or not (
-        best is None or (isinstance(best, dict) and isinstance(best.get("value"), (int, float)) and "config" in best)
-    ):
-        raise ValueError(f"{path}: damaged (not a run summary)")
-    return summary
-
-
-def _unreported(records: Sequence[Any], metric: str) -> str:
-    """The names the trials reported when none reported `metric`; '' when one did, or when none
-    reported anything (a run whose every trial failed at once is rebuilt as it is)."""
-    from hpo.reporting.results_files import TUNE_METADATA, flattened, metric_value
-
-    if any(metric_value(record.metrics, metric) is not None for record in records):
-        return ""
-    names = {key for record in records for key, _ in flattened(record.metrics) if key.split("/", 1)[0] not in TUNE_METADATA}
-    return ", ".join(sorted(names))
 
 
 def _stored_verdict(summary: dict, rows: Any) -> int:

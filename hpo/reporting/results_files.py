@@ -284,6 +284,29 @@ def record_from_trial(trial: Any, status: str | None = None) -> TrialRecord:
     )
 
 
+def read_summary(path: Path) -> dict[str, Any]:
+    """A run's summary.json; ValueError naming the file when it is not one `write_run_files` wrote."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: damaged ({exc})") from None
+    best = summary.get("best") if isinstance(summary, dict) else None
+    if not isinstance(summary, dict) or not isinstance(summary.get("metric"), str) or not (
+        best is None or (isinstance(best, dict) and isinstance(best.get("value"), (int, float)) and "config" in best)
+    ):
+        raise ValueError(f"{path}: damaged (not a run summary)")
+    return summary
+
+
+def names_reported_without(records: Sequence[TrialRecord], metric: str) -> str:
+    """The names the trials reported when none reported `metric`; '' when one did, or when none
+    reported anything (a run whose every trial failed at once is rebuilt as it is)."""
+    if any(metric_value(record.metrics, metric) is not None for record in records):
+        return ""
+    names = {key for record in records for key, _ in flattened(record.metrics) if key.split("/", 1)[0] not in TUNE_METADATA}
+    return ", ".join(sorted(names))
+
+
 def summary_table(frame: pd.DataFrame, metric: str, max_rows: int = 40) -> str:
     """The console table: configuration, the metric, iterations and status of each trial."""
     columns = [c for c in frame.columns if c.startswith("config/")] + [metric, "iterations", "status"]
