@@ -147,6 +147,11 @@ class EagerTransferCallback(tune.Callback):
         (directory / CHECKPOINT_FILE).write_bytes(ray.get(self._actor.state_bytes.remote()))
         return directory
 
+    def stop(self) -> None:
+        """The sweep stopped before its end: end the target's run, if one trains (`--resume` trains
+        the target of the complete sweep)."""
+        self._stop_target()
+
     def report(self) -> dict[str, Any]:
         run = None
         if self._history:
