@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
+import re
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -140,3 +143,23 @@ def test_summary_json_and_hpo_results_say_what_the_target_is_and_how_it_trained(
     assert f"target: val_loss = {target['value']:.4g} after 2 iterations" in out.splitlines()
     assert f"target checkpoint: {target['checkpoint']}" in out.splitlines()
     assert "re-tune on the target (does not transfer): ['weight_decay']" in out.splitlines()
+
+
+def test_a_resumed_eager_sweep_trains_its_target_once_after_the_proxy_sweep(tmp_path, capsys):
+    """`--resume` of an `eager_transfer` sweep: Tune restores the callbacks it pickled in tuner.pkl, so
+    the engine's own eager callback never heard of the sweep, and the resumed sweep ended in
+    `RuntimeError: EagerTransferCallback.setup() has not run` (a traceback, no report), while the
+    restored copy could start a second target beside the proxy trials."""
+    tuner = scaled_tuner(tmp_path, final_training=False, eager_transfer=0.5)
+    tuner.engine.start(tmp_path / NAME, tuner.tune_config, tuner.run_config)
+    restored = pickle.loads(pickle.dumps(tuner.engine.eager))  # what Tune's restore runs instead
+    result = end(tuner, tmp_path, [({"lr": 1e-2}, 1.0, True), ({"lr": 3e-2}, 2.0, True)])
+    verdict, out, err = report(result, capsys)
+    assert verdict == console.OK, err
+    assert re.search(r"^target: val_loss = [\d.]+ after 2 iterations$", out, re.M), out
+    assert (tmp_path / NAME / TARGET_CHECKPOINT_DIR).is_dir()
+    restored.setup(total_num_samples=2)
+    trial = SimpleNamespace(trial_id="t0", config={"lr": 1e-2}, last_result={"val_loss": 1.0}, status="TERMINATED")
+    restored.on_trial_complete(0, [trial], trial)
+    restored.on_step_end(1, [trial])
+    assert restored._actor is None and not restored.starts, "the restored copy trains no second target"

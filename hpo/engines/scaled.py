@@ -101,7 +101,12 @@ def finish(
         result.target = {"status": "not trained", "reason": reason}
         return
     best = result.best_result
-    if eager is not None:
+    if eager is not None and not eager.heard_the_sweep:
+        # a resumed sweep: Tune ran the callback it pickled when the sweep began (inert, see
+        # EagerTransferCallback.restored), so the target trains after the proxy sweep, once
+        result.extras["eager transfer"] = "the sweep was resumed: the target trained after the proxy sweep"
+        eager, scaling = None, scaling.model_copy(update={"final_training": True})
+    elif eager is not None:
         scaling = scaling.model_copy(update={"final_training": False})
     out_dir = Path(result.experiment_path)
     transfer = transfer_config(
