@@ -218,14 +218,14 @@ class ScaledEngine(SweepEngine):
         self.eager: Any = None
 
     def start(self, experiment: Path, tune_config: Any, run_config: Any) -> TuneRun:
-        """The inner engine's run, with the eager transfer's callback last (it hears every result)."""
-        run = self.inner.start(experiment, tune_config, run_config)
+        """The inner engine's run, given the eager transfer's callback among the sweep's: the inner
+        engine hands it each configuration's events (a fused sweep's members, not its groups)."""
         if self.scaling.eager_transfer is None:
-            return run
+            return self.inner.start(experiment, tune_config, run_config)
         self.eager = EagerTransferCallback(
             self.workload, self.scaling, metric=self.plan.metric, mode=self.plan.mode, max_iterations=self.plan.max_iterations,
         )
-        return replace(run, run_config=replace(run.run_config, callbacks=[*run.run_config.callbacks, self.eager]))
+        return self.inner.start(experiment, tune_config, replace(run_config, callbacks=[*(run_config.callbacks or []), self.eager]))
 
     def result(self, grid: Any) -> SweepResult:
         return self.inner.result(grid)

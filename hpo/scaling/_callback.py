@@ -98,6 +98,8 @@ class EagerTransferCallback(tune.Callback):
         self.starts: list[dict[str, Any]] = []  # one entry per (re)start: time, proxy trial, config
         self.first_result_s: float | None = None
 
+    #: It follows configurations: a fused sweep replays each member's events to it, not its group's.
+    per_configuration = True
     #: A copy Tune unpickled from its tuner.pkl to resume the sweep: its hooks do nothing (the
     #: sweep's engine holds the callback that reports the target; see `hpo.engines.scaled.finish`).
     restored = False
