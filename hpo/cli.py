@@ -221,7 +221,7 @@ def _cmd_results(args: argparse.Namespace) -> int:
             print(f"error: --metric {metric!r}: no trial of {run} reported it (they reported: {unknown}); "
                   "nothing was rewritten", file=sys.stderr)
             return EXIT_BAD_INPUT
-        write_run_files(run, records, metric, mode, stored.get("max_iterations"))
+        write_run_files(run, records, metric, mode, stored.get("max_iterations"), stored.get("target"))
         print(f"rebuilt {run / RESULTS_FILE} from {len(records)} trial folders")
     if not (run / RESULTS_FILE).exists() or not summary_path.exists():
         print(f"error: {run}: no {RESULTS_FILE} and {SUMMARY_FILE}; is this a run folder? (try --rebuild)", file=sys.stderr)
@@ -246,6 +246,10 @@ def _cmd_results(args: argparse.Namespace) -> int:
         print(f"Best configuration ({summary['metric']} = {best['value']:.4g}): {config_text(best['config'])}")
         if best.get("checkpoint"):
             print(f"best checkpoint: {best['checkpoint']}")
+    if isinstance(summary.get("target"), dict):  # a scaled sweep's target, as hpo run printed it
+        from hpo.reporting.console import target_lines
+
+        print("\n".join(target_lines(summary["target"])))
     print(f"results: {run / RESULTS_FILE}\nsummary: {summary_path}")
     return _stored_verdict(summary, rows)
 
@@ -268,6 +272,9 @@ def _stored_verdict(summary: dict, rows: Any) -> int:
     if not summary.get("best"):
         print(f"no finished trial reported {summary['metric']}", file=sys.stderr)
         return _exit_status(console.NO_RESULT)
+    if line := console.target_error(summary.get("target") if isinstance(summary.get("target"), dict) else None):
+        print(line, file=sys.stderr)
+        return _exit_status(console.ERRORED)
     return _exit_status(console.OK)
 
 

@@ -100,3 +100,14 @@ def test_the_width_and_depth_config_runs_end_to_end_and_the_eager_target_has_bot
     assert re.search(r"^target \(eager\): val_loss = [\d.]+ after 2 iterations$", out, re.M), out
     state = torch.load(run / "target_checkpoint" / CHECKPOINT_FILE, weights_only=True)
     assert sum(name.endswith("ln_1.weight") for name in state["model"]) == 8, "the eager target has the target's 8 blocks"
+
+
+def test_a_fused_proxy_sweep_with_eager_transfer_trains_the_target(tmp_path, capsys):
+    """With `fusion:`, Tune's trials are groups: the eager callback heard groups (no metric, a
+    config of members) and a total of -1 trials, so the target never trained (exit 0, no word)."""
+    path = write(tmp_path, "fused_eager", "{target_width: 64, proxy_width: 16, eager_transfer: 0.5}")
+    path.write_text(path.read_text() + "fusion: {max_members: 2}\n")
+    assert main(["run", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^target \(eager\): val_loss = [\d.]+ after 2 iterations$", out, re.M), out
+    assert (tmp_path / "runs" / "fused_eager" / "target_checkpoint" / CHECKPOINT_FILE).is_file()

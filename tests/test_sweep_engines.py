@@ -173,14 +173,17 @@ def test_a_bad_checkpoint_argument_fails_in_one_line_naming_its_key(tmp_path, ch
     assert str(caught.value) == message
 
 
-def test_a_scaled_engine_tunes_through_its_inner_engine_and_adds_the_eager_transfer_last(tmp_path):
+def test_a_scaled_engine_tunes_through_its_inner_engine_and_gives_it_the_eager_transfer(tmp_path):
+    """The inner engine hands the eager transfer each configuration's events (a fused engine: its
+    members'), as it does the sweep's other callbacks."""
     scaling = {"target_width": 64, "ratio": 4, "eager_transfer": 0.5}
     engine = tuner(tmp_path, PROXY_SPACE, scaling=scaling).engine
     run = engine.start(tmp_path / "scaled", CONFIG, tune.RunConfig(callbacks=[]))
     proxy = engine.inner.plan.trainable
     assert run.actors == [] and run.param_space == PROXY_SPACE
     assert run.trainable.__name__ == proxy.name != mlp_digits.name
-    assert [type(c).__name__ for c in run.run_config.callbacks] == ["ResultsFileCallback", "EagerTransferCallback"]
+    assert [type(c).__name__ for c in run.run_config.callbacks] == ["EagerTransferCallback", "ResultsFileCallback"]
+    assert run.run_config.callbacks[0] is engine.eager
 
 
 @pytest.mark.slow

@@ -59,9 +59,10 @@ class TuneRun:
 class SweepEngine(abc.ABC):
     """How one mode runs a sweep in Tune; the `hpo.Tuner` composes one and asks it what differs.
 
-    Two calls, each made once: `start`, once Ray is up, starts what the mode needs (a broker, the
+    Three calls, each made once: `start`, once Ray is up, starts what the mode needs (a broker, the
     groups' book) and returns what Tune is given; `result` turns Tune's grid into the sweep's
-    result. An engine never asks which mode it is in; it is one.
+    result; `complete`, once the Tuner has read from the grid how the sweep ended, does what the
+    mode does after its trials. An engine never asks which mode it is in; it is one.
     """
 
     @abc.abstractmethod
@@ -73,6 +74,11 @@ class SweepEngine(abc.ABC):
     @abc.abstractmethod
     def result(self, grid: tune.ResultGrid) -> SweepResult:
         """Tune's grid as the sweep's result: one result per configuration."""
+
+    def complete(self, result: SweepResult) -> None:
+        """What the mode does once its trials are over, told how the sweep ended (`result.interrupted`:
+        stopped before its end, which `--resume` continues): a scaled sweep's transfer and target
+        run. Nothing for the other modes."""
 
 
 def workload_tune_config(tune_config: tune.TuneConfig) -> tune.TuneConfig:

@@ -123,4 +123,32 @@ def report(result: Any, resume: str, out: TextIO | None = None, err: TextIO | No
     if best is None:
         print(f"error: no finished trial reported {result.metric!r}; see the status column in {paths['results']}", file=err)
         return NO_RESULT
+    if line := target_error(result.target):
+        print(line, file=err)
+        return ERRORED
     return OK
+
+
+def target_error(target: dict[str, Any] | None) -> str:
+    """The line for a scaled sweep's target that diverged or raised ('' when it did not): an
+    error of the sweep, whose tuned config is kept in transfer.json."""
+    if not target or not target.get("error"):
+        return ""
+    return f"error: {target['error']}; the transferred config is kept in {target.get('transfer', 'transfer.json')}"
+
+
+def target_lines(target: dict[str, Any]) -> list[str]:
+    """What `hpo run` printed of a scaled sweep's target, from `summary.json`'s `target`, for `hpo results`."""
+    if target.get("reason"):
+        return [f"target: not trained: {target['reason']}"]
+    lines = []
+    if target.get("value") is not None:
+        lines.append(f"target: {target['metric']} = {target['value']:.4g} after {target['iterations']} iterations")
+    if target.get("checkpoint"):
+        lines.append(f"target checkpoint: {target['checkpoint']}")
+    lines.append(f"transferred target config: {target.get('config')}")
+    if target.get("flagged"):
+        lines.append(f"re-tune on the target (does not transfer): {target['flagged']}")
+    if target.get("transfer"):
+        lines.append(f"transfer: {target['transfer']}")
+    return lines

@@ -202,10 +202,12 @@ def best_record(
 
 
 def write_run_files(
-    directory: Path, records: Sequence[TrialRecord], metric: str, mode: str, max_iterations: int | None
+    directory: Path, records: Sequence[TrialRecord], metric: str, mode: str, max_iterations: int | None,
+    target: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
-    """`results.csv` (one row per trial) and `summary.json` (metric, counts, the best trial),
-    replaced together atomically; returns the rows."""
+    """`results.csv` (one row per trial) and `summary.json` (metric, counts, the best trial, and for
+    a scaled sweep its `target`: see `hpo.engines.scaled.target_summary`), replaced together
+    atomically; returns the rows."""
     frame = rows_frame([record_row(r, metric, max_iterations) for r in records], metric, mode)
     best = best_record(records, metric, mode, max_iterations)
     value = None if best is None else metric_value(best.metrics, metric)
@@ -220,6 +222,8 @@ def write_run_files(
             "checkpoint": best.checkpoint,
         },
     }
+    if target is not None:
+        summary["target"] = dict(target)
     text = json.dumps(summary, indent=2, default=str) + "\n"
     write_all_atomically({
         directory / RESULTS_FILE: lambda temporary: frame.to_csv(temporary, index=False),

@@ -81,6 +81,8 @@ class SweepResult:
         self.paths: dict[str, Path] = {}  # the files `write` wrote
         #: With muP scaling: the folder of the trained target (`hpo.engines.scaled.finish`), if trained.
         self.target_checkpoint: str | None = None
+        #: With muP scaling: the target as `summary.json` records it (`hpo.engines.scaled.target_summary`).
+        self.target: dict[str, Any] | None = None
         if records is None:
             self.records = [record_from_result(result) for result in self.results]
         else:  # rows read where the trials keep them (a fused sweep's member folders), one per result
@@ -192,7 +194,7 @@ class SweepResult:
         """Write `results.csv`, `summary.json` and `curves.png` next to the experiment (or into
         `directory`)."""
         directory = Path(directory or self.experiment_path)
-        write_run_files(directory, self.records, self.metric, self.mode, self.max_iterations)
+        write_run_files(directory, self.records, self.metric, self.mode, self.max_iterations, self.target)
         self.paths = {"results": directory / RESULTS_FILE, "summary": directory / SUMMARY_FILE, "plot": None}
         if self._histories or self.curves:  # a run where nothing reported the metric has nothing to plot
             self.paths["plot"] = directory / PLOT_FILE

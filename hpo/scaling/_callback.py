@@ -98,9 +98,27 @@ class EagerTransferCallback(tune.Callback):
         self.starts: list[dict[str, Any]] = []  # one entry per (re)start: time, proxy trial, config
         self.first_result_s: float | None = None
 
+    #: It follows configurations: a fused sweep replays each member's events to it, not its group's.
+    per_configuration = True
+    #: A copy Tune unpickled from its tuner.pkl to resume the sweep: its hooks do nothing (the
+    #: sweep's engine holds the callback that reports the target; see `hpo.engines.scaled.finish`).
+    restored = False
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.restored = True
+
+    @property
+    def heard_the_sweep(self) -> bool:
+        """Whether Tune ran this callback (`setup`): not so in a resumed sweep, which runs the copy
+        Tune pickled when the sweep began."""
+        return self.policy is not None
+
     # -- Tune hooks -----------------------------------------------------------------------------
 
     def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
+        if self.restored:
+            return
         self._t0 = time.monotonic()
         trials = self.num_trials or total_num_samples
         if not trials or trials < 1:
@@ -108,20 +126,28 @@ class EagerTransferCallback(tune.Callback):
         self.policy = EagerTransferPolicy(self.scaling.eager_transfer, int(trials), self.mode)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
+        if self.restored:
+            return
         value = (trial.last_result or {}).get(self.metric)
         # A first start waits for on_step_end, when Tune has handed the freed slot on (or not).
         self._act(self._policy().record(trial.trial_id, trial.config, None if value is None else float(value), idle=False))
 
     def on_trial_error(self, iteration, trials, trial, **info):
+        if self.restored:
+            return
         self._act(self._policy().record(trial.trial_id, trial.config, None, idle=False))
 
     def on_step_end(self, iteration, trials, **info):
+        if self.restored:
+            return
         self._collect()
         policy = self._policy()
         if policy.running_config is None and len(policy.finished) >= policy.threshold:
             self._act(policy.decide(idle=self._idle(trials)))
 
     def on_experiment_end(self, trials, **info):
+        if self.restored:
+            return
         self._collect()
 
     # -- after the sweep ------------------------------------------------------------------------
@@ -146,6 +172,11 @@ class EagerTransferCallback(tune.Callback):
         directory.mkdir(parents=True, exist_ok=True)
         (directory / CHECKPOINT_FILE).write_bytes(ray.get(self._actor.state_bytes.remote()))
         return directory
+
+    def stop(self) -> None:
+        """The sweep stopped before its end: end the target's run, if one trains (`--resume` trains
+        the target of the complete sweep)."""
+        self._stop_target()
 
     def report(self) -> dict[str, Any]:
         run = None

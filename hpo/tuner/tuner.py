@@ -231,6 +231,7 @@ class Tuner:
             tune_ended = saved_ended_trials(Path(grid.experiment_path))
             if (stopped and len(result.records) < planned) or not all(ended(trial, tune_ended) for trial in grid):
                 result.stopped_early(tune_ended)
+        self.engine.complete(result)  # told whether the sweep ended: a stopped one trains no target
         # Holding the handle keeps `hpo:sweep:<name>` alive (and in the dashboard) while the result lives.
         result.controller = actors[0]
         result.actors = actors

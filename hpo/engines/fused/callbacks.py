@@ -13,7 +13,7 @@ from hpo.engines.fused.members import MemberBook, MemberTrial
 from hpo.reporting.progress import ProgressCallback
 
 
-def member_callbacks(book: MemberBook, callbacks: list[Any]) -> list[Any]:
+def member_callbacks(book: MemberBook, callbacks: list[Any], configurations: int | None = None) -> list[Any]:
     """The Tune callbacks that replay each group event as its members' events to `callbacks`
     (the progress line, the dashboard's controller, the results files, and Tune's logger
     callbacks: TensorBoard, MLflow, W&B, a user's own), so they count, show and log
@@ -22,7 +22,9 @@ def member_callbacks(book: MemberBook, callbacks: list[Any]) -> list[Any]:
 
     Tune adds a TensorBoard logger of its own unless it is given one, and that one would log each
     group as a run; so a `MemberTensorBoard`, which logs only members, takes the place of any
-    plain `TBXLoggerCallback` and is given to Tune beside the replaying callback.
+    plain `TBXLoggerCallback` and is given to Tune beside the replaying callback. Their `setup`
+    hears the sweep's `configurations` as its `total_num_samples` where known (Tune's count is of
+    groups: -1).
     """
     from ray.tune import Callback
 
@@ -36,6 +38,8 @@ def member_callbacks(book: MemberBook, callbacks: list[Any]) -> list[Any]:
             self.started: set[str] = set()  # members whose start the loggers heard of
 
         def setup(self, **info: Any) -> None:
+            if configurations is not None:
+                info = {**info, "total_num_samples": configurations}
             for callback in callbacks:
                 callback.setup(**info)
 

@@ -35,6 +35,9 @@ class FusedSweep:
     checkpoint_config: Any
     callback: Any
     members_per_group: int
+    #: The configurations the sweep trains, where known (a grid or random expansion, a searcher's
+    #: `num_samples`): Tune's own count is of groups, unknown (-1) to it.
+    configurations: int | None = None
 
     @staticmethod
     def group_dirname(trial: Any) -> str:
@@ -126,6 +129,7 @@ class FusedEngine(SweepEngine):
             checkpoint_config=group_checkpoint_config(checkpoint.every, checkpoint.at_end),
             callback=member_results_callback(book, experiment, metric, mode, plan.max_iterations),
             members_per_group=members_per_group,
+            configurations=size,
         )
 
     def slots(self) -> int:
@@ -151,9 +155,10 @@ class FusedEngine(SweepEngine):
         member's events, not of the groups Tune runs."""
         run_config = workload_run_config(run_config, self.plan.max_iterations)
         callbacks = list(run_config.callbacks or [])
-        per_member = [cb for cb in callbacks if isinstance(cb, (ControllerCallback, ProgressCallback, LoggerCallback))]
+        per_member = [cb for cb in callbacks if isinstance(cb, (ControllerCallback, ProgressCallback, LoggerCallback))
+                      or getattr(cb, "per_configuration", False)]  # a scaled sweep's eager transfer
         callbacks = [cb for cb in callbacks if all(cb is not p for p in per_member)]
-        callbacks += member_callbacks(self.sweep.book, [*per_member, self.sweep.callback])
+        callbacks += member_callbacks(self.sweep.book, [*per_member, self.sweep.callback], self.sweep.configurations)
         return replace(run_config, callbacks=callbacks, checkpoint_config=self.sweep.checkpoint_config)
 
     def result(self, grid: Any) -> SweepResult:
