@@ -97,6 +97,9 @@ def fused_group_trainable(
                 # One JSON string, not a list: Tune's loggers take it as one opaque column.
                 "member_results": json.dumps(results),
                 "fused_members": trainer.num_members,
+                # A group ends at max_iterations as an unfused trial's loop does, whatever `stop`
+                # says: a stop function or a `time_total_s` alone had it train on past it.
+                "done": iteration >= max_iterations,
             }
 
         def _save_members(self) -> dict[str, str]:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.base.atomic_files import write_atomically
+from hpo.engines.stop_thresholds import TUNE_COUNTERS
 from hpo.reporting.rebuild import STATUS_FILE, records_from_trial_dirs
 from hpo.reporting.results_files import MEMBERS_DIR, TrialRecord
 from hpo.reporting.sweep_result import SweepResult
@@ -165,7 +166,12 @@ class MemberBook:
         """Each live member's result in a group's `result`, written to its folder, the first time
         it is seen: the scheduler records it, or, for the result Tune's stop condition ends the
         group on (which Tune gives no scheduler), the callbacks that log it. A group retried from
-        its checkpoint trains again the iterations since; their results are not new."""
+        its checkpoint trains again the iterations since; their results are not new.
+
+        Tune's own counters (`time_total_s`, ...) are the group trial's, the same for each of its
+        members: a member's result carries them as an unfused trial's does, so a scheduler or a
+        stopper timed by one (MedianStoppingRule's default `time_total_s`) reads it."""
+        counters = {key: result[key] for key in TUNE_COUNTERS if key in result}
         recorded = []
         for member_result in json.loads(result.get("member_results") or "[]"):
             member = self.members.get(member_result["member_id"])
@@ -173,7 +179,7 @@ class MemberBook:
                 continue
             if member_result["training_iteration"] <= member.last_result.get("training_iteration", 0):
                 continue
-            recorded.append((member, self.record_result(member, member_result)))
+            recorded.append((member, self.record_result(member, {**counters, **member_result})))
         return recorded
 
     def end(self, member: MemberTrial, status: str, error: str = "") -> None:

@@ -11,15 +11,17 @@ member by member exactly as for unfused trials. What that means for the group's 
   iteration. A group whose live members are paused is paused by Tune (its checkpoint saved, its
   slot freed for the groups holding the rest of the bracket), and chosen to run again once each
   of them was resumed or stopped;
-- a member whose result reaches a `stop` threshold (`hpo.engines.stop_thresholds`) ends as an
-  unfused trial would, by its own values, not by the group's best member's;
+- a member whose result reaches a `stop` threshold (`hpo.engines.stop_thresholds`), or that the
+  user's `Stopper` or stop function stops, ends as an unfused trial would, by its own values, not
+  by the group's best member's (Tune asks the stopper first and then gives the result to no
+  scheduler, so here too);
 - a group with no live member left is stopped.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +56,14 @@ class GroupScheduler(TrialScheduler):
     """See the module docstring."""
 
     def __init__(self, inner: TrialScheduler | None, book: MemberBook, max_iterations: int,
-                 thresholds: Mapping[str, float] | None = None, metric: str | None = None, mode: str = "min"):
+                 thresholds: Mapping[str, float] | None = None, metric: str | None = None, mode: str = "min",
+                 stopper: Callable[[str, dict], bool] | None = None):
         super().__init__()
         self.inner = inner or FIFOScheduler()
         self.book = book
         self.max_iterations = max_iterations
         self.thresholds = Thresholds(thresholds or {}, metric, mode)
+        self.stopper = stopper
         self.members = _MemberController(self)
         self.added: set[str] = set()
 
@@ -85,7 +89,7 @@ class GroupScheduler(TrialScheduler):
                 self.inner.on_trial_complete(self.members, member, member_result)
                 self._end(member, "diverged")
                 continue
-            if self.thresholds.reached(member_result):
+            if self.thresholds.reached(member_result) or (self.stopper is not None and self.stopper(member.trial_id, member_result)):
                 self.inner.on_trial_complete(self.members, member, member_result)
                 self._end(member, self._ended_at(member_result))
                 continue
