@@ -98,3 +98,38 @@ def test_a_stop_function_ends_each_fused_member_where_it_ends_the_configuration_
     fused = sweep(tmp_path, "fused", {"max_members": 4}, above_one_at_two)
     assert fused == plain
     assert {status for _, status in plain.values()} == {"early_stopped", "completed"}, plain
+
+
+class EndTheSweepAfter(Stopper):
+    """Stops no trial; ends the whole sweep once `results` results were reported (as a time budget
+    or an experiment-wide plateau does)."""
+
+    def __init__(self, results: int):
+        self.results, self.seen = results, 0
+
+    def __call__(self, trial_id, result):
+        self.seen += 1
+        return False
+
+    def stop_all(self):
+        return self.seen >= self.results
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_local")
+def test_members_a_sweep_wide_stop_cuts_short_are_early_stopped_as_unfused_trials_are(tmp_path):
+    """Tune ends every trial at a time budget or a stopper's `stop_all` without telling the
+    scheduler; the fused members of the groups it stopped stayed `running`, so the sweep had no
+    best configuration and `hpo results --rebuild` showed them running for ever."""
+    result = hpo.run(
+        digits, config={"lr": tune.grid_search([1e-3, 1e-2, 1e-1, 3e-1]), "width": 16, "seed": 3},
+        metric="val_loss", mode="min", stop=EndTheSweepAfter(results=2), storage_path=str(tmp_path), name="cut",
+        fusion={"max_members": 2}, verbose=0,
+    )
+    rows = pd.read_csv(result.paths["results"])
+    reported = rows[rows["training_iteration"] > 0]
+    assert len(reported) >= 2 and set(reported["status"]) == {"early_stopped"}, rows
+    assert "running" not in set(rows["status"]), rows
+    assert result.best_config["lr"] in set(reported["config/lr"])
+    statuses = {p.parent.name: json.loads(p.read_text())["status"] for p in (tmp_path / "cut" / "members").glob("*/status.json")}
+    assert set(statuses.values()) == {"early_stopped"} and len(statuses) == len(rows), "a resume or --rebuild sees them ended"

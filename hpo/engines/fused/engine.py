@@ -21,7 +21,7 @@ from hpo.engines.fused.scheduler import GroupScheduler
 from hpo.engines.stop_thresholds import split_stop
 from hpo.reporting.dashboard_actor import ControllerCallback
 from hpo.reporting.progress import ProgressCallback
-from hpo.reporting.sweep_result import SweepResult
+from hpo.reporting.sweep_result import SweepResult, saved_ended_trials
 
 
 @dataclass
@@ -161,4 +161,8 @@ class FusedEngine(SweepEngine):
         """The members of the groups Tune ran (restored ones included), one result each."""
         book = self.sweep.book
         groups = {Path(r.path).name.removeprefix(GROUP_DIR_PREFIX) for r in grid}
+        # A time budget or a stopper's stop_all ends every trial without a word to the scheduler:
+        # the live members of a group Tune's saved state holds as ended were cut short, as an
+        # unfused trial stopped so is (a Ctrl-C leaves its groups unended there, for --resume).
+        book.end_cut_short(groups & saved_ended_trials(Path(grid.experiment_path)))
         return book.result(grid, self.plan.metric or "", self.plan.mode, self.plan.iterations, groups)

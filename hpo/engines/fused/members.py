@@ -197,6 +197,22 @@ class MemberBook:
         text = json.dumps({"status": status})
         write_atomically(folder / STATUS_FILE, text)
 
+    def end_cut_short(self, groups: Iterable[str]) -> None:
+        """Every member of `groups` (whose Tune trials ended) that had not ended is `early_stopped`:
+        Tune stopped its group without telling the scheduler (a time budget, a stopper's
+        `stop_all`). Read from the folders, as a resumed sweep's members are known only there."""
+        groups = set(groups)
+        if not groups or not self.folder.is_dir():
+            return
+        for folder in sorted(self.folder.iterdir()):
+            if group_of(folder.name) not in groups or (folder / STATUS_FILE).exists():
+                continue
+            member = self.members.get(folder.name)
+            if member is not None:
+                self.end(member, "early_stopped")
+            else:
+                write_atomically(folder / STATUS_FILE, json.dumps({"status": "early_stopped"}))
+
     def records(self, groups: Iterable[str] | None = None) -> list[TrialRecord]:
         """One record per member of `groups` (default: the groups Tune has added), read back from
         the member folders. A driver killed just after a group was suggested can leave folders of
