@@ -44,6 +44,10 @@ def group_of(member_id: str) -> str:
     return member_id.rsplit("_m", 1)[0]
 
 
+#: The key of a group's result that names the members whose configurations failed to build
+#: (`hpo.engines.fused.group_trial`), each with its traceback.
+MEMBER_ERRORS_KEY = "member_errors"
+
 #: A group trial's folder in the experiment is `group_<trial id>`.
 GROUP_DIR_PREFIX = "group_"
 

@@ -20,6 +20,7 @@ member by member exactly as for unfused trials. What that means for the group's 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from hpo.engines.fused.members import MemberBook, MemberTrial
+from hpo.engines.fused.members import MEMBER_ERRORS_KEY, MemberBook, MemberTrial
 from hpo.engines.stop_thresholds import Thresholds
 from hpo.reporting.results_files import error_line
 
@@ -81,6 +82,13 @@ class GroupScheduler(TrialScheduler):
         self.book.end(member, status, error)
 
     def _record(self, result: dict) -> list[tuple[MemberTrial, dict]]:
+        """The group's result per member; a member whose configuration failed to build in the
+        group's process (`member_errors`) fails alone, as its unfused trial would."""
+        for member_id, error in json.loads(result.get(MEMBER_ERRORS_KEY) or "{}").items():
+            member = self.book.members.get(member_id)
+            if member is not None and member.live:
+                self.inner.on_trial_error(self.members, member)
+                self._end(member, "error", error)
         return self.book.record_group_result(result)
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
