@@ -52,9 +52,9 @@ def test_tune_is_given_every_dict_as_a_stopper_and_anything_else_as_it_is():
 
 def test_a_fused_group_stops_by_tunes_counters_and_its_members_by_what_they_report():
     stop = {"training_iteration": 8, "time_total_s": 60, "val_loss": 0.2, "val/acc": 0.9}
-    assert split_stop(stop) == ({"training_iteration": 8, "time_total_s": 60}, {"val_loss": 0.2, "val/acc": 0.9})
-    assert split_stop({"val_loss": 0.2}) == (None, {"val_loss": 0.2})  # the group trains to max_iterations
-    assert split_stop(None) == (None, {})
+    assert split_stop(stop) == ({"training_iteration": 8, "time_total_s": 60}, {"val_loss": 0.2, "val/acc": 0.9}, None)
+    assert split_stop({"val_loss": 0.2}) == (None, {"val_loss": 0.2}, None)  # the group trains to max_iterations
+    assert split_stop(None) == (None, {}, None)
 
 
 def _sweep(tmp_path, name: str, fusion) -> dict:

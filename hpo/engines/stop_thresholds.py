@@ -9,7 +9,8 @@ Tune's reading (`training_iteration`, `time_total_s`, an accuracy).
 A fused group's trial reports for all its members at once, with the best member's value as its
 own, so a threshold on anything a member reports is applied to each member's result by the group's
 scheduler; Tune's own counters, the same for every member of a group, stay on the group's trial
-(`split_stop`).
+(`split_stop`). A `Stopper` or stop function is likewise asked about each member's results, and
+the group's trial keeps only its `stop_all`.
 """
 
 from __future__ import annotations
@@ -83,11 +84,29 @@ def directed_stop(stop: Any, metric: str | None, mode: str) -> Any:
     return stop
 
 
-def split_stop(stop: Any) -> tuple[Any, dict[str, float]]:
-    """A fused sweep's `stop`: what the group's trial applies (Tune's counters, or the user's
-    `Stopper` or function as it is; None where nothing is left, so the group trains to
-    `max_iterations`), and the thresholds applied to each member's own result."""
+class StopAllOnly(Stopper):
+    """The user's `Stopper` as a fused group's trial sees it: only its `stop_all` (a time limit, a
+    plateau of the whole sweep) ends the sweep; whether a trial stops is asked of each member's own
+    result by the group's scheduler, never of the group's, whose metric is its best member's."""
+
+    def __init__(self, stopper: Any):
+        self.stopper = stopper
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return bool(self.stopper.stop_all()) if isinstance(self.stopper, Stopper) else False
+
+
+def split_stop(stop: Any) -> tuple[Any, dict[str, float], Any]:
+    """A fused sweep's `stop`: what the group's trial applies (Tune's counters; a user's `Stopper`
+    only as `StopAllOnly`; None where nothing is left, so the group trains to `max_iterations`), the
+    thresholds applied to each member's own result, and the user's `Stopper` or stop function, asked
+    about each member's own results as Tune asks it about an unfused trial's (None without one)."""
+    if stop is None:
+        return None, {}, None
     if not isinstance(stop, Mapping):
-        return stop, {}
+        return StopAllOnly(stop), {}, stop
     group = {key: value for key, value in stop.items() if key in TUNE_COUNTERS}
-    return group or None, {key: value for key, value in stop.items() if key not in TUNE_COUNTERS}
+    return group or None, {key: value for key, value in stop.items() if key not in TUNE_COUNTERS}, None

@@ -21,7 +21,7 @@ from hpo.engines.fused.scheduler import GroupScheduler
 from hpo.engines.stop_thresholds import split_stop
 from hpo.reporting.dashboard_actor import ControllerCallback
 from hpo.reporting.progress import ProgressCallback
-from hpo.reporting.sweep_result import SweepResult
+from hpo.reporting.sweep_result import SweepResult, saved_ended_trials
 
 
 @dataclass
@@ -66,13 +66,13 @@ class FusedEngine(SweepEngine):
         empty. The group's trial stops by Tune's counters only: a `stop` threshold on what members
         report is each member's (`GroupScheduler`)."""
         members = group_size(self.plan.trainable, self.fusion, self.plan.resources, self.plan.param_space)
-        group_stop, thresholds = split_stop(run_config.stop)
-        self._sweep = self.build(experiment, members, self.slots(), thresholds)
+        group_stop, thresholds, stopper = split_stop(run_config.stop)
+        self._sweep = self.build(experiment, members, self.slots(), thresholds, stopper)
         return TuneRun(self._sweep.trainable, {}, self._tune_config(tune_config),
                        self._run_config(replace(run_config, stop=group_stop)))
 
     def build(self, experiment: Path, members_per_group: int, slots: int,
-              thresholds: Mapping[str, float] | None = None) -> FusedSweep:
+              thresholds: Mapping[str, float] | None = None, stopper: Any = None) -> FusedSweep:
         """Group trials of up to `members_per_group` configurations; the user's searcher (or the
         grid/random expansion of the space) and scheduler act on each member.
 
@@ -81,7 +81,8 @@ class FusedEngine(SweepEngine):
         once, not one group of sixteen beside an idle slot. Either way, and when the user's searcher
         hands out fewer configurations at a time than a group holds (its `ConcurrencyLimiter`), one
         line says how large the groups will be and why. `thresholds` (the `stop` keys a member
-        reports) end each member that reaches one."""
+        reports) end each member that reaches one; the user's `stopper` (a `Stopper` or stop
+        function) is asked about each member's results."""
         from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
         from fusion.grouping import structural_signature
@@ -125,7 +126,7 @@ class FusedEngine(SweepEngine):
             book=book,
             trainable=tune.with_resources(trainable, dict(plan.resources)),
             search_alg=searcher,
-            scheduler=GroupScheduler(tune_config.scheduler, book, plan.max_iterations, thresholds, metric, mode),
+            scheduler=GroupScheduler(tune_config.scheduler, book, plan.max_iterations, thresholds, metric, mode, stopper),
             checkpoint_config=group_checkpoint_config(checkpoint.every, checkpoint.at_end),
             callback=member_results_callback(book, experiment, metric, mode, plan.max_iterations),
             members_per_group=members_per_group,
@@ -165,4 +166,8 @@ class FusedEngine(SweepEngine):
         """The members of the groups Tune ran (restored ones included), one result each."""
         book = self.sweep.book
         groups = {Path(r.path).name.removeprefix(GROUP_DIR_PREFIX) for r in grid}
+        # A time budget or a stopper's stop_all ends every trial without a word to the scheduler:
+        # the live members of a group Tune's saved state holds as ended were cut short, as an
+        # unfused trial stopped so is (a Ctrl-C leaves its groups unended there, for --resume).
+        book.end_cut_short(groups & saved_ended_trials(Path(grid.experiment_path)))
         return book.result(grid, self.plan.metric or "", self.plan.mode, self.plan.iterations, groups)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ from ray import tune
 from fusion.trainer import FusedTrainer
 from hpo.base.atomic_files import replace_folder_durably
 from hpo.base.checkpointing import KEEP_NEWEST, checkpoint_due
-from hpo.engines.fused.members import STATUS_FILE, member_ids
+from hpo.base.hparams import OptimHParams
+from hpo.base.training import build_trial_model
+from hpo.engines.fused.members import MEMBER_ERRORS_KEY, STATUS_FILE, member_ids
 from hpo.reporting.results_files import MEMBERS_DIR
 from hpo.base.trial_state import save_trial_state
 from hpo.base.workload import Workload
@@ -56,12 +59,27 @@ def fused_group_trainable(
     class FusedGroupTrial(tune.Trainable):
         def setup(self, config: dict[str, Any]) -> None:
             torch.set_num_threads(threads)
-            configs = config["members"]
-            self.trainer: FusedTrainer | None = FusedTrainer(
-                workload, configs, member_ids=member_ids(self.trial_id, len(configs)), device=device, dtype=dtype, verify=verify,
-                compile=compile,
-            )
+            configs, ids = config["members"], member_ids(self.trial_id, len(config["members"]))
+            #: Members whose own configuration failed to build, with their tracebacks: the next
+            #: result reports them, and the driver ends them as `error`, as each would fail alone.
+            self.member_errors: dict[str, str] = {}
+            try:
+                self.trainer: FusedTrainer | None = self._fused(configs, ids)
+            except Exception:
+                self.member_errors = members_failing_alone(workload, configs, ids)
+                if not self.member_errors:
+                    raise  # the group's failure, not one configuration's
+                kept = [(m, c) for m, c in zip(ids, configs) if m not in self.member_errors]
+                self.trainer = self._fused([c for _, c in kept], [m for m, _ in kept]) if kept else None
             self.saved_at = -1  # the iteration whose member checkpoints are on disk
+
+        def _fused(self, configs: list[dict[str, Any]], ids: list[str]) -> FusedTrainer:
+            return FusedTrainer(workload, configs, member_ids=ids, device=device, dtype=dtype, verify=verify, compile=compile)
+
+        def _errors(self) -> dict[str, str]:
+            """The members that failed to build, reported once (in the first result after setup)."""
+            errors, self.member_errors = self.member_errors, {}
+            return {MEMBER_ERRORS_KEY: json.dumps(errors)} if errors else {}
 
         def reset_config(self, new_config: dict[str, Any]) -> bool:
             """Tune reuses this process for the next group (`reuse_actors`): torch stays imported."""
@@ -81,7 +99,7 @@ def fused_group_trainable(
 
         def step(self) -> dict[str, Any]:
             if not self._drop_stopped():
-                return {metric: math.nan, "member_results": "[]", "fused_members": 0, "done": True}
+                return {metric: math.nan, "member_results": "[]", "fused_members": 0, "done": True, **self._errors()}
             trainer = self.trainer
             metrics = trainer.train_iteration()
             iteration = trainer.iteration
@@ -97,6 +115,10 @@ def fused_group_trainable(
                 # One JSON string, not a list: Tune's loggers take it as one opaque column.
                 "member_results": json.dumps(results),
                 "fused_members": trainer.num_members,
+                # A group ends at max_iterations as an unfused trial's loop does, whatever `stop`
+                # says: a stop function or a `time_total_s` alone had it train on past it.
+                "done": iteration >= max_iterations,
+                **self._errors(),
             }
 
         def _save_members(self) -> dict[str, str]:
@@ -141,6 +163,20 @@ def fused_group_trainable(
 
     FusedGroupTrial.__name__ = FusedGroupTrial.__qualname__ = f"fused_{workload.name}"
     return FusedGroupTrial
+
+
+def members_failing_alone(workload: Workload, configs: list[dict[str, Any]], ids: list[str]) -> dict[str, str]:
+    """The members (by id) whose configuration fails on its own, as its unfused trial would: its
+    optimizer settings or the model factory raise. Each with its traceback, the error its row shows."""
+    failing = {}
+    for member_id, config in zip(ids, configs):
+        try:
+            resolved = workload.resolve(config)
+            OptimHParams.from_config(resolved)
+            build_trial_model(workload, resolved)
+        except Exception:
+            failing[member_id] = traceback.format_exc()
+    return failing
 
 
 def group_checkpoint_config(every: int, at_end: bool) -> tune.CheckpointConfig:

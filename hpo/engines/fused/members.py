@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hpo.base.atomic_files import write_atomically
+from hpo.engines.stop_thresholds import TUNE_COUNTERS
 from hpo.reporting.rebuild import STATUS_FILE, records_from_trial_dirs
 from hpo.reporting.results_files import MEMBERS_DIR, TrialRecord
 from hpo.reporting.sweep_result import SweepResult
@@ -42,6 +43,10 @@ def member_ids(group_trial_id: str, size: int) -> list[str]:
 def group_of(member_id: str) -> str:
     return member_id.rsplit("_m", 1)[0]
 
+
+#: The key of a group's result that names the members whose configurations failed to build
+#: (`hpo.engines.fused.group_trial`), each with its traceback.
+MEMBER_ERRORS_KEY = "member_errors"
 
 #: A group trial's folder in the experiment is `group_<trial id>`.
 GROUP_DIR_PREFIX = "group_"
@@ -165,7 +170,12 @@ class MemberBook:
         """Each live member's result in a group's `result`, written to its folder, the first time
         it is seen: the scheduler records it, or, for the result Tune's stop condition ends the
         group on (which Tune gives no scheduler), the callbacks that log it. A group retried from
-        its checkpoint trains again the iterations since; their results are not new."""
+        its checkpoint trains again the iterations since; their results are not new.
+
+        Tune's own counters (`time_total_s`, ...) are the group trial's, the same for each of its
+        members: a member's result carries them as an unfused trial's does, so a scheduler or a
+        stopper timed by one (MedianStoppingRule's default `time_total_s`) reads it."""
+        counters = {key: result[key] for key in TUNE_COUNTERS if key in result}
         recorded = []
         for member_result in json.loads(result.get("member_results") or "[]"):
             member = self.members.get(member_result["member_id"])
@@ -173,7 +183,7 @@ class MemberBook:
                 continue
             if member_result["training_iteration"] <= member.last_result.get("training_iteration", 0):
                 continue
-            recorded.append((member, self.record_result(member, member_result)))
+            recorded.append((member, self.record_result(member, {**counters, **member_result})))
         return recorded
 
     def end(self, member: MemberTrial, status: str, error: str = "") -> None:
@@ -190,6 +200,22 @@ class MemberBook:
             write_atomically(folder / "error.txt", error)
         text = json.dumps({"status": status})
         write_atomically(folder / STATUS_FILE, text)
+
+    def end_cut_short(self, groups: Iterable[str]) -> None:
+        """Every member of `groups` (whose Tune trials ended) that had not ended is `early_stopped`:
+        Tune stopped its group without telling the scheduler (a time budget, a stopper's
+        `stop_all`). Read from the folders, as a resumed sweep's members are known only there."""
+        groups = set(groups)
+        if not groups or not self.folder.is_dir():
+            return
+        for folder in sorted(self.folder.iterdir()):
+            if group_of(folder.name) not in groups or (folder / STATUS_FILE).exists():
+                continue
+            member = self.members.get(folder.name)
+            if member is not None:
+                self.end(member, "early_stopped")
+            else:
+                write_atomically(folder / STATUS_FILE, json.dumps({"status": "early_stopped"}))
 
     def records(self, groups: Iterable[str] | None = None) -> list[TrialRecord]:
         """One record per member of `groups` (default: the groups Tune has added), read back from

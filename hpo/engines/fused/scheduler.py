@@ -11,21 +11,24 @@ member by member exactly as for unfused trials. What that means for the group's 
   iteration. A group whose live members are paused is paused by Tune (its checkpoint saved, its
   slot freed for the groups holding the rest of the bracket), and chosen to run again once each
   of them was resumed or stopped;
-- a member whose result reaches a `stop` threshold (`hpo.engines.stop_thresholds`) ends as an
-  unfused trial would, by its own values, not by the group's best member's;
+- a member whose result reaches a `stop` threshold (`hpo.engines.stop_thresholds`), or that the
+  user's `Stopper` or stop function stops, ends as an unfused trial would, by its own values, not
+  by the group's best member's (Tune asks the stopper first and then gives the result to no
+  scheduler, so here too);
 - a group with no live member left is stopped.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from hpo.engines.fused.members import MemberBook, MemberTrial
+from hpo.engines.fused.members import MEMBER_ERRORS_KEY, MemberBook, MemberTrial
 from hpo.engines.stop_thresholds import Thresholds
 from hpo.reporting.results_files import error_line
 
@@ -54,12 +57,14 @@ class GroupScheduler(TrialScheduler):
     """See the module docstring."""
 
     def __init__(self, inner: TrialScheduler | None, book: MemberBook, max_iterations: int,
-                 thresholds: Mapping[str, float] | None = None, metric: str | None = None, mode: str = "min"):
+                 thresholds: Mapping[str, float] | None = None, metric: str | None = None, mode: str = "min",
+                 stopper: Callable[[str, dict], bool] | None = None):
         super().__init__()
         self.inner = inner or FIFOScheduler()
         self.book = book
         self.max_iterations = max_iterations
         self.thresholds = Thresholds(thresholds or {}, metric, mode)
+        self.stopper = stopper
         self.members = _MemberController(self)
         self.added: set[str] = set()
 
@@ -77,6 +82,13 @@ class GroupScheduler(TrialScheduler):
         self.book.end(member, status, error)
 
     def _record(self, result: dict) -> list[tuple[MemberTrial, dict]]:
+        """The group's result per member; a member whose configuration failed to build in the
+        group's process (`member_errors`) fails alone, as its unfused trial would."""
+        for member_id, error in json.loads(result.get(MEMBER_ERRORS_KEY) or "{}").items():
+            member = self.book.members.get(member_id)
+            if member is not None and member.live:
+                self.inner.on_trial_error(self.members, member)
+                self._end(member, "error", error)
         return self.book.record_group_result(result)
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
@@ -85,7 +97,7 @@ class GroupScheduler(TrialScheduler):
                 self.inner.on_trial_complete(self.members, member, member_result)
                 self._end(member, "diverged")
                 continue
-            if self.thresholds.reached(member_result):
+            if self.thresholds.reached(member_result) or (self.stopper is not None and self.stopper(member.trial_id, member_result)):
                 self.inner.on_trial_complete(self.members, member, member_result)
                 self._end(member, self._ended_at(member_result))
                 continue
