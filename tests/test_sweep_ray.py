@@ -57,22 +57,34 @@ def test_a_function_that_ends_its_own_loop_early_has_completed_unless_something_
                    storage_path=str(tmp_path), name="asha")
     assert set(asha.get_dataframe()["status"]) == {"early_stopped"}
 
-def test_trials_hyperband_stopped_while_paused_have_ended_and_the_sweep_was_not_interrupted(tmp_path):
+@pytest.mark.parametrize("configurations, iterations, seconds", [(6, 3, 0.0), (10, 4, 0.3)])
+def test_trials_hyperband_stopped_while_paused_have_ended_and_the_sweep_was_not_interrupted(
+        tmp_path, configurations, iterations, seconds):
     """HyperBand pauses a trial at its bracket's milestone and later stops it without resuming it,
-    so the trial's last result lacks Tune's `done`: its row is `early_stopped`, not `running`, and
-    the sweep that ran to its end is not reported as interrupted (which made `hpo run` exit 130)."""
+    so the trial's last result lacks Tune's `done`, and Tune's saved state may still say PAUSED
+    (it saves a trial it stops only if the trial has an actor; slower trials made it so): its row is
+    `early_stopped`, not `running`, and the sweep that ran to its end is not reported as
+    interrupted (which made `hpo run` exit 130)."""
     from ray.tune.schedulers import HyperBandScheduler
 
     result = hpo.run(
-        three_reports, config={"x": tune.grid_search([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])}, metric="loss", mode="min",
-        stop={"training_iteration": 3}, scheduler=HyperBandScheduler(max_t=3, reduction_factor=2),
+        slow_reports, config={"x": tune.grid_search([float(x) for x in range(1, configurations + 1)]),
+                              "iterations": iterations, "seconds": seconds},
+        metric="loss", mode="min", stop={"training_iteration": iterations},
+        scheduler=HyperBandScheduler(max_t=iterations, reduction_factor=2),
         storage_path=str(tmp_path), name="hyperband", verbose=0,
     )
     frame = result.get_dataframe()
     assert not result.interrupted
     assert set(frame["status"]) <= {"completed", "early_stopped"}, frame
-    assert (frame["iterations"] < 3).any(), "HyperBand stopped some trials before the end"
-    assert result.best_config == {"x": 1.0}
+    assert (frame["iterations"] < iterations).any(), "HyperBand stopped some trials before the end"
+    assert result.best_config["x"] == 1.0
+
+
+def slow_reports(config):
+    for step in range(config["iterations"]):
+        time.sleep(config["seconds"])
+        tune.report({"loss": config["x"] + 1.0 / (step + 1)})
 
 
 def three_reports(config):

@@ -47,6 +47,9 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        #: Whether the signals were watched (not in a thread other than the main one, where Python
+        #: cannot install handlers and Tune does not either).
+        self.watched = False
         #: SIGUSR1's handler before Tune's fit installed its own: while it is still there, Tune is
         #: not listening (its loop has not begun), and SIGUSR1 would end the process unhandled.
         self._before_tune = signal.getsignal(signal.SIGUSR1) if hasattr(signal, "SIGUSR1") else None
@@ -89,6 +92,7 @@ def stop_signals() -> Iterator[StopRequest]:
     previous = {signum: signal.getsignal(signum) for signum in caught}
     for signum in previous:
         signal.signal(signum, request._handle)
+    request.watched = True
     try:
         with scoped_environ({TUNE_SIGINT_ENV: "1"}):
             yield request

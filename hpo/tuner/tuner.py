@@ -49,7 +49,7 @@ from hpo.reporting.sweep_result import SweepResult, saved_ended_trials
 from hpo.reporting.trial_errors import TrialErrorCallback
 from hpo.reporting.trial_output import with_trial_output
 from hpo.tuner.atomic_storage import atomic_local_filesystem, is_local_path, one_copying_thread
-from hpo.tuner.stop_signal import stop_signals
+from hpo.tuner.stop_signal import StopRequest, stop_signals
 from hpo.tuner.run_folders import fresh_run_name, verify_run_state
 from hpo.tuner.trial_memory import ReleaseFinishedWindows
 
@@ -191,7 +191,7 @@ class Tuner:
         started = time.monotonic()
         with stop_signals() as stop:
             grid = tuner.fit()
-        return self._wrap(grid, run.actors, started, stopped=stop.received)
+        return self._wrap(grid, run.actors, started, stop)
 
     @contextmanager
     def _process_settings(self) -> Iterator[None]:
@@ -213,8 +213,8 @@ class Tuner:
         trials = expected_trials(self.param_space, self.tune_config.num_samples)
         return {SAVE_PERIOD_ENV: PROMPT_SAVE_PERIOD_S} if trials <= PROMPT_SAVE_MAX_TRIALS else {}
 
-    def _wrap(self, grid: tune.ResultGrid, actors: list[Any], started: float, stopped: bool) -> SweepResult:
-        """The sweep's result; `stopped`: a stop signal arrived while Tune ran."""
+    def _wrap(self, grid: tune.ResultGrid, actors: list[Any], started: float, stop: StopRequest) -> SweepResult:
+        """The sweep's result; `stop`: whether a stop signal arrived while Tune ran."""
         result = self.engine.result(grid)
         budget = self.tune_config.time_budget_s
         if isinstance(budget, timedelta):
@@ -223,13 +223,16 @@ class Tuner:
         out_of_time = budget is not None and time.monotonic() - started >= budget
         if out_of_time:
             result.out_of_time(budget, planned)
-        elif stopped or not all(ended(trial) for trial in grid):
-            # Tune returns from a stop as if the sweep had finished. Its saved state is read only
-            # then (90 MB at 10,000 trials): it holds as ended the trials HyperBand stopped while
-            # paused, whose last result carries no `done`. A stop that landed after every trial
-            # Tune had made ended still cut the sweep short unless every planned row is there.
+        elif stop.received or (not stop.watched and not all(ended(trial) for trial in grid)):
+            # Tune returns from a stop as if the sweep had finished; without one its loop ends only
+            # once every trial has ended (a trial HyperBand stopped while paused has no `done` in
+            # its last result, and Tune's saved state may still call it PAUSED: Tune does not
+            # mark a trial without an actor for its next save when it stops it). After a stop
+            # the saved state, read only then (90 MB at 10,000 trials), says which trials ended:
+            # those `--resume` will not run again; a stop that landed after every trial Tune had
+            # made ended still cut the sweep short unless every planned row is there.
             tune_ended = saved_ended_trials(Path(grid.experiment_path))
-            if (stopped and len(result.records) < planned) or not all(ended(trial, tune_ended) for trial in grid):
+            if len(result.records) < planned or not all(ended(trial, tune_ended) for trial in grid):
                 result.stopped_early(tune_ended)
         self.engine.complete(result)  # told whether the sweep ended: a stopped one trains no target
         # Holding the handle keeps `hpo:sweep:<name>` alive (and in the dashboard) while the result lives.
