@@ -31,6 +31,16 @@ def workload(model) -> DatasetWorkload:
     )
 
 
+def assert_members_train_as_alone(trainer: FusedTrainer) -> None:
+    """One iteration fused leaves every member's tensors where one iteration alone leaves them."""
+    trainer.train_iteration()
+    for index, config in enumerate(CONFIGS):
+        alone = TrialTrainer(trainer.workload, config)
+        alone.train_iteration()
+        for name, tensor in alone.model.state_dict().items():
+            torch.testing.assert_close(trainer.model.member_state_dict(index)[name], tensor, rtol=1e-5, atol=1e-6)
+
+
 def mlp(dropout: float = 0.0) -> nn.Sequential:
     return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Dropout(dropout), nn.Linear(8, 3))
 
@@ -95,12 +105,7 @@ def backward_hooked_block(config):
 
 def test_a_backward_hook_on_a_container_runs_per_member_and_trains_as_alone():
     trainer = FusedTrainer(workload(backward_hooked_block), CONFIGS)
-    trainer.train_iteration()
-    for index, config in enumerate(CONFIGS):
-        alone = TrialTrainer(trainer.workload, config)
-        alone.train_iteration()
-        for name, tensor in alone.model.state_dict().items():
-            torch.testing.assert_close(trainer.model.member_state_dict(index)[name], tensor, rtol=1e-5, atol=1e-6)
+    assert_members_train_as_alone(trainer)
 
 
 @pytest.mark.parametrize("verify", [True, False])
@@ -137,12 +142,7 @@ def test_a_model_that_keeps_its_last_activation_as_an_attribute_fuses_and_trains
     # members were refused as differing "in attribute 'last_hidden'"; on vmap the leaked batched
     # tensor then broke the differential check's copy
     trainer = FusedTrainer(workload(lambda config: KeepsItsActivations()), CONFIGS, strategy=strategy)
-    trainer.train_iteration()
-    for index, config in enumerate(CONFIGS):
-        alone = TrialTrainer(trainer.workload, config)
-        alone.train_iteration()
-        for name, tensor in alone.model.state_dict().items():
-            torch.testing.assert_close(trainer.model.member_state_dict(index)[name], tensor, rtol=1e-5, atol=1e-6)
+    assert_members_train_as_alone(trainer)
 
 
 @pytest.mark.parametrize("verify", [True, False])

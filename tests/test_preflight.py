@@ -255,8 +255,14 @@ def test_coord_check_across_depth_needs_the_depth_contract(capsys):
     (["bad_workloads:fixed_width"], "error: workload 'tiny' builds the same parameter shapes at width"),
     (["bad_workloads:head_named"], "error: muP scaling: the model of workload 'tiny' (Sequential) has no module named 'readout'"),
     (["bad_workloads:tiny", "--widths", "64"], "error: --widths: the coordinate check compares at least two sizes, got [64]"),
-], ids=["ignores-width", "no-readout", "one-width"])
-def test_coord_check_refuses_a_model_it_cannot_scale_in_one_line(tmp_path, monkeypatch, capsys, args, message):
+    (["bad_workloads:broken_factory"], "error: the coordinate check of 'bad_workloads:broken_factory' failed: KeyError: 'hidden_size' ("),
+    (["bad_workloads:tiny", "--set", "lr=fast"], "error: --set: config key 'lr' must be a float, got 'fast'"),
+    (["bad_workloads:tiny", "--set", "optimizer=rmsprop"], "error: --set: config key 'optimizer' is 'rmsprop'"),
+    (["bad_workloads:tiny", "--widths", "0", "16"], "error: --widths: sizes must be positive, got [0, 16]"),
+    (["bad_workloads:tiny", "--tolerance", "-1"], "error: --tolerance: must be positive, got -1.0"),
+], ids=["ignores-width", "no-readout", "one-width", "factory-fails", "lr-not-a-number", "unknown-optimizer", "zero-width", "negative-tolerance"])
+def test_coord_check_answers_a_model_it_cannot_scale_or_bad_input_in_one_line_with_exit_status_2(
+        tmp_path, monkeypatch, capsys, args, message):
     shutil.copy(Path(__file__).resolve().parent / "bad_sweeps" / "bad_workloads.py", tmp_path)
     monkeypatch.chdir(tmp_path)
     assert main(["coord-check", *args, "--plot", str(tmp_path / "coord.png")]) == 2
@@ -279,21 +285,6 @@ def test_coord_check_scales_a_model_whose_output_layer_is_named_by_readout(tmp_p
     code = main(["coord-check", "bad_workloads:head_named", "--readout", "head", "--widths", "8", "16", "--plot", str(tmp_path / "c.png")])
     captured = capsys.readouterr()
     assert code in (0, 1) and "coordinate check (mup, widths [8, 16]" in captured.out, captured.err
-
-
-@pytest.mark.parametrize("args, message", [
-    (["bad_workloads:broken_factory"], "error: the coordinate check of 'bad_workloads:broken_factory' failed: KeyError: 'hidden_size' ("),
-    (["bad_workloads:tiny", "--set", "lr=fast"], "error: --set: config key 'lr' must be a float, got 'fast'"),
-    (["bad_workloads:tiny", "--set", "optimizer=rmsprop"], "error: --set: config key 'optimizer' is 'rmsprop'"),
-    (["bad_workloads:tiny", "--widths", "0", "16"], "error: --widths: sizes must be positive, got [0, 16]"),
-    (["bad_workloads:tiny", "--tolerance", "-1"], "error: --tolerance: must be positive, got -1.0"),
-], ids=["factory-fails", "lr-not-a-number", "unknown-optimizer", "zero-width", "negative-tolerance"])
-def test_coord_check_answers_bad_input_in_one_line_with_exit_status_2(tmp_path, monkeypatch, capsys, args, message):
-    shutil.copy(Path(__file__).resolve().parent / "bad_sweeps" / "bad_workloads.py", tmp_path)
-    monkeypatch.chdir(tmp_path)
-    assert main(["coord-check", *args, "--plot", str(tmp_path / "coord.png")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(message), err
 
 
 def test_coord_check_reads_true_and_false_in_set_as_booleans():
