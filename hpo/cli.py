@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hpo.base.ray_runtime import BadClusterAddress, UnreachableCluster  # before anything imports ray: loopback only
+from hpo.base.ray_runtime import BadClusterAddress, DashboardUnavailable, UnreachableCluster  # before anything imports ray: loopback only
 from hpo.config.errors import SweepConfigError
 from hpo.reporting.tune_errors import mlflow_refusal, storage_full, unreported_metric
 
@@ -600,7 +600,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # before `hpo run` started its sweep, or in any other command
         print(f"error: interrupted ({args.command})", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (SweepConfigError, BadClusterAddress, UnreachableCluster) as exc:
+    except (SweepConfigError, BadClusterAddress, UnreachableCluster, DashboardUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as exc:  # Tune wraps what its callbacks raise: a full disk is one line, anything else raises

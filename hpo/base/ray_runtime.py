@@ -73,6 +73,21 @@ class UnreachableCluster(ConnectionError):
     """A HOST:PORT where nothing accepts a connection."""
 
 
+class DashboardUnavailable(RuntimeError):
+    """`dashboard=True` where Ray's dashboard cannot start: `ray` without its `[default]` extra."""
+
+
+def check_dashboard_installed() -> None:
+    """Ray's dashboard needs `ray[default]`; without it `ray.init(include_dashboard=True)` logs five
+    lines and raises a bare `Exception` from deep in the node's start. Refused in one line first."""
+    from ray._private.utils import get_dashboard_dependency_error
+
+    missing = get_dashboard_dependency_error()
+    if missing is not None:
+        raise DashboardUnavailable(f"--dashboard: Ray's dashboard is not installed ({missing}); "
+                                   "install it with pip install 'ray[default]', or run without --dashboard")
+
+
 def check_reachable(source: str, address: str) -> None:
     """A HOST:PORT where nothing accepts a connection is a one-line `UnreachableCluster` at once:
     `ray.init` would retry it for minutes, printing a warning every few seconds, and never give
@@ -185,6 +200,8 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
     from hpo.base.actor_names import NAMESPACE  # here: this file also runs alone as the watchdog
 
     _reread_loopback_switch()
+    if dashboard:
+        check_dashboard_installed()
     node_ip = ray.util.get_node_ip_address()  # before init: the address Ray will bind to
     if not ipaddress.ip_address(node_ip).is_loopback:
         logger.warning(
