@@ -76,6 +76,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(describe_plan(loaded))
         return 0
+    from hpo.reporting.dashboard_actor import SweepNameTaken
     from hpo.tuner.sweep import build_tuner
 
     from hpo.config.spec import fused_placement
@@ -114,6 +115,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     except SweepConfigError:
         raise  # already one line (a tracking store MLflow refuses names the key it was read from)
+    except SweepNameTaken as exc:  # another sweep of this name runs on the cluster
+        raise loaded.fail("name", exc.reason) from None
     except Exception as exc:
         if loaded.spec.scaling is not None:  # the proxy's coordinate check failed: the model is the user's to fix
             from hpo.scaling import ScalingError
