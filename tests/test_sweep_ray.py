@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -266,3 +269,44 @@ def test_a_sweep_whose_name_a_running_sweep_holds_on_the_cluster_is_refused_nami
         assert ray_local.get(running.summary.remote())["finished"] == 0, "the running sweep's controller is untouched"
     finally:
         ray_local.kill(running)
+
+
+QUICK_SWEEP = """\
+name: joined
+trainable: quick:train
+metric: {name: loss, goal: minimize}
+parameters:
+  x: {value: 1.0}
+max_iterations: 1
+"""
+
+
+def run_joining(ray_local, tmp_path, **env_changes) -> subprocess.CompletedProcess:
+    """`hpo run --address` of a one-trial sweep in a new process (a second terminal), against the
+    suite's Ray, with the environment changed as given (a value of None unsets the variable)."""
+    (tmp_path / "quick.py").write_text("from ray import tune\n\n\ndef train(config):\n    tune.report({'loss': config['x']})\n")
+    (tmp_path / "sweep.yaml").write_text(QUICK_SWEEP)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    for key, value in env_changes.items():
+        env.pop(key, None) if value is None else env.__setitem__(key, value)
+    address = ray_local.get_runtime_context().gcs_address
+    return subprocess.run([sys.executable, "-m", "hpo.cli", "run", "sweep.yaml", "--address", address],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=patience(180))
+
+
+def test_run_with_an_explicit_address_uses_the_clusters_token_without_ray_auth_mode(ray_local, tmp_path):
+    """The README's client: the cluster's token in ~/.ray/auth_token, RAY_AUTH_MODE unset. Ray turns
+    token authentication on by itself only for address=auto: the sweep was refused (15 s of
+    'Authentication token is missing or incorrect' warnings, then a traceback and exit 1), while
+    `hpo job --address` used the token."""
+    done = run_joining(ray_local, tmp_path, RAY_AUTH_MODE=None)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Best configuration (loss = 1)" in done.stdout
+
+
+def test_a_token_the_cluster_refuses_is_one_line_naming_the_address_and_exit_2(ray_local, tmp_path):
+    done = run_joining(ray_local, tmp_path, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 32)
+    assert done.returncode == 2, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --address ") and "refused this client's token" in last, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
