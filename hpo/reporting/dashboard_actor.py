@@ -162,6 +162,20 @@ class ControllerCallback(Callback):
     def setup(self, **info: Any) -> None:
         self.actor = controller_of(self.sweep, self.metric, self.mode)
 
+    def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        """At the first step, the trials that ended before it: a resumed run's, which Tune restores
+        without a word to its callbacks (its controller is new, and counted none of them)."""
+        if getattr(self, "_restored_counted", False):  # an older pickled callback has no such field
+            return
+        self._restored_counted = True
+        for trial in trials:
+            status = getattr(trial, "status", None)
+            if status in ("TERMINATED", "ERROR") and trial.trial_id not in self._statuses:
+                self._statuses[trial.trial_id] = status
+                value = metric_value(trial.last_result or {}, self.metric)
+                if is_number(value):
+                    self._values.append((float(value), trial.trial_id))
+
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._statuses[trial.trial_id] = "RUNNING"
 
