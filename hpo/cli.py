@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hpo.base.ray_runtime import BadClusterAddress, UnreachableCluster  # before anything imports ray: loopback only
+from hpo.base.ray_runtime import (  # before anything imports ray: loopback only
+    BadClusterAddress, DashboardUnavailable, UnreachableCluster, use_token_auth_if_available,
+)
 from hpo.config.errors import SweepConfigError
 from hpo.reporting.tune_errors import mlflow_refusal, storage_full, unreported_metric
 
@@ -34,6 +36,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from hpo.config.preflight import preflight
     from hpo.config.sweep_file import describe_plan, load_sweep
 
+    _join_with_token(args.address)
     loaded = load_sweep(args.file, execute=not args.no_exec, for_ray=False)
     warnings = preflight(loaded, address=args.address)
     _print_warnings(warnings, loaded.source.name)
@@ -43,6 +46,13 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     print(f"{args.file}: OK ({checks})")
     print(describe_plan(loaded))
     return 0
+
+
+def _join_with_token(address: str | None) -> None:
+    """A cluster given by address gets the token this user holds for it, as `hpo job` gives it
+    (`use_token_auth_if_available`); before the sweep file's code imports ray, which reads the mode."""
+    if address or os.environ.get("RAY_ADDRESS"):
+        use_token_auth_if_available()
 
 
 def _print_warnings(notes: list, source: str) -> None:
@@ -69,6 +79,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from hpo.config.preflight import preflight
     from hpo.config.sweep_file import describe_plan, load_sweep
 
+    _join_with_token(args.address)
     loaded = load_sweep(args.file, for_ray=not args.dry_run)
     if args.address and not args.dry_run:
         _start_ray(loaded, args.address)  # the cluster preflight checks is the one the sweep runs on
@@ -76,6 +87,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(describe_plan(loaded))
         return 0
+    from hpo.reporting.dashboard_actor import SweepNameTaken
     from hpo.tuner.sweep import build_tuner
 
     from hpo.config.spec import fused_placement
@@ -114,6 +126,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     except SweepConfigError:
         raise  # already one line (a tracking store MLflow refuses names the key it was read from)
+    except SweepNameTaken as exc:  # another sweep of this name runs on the cluster
+        raise loaded.fail("name", exc.reason) from None
     except Exception as exc:
         if loaded.spec.scaling is not None:  # the proxy's coordinate check failed: the model is the user's to fix
             from hpo.scaling import ScalingError
@@ -583,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # before `hpo run` started its sweep, or in any other command
         print(f"error: interrupted ({args.command})", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (SweepConfigError, BadClusterAddress, UnreachableCluster) as exc:
+    except (SweepConfigError, BadClusterAddress, UnreachableCluster, DashboardUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as exc:  # Tune wraps what its callbacks raise: a full disk is one line, anything else raises

@@ -308,3 +308,31 @@ def test_rebuild_with_a_metric_no_trial_reported_is_refused_and_keeps_the_files(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'los'" in err[0] and "loss" in err[0], err
     assert {name: (run / name).read_bytes() for name in before} == before, "a mistyped metric overwrote the run's files"
+
+
+def test_sweeps_of_one_name_that_start_at_once_in_one_storage_path_each_get_a_run_folder_of_their_own(tmp_path):
+    """Two terminals, each with its own local Ray, `hpo run sweep.yaml` at once: both picked `sweep`
+    before either had written it, and both wrote there (one results.csv overwrote the other's)."""
+    import threading
+
+    from hpo.tuner.run_folders import claim_run_name
+
+    starts = threading.Barrier(8)
+    claimed: list[str] = []
+
+    def claim() -> None:
+        starts.wait()
+        claimed.append(claim_run_name(tmp_path, "sweep"))
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(claimed) == sorted(["sweep", *(f"sweep-{n}" for n in range(2, 9))])
+    assert latest_run(tmp_path, "sweep") == tmp_path / "sweep-8"
+    assert fresh_run_name(tmp_path, "sweep") == "sweep-9", "a claimed folder is taken, even before Tune writes it"
+    from hpo.tuner.run_folders import release_claim
+
+    release_claim(tmp_path / "sweep-8")  # refused before Tune wrote anything there
+    assert not (tmp_path / "sweep-8").exists() and fresh_run_name(tmp_path, "sweep") == "sweep-8"

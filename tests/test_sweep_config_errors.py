@@ -144,3 +144,19 @@ def test_an_address_where_no_cluster_listens_is_one_line_at_once(tmp_path, capsy
     assert main([*command, str(path)]) == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1, err
+
+
+def test_run_with_the_dashboard_where_rays_dashboard_is_not_installed_is_one_line_before_ray_starts(
+        tmp_path, capsys, monkeypatch):
+    # `ray` without its `[default]` extra: Ray logged five lines, then `hpo run --dashboard` died
+    # with a 30-line traceback ("Cannot include dashboard with missing packages"), exit 1
+    import ray
+    import ray._private.utils
+
+    monkeypatch.setattr(ray._private.utils, "get_dashboard_dependency_error",
+                        lambda: ModuleNotFoundError("No module named 'aiohttp'"))
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init was called"))
+    assert main(["run", "--dashboard", str(write(tmp_path, VALID))]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --dashboard: ") and "ray[default]" in err and "aiohttp" in err, err
+    assert err.count("\n") == 1, err

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -211,3 +214,111 @@ def test_sweep_has_a_named_controller_and_exports_metrics_to_prometheus(ray_loca
         finished = [float(line.rsplit(" ", 1)[1]) for line in prometheus_lines(port, "ray_hpo_trials_finished")]
     assert 2.0 in finished, f"the node's Prometheus endpoint never showed 2 finished trials: {finished}"
     assert prometheus_lines(port, "ray_hpo_best_metric")
+
+
+def report_then_wait(config):
+    tune.report({"score": config["x"]})
+    time.sleep(600)  # until the sweep is stopped
+
+
+class StopOnceEveryTrialReported(tune.Stopper):
+    """Ends the whole sweep (Tune then stops its running trials without completing them) once
+    `trials` trials have reported."""
+
+    def __init__(self, trials: int):
+        self.trials, self.reported = trials, set()
+
+    def __call__(self, trial_id, result):
+        self.reported.add(trial_id)
+        return False
+
+    def stop_all(self):
+        return len(self.reported) >= self.trials
+
+
+def test_a_sweep_stopped_with_trials_running_shows_none_running_once_it_has_ended(ray_local, tmp_path):
+    """A time budget, Ctrl-C or a stopper ends the sweep with trials running, and Tune stops them
+    without `on_trial_complete`: the controller, kept while the result lives (a notebook), went on
+    showing them running, in the dashboard and as `hpo_trials_running`, long after the sweep had ended."""
+    result = hpo.run(report_then_wait, config={"x": tune.grid_search([1.0, 2.0])}, metric="score", mode="max",
+                     stop=StopOnceEveryTrialReported(2), storage_path=str(tmp_path), name="stopped", verbose=0)
+    summary = ray_local.get(result.controller.summary.remote())
+    assert (summary["running"], summary["finished"], summary["best"]) == (0, 2, 2.0), summary
+
+
+def test_a_second_sweep_of_the_same_name_counts_only_its_own_trials(ray_local, tmp_path):
+    """Elsewhere on disk, under the same name, while the first sweep's result (and controller) lives:
+    the second sweep took over the first's controller, so the dashboard and Prometheus showed the
+    first's trials among its own and the first's best (3.0, though the second minimises)."""
+    first = hpo.run(two_reports, config={"x": tune.grid_search([1.0, 3.0])}, metric="loss", mode="max",
+                    storage_path=str(tmp_path / "a"), name="twin", verbose=0)
+    second = hpo.run(two_reports, config={"x": 0.5}, metric="loss", mode="min",
+                     storage_path=str(tmp_path / "b"), name="twin", verbose=0)
+    summary = ray_local.get(second.controller.summary.remote())
+    assert (summary["finished"], summary["best"]) == (1, 0.5), summary
+    assert ray_local.get_actor("hpo:sweep:twin", namespace="hpo") == second.controller
+    del first
+
+
+def test_a_sweep_whose_name_a_running_sweep_holds_on_the_cluster_is_refused_naming_the_name(
+        ray_local, tmp_path, capsys):
+    """Two terminals, one cluster, one name: both sweeps fed one controller, and the first to end
+    took it (and the second's dashboard) with it."""
+    from hpo.cli import main
+    from hpo.reporting.dashboard_actor import start_controller
+
+    running = start_controller("taken", "loss", "min")  # another driver's sweep, still running
+    try:
+        with pytest.raises(ValueError, match="name: a sweep named 'taken' is running on this Ray cluster"):
+            hpo.run(two_reports, config={"x": 1.0}, metric="loss", mode="min", storage_path=str(tmp_path),
+                    name="taken", verbose=0)
+        sweep = tmp_path / "sweep.yaml"
+        sweep.write_text("name: taken\ntrainable: mlp_digits\nmetric: {name: val_loss, goal: minimize}\n"
+                         "parameters:\n  lr: {value: 0.01}\nmax_iterations: 1\n")
+        assert main(["run", str(sweep)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {sweep}:1: name: a sweep named 'taken' is running") and err.count("\n") == 1, err
+        assert ray_local.get(running.summary.remote())["finished"] == 0, "the running sweep's controller is untouched"
+    finally:
+        ray_local.kill(running)
+
+
+QUICK_SWEEP = """\
+name: joined
+trainable: quick:train
+metric: {name: loss, goal: minimize}
+parameters:
+  x: {value: 1.0}
+max_iterations: 1
+"""
+
+
+def run_joining(ray_local, tmp_path, **env_changes) -> subprocess.CompletedProcess:
+    """`hpo run --address` of a one-trial sweep in a new process (a second terminal), against the
+    suite's Ray, with the environment changed as given (a value of None unsets the variable)."""
+    (tmp_path / "quick.py").write_text("from ray import tune\n\n\ndef train(config):\n    tune.report({'loss': config['x']})\n")
+    (tmp_path / "sweep.yaml").write_text(QUICK_SWEEP)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    for key, value in env_changes.items():
+        env.pop(key, None) if value is None else env.__setitem__(key, value)
+    address = ray_local.get_runtime_context().gcs_address
+    return subprocess.run([sys.executable, "-m", "hpo.cli", "run", "sweep.yaml", "--address", address],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=patience(180))
+
+
+def test_run_with_an_explicit_address_uses_the_clusters_token_without_ray_auth_mode(ray_local, tmp_path):
+    """The README's client: the cluster's token in ~/.ray/auth_token, RAY_AUTH_MODE unset. Ray turns
+    token authentication on by itself only for address=auto: the sweep was refused (15 s of
+    'Authentication token is missing or incorrect' warnings, then a traceback and exit 1), while
+    `hpo job --address` used the token."""
+    done = run_joining(ray_local, tmp_path, RAY_AUTH_MODE=None)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Best configuration (loss = 1)" in done.stdout
+
+
+def test_a_token_the_cluster_refuses_is_one_line_naming_the_address_and_exit_2(ray_local, tmp_path):
+    done = run_joining(ray_local, tmp_path, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 32)
+    assert done.returncode == 2, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --address ") and "refused this client's token" in last, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr

@@ -73,6 +73,21 @@ class UnreachableCluster(ConnectionError):
     """A HOST:PORT where nothing accepts a connection."""
 
 
+class DashboardUnavailable(RuntimeError):
+    """`dashboard=True` where Ray's dashboard cannot start: `ray` without its `[default]` extra."""
+
+
+def check_dashboard_installed() -> None:
+    """Ray's dashboard needs `ray[default]`; without it `ray.init(include_dashboard=True)` logs five
+    lines and raises a bare `Exception` from deep in the node's start. Refused in one line first."""
+    from ray._private.utils import get_dashboard_dependency_error
+
+    missing = get_dashboard_dependency_error()
+    if missing is not None:
+        raise DashboardUnavailable(f"--dashboard: Ray's dashboard is not installed ({missing}); "
+                                   "install it with pip install 'ray[default]', or run without --dashboard")
+
+
 def check_reachable(source: str, address: str) -> None:
     """A HOST:PORT where nothing accepts a connection is a one-line `UnreachableCluster` at once:
     `ray.init` would retry it for minutes, printing a warning every few seconds, and never give
@@ -90,6 +105,19 @@ def check_reachable(source: str, address: str) -> None:
     except OSError as e:
         raise UnreachableCluster(f"{source} {address}: no Ray cluster answers there "
                                  f"({e.strerror or type(e).__name__})") from None
+
+
+def use_token_auth_if_available() -> None:
+    """Ray turns token authentication on by itself only for ``address="auto"``; with an
+    explicit address (``--address``, ``RAY_ADDRESS``) a client holding the cluster's token
+    (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, Ray's documented
+    sources) would connect without it and be refused. Never turns authentication off.
+    Ray reads the mode when it is imported, so this runs before anything imports ray."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(path):
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def cluster_address(address: str | None, default: str | None = None) -> str | None:
@@ -123,10 +151,14 @@ def ensure_ray(
         return
     runtime_env = code_runtime_env(code_folder, exclude) if code_folder is not None else {}
     logging_level = logging.INFO if dashboard else logging.WARNING
+    source = "--address" if address else "RAY_ADDRESS"
     address = cluster_address(address)
     if address:
-        ray.init(address=address, namespace=NAMESPACE, runtime_env=_beside_submitted_job(runtime_env),
-                 logging_level=logging_level)
+        try:
+            ray.init(address=address, namespace=NAMESPACE, runtime_env=_beside_submitted_job(runtime_env),
+                     logging_level=logging_level)
+        except ConnectionError as exc:
+            raise _refusal(source, address, exc) from None
         return
     start_local_ray(
         num_cpus=os.cpu_count() or 1,
@@ -136,6 +168,23 @@ def ensure_ray(
         runtime_env=runtime_env or None,
         logging_level=logging_level,
     )
+
+
+def _refusal(source: str, address: str, error: ConnectionError) -> UnreachableCluster:
+    """Ray's failure to join `address`, as one line: Ray's own is a traceback whose cause (a token
+    the cluster refuses, most often) sits in the text of a chained exception."""
+    reasons = []
+    cause: BaseException | None = error
+    while cause is not None:
+        reasons.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    text = " ".join(reasons)
+    if "InvalidAuthToken" in text or "AuthenticationError" in text:
+        return UnreachableCluster(
+            f"{source} {address}: the cluster refused this client's token (Authentication token is missing or "
+            "incorrect); give it the cluster's token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token")
+    last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), type(error).__name__)
+    return UnreachableCluster(f"{source} {address}: cannot join the Ray cluster there ({last})")
 
 
 def code_runtime_env(folder: str | Path, exclude: Sequence[str | Path] = ()) -> dict[str, Any]:
@@ -185,6 +234,8 @@ def start_local_ray(num_cpus: int, num_gpus: int | None = None, dashboard: bool 
     from hpo.base.actor_names import NAMESPACE  # here: this file also runs alone as the watchdog
 
     _reread_loopback_switch()
+    if dashboard:
+        check_dashboard_installed()
     node_ip = ray.util.get_node_ip_address()  # before init: the address Ray will bind to
     if not ipaddress.ip_address(node_ip).is_loopback:
         logger.warning(

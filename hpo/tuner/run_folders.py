@@ -9,6 +9,7 @@ killed driver) is refused with the damaged file named instead of silently starti
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -38,6 +39,34 @@ def fresh_run_name(storage: Path, name: str) -> str:
     if not versions or (versions == [(1, storage / name)] and not any((storage / name).iterdir())):
         return name
     return f"{name}-{versions[-1][0] + 1}"
+
+
+#: The file that claims a run folder for one sweep, written before Tune writes anything there.
+CLAIM_FILE = ".hpo-run"
+
+
+def claim_run_name(storage: Path, name: str) -> str:
+    """`fresh_run_name`, with the folder claimed at once for this sweep: two sweeps of one name that
+    start together in one storage path (two terminals, each with its own Ray) both found the
+    name free and wrote into one folder. The claim is a file created only if absent, which
+    exactly one of them creates; the other takes the next name."""
+    while True:
+        candidate = fresh_run_name(storage, name)
+        folder = storage / candidate
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            os.close(os.open(folder / CLAIM_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except FileExistsError:
+            continue  # another sweep claimed it first
+        return candidate
+
+
+def release_claim(folder: Path) -> None:
+    """Give up a claimed run folder that holds nothing but the claim (the sweep was refused before
+    Tune wrote anything), so a refused sweep leaves no folder behind."""
+    if folder.is_dir() and [path.name for path in folder.iterdir()] == [CLAIM_FILE]:
+        (folder / CLAIM_FILE).unlink()
+        folder.rmdir()
 
 
 def latest_run(storage: Path, name: str) -> Path | None:

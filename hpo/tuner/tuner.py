@@ -50,7 +50,7 @@ from hpo.reporting.trial_errors import TrialErrorCallback
 from hpo.reporting.trial_output import with_trial_output
 from hpo.tuner.atomic_storage import atomic_local_filesystem, is_local_path, one_copying_thread
 from hpo.tuner.stop_signal import StopRequest, stop_signals
-from hpo.tuner.run_folders import fresh_run_name, verify_run_state
+from hpo.tuner.run_folders import claim_run_name, release_claim, verify_run_state
 from hpo.tuner.trial_memory import ReleaseFinishedWindows
 
 if TYPE_CHECKING:
@@ -153,17 +153,21 @@ class Tuner:
 
     def fit(self) -> SweepResult:
         """Run the sweep in a new run folder: a name already on disk gets the next versioned one."""
-        name = fresh_run_name(self.storage, self.name)
+        name = claim_run_name(self.storage, self.name)
         if name != self.name:
             print(f"{self.storage / self.name} holds an earlier run; this run is {self.storage / name}", flush=True)
             self.run_config = replace(self.run_config, name=name)
         self.run_path = self.storage / name
-        with self._process_settings():
-            ensure_ray()
-            run = self._start()
-            tuner = tune.Tuner(run.trainable, param_space=run.param_space, tune_config=run.tune_config,
-                               run_config=run.run_config)
-            return self._fit(tuner, run)
+        try:
+            with self._process_settings():
+                ensure_ray()
+                run = self._start()
+                tuner = tune.Tuner(run.trainable, param_space=run.param_space, tune_config=run.tune_config,
+                                   run_config=run.run_config)
+                return self._fit(tuner, run)
+        except BaseException:
+            release_claim(self.run_path)  # refused before Tune wrote anything: no folder left behind
+            raise
 
     def resume(self, path: str) -> SweepResult:
         """Continue an interrupted sweep stored at `path`: finished trials are kept, not re-run.

@@ -70,7 +70,9 @@ def _given(args: argparse.Namespace, policy: str) -> dict:
 def _guarded(cmd):
     """Bad input or no cluster / allocator: one line on stderr, exit 2 (also under ``hpo``)."""
     def run(args) -> int:
-        _use_token_auth_if_available()
+        from hpo.base.ray_runtime import use_token_auth_if_available  # here: importing it sets Ray's loopback switch
+
+        use_token_auth_if_available()
         try:
             return cmd(args)
         except (ValueError, ConnectionError, TimeoutError) as exc:
@@ -84,19 +86,6 @@ def _guarded(cmd):
             return EXIT_BAD_INPUT
     run.__name__ = cmd.__name__
     return run
-
-
-def _use_token_auth_if_available() -> None:
-    """Ray turns token authentication on by itself only for ``address="auto"``; with an
-    explicit address (``--address``, ``RAY_ADDRESS``) a client holding the cluster's token
-    (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, Ray's documented
-    sources) would connect without it and be refused. Never turns authentication off.
-    Ray reads the mode when it is imported, so this runs before anything imports ray."""
-    if os.environ.get("RAY_AUTH_MODE"):
-        return
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
-    if os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(path):
-        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def _connect(address: str | None) -> None:
