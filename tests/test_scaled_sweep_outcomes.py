@@ -9,6 +9,7 @@ import json
 import math
 import pickle
 import re
+import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +25,7 @@ from hpo.cli import main
 from hpo.reporting import console
 from hpo.reporting.results_files import SUMMARY_FILE
 from hpo.scaling._transfer import TARGET_CHECKPOINT_DIR
+from hpo.tuner.stop_signal import StopRequest
 from hpo.tuner.tuner import Tuner
 
 NAME = "scaled"
@@ -62,7 +64,9 @@ def end(tuner: Tuner, tmp_path, outcomes, *, stopped: bool = False):
     run = tmp_path / NAME
     grid = Grid([proxy_result(run, i, {"steps_per_iteration": 2, **config}, value, done=done)
                  for i, (config, value, done) in enumerate(outcomes)], run)
-    return tuner._wrap(grid, [None], time.monotonic(), stopped=stopped)
+    stop = StopRequest()  # as the CLI's fit leaves it: watched, and Ctrl-C pressed where `stopped`
+    stop.watched, stop.signum = True, signal.SIGINT if stopped else None
+    return tuner._wrap(grid, [None], time.monotonic(), stop)
 
 
 def report(result, capsys) -> tuple[str, str, str]:
