@@ -27,8 +27,7 @@ from ray import tune
 from fusion.trainer import FusedTrainer
 from hpo.base.atomic_files import replace_folder_durably
 from hpo.base.checkpointing import KEEP_NEWEST, checkpoint_due
-from hpo.base.hparams import OptimHParams
-from hpo.base.training import build_trial_model
+from hpo.base.training import TrialTrainer
 from hpo.engines.fused.members import MEMBER_ERRORS_KEY, STATUS_FILE, member_ids
 from hpo.reporting.results_files import MEMBERS_DIR
 from hpo.base.trial_state import save_trial_state
@@ -166,14 +165,13 @@ def fused_group_trainable(
 
 
 def members_failing_alone(workload: Workload, configs: list[dict[str, Any]], ids: list[str]) -> dict[str, str]:
-    """The members (by id) whose configuration fails on its own, as its unfused trial would: its
-    optimizer settings or the model factory raise. Each with its traceback, the error its row shows."""
+    """The members (by id) whose configuration fails on its own: setting up the trainer its unfused
+    trial builds (`TrialTrainer`: its optimizer settings, the model factory, the optimizer) raises.
+    Each with its traceback, the error its row shows."""
     failing = {}
     for member_id, config in zip(ids, configs):
         try:
-            resolved = workload.resolve(config)
-            OptimHParams.from_config(resolved)
-            build_trial_model(workload, resolved)
+            TrialTrainer(workload, config)
         except Exception:
             failing[member_id] = traceback.format_exc()
     return failing

@@ -198,8 +198,7 @@ class MemberBook:
         folder = self.folder / member.trial_id
         if error:
             write_atomically(folder / "error.txt", error)
-        text = json.dumps({"status": status})
-        write_atomically(folder / STATUS_FILE, text)
+        _write_status(folder, status)
 
     def end_cut_short(self, groups: Iterable[str]) -> None:
         """Every member of `groups` (whose Tune trials ended) that had not ended is `early_stopped`:
@@ -215,7 +214,7 @@ class MemberBook:
             if member is not None:
                 self.end(member, "early_stopped")
             else:
-                write_atomically(folder / STATUS_FILE, json.dumps({"status": "early_stopped"}))
+                _write_status(folder, "early_stopped")
 
     def records(self, groups: Iterable[str] | None = None) -> list[TrialRecord]:
         """One record per member of `groups` (default: the groups Tune has added), read back from
@@ -269,3 +268,8 @@ def member_result(record: TrialRecord, folder: Path) -> Any:
         path=str(folder),
         metrics_dataframe=history,
     )
+
+
+def _write_status(folder: Path, status: str) -> None:
+    """A member's verdict in its folder, where a resumed sweep and `--rebuild` read it."""
+    write_atomically(folder / STATUS_FILE, json.dumps({"status": status}))
