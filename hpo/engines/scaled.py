@@ -26,7 +26,7 @@ from hpo.scaling import (
     depth_contract_problem,
     depth_coord_check,
     proxy_workload,
-    train_target,
+    train_transferred,
     transfer_config,
 )
 from hpo.scaling._config import ScalingConfig
@@ -126,12 +126,9 @@ def finish(
             saved = eager.save_target(out_dir / TARGET_CHECKPOINT_DIR)
             result.target_checkpoint = None if saved is None else str(saved)
         elif scaling.final_training:
-            transfer.target_run = train_target(
-                workload, transfer, scaling, max_iterations=max_iterations, checkpoint_dir=out_dir / TARGET_CHECKPOINT_DIR
-            )
-            transfer.write_json(out_dir)
-            run = asdict(transfer.target_run)
-            result.target_checkpoint = transfer.target_run.checkpoint
+            target_run = train_transferred(workload, transfer, scaling, out_dir, max_iterations=max_iterations)
+            run = asdict(target_run)
+            result.target_checkpoint = target_run.checkpoint
     except Exception as exc:  # the user's model at the target's size: one line, the transfer kept
         failure = f"the target ({label}) failed: {_exception_line(exc)}"
     if run is not None:

@@ -5,8 +5,8 @@
   for depth, CompleteP (`hpo.scaling._depth`: residual-branch multiplier, per-group lr and eps).
 - `coord_check` / `depth_coord_check` (options: `CheckOptions`): the coordinate check over several widths (muP) or depths
   (CompleteP), with a plot and a verdict.
-- `transfer_config` / `train_target` / `complete_transfer`: the proxy's best config carried to
-  the target, `transfer.json`, and the optional final training of the target.
+- `transfer_config` / `train_target` / `train_transferred` / `complete_transfer`: the proxy's best
+  config carried to the target, `transfer.json`, and the optional final training of the target.
 - `EagerTransferPolicy` and `EagerTransferCallback` (a `ray.tune.Callback`): train the target
   while the proxy sweep is still running.
 
@@ -24,7 +24,7 @@ _LAZY = {
     "hpo.scaling._mup": ("MuPWorkload", "ScalingError", "mup_factors", "proxy_workload", "target_workload"),
     "hpo.scaling._transfer": (
         "NON_TRANSFERABLE", "TRANSFERABLE", "TargetRun", "TransferResult", "complete_transfer", "train_target",
-        "transfer_config",
+        "train_transferred", "transfer_config",
     ),
     "hpo.scaling._config": ("ScalingConfig",),
     "hpo.scaling._callback": ("EagerTransferCallback",),

@@ -235,11 +235,21 @@ def complete_transfer(
     )
     result.write_json(out_dir)  # first, so the transfer survives a failed final training
     if scaling.final_training:
-        result.target_run = train_target(
-            workload, result, scaling, max_iterations=max_iterations, checkpoint_dir=Path(out_dir) / TARGET_CHECKPOINT_DIR
-        )
-        result.write_json(out_dir)
+        train_transferred(workload, result, scaling, out_dir, max_iterations=max_iterations)
     return result
+
+
+def train_transferred(
+    workload: Workload, transfer: TransferResult, scaling: "ScalingConfig", out_dir: str | os.PathLike[str], *,
+    max_iterations: int,
+) -> TargetRun:
+    """Train the target `transfer` holds, save it in `out_dir/target_checkpoint`, and write
+    `out_dir/transfer.json` again with its run (its metric and checkpoint)."""
+    transfer.target_run = train_target(
+        workload, transfer, scaling, max_iterations=max_iterations, checkpoint_dir=Path(out_dir) / TARGET_CHECKPOINT_DIR
+    )
+    transfer.write_json(out_dir)
+    return transfer.target_run
 
 
 def run_target(
