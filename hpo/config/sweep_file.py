@@ -37,13 +37,18 @@ class LoadedSweep:
     located: TrainableSource | None = None
 
     @property
+    def folder(self) -> Path:
+        """The sweep file's folder, against which its relative paths are read."""
+        return Path(self.source.name).resolve().parent
+
+    @property
     def storage(self) -> str:
         """Where the sweep's runs are stored: a relative `storage_path` is relative to the sweep file's
         folder, not to where `hpo` runs, so `hpo run --resume` and `hpo results` find the run from any
         folder (a URI such as `s3://bucket/runs` is Tune's to read)."""
         if "://" in self.spec.storage_path:
             return self.spec.storage_path
-        return str(Path(self.source.name).resolve().parent.joinpath(Path(self.spec.storage_path).expanduser()).resolve())
+        return str(self.folder.joinpath(Path(self.spec.storage_path).expanduser()).resolve())
 
     @property
     def logging(self) -> LoggingSpec | None:
@@ -51,7 +56,7 @@ class LoadedSweep:
         sweep file's folder, as `storage_path` is."""
         if self.spec.logging is None:
             return None
-        return self.spec.logging.relative_to(Path(self.source.name).resolve().parent)
+        return self.spec.logging.relative_to(self.folder)
 
     @property
     def experiment_path(self) -> Path:
@@ -83,9 +88,8 @@ def load_sweep(path: str | Path, execute: bool = True, for_ray: bool = True) -> 
     source = YamlSource.from_file(path)
     spec = SweepSpec.from_source(source)
     loaded = LoadedSweep(spec, None, source)
-    search_dir = Path(path).resolve().parent
     try:
-        loaded.located = locate_trainable(spec.trainable, search_dir=search_dir)
+        loaded.located = locate_trainable(spec.trainable, search_dir=loaded.folder)
     except TrainableNotFound as exc:
         raise loaded.fail("trainable", str(exc)) from None
     except SyntaxError as exc:
@@ -95,7 +99,7 @@ def load_sweep(path: str | Path, execute: bool = True, for_ray: bool = True) -> 
         raise loaded.fail("trainable", f"finding {spec.trainable!r} failed: {describe_exception(exc)}") from None
     if execute:
         try:
-            loaded.trainable = resolve_trainable(spec.trainable, search_dir=search_dir, for_ray=for_ray)
+            loaded.trainable = resolve_trainable(spec.trainable, search_dir=loaded.folder, for_ray=for_ray)
         except TrainableNotFound as exc:
             raise loaded.fail("trainable", str(exc)) from None
         except Exception as exc:  # the module's own top-level code failed: say where, in one line
