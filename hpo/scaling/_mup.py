@@ -155,7 +155,7 @@ class MuPWorkload(Workload):
                     "Drop readout_zero_init or untie the output layer."
                 )
             with torch.no_grad():
-                for tensor in model.get_submodule(self.readout).parameters():
+                for tensor in readout.parameters():
                     tensor.zero_()
         return model
 
