@@ -312,3 +312,17 @@ def test_a_helios_log_of_cpu_jobs_only_is_refused_not_simulated_as_nothing(tmp_p
 def test_a_policy_list_without_a_name_is_refused(tmp_path, spec):
     rc, err = _sim(tmp_path, "philly", PHILLY_HEADER + "0,60,1,0,a\n", "--policy", spec)
     assert rc == 2 and "give --policy NAME[,NAME...] or --compare" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("fmt, header, row, column, gpus", [
+    ("helios", HELIOS_HEADER, "j1,u,v,{gpus},{t},60\n", "job_id", 1),
+    ("helios", HELIOS_HEADER, "j1,u,v,{gpus},{t},60\n", "job_id", 0),   # a CPU job, skipped, counts too
+    ("pollux", POLLUX_HEADER, "j1,{t},cifar10,{gpus},256\n", "name", 1),
+])
+def test_a_job_id_given_twice_is_refused_naming_both_lines(tmp_path, fmt, header, row, column, gpus):
+    """A trace pasted into itself, or two logs joined, once replayed every job twice and wrote two
+    rows of one name to --csv."""
+    text = header + row.format(gpus=2, t=0) + row.replace("j1", "j2").format(gpus=2, t=1) + row.format(gpus=gpus, t=5)
+    rc, err = _sim(tmp_path, fmt, text)
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"t.csv:4: column {column!r} = 'j1' is the id of the job at line 2 too" in err, err

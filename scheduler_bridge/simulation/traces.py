@@ -56,6 +56,16 @@ def _num(path, line, row, col, *, integer=False, minimum=None, maximum=None):
     return val
 
 
+def _unique(path, line, row, col, seen: dict[str, int]) -> None:
+    """Refuse a job id that an earlier row already gave: a file pasted into itself, or two logs
+    joined, would otherwise replay those jobs twice and write two rows of one name to --csv."""
+    value = row[col]
+    if value in seen:
+        raise TraceError(f"{path}:{line}: column {col!r} = {value!r} is the id of the job at line "
+                         f"{seen[value]} too; every job needs its own")
+    seen[value] = line
+
+
 def _time(path, line, row, col) -> float:
     raw = (row.get(col) or "").strip()
     try:
@@ -96,7 +106,9 @@ def load_helios(path, *, skip_cpu_jobs: bool = True) -> Trace:
     CPU-only jobs (``gpu_num`` 0) are skipped unless ``skip_cpu_jobs`` is False."""
     jobs = []
     cols = ("job_id", "user", "vc", "gpu_num", "submit_time", "duration")
+    seen: dict[str, int] = {}
     for line, row in _rows(path, cols):
+        _unique(path, line, row, "job_id", seen)
         gpus = _num(path, line, row, "gpu_num", integer=True, minimum=0)
         if gpus == 0:
             if skip_cpu_jobs:
@@ -119,7 +131,9 @@ def load_pollux(path, profiles_dir=None) -> Trace:
     profiles_dir = Path(profiles_dir) if profiles_dir else path.parent.parent / "traces"
     apps = load_profiles(profiles_dir)
     jobs = []
+    seen: dict[str, int] = {}
     for line, row in _rows(path, ("name", "time", "application", "num_replicas", "batch_size")):
+        _unique(path, line, row, "name", seen)
         app = row["application"]
         if app not in apps:
             raise TraceError(f"{path}:{line}: column 'application' = {app!r} has no profile "
