@@ -84,6 +84,12 @@ class Trace:
     def __len__(self) -> int:
         return len(self.jobs)
 
+    def job_label(self, job: Job) -> str:
+        """``job`` as an error names it: its trace file (when it came from one) and its name, so
+        that a job the replay refuses is found in the file."""
+        name = f"job {job.name or job.job_id}"
+        return f"{self.source}: {name}" if self.source else name
+
 
 def make_trace(jobs, source: str = "", tuning=()) -> Trace:
     """Sort ``jobs`` by submit time, shift times to start at 0, renumber ids 0..n-1

@@ -141,11 +141,13 @@ def test_cli_malformed_trace_exits_2_naming_the_row(tmp_path, capsys):
     assert rc == 2 and "bad.csv:2: column 'num_gpus' = 'two'" in err
 
 
-def test_cli_job_larger_than_cluster_exits_2(tmp_path, capsys):
+def test_a_job_larger_than_the_cluster_exits_2_naming_the_trace_file_and_the_job(tmp_path, capsys):
     p = tmp_path / "big.csv"
     p.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,5,64,0,a\n")
-    rc = main(["sim", "--trace", str(p), "--format", "philly", "--policy", "fifo", "--gpus", "8"])
-    assert rc == 2 and "can never place it" in capsys.readouterr().err
+    for policy, gpus in (("fifo", "8"), ("lucid", "24")):
+        rc = main(["sim", "--trace", str(p), "--format", "philly", "--policy", policy, "--gpus", gpus])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"{p}: job philly-2 asks for 64 GPUs" in err and "can never place it" in err, err
 
 
 def test_add_sim_parser_plugs_into_another_cli_and_writes_per_policy_csv(tmp_path):

@@ -26,7 +26,7 @@ def run_elastic(trace: Trace, spec: ClusterSpec, policy: ElasticPolicy,
     n = len(jobs)
     for j in jobs:
         if j.elastic is None or j.elastic.application not in apps:
-            raise ValueError(f"job {j.name}: elastic policies need elastic jobs with a profile "
+            raise ValueError(f"{trace.job_label(j)}: elastic policies need elastic jobs with a profile "
                              "(use --format pollux)")
     gpn = spec.gpus_per_node
     app = [apps[j.elastic.application] for j in jobs]

@@ -42,7 +42,7 @@ class LucidReplay:
         self.free = FreeGPUs(main_spec)
         for j in jobs:
             if self.free.place(j.gpus) is None:
-                raise ValueError(f"job {j.name or j.job_id} asks for {j.gpus} GPUs; the main partition of "
+                raise ValueError(f"{trace.job_label(j)} asks for {j.gpus} GPUs; the main partition of "
                                  f"{main_spec.num_gpus} GPUs ({gpn} per node) can never place it")
         self.prof = FreeGPUs(ClusterSpec(prof_gpus, gpn)) if prof_gpus else None
         policy.reset(trace.t0)

@@ -42,7 +42,7 @@ class RigidReplay:
         unplaceable = {g for g in {j.gpus for j in jobs} if empty.place(g) is None}
         for j in jobs:
             if j.gpus in unplaceable:
-                raise ValueError(f"job {j.name or j.job_id} asks for {j.gpus} GPUs; a cluster of "
+                raise ValueError(f"{trace.job_label(j)} asks for {j.gpus} GPUs; a cluster of "
                                  f"{spec.num_gpus} GPUs ({spec.gpus_per_node} per node) can never place it")
         policy.reset(trace.t0)
         self.policy, self.restart_cost = policy, restart_cost
