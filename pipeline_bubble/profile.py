@@ -198,7 +198,8 @@ def load_profile(path: str | Path) -> PipelineProfile:
     """Read a profile written by `PipelineProfile.save`; a bad file raises `ProfileError` naming it and the key."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        # a byte-order mark (a profile re-saved by a Windows editor) is not text, as in traces and sweep files
+        data = json.loads(path.read_bytes().decode("utf-8-sig"))
     except OSError as error:
         raise ProfileError(f"{path}: cannot read ({error.strerror or error})") from None
     except json.JSONDecodeError as error:

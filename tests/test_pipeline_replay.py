@@ -423,6 +423,16 @@ def test_a_bad_profile_file_is_refused_naming_the_file_and_key(tmp_path, edit, n
     assert str(path) in str(error.value)
 
 
+def test_a_profile_saved_with_a_byte_order_mark_reads_as_the_same_profile(tmp_path):
+    """A profile re-saved by an editor that writes a UTF-8 byte-order mark was refused as "not JSON
+    (Unexpected UTF-8 BOM)"; traces and sweep files read past the mark, and so does a profile."""
+    profile, _ = _profile(PipelineConfig(2, 4, 32), [0.01, 0.01], [0.02, 0.02])
+    plain, marked = tmp_path / "plain.json", tmp_path / "marked.json"
+    profile.save(plain)
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert load_profile(marked) == load_profile(plain)
+
+
 def test_a_profile_that_is_not_text_is_refused_in_one_line(tmp_path, capsys):
     path = tmp_path / "profile.json"
     path.write_bytes(b"\xff\xfe\x00binary")
