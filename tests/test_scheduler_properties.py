@@ -168,3 +168,63 @@ def test_lucid_packing_never_exceeds_memory_or_two_jobs_per_gpu_and_conserves_wo
     assert (run >= df.duration - 1e-6).all(), "a job finished before doing its work"
     assert (run <= df.duration * worst + 1e-6).all(), "a job ran slower than its worst measured pairing"
     assert res.summary()["preemptions"] == 0
+
+
+@st.composite
+def cluster_and_trace(draw):
+    """A cluster of any shape (a smaller last node, jobs spread over nodes or kept on whole ones)
+    and a trace that fits it, with jobs of no work and many at one instant."""
+    gpn = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    spec = ClusterSpec(gpn * draw(st.integers(1, 4)) + draw(st.integers(0, gpn - 1)), gpn,
+                       consolidate=draw(st.booleans()))
+    rows = draw(st.lists(st.tuples(st.sampled_from([0, 0, 1, 5, 30, 1000]), st.integers(1, spec.num_gpus),
+                                   st.sampled_from([0.0, 0.5, 1.0, 7.0, 60.0, 3600.0]), st.sampled_from("ab")),
+                         min_size=1, max_size=15))
+    jobs = [Job(i, float(s), g, d, user=v, vc=v) for i, (s, g, d, v) in enumerate(rows) if spec.fits_ever(g)]
+    return spec, make_trace(jobs or [Job(0, 0.0, 1, 1.0)], tuning=[TuningJob(0, 3.0, groups=2, group_work=100.0)])
+
+
+NON_PREEMPTIVE = ("fifo", "sjf", "qssf", "lucid", "ces:fifo", "ces:qssf", "tuning-aware")
+
+
+@pytest.mark.parametrize("name", ["fifo", "sjf", "srtf", "qssf", "tiresias", "lucid", "ces:fifo", "ces:srtf",
+                                  "ces:tiresias", "tuning-aware"])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cluster_and_trace(), restart_cost=st.sampled_from([0.0, 7.0]))
+def test_every_policy_on_any_cluster_shape_ends_each_job_once_within_capacity_and_repeats_itself(
+        name, case, restart_cost):
+    spec, trace = case
+    if name == "lucid":  # two profiling nodes beside a main partition of the shape drawn
+        spec = ClusterSpec(spec.num_gpus + 2 * spec.gpus_per_node, spec.gpus_per_node, consolidate=spec.consolidate)
+    res = simulate(trace, make_policy(name), spec, restart_cost=restart_cost)
+    df = res.jobs_frame()
+    assert df.finish.notna().all() and res.summary()["completed"] == len(trace), "every job ends, once"
+    assert (df.start >= df.submit).all()
+    assert (df.jct >= df.duration - 1e-9).all(), "no job ends sooner than its own run time"
+    t, busy = np.asarray(res.log.util_t), np.asarray(res.log.util_busy)
+    assert (np.diff(t) >= 0).all() and (busy >= 0).all() and busy.max() <= spec.num_gpus
+    if name in NON_PREEMPTIVE:
+        assert (df.restarts == 0).all(), f"{name} is non-preemptive"
+    assert df.equals(simulate(trace, make_policy(name), spec, restart_cost=restart_cost).jobs_frame())
+
+
+@pytest.mark.parametrize("name", ["fifo", "sjf"])
+@pytest.mark.parametrize("backfill", [False, True])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cluster_and_trace())
+def test_a_queue_policy_starts_a_job_ahead_of_a_better_one_only_by_backfilling_past_a_larger_one(
+        name, backfill, case):
+    """FIFO ranks by submit time, SJF by GPU time (ties: arrival order). Without backfill a job
+    starts only when no better one waits; with it, on whole nodes, every better one waiting then
+    asked for more GPUs (there a smaller job fits wherever a larger one does; spread, a job of up
+    to a node's GPUs still takes one node, so 5 GPUs over nodes of 3 and 2 free fit where 4 do not)."""
+    spec, trace = case
+    policy = make_policy(name, backfill=backfill)
+    df = simulate(trace, policy, spec).jobs_frame()
+    rank = {j.job_id: (policy.priority(j, j.duration, 0.0), j.job_id) for j in trace.jobs}
+    for j in trace.jobs:
+        started = df.start[j.job_id]
+        for k in trace.jobs:
+            if k.submit <= started < df.start[k.job_id] and rank[k.job_id] < rank[j.job_id]:
+                assert backfill, f"job {j.job_id} started at {started} while the better job {k.job_id} waited"
+                assert k.gpus > j.gpus or not spec.consolidate, f"job {j.job_id} backfilled past the no larger job {k.job_id}"
