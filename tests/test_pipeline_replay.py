@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from pipeline_bubble.profile import LayerProfile, PipelineConfig, ProfileError, build_profile, load_profile
 from pipeline_bubble.replay import Cost, ReplayWarning, _Graph, machine_warning, piecewise_affine, predict, replay, size_scale
-from pipeline_bubble.timeline import BatchRecord, StageTimeline, theoretical_bubble_fraction
+from pipeline_bubble.timeline import COMPUTE, BatchRecord, StageTimeline, theoretical_bubble_fraction
 from pipeline_bubble.train_schedule import LOSS_BROADCAST, exchange_partners, stage_instructions
 
 from hpo.base.machine import fingerprint
@@ -188,6 +188,39 @@ def test_more_micro_batches_or_larger_ones_never_shorten_the_iteration(forward, 
     base = replay(profile, PipelineConfig(2, micro_batches, 32)).iteration_s
     assert replay(profile, PipelineConfig(2, micro_batches + 1, 32)).iteration_s >= base
     assert replay(profile, PipelineConfig(2, micro_batches, 64)).iteration_s >= base
+
+
+@st.composite
+def profiles_and_targets(draw):
+    """A profile of 2 to 8 stages (2 layers each, noisy or not) and a configuration it did not run:
+    2 to 8 stages over the same layers, 1 to 64 micro-batches of another size, guests or none."""
+    stages = draw(st.integers(2, 8))
+    times = st.lists(st.floats(1e-4, 0.05), min_size=stages, max_size=stages)
+    profile, _ = _profile(PipelineConfig(stages, draw(st.integers(1, 16)), 32), draw(times), draw(times),
+                          noise=draw(st.sampled_from([0.0, 0.2])))
+    target = draw(st.integers(2, 2 * stages))
+    share, rest = divmod(2 * stages, target)
+    split = tuple(share + (i < rest) for i in range(target))
+    return profile, PipelineConfig(target, draw(st.integers(1, 64)), draw(st.sampled_from([16, 32, 64])), split,
+                                   guest_step_s=draw(st.sampled_from([None, 1e-4, 1e-3, 5e-3])))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=profiles_and_targets())
+def test_any_replayed_configuration_lasts_at_least_every_stages_work_with_bubbles_that_are_never_negative(case):
+    """Guest steps, planned into a replay of typical costs, may delay the job but never hurry it.
+    (One stage is no pipeline: `PipelineConfig` refuses it, "stages must be >= 2".)"""
+    profile, config = case
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ReplayWarning)
+        replayed = replay(profile, config)
+        without = replay(profile, replace(config, guest_step_s=None))
+    for timeline in replayed.timelines:
+        batch = timeline.batches[0]
+        assert replayed.iteration_s >= batch.total(COMPUTE), "a stage worked longer than the iteration"
+        assert all(interval.end >= interval.start for interval in batch.intervals)
+    assert min(replayed.bubble_s()) >= 0 and all(w.idle_s >= 0 and w.blocked_s >= 0 for w in replayed.windows)
+    assert replayed.iteration_s >= without.iteration_s, "guest steps shortened the iteration"
 
 
 def test_more_micro_batches_shrink_the_bubble_fraction_of_balanced_stages():
