@@ -328,3 +328,22 @@ def test_a_job_id_given_twice_is_refused_naming_both_lines(tmp_path, fmt, header
     rc, err = _sim(tmp_path, fmt, text)
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert f"t.csv:4: column {column!r} = 'j1' is the id of the job at line 2 too" in err, err
+
+
+@pytest.mark.parametrize("fmt, header, row", [("philly", PHILLY_HEADER, "0,60,1,0,a\n"),
+                                              ("helios", HELIOS_HEADER, "j1,u,v,1,0,60\n")])
+def test_profiles_beside_a_trace_that_reads_none_are_refused_not_ignored(tmp_path, fmt, header, row):
+    rc, err = _sim(tmp_path, fmt, header + row, "--profiles", str(TRACES / "pollux" / "traces"))
+    assert rc == 2 and "only a --format pollux trace reads application profiles" in err, err
+
+
+def test_a_pollux_workload_without_profiles_beside_it_names_the_flag_that_gives_them(tmp_path, capsys):
+    """A workload of one's own, outside the shipped folders, was refused naming only the missing
+    ../traces folder, not --profiles."""
+    workload = tmp_path / "w.csv"
+    workload.write_text(POLLUX_HEADER + "j1,0,cifar10,2,256\n")
+    rc = main(["sim", "--trace", str(workload), "--format", "pollux", "--policy", "fifo", "--gpus", "8"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"{tmp_path.resolve().parent / 'traces'} does not exist; give --profiles FOLDER" in err, err
+    assert str(TRACES / "pollux" / "traces") in err, "it names the shipped profiles"

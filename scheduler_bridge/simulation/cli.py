@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from ..cluster import ClusterSpec
-from ..data_files import shipped_traces
+from ..data_files import default_traces_dir, shipped_traces
 from ..interference import InterferenceTable
 from ..power_model import PowerModel
 from ..policies.registry import POLICIES, check_policy_name, make_policy
@@ -58,7 +58,8 @@ def add_sim_parser(subparsers) -> None:
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default: 8)")
     p.add_argument("--spread", action="store_true",
                    help="let jobs larger than a node take free GPUs on any nodes (default: whole nodes)")
-    p.add_argument("--profiles", default=None, help="Pollux profile folder (<app>/placements.csv)")
+    p.add_argument("--profiles", default=None, help="pollux: application profile folder (<app>/placements.csv); default: ../traces "
+                        "beside the workload's folder, as the shipped workloads have it")
     p.add_argument("--json", default=None, help="write the summary (list if several policies)")
     p.add_argument("--csv", default=None, help="per-job CSV; {policy} in the name is replaced")
     p.add_argument("--plot", default=None, help="PNG with JCT CDFs and utilisation over time")
@@ -178,6 +179,21 @@ def resolve_trace(args) -> str | None:
     return None
 
 
+def check_profiles(args) -> str | None:
+    """``--profiles`` belongs to a Pollux workload, which needs one: a workload of the user's own,
+    away from the shipped folders, has no ``../traces`` beside it, and without this the error named
+    only that folder, not the flag that fixes it."""
+    if args.format != "pollux":
+        return f"--profiles {args.profiles}: only a --format pollux trace reads application profiles" \
+            if args.profiles else None
+    beside = Path(args.trace).resolve().parent.parent / "traces"
+    if args.profiles is None and not beside.is_dir():
+        return (f"--trace {args.trace}: a Pollux workload's application profiles are read from ../traces "
+                f"beside its folder, and {beside} does not exist; give "
+                f"--profiles FOLDER (the shipped ones: {default_traces_dir() / 'pollux' / 'traces'})")
+    return None
+
+
 def run_sim(args) -> int:
     """Handler of ``hpo sim``; returns the exit code."""
     bad = resolve_trace(args)
@@ -196,7 +212,7 @@ def run_sim(args) -> int:
         return _fail(f"--gpus and --gpus-per-node must be >= 1 (got {args.gpus}, {args.gpus_per_node})")
     if args.format != "pollux" and any(n.startswith("elastic") for n in names):
         return _fail("elastic policies need jobs with measured profiles: use --format pollux")
-    bad = check_ranges(args) or check_outputs(args, names)
+    bad = check_ranges(args) or check_outputs(args, names) or check_profiles(args)
     if bad:
         return _fail(bad)
     try:
