@@ -384,12 +384,14 @@ def _report(profile, predictions, measured) -> dict[str, Any]:
     from pipeline_bubble.accuracy import compare, format_rows, summarize_errors
 
     if measured is None:
-        lines = [f"{'configuration':34s} {'iteration ms':>12s} {'bubble per stage ms':>24s} {'capacity GPU-ms/it':>19s} {'guest slowdown':>15s}"]
+        # each column as wide as its widest cell: an 8-stage split's label or bubbles pushed the rest out of line
+        rows = [("configuration", "iteration ms", "bubble per stage ms", "capacity GPU-ms/it", "guest slowdown")]
         for p in predictions:
-            bubbles = " ".join(f"{b * 1e3:.1f}" for b in p.bubble_s)
-            slowdown = f"{p.slowdown:+.1%}" if p.slowdown is not None else ""
-            lines.append(f"{p.config.label:34s} {p.iteration_s * 1e3:12.1f} {bubbles:>24s} "
-                         f"{p.typical.bubble_capacity_gpu_s() * 1e3:19.1f} {slowdown:>15s}")
+            rows.append((p.config.label, f"{p.iteration_s * 1e3:.1f}", " ".join(f"{b * 1e3:.1f}" for b in p.bubble_s),
+                         f"{p.typical.bubble_capacity_gpu_s() * 1e3:.1f}", f"{p.slowdown:+.1%}" if p.slowdown is not None else ""))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines = [" ".join([row[0].ljust(widths[0])] + [cell.rjust(w) for cell, w in zip(row[1:], widths[1:])]).rstrip()
+                 for row in rows]
         return {"profile": profile.config.to_dict(), "machine": profile.machine, "predictions": [p.to_dict() for p in predictions],
                 "table": "\n".join(lines)}
     rows = [compare(p, m, b) for p, (m, b) in zip(predictions, measured)]

@@ -746,6 +746,21 @@ def test_hpo_profile_pipeline_predicts_from_a_saved_profile_with_charts_and_json
     assert len(list(charts.glob("*.png"))) == 4, "one chart per configuration and stage"
 
 
+def test_every_column_of_the_prediction_table_lines_up_however_long_a_label_or_a_bubble_list(tmp_path, capsys):
+    """An 8-stage split's label (39 characters) and its eight bubbles overflowed the fixed widths,
+    shifting every later column of that row."""
+    profile, _ = _profile(PipelineConfig(4, 4, 32), [0.01] * 4, [0.02] * 4)
+    profile.save(tmp_path / "profile.json")
+    argv = ["--profile", str(tmp_path / "profile.json"), "--iterations", "3",
+            "--config", "p=8,m=6,split=1:1:1:1:1:1:1:1,guest=0.1ms", "--config", "m=8"]
+    assert _cli(argv) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    ends = [header.index(name) + len(name) for name in ("iteration ms", "bubble per stage ms", "capacity GPU-ms/it")]
+    for row in rows:
+        for end in ends:
+            assert row[end - 1] != " " and row[end:end + 1] in ("", " "), f"a column ends off {end}:\n{header}\n{row}"
+
+
 @pytest.mark.slow
 def test_hpo_profile_pipeline_profiles_a_deepspeed_job_and_measures_what_it_predicts(tmp_path, capsys):
     """The whole path on a real 2-process DeepSpeed pipeline (gloo): profile, replay, measure, chart."""
