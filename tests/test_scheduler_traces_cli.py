@@ -330,6 +330,16 @@ def test_a_job_id_given_twice_is_refused_naming_both_lines(tmp_path, fmt, header
     assert f"t.csv:4: column {column!r} = 'j1' is the id of the job at line 2 too" in err, err
 
 
+def test_one_job_id_in_two_clusters_of_a_joined_helios_log_is_two_jobs(tmp_path):
+    """Helios' all_cluster_log.csv joins every cluster's log with a `cluster` column: an id is per cluster."""
+    p = tmp_path / "all.csv"
+    p.write_text("job_id,cluster,user,vc,gpu_num,submit_time,duration\nj1,Venus,u,v,1,0,60\nj1,Earth,u,v,1,5,60\n")
+    assert len(load_helios(p)) == 2
+    p.write_text("job_id,cluster,user,vc,gpu_num,submit_time,duration\nj1,Venus,u,v,1,0,60\nj1,Venus,u,v,1,5,60\n")
+    with pytest.raises(TraceError, match="all.csv:3: column 'job_id' = 'j1' is the id of the job of cluster 'Venus' at line 2"):
+        load_helios(p)
+
+
 @pytest.mark.parametrize("fmt, header, row", [("philly", PHILLY_HEADER, "0,60,1,0,a\n"),
                                               ("helios", HELIOS_HEADER, "j1,u,v,1,0,60\n")])
 def test_profiles_beside_a_trace_that_reads_none_are_refused_not_ignored(tmp_path, fmt, header, row):

@@ -56,14 +56,17 @@ def _num(path, line, row, col, *, integer=False, minimum=None, maximum=None):
     return val
 
 
-def _unique(path, line, row, col, seen: dict[str, int]) -> None:
+def _unique(path, line, row, col, seen: dict[tuple[str, str], int]) -> None:
     """Refuse a job id that an earlier row already gave: a file pasted into itself, or two logs
-    joined, would otherwise replay those jobs twice and write two rows of one name to --csv."""
-    value = row[col]
-    if value in seen:
-        raise TraceError(f"{path}:{line}: column {col!r} = {value!r} is the id of the job at line "
-                         f"{seen[value]} too; every job needs its own")
-    seen[value] = line
+    joined, would otherwise replay those jobs twice and write two rows of one name to --csv. Ids
+    are per cluster where a ``cluster`` column says which (Helios' ``all_cluster_log.csv`` joins
+    its clusters' logs so)."""
+    key = (row.get("cluster", ""), row[col])
+    if key in seen:
+        where = f" of cluster {key[0]!r}" if key[0] else ""
+        raise TraceError(f"{path}:{line}: column {col!r} = {key[1]!r} is the id of the job{where} at line "
+                         f"{seen[key]} too; every job needs its own")
+    seen[key] = line
 
 
 def _time(path, line, row, col) -> float:
@@ -106,7 +109,7 @@ def load_helios(path, *, skip_cpu_jobs: bool = True) -> Trace:
     CPU-only jobs (``gpu_num`` 0) are skipped unless ``skip_cpu_jobs`` is False."""
     jobs = []
     cols = ("job_id", "user", "vc", "gpu_num", "submit_time", "duration")
-    seen: dict[str, int] = {}
+    seen: dict[tuple[str, str], int] = {}
     for line, row in _rows(path, cols):
         _unique(path, line, row, "job_id", seen)
         gpus = _num(path, line, row, "gpu_num", integer=True, minimum=0)
@@ -131,7 +134,7 @@ def load_pollux(path, profiles_dir=None) -> Trace:
     profiles_dir = Path(profiles_dir) if profiles_dir else path.parent.parent / "traces"
     apps = load_profiles(profiles_dir)
     jobs = []
-    seen: dict[str, int] = {}
+    seen: dict[tuple[str, str], int] = {}
     for line, row in _rows(path, ("name", "time", "application", "num_replicas", "batch_size")):
         _unique(path, line, row, "name", seen)
         app = row["application"]
