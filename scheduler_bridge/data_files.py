@@ -49,7 +49,7 @@ def read_text(path) -> str:
     """The file as UTF-8 text; a bad byte is reported with its line and column."""
     path = Path(path)
     if not path.is_file():
-        raise TraceError(f"{path}: no such file")
+        raise TraceError(f"{path}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
     data = path.read_bytes()
     try:
         return data.decode("utf-8-sig")  # a leading byte-order mark (Excel's "CSV UTF-8") is not text

@@ -357,3 +357,9 @@ def test_a_pollux_workload_without_profiles_beside_it_names_the_flag_that_gives_
     assert rc == 2 and err.count("\n") == 1, err
     assert f"{tmp_path.resolve().parent / 'traces'} does not exist; give --profiles FOLDER" in err, err
     assert str(TRACES / "pollux" / "traces") in err, "it names the shipped profiles"
+
+
+def test_a_folder_given_as_the_trace_is_named_a_folder_not_a_missing_file(tmp_path, capsys):
+    rc = main(["sim", "--trace", str(tmp_path), "--format", "philly", "--policy", "fifo", "--gpus", "8"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{tmp_path}: a folder, not a file" in err and err.count("\n") == 1, err
