@@ -12,8 +12,8 @@ Wire into the main CLI with ``add_sim_parser(subparsers)``; standalone:
 Several policies (comma list, or ``--compare``) run on the same trace and print
 a table; ``--json`` then holds a list of summaries. Policies include
 ``tiresias``, ``lucid`` and ``ces:<base>`` (energy saving over a queue policy).
-Bad input (missing file, malformed or out-of-range row, non-UTF-8 bytes, a flag
-out of range, an output folder that does not exist, a bad interference table)
+Bad input (missing file, malformed or out-of-range row, a job id given twice, non-UTF-8
+bytes, a flag out of range, an output folder that does not exist, a bad interference table)
 prints one line naming it and exits with 2, before anything is simulated.
 """
 
@@ -58,7 +58,8 @@ def add_sim_parser(subparsers) -> None:
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default: 8)")
     p.add_argument("--spread", action="store_true",
                    help="let jobs larger than a node take free GPUs on any nodes (default: whole nodes)")
-    p.add_argument("--profiles", default=None, help="pollux: application profile folder (<app>/placements.csv); default: ../traces "
+    p.add_argument("--profiles", default=None,
+                   help="pollux: application profile folder (<app>/placements.csv); default: ../traces "
                         "beside the workload's folder, as the shipped workloads have it")
     p.add_argument("--json", default=None, help="write the summary (list if several policies)")
     p.add_argument("--csv", default=None, help="per-job CSV; {policy} in the name is replaced")
@@ -180,9 +181,9 @@ def resolve_trace(args) -> str | None:
 
 
 def check_profiles(args) -> str | None:
-    """``--profiles`` belongs to a Pollux workload, which needs one: a workload of the user's own,
-    away from the shipped folders, has no ``../traces`` beside it, and without this the error named
-    only that folder, not the flag that fixes it."""
+    """``--profiles`` is read by a Pollux workload only, and a workload of the user's own, away from
+    the shipped folders, needs it: it has no ``../traces`` beside it, and without this check the
+    error named only that folder, not the flag that fixes it."""
     if args.format != "pollux":
         return f"--profiles {args.profiles}: only a --format pollux trace reads application profiles" \
             if args.profiles else None
