@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ray import tune
-from ray.tune.search import BasicVariantGenerator
+from ray.tune.search import BasicVariantGenerator, SearchGenerator, Searcher
+from ray.tune.search.optuna import OptunaSearch
 
 from examples.mlp_digits import workload as mlp_digits
 from hpo.base.actor_names import NAMESPACE, broker_name
@@ -22,7 +23,8 @@ from hpo.engines.bubbles.engine import BubbleEngine
 from hpo.engines.bubbles.relay_trial import FusionCallback
 from hpo.engines.fused.engine import FusedEngine
 from hpo.engines.fused.scheduler import GroupScheduler
-from hpo.engines.fused.search import ConfigList, GroupSearcher
+from hpo.engines.fused.members import MemberBook
+from hpo.engines.fused.search import MEMBERS_KEY, ConfigList, GroupSearcher
 from hpo.engines.plain import FunctionEngine, WorkloadEngine
 from hpo.engines.scaled import ScaledEngine
 from hpo.reporting.dashboard_actor import ControllerCallback
@@ -241,6 +243,26 @@ def test_a_fused_sweep_starts_with_the_points_to_evaluate_of_the_users_variant_g
     assert configs[0] == first[0] and configs[1]["lr"] == 0.25 and len(configs) == 4
     assert configs == plain_configs(space, 4, 7, points_to_evaluate=first)  # unlimited
     assert ConfigList(space, 4, user).configs == configs, "the user's generator was used up by the first list"
+
+
+def test_a_fused_sweeps_searcher_draws_what_tune_draws_with_the_constants_nested_beside_its_suggestions(tmp_path):
+    # Tune deep-merges a suggestion into the space: the fixed `eps` beside the searched `beta` is
+    # in every trial's config; the fused engine dropped it, so a member trained without it
+    space = {"lr": tune.loguniform(1e-4, 1e-1), "width": 16, "opt": {"beta": tune.uniform(0.8, 0.99), "eps": 1e-8}}
+    searcher = GroupSearcher(OptunaSearch(seed=5), space, 3, lambda config: 0, MemberBook(tmp_path, "digits"), 3,
+                             "val_loss", "min")
+    members = searcher.suggest("group")[MEMBERS_KEY]
+    assert members == searched_configs(OptunaSearch(seed=5), space, 3)
+    assert [m["opt"]["eps"] for m in members] == [1e-8] * 3 and all(m["width"] == 16 for m in members)
+
+
+def searched_configs(searcher: Searcher, space: dict, num_samples: int) -> list[dict]:
+    """The configurations Tune starts for an unfused sweep whose `searcher` suggests them."""
+    searcher.set_search_properties("val_loss", "min", space)
+    generator = SearchGenerator(searcher)
+    with tempfile.TemporaryDirectory() as storage:
+        generator.add_configurations({"sweep": {"run": _noop, "config": space, "num_samples": num_samples, "storage_path": storage}})
+        return [generator.next_trial().config for _ in range(num_samples)]
 
 
 def test_a_bubble_engine_starts_the_broker_and_gives_tune_one_relay_per_configuration(tmp_path, ray_local):

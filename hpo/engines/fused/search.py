@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ray.tune.search import BasicVariantGenerator, Searcher
+from ray.tune.utils.util import merge_dicts
 
+from hpo.engines._base import space_constants
 from hpo.engines.fused.members import MemberBook, member_ids
 
 #: The key of a group trial's config that lists its members' configs.
@@ -102,10 +104,6 @@ class GroupSearcher(Searcher):
         self.inner.set_search_properties(self._metric, self._mode, self.param_space, **spec)
         return True
 
-    def _constants(self) -> dict[str, Any]:
-        """What the search space fixes: Tune merges it into every searcher suggestion."""
-        return {k: v for k, v in self.param_space.items() if not hasattr(v, "sample") and not _is_grid(v)}
-
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         ids = iter(member_ids(trial_id, self.members_per_group * 4))
         while len(self.waiting) < self.members_per_group and not self.inner_finished:
@@ -122,7 +120,8 @@ class GroupSearcher(Searcher):
                 break  # the inner searcher waits for results (its own concurrency limit)
             else:
                 self.drawn += 1
-                self.waiting.append({"draw_id": draw_id, "config": {**self._constants(), **config}})
+                # what the space fixes, deep-merged under the suggestion as Tune merges it unfused
+                self.waiting.append({"draw_id": draw_id, "config": merge_dicts(space_constants(self.param_space), config)})
         if not self.waiting:
             return Searcher.FINISHED if self.inner_finished else None
         return {MEMBERS_KEY: self._place(trial_id)}
@@ -187,7 +186,3 @@ class GroupSearcher(Searcher):
             with tempfile.TemporaryDirectory() as directory:
                 Path(directory, "inner").write_bytes(base64.b64decode(state["inner"]))
                 self.inner.restore(os.path.join(directory, "inner"))
-
-
-def _is_grid(value: Any) -> bool:
-    return isinstance(value, Mapping) and "grid_search" in value
