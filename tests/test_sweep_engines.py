@@ -125,6 +125,35 @@ def test_a_function_trainable_keeps_the_checkpoints_and_the_stop_its_run_config_
     assert run.run_config.stop is None and not run.tune_config.reuse_actors
 
 
+class SavingCounter(tune.Trainable):
+    """A Tune user's class trainable that saves and restores its state."""
+
+    def step(self):
+        return {"val_loss": 0.0}
+
+    def save_checkpoint(self, checkpoint_dir):
+        return {"val_loss": 0.0}
+
+    def load_checkpoint(self, checkpoint):
+        pass
+
+
+def test_a_class_that_saves_itself_is_checkpointed_as_the_policy_says_unless_its_run_config_says_otherwise(tmp_path):
+    def train(config):
+        tune.report({"val_loss": 0.0})
+
+    def checkpoints(trainable, run_config=tune.RunConfig()):
+        engine = FunctionEngine(plan(trainable, checkpoint=CheckpointPolicy(every=3, at_end=False)))
+        config = engine.start(tmp_path, CONFIG, run_config).run_config.checkpoint_config
+        return config.checkpoint_frequency, config.checkpoint_at_end
+
+    assert checkpoints(SavingCounter) == (3, False)
+    own = tune.RunConfig(checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=5))
+    assert checkpoints(SavingCounter, own) == (5, None), "the user's own Tune setting wins"
+    # Tune refuses checkpoint settings for a function, and calls a class that cannot save only to fail
+    assert checkpoints(train) == checkpoints(Counter) == (0, None)
+
+
 class Counter(tune.Trainable):
     """A Tune user's class trainable, written without `reset_config`."""
 
