@@ -5,6 +5,7 @@ the result."""
 from __future__ import annotations
 
 import math
+import pickle
 import tempfile
 
 import pyarrow.fs
@@ -247,6 +248,23 @@ def test_a_seed_draws_the_same_configurations_in_a_fused_sweep_as_in_a_plain_one
     space = {"lr": tune.loguniform(1e-4, 1e-1), "optimizer": tune.choice(["adam", "sgd"]), "width": tune.grid_search(grid),
              "depth": tune.randint(1, 4), "dropout": tune.quniform(0.0, 0.5, 0.1), "momentum": 0.9}
     assert ConfigList(space, num_samples, BasicVariantGenerator(random_state=seed)).configs == plain_configs(space, num_samples, seed)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), drawn=st.integers(0, 8))
+def test_a_fused_sweep_of_num_samples_minus_one_draws_without_end_as_tune_does_and_goes_on_after_a_restore(seed, drawn):
+    # Tune reads num_samples=-1 as "until the time budget or a stopper ends the sweep"; its
+    # variant generator itself draws nothing for -1, and the fused sweep ran no configuration
+    space = {"lr": tune.loguniform(1e-4, 1e-1), "width": tune.grid_search([8, 16]), "momentum": 0.9}
+    endless = ConfigList(space, -1, BasicVariantGenerator(random_state=seed))
+    first = [endless.suggest(f"t{i}") for i in range(drawn + 4)]
+    assert first == ConfigList(space, (drawn + 4) // 2 + 1, BasicVariantGenerator(random_state=seed)).configs[:drawn + 4]
+    # restored as Tune restores it: unpickled from tuner.pkl as it was built, then its saved state
+    restored = pickle.loads(pickle.dumps(ConfigList(space, -1, BasicVariantGenerator(random_state=seed))))
+    restored.set_state({"next": drawn})
+    assert [restored.suggest(f"r{i}") for i in range(4)] == first[drawn:]
+    copied = pickle.loads(pickle.dumps(endless))  # mid-draw, with its draws so far
+    assert copied.suggest("next") == endless.suggest("next")
 
 
 def plain_configs(space: dict, num_samples: int, seed: int, **options) -> list[dict]:

@@ -97,7 +97,7 @@ class FusedEngine(SweepEngine):
         if search_alg is None or isinstance(search_alg, BasicVariantGenerator):
             variants = search_alg or BasicVariantGenerator(random_state=self.search_seed)
             inner, num_samples = ConfigList(plan.param_space, tune_config.num_samples, variants), None
-            size = len(inner.configs)
+            size = None if inner.endless else len(inner.configs)
         else:
             inner, num_samples = search_alg, tune_config.num_samples
             size = num_samples if num_samples > 0 else None

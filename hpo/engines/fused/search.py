@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import base64
 import copy
+import itertools
 import json
 import os
+import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,24 +34,49 @@ MEMBERS_KEY = "members"
 class ConfigList(Searcher):
     """Grid and random search for groups: the configurations Tune's own `BasicVariantGenerator`
     starts, in its order (the user's generator, with its seed and `points_to_evaluate`, or a new
-    one seeded with the sweep's seed), so a sweep draws the same configurations fused or not."""
+    one seeded with the sweep's seed), so a sweep draws the same configurations fused or not.
+
+    `num_samples=-1` draws without end, as Tune reads it (until the time budget or a stopper ends
+    the sweep): each configuration as it is asked for, `configs` holding those drawn so far. The
+    whole list was drawn up front, and Tune's generator draws none for -1: such a sweep ran nothing."""
 
     def __init__(self, param_space: Mapping[str, Any], num_samples: int, variants: BasicVariantGenerator):
         super().__init__()
-        variants = copy.deepcopy(variants)  # the user's generator stays unused for another fit
-        self.configs = []
-        with tempfile.TemporaryDirectory() as scratch:  # Tune's experiment makes a folder of its own
-            spec = {"run": _configuration, "config": dict(param_space), "num_samples": num_samples, "storage_path": scratch}
-            variants.add_configurations({"configurations": spec})
-            while (trial := variants.next_trial()) is not None:
-                self.configs.append(trial.config)
-                variants.on_trial_complete(trial.trial_id)  # its max_concurrent counts live trials
+        self.param_space, self.num_samples = dict(param_space), num_samples
+        self.variants = copy.deepcopy(variants)  # the user's generator stays unused for another fit
+        self.configs = [] if self.endless else list(self._draws())
         self.next = 0
+        self._source: Iterator[dict[str, Any]] | None = None  # an endless list's draws, once asked for
+
+    @property
+    def endless(self) -> bool:
+        return self.num_samples < 0
+
+    def _draws(self) -> Iterator[dict[str, Any]]:
+        """The configurations a fresh copy of the generator starts, in order."""
+        variants = copy.deepcopy(self.variants)
+        with tempfile.TemporaryDirectory() as scratch:  # Tune's experiment makes a folder of its own
+            samples = sys.maxsize if self.endless else self.num_samples  # as tune.run reads -1
+            spec = {"run": _configuration, "config": self.param_space, "num_samples": samples, "storage_path": scratch}
+            variants.add_configurations({"configurations": spec})
+        while (trial := variants.next_trial()) is not None:
+            variants.on_trial_complete(trial.trial_id)  # its max_concurrent counts live trials
+            yield trial.config
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Tune pickles its searcher, and a generator does not pickle: a restored endless list
+        draws again, past the configurations it had drawn (the same ones, with a seed)."""
+        return {**self.__dict__, "_source": None}
 
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
         return True
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        if self.endless:  # drawn as asked for; once restored, past those drawn before (`next`)
+            if self._source is None:
+                self._source = itertools.islice(self._draws(), len(self.configs), None)
+            while self.next >= len(self.configs):
+                self.configs.append(next(self._source))
         if self.next >= len(self.configs):
             return Searcher.FINISHED
         self.next += 1
