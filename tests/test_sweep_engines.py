@@ -267,6 +267,17 @@ def test_a_fused_sweep_of_num_samples_minus_one_draws_without_end_as_tune_does_a
     assert copied.suggest("next") == endless.suggest("next")
 
 
+def test_a_fused_sweep_of_num_samples_minus_one_draws_from_the_users_searcher_until_it_finishes(tmp_path):
+    # the group searcher read -1 as a count reached before the first draw: the sweep ran nothing
+    endless = tune.TuneConfig(metric="val_loss", mode="min", num_samples=-1, search_alg=OptunaSearch(seed=0))
+    space = {"lr": tune.loguniform(1e-3, 1e-1), "width": 16}
+    engine = FusedEngine(SweepPlan(mlp_digits, {"cpu": 1}, space, endless, 2), FusionConfig(max_members=2))
+    sweep = engine.build(tmp_path, members_per_group=2, slots=1)
+    assert sweep.configurations is None, "how many configurations the sweep trains is not known"
+    groups = [sweep.search_alg.suggest(f"g{i}")[MEMBERS_KEY] for i in range(3)]
+    assert [len(members) for members in groups] == [2, 2, 2]
+
+
 def plain_configs(space: dict, num_samples: int, seed: int, **options) -> list[dict]:
     """The configurations Tune's own variant generator starts for an unfused sweep."""
     plain = BasicVariantGenerator(random_state=seed, **options)
