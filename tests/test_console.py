@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import warnings
 
 import pandas as pd
@@ -81,6 +82,15 @@ def test_get_best_result_takes_tunes_scope(tmp_path):
     assert result.get_best_result(scope="all").metrics["trial_id"] == "spiky"  # its best value, 0.1
     assert result.get_best_result(scope="avg").metrics["trial_id"] == "steady"  # 0.5 against 0.6 and 0.73
     assert result.get_best_result("loss", "max", scope="last-5-avg").metrics["trial_id"] == "late"
+
+
+def test_get_best_result_ranks_an_infinite_value_only_when_tunes_filter_nan_and_inf_is_off(tmp_path):
+    result = sweep_result(tmp_path, {"fine": [0.5, 0.3], "diverged": [0.4, -math.inf], "nan": [0.2, math.nan]})
+    assert result.get_best_result().metrics["trial_id"] == "fine"
+    assert result.get_best_result(filter_nan_and_inf=True).metrics["trial_id"] == "fine"
+    assert result.get_best_result(filter_nan_and_inf=False).metrics["trial_id"] == "diverged"
+    assert result.get_best_result(mode="max", filter_nan_and_inf=False).metrics["trial_id"] == "fine"
+    assert result.get_best_result(scope="all", filter_nan_and_inf=False).metrics["trial_id"] == "diverged"
 
 
 def test_get_dataframe_filters_each_trial_to_its_best_result_as_result_grid_does(tmp_path):

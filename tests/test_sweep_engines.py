@@ -5,6 +5,7 @@ the result."""
 from __future__ import annotations
 
 import math
+import pickle
 import tempfile
 
 import pyarrow.fs
@@ -12,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ray import tune
-from ray.tune.search import BasicVariantGenerator
+from ray.tune.search import BasicVariantGenerator, SearchGenerator, Searcher
+from ray.tune.search.optuna import OptunaSearch
 
 from examples.mlp_digits import workload as mlp_digits
 from hpo.base.actor_names import NAMESPACE, broker_name
@@ -22,7 +24,8 @@ from hpo.engines.bubbles.engine import BubbleEngine
 from hpo.engines.bubbles.relay_trial import FusionCallback
 from hpo.engines.fused.engine import FusedEngine
 from hpo.engines.fused.scheduler import GroupScheduler
-from hpo.engines.fused.search import ConfigList, GroupSearcher
+from hpo.engines.fused.members import MemberBook
+from hpo.engines.fused.search import MEMBERS_KEY, ConfigList, GroupSearcher
 from hpo.engines.plain import FunctionEngine, WorkloadEngine
 from hpo.engines.scaled import ScaledEngine
 from hpo.reporting.dashboard_actor import ControllerCallback
@@ -123,6 +126,35 @@ def test_a_function_trainable_keeps_the_checkpoints_and_the_stop_its_run_config_
     assert run.run_config.stop is None and not run.tune_config.reuse_actors
 
 
+class SavingCounter(tune.Trainable):
+    """A Tune user's class trainable that saves and restores its state."""
+
+    def step(self):
+        return {"val_loss": 0.0}
+
+    def save_checkpoint(self, checkpoint_dir):
+        return {"val_loss": 0.0}
+
+    def load_checkpoint(self, checkpoint):
+        pass
+
+
+def test_a_class_that_saves_itself_is_checkpointed_as_the_policy_says_unless_its_run_config_says_otherwise(tmp_path):
+    def train(config):
+        tune.report({"val_loss": 0.0})
+
+    def checkpoints(trainable, run_config=tune.RunConfig()):
+        engine = FunctionEngine(plan(trainable, checkpoint=CheckpointPolicy(every=3, at_end=False)))
+        config = engine.start(tmp_path, CONFIG, run_config).run_config.checkpoint_config
+        return config.checkpoint_frequency, config.checkpoint_at_end
+
+    assert checkpoints(SavingCounter) == (3, False)
+    own = tune.RunConfig(checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=5))
+    assert checkpoints(SavingCounter, own) == (5, None), "the user's own Tune setting wins"
+    # Tune refuses checkpoint settings for a function, and calls a class that cannot save only to fail
+    assert checkpoints(train) == checkpoints(Counter) == (0, None)
+
+
 class Counter(tune.Trainable):
     """A Tune user's class trainable, written without `reset_config`."""
 
@@ -218,6 +250,34 @@ def test_a_seed_draws_the_same_configurations_in_a_fused_sweep_as_in_a_plain_one
     assert ConfigList(space, num_samples, BasicVariantGenerator(random_state=seed)).configs == plain_configs(space, num_samples, seed)
 
 
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), drawn=st.integers(0, 8))
+def test_a_fused_sweep_of_num_samples_minus_one_draws_without_end_as_tune_does_and_goes_on_after_a_restore(seed, drawn):
+    # Tune reads num_samples=-1 as "until the time budget or a stopper ends the sweep"; its
+    # variant generator itself draws nothing for -1, and the fused sweep ran no configuration
+    space = {"lr": tune.loguniform(1e-4, 1e-1), "width": tune.grid_search([8, 16]), "momentum": 0.9}
+    endless = ConfigList(space, -1, BasicVariantGenerator(random_state=seed))
+    first = [endless.suggest(f"t{i}") for i in range(drawn + 4)]
+    assert first == ConfigList(space, (drawn + 4) // 2 + 1, BasicVariantGenerator(random_state=seed)).configs[:drawn + 4]
+    # restored as Tune restores it: unpickled from tuner.pkl as it was built, then its saved state
+    restored = pickle.loads(pickle.dumps(ConfigList(space, -1, BasicVariantGenerator(random_state=seed))))
+    restored.set_state({"next": drawn})
+    assert [restored.suggest(f"r{i}") for i in range(4)] == first[drawn:]
+    copied = pickle.loads(pickle.dumps(endless))  # mid-draw, with its draws so far
+    assert copied.suggest("next") == endless.suggest("next")
+
+
+def test_a_fused_sweep_of_num_samples_minus_one_draws_from_the_users_searcher_until_it_finishes(tmp_path):
+    # the group searcher read -1 as a count reached before the first draw: the sweep ran nothing
+    endless = tune.TuneConfig(metric="val_loss", mode="min", num_samples=-1, search_alg=OptunaSearch(seed=0))
+    space = {"lr": tune.loguniform(1e-3, 1e-1), "width": 16}
+    engine = FusedEngine(SweepPlan(mlp_digits, {"cpu": 1}, space, endless, 2), FusionConfig(max_members=2))
+    sweep = engine.build(tmp_path, members_per_group=2, slots=1)
+    assert sweep.configurations is None, "how many configurations the sweep trains is not known"
+    groups = [sweep.search_alg.suggest(f"g{i}")[MEMBERS_KEY] for i in range(3)]
+    assert [len(members) for members in groups] == [2, 2, 2]
+
+
 def plain_configs(space: dict, num_samples: int, seed: int, **options) -> list[dict]:
     """The configurations Tune's own variant generator starts for an unfused sweep."""
     plain = BasicVariantGenerator(random_state=seed, **options)
@@ -241,6 +301,26 @@ def test_a_fused_sweep_starts_with_the_points_to_evaluate_of_the_users_variant_g
     assert configs[0] == first[0] and configs[1]["lr"] == 0.25 and len(configs) == 4
     assert configs == plain_configs(space, 4, 7, points_to_evaluate=first)  # unlimited
     assert ConfigList(space, 4, user).configs == configs, "the user's generator was used up by the first list"
+
+
+def test_a_fused_sweeps_searcher_draws_what_tune_draws_with_the_constants_nested_beside_its_suggestions(tmp_path):
+    # Tune deep-merges a suggestion into the space: the fixed `eps` beside the searched `beta` is
+    # in every trial's config; the fused engine dropped it, so a member trained without it
+    space = {"lr": tune.loguniform(1e-4, 1e-1), "width": 16, "opt": {"beta": tune.uniform(0.8, 0.99), "eps": 1e-8}}
+    searcher = GroupSearcher(OptunaSearch(seed=5), space, 3, lambda config: 0, MemberBook(tmp_path, "digits"), 3,
+                             "val_loss", "min")
+    members = searcher.suggest("group")[MEMBERS_KEY]
+    assert members == searched_configs(OptunaSearch(seed=5), space, 3)
+    assert [m["opt"]["eps"] for m in members] == [1e-8] * 3 and all(m["width"] == 16 for m in members)
+
+
+def searched_configs(searcher: Searcher, space: dict, num_samples: int) -> list[dict]:
+    """The configurations Tune starts for an unfused sweep whose `searcher` suggests them."""
+    searcher.set_search_properties("val_loss", "min", space)
+    generator = SearchGenerator(searcher)
+    with tempfile.TemporaryDirectory() as storage:
+        generator.add_configurations({"sweep": {"run": _noop, "config": space, "num_samples": num_samples, "storage_path": storage}})
+        return [generator.next_trial().config for _ in range(num_samples)]
 
 
 def test_a_bubble_engine_starts_the_broker_and_gives_tune_one_relay_per_configuration(tmp_path, ray_local):

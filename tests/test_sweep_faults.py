@@ -128,3 +128,40 @@ def test_a_failure_repeated_before_the_first_report_is_not_retried_and_the_conso
     assert "site-packages/ray" not in err and "Trial task failed" not in err, "Ray's frames stay in error.txt"
     assert "failed again with the same error (attempt 2): KeyError: 'channels'; not retried" in err, err
     assert err.rstrip().splitlines()[-1].startswith("error: 1 of 3 trials errored; first: KeyError: 'channels'"), err
+
+
+class CrashingCounter(tune.Trainable):
+    """A Tune user's class trainable that saves its state: it crashes once, at its third iteration,
+    and logs the iteration each restore goes on from."""
+
+    def setup(self, config):
+        self.steps, self.log = 0, Path(config["log"])
+
+    def step(self):
+        self.steps += 1
+        marker = self.log.with_suffix(".crashed")
+        if self.steps == 3 and not marker.exists():
+            marker.touch()
+            raise RuntimeError("crashed")
+        return {"loss": 1.0 / self.steps}
+
+    def save_checkpoint(self, checkpoint_dir):
+        Path(checkpoint_dir, "iteration").write_text(str(self.steps))
+
+    def load_checkpoint(self, checkpoint_dir):
+        self.steps = int(Path(checkpoint_dir, "iteration").read_text())
+        with self.log.open("a") as log:
+            log.write(f"{self.steps}\n")
+
+
+def test_a_class_trainables_crash_costs_at_most_the_checkpoint_interval_as_a_workloads_does(tmp_path):
+    # the checkpoint policy reached only Workloads: a class trainable was never saved, and its
+    # crashed trial began again from its first iteration
+    log = tmp_path / "restores.log"
+    result = hpo.run(CrashingCounter, config={"log": str(log)}, metric="loss", mode="min", stop={"training_iteration": 4},
+                     max_failures=1, checkpoint={"every": EVERY}, storage_path=str(tmp_path), name="class", verbose=0)
+    restores = log.read_text().split() if log.exists() else []
+    assert restores == ["2"], "restored from its iteration-2 checkpoint, one iteration lost"
+    (trial,) = result
+    assert trial.metrics["training_iteration"] == 4 and trial.error is None
+    assert Path(trial.checkpoint.path, "iteration").read_text() == "4", "and saved at its end"

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -235,3 +236,50 @@ def test_a_sweep_whose_time_budget_ran_out_is_not_interrupted_and_says_what_it_l
     assert unreported >= 4 and result.extras["time_budget_s"] == (  # the limiter never made some: they have no row
         f"4 s ran out: of 8 trials, {cut} were cut short and {unreported} never reported "
         "(their rows, where Tune made one, say early_stopped)")
+
+
+def interrupting_trial(config):
+    """Records its start; the trial of `x == 1` stops the driver (Ctrl-C) once, at its first start,
+    and waits there for Tune to end it."""
+    with open(config["log"], "a") as log:
+        log.write(f"{tune.get_context().get_trial_id()}\n")
+    marker = Path(config["log"]).with_suffix(".interrupted")
+    if config["x"] == 1 and not marker.exists():
+        marker.touch()
+        os.kill(config["driver"], signal.SIGINT)
+        threading.Event().wait()
+    tune.report({"loss": float(config["x"])})
+
+
+def test_hpo_run_with_resume_continues_the_stored_run_as_tune_run_resume_does(ray_local, tmp_path):
+    # tune.run(..., resume=True) continues the experiment of `name`; hpo.run refused the argument,
+    # and a second hpo.run started a new run folder that trained every trial again
+    log = tmp_path / "starts.log"
+    sweep = dict(config={"x": tune.grid_search([0, 1, 2]), "log": str(log), "driver": os.getpid()}, metric="loss",
+                 mode="min", storage_path=str(tmp_path), name="stopped", max_concurrent_trials=1, verbose=0)
+    with pytest.raises(ValueError, match=rf"resume=True: nothing to resume at {re.escape(str(tmp_path / 'stopped'))}$"):
+        hpo.run(interrupting_trial, resume=True, **sweep)
+    stopped = hpo.run(interrupting_trial, **sweep)
+    assert stopped.interrupted
+    finished = {r.metrics["trial_id"] for r in stopped if r.metrics.get("done")}
+    assert len(finished) == 1
+
+    resumed = hpo.run(interrupting_trial, resume=True, **sweep)
+    assert not resumed.interrupted and Path(resumed.experiment_path) == tmp_path / "stopped"
+    rows = pd.read_csv(tmp_path / "stopped" / "results.csv")
+    assert sorted(rows["config/x"]) == [0, 1, 2] and (rows["status"] == "completed").all(), rows
+    starts = log.read_text().split()
+    assert all(starts.count(trial) == 1 for trial in finished), "a finished trial ran again"
+    assert not (tmp_path / "stopped-2").exists()
+    with pytest.raises(ValueError, match="resume must be True, False or 'AUTO', got 'LOCAL'"):
+        hpo.run(interrupting_trial, resume="LOCAL", **sweep)
+
+
+def test_hpo_run_with_resume_auto_starts_the_sweep_where_none_is_stored(ray_local, tmp_path):
+    sweep = dict(config={"x": tune.grid_search([0, 2]), "log": str(tmp_path / "starts.log"), "driver": os.getpid()},
+                 metric="loss", mode="min", storage_path=str(tmp_path), name="auto", verbose=0, resume="AUTO")
+    first = hpo.run(interrupting_trial, **sweep)
+    assert Path(first.experiment_path) == tmp_path / "auto" and len(first) == 2
+    again = hpo.run(interrupting_trial, **sweep)
+    assert Path(again.experiment_path) == tmp_path / "auto" and len(again) == 2
+    assert len((tmp_path / "starts.log").read_text().split()) == 2, "the finished run's trials ran again"

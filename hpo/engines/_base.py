@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ray import tune
+from ray.tune.search.sample import Domain
 
 from hpo.config.spec import CheckpointPolicy
 
@@ -90,3 +91,17 @@ def workload_tune_config(tune_config: tune.TuneConfig) -> tune.TuneConfig:
 def workload_run_config(run_config: tune.RunConfig, max_iterations: int) -> tune.RunConfig:
     """A `Workload` trains until `max_iterations` unless the run config says when to stop."""
     return run_config if run_config.stop is not None else replace(run_config, stop={"training_iteration": max_iterations})
+
+
+def space_constants(space: Mapping[str, Any]) -> dict[str, Any]:
+    """What a search space fixes, at every depth: `space` without its Tune domains and grid searches.
+
+    Tune deep-merges a searcher's suggestion into the space, so a constant inside a nested dict
+    (`{"opt": {"lr": tune.uniform(...), "wd": 0.1}}`) reaches the trial beside the suggested value;
+    an engine that builds configs itself merges these the same way."""
+    fixed: dict[str, Any] = {}
+    for key, value in space.items():
+        if isinstance(value, Domain) or (isinstance(value, Mapping) and "grid_search" in value):
+            continue
+        fixed[key] = space_constants(value) if isinstance(value, Mapping) else value
+    return fixed

@@ -13,6 +13,7 @@ from typing import Any
 
 from ray import tune
 from ray.tune.schedulers import FIFOScheduler
+from ray.tune.trainable import FunctionTrainable
 
 from hpo.base.checkpointing import checkpoints_to_keep
 from hpo.engines._base import SweepEngine, SweepPlan, TuneRun, workload_run_config, workload_tune_config
@@ -21,7 +22,9 @@ from hpo.reporting.sweep_result import SweepResult
 
 
 class FunctionEngine(SweepEngine):
-    """A function trainable, one Tune trial per configuration: it checkpoints as it likes."""
+    """A function or `tune.Trainable` class, one Tune trial per configuration: a function
+    checkpoints as it likes (`tune.report(..., checkpoint=...)`), a class that saves its state
+    as the sweep's checkpoint policy says."""
 
     def __init__(self, plan: SweepPlan):
         self.plan = plan
@@ -50,10 +53,25 @@ class FunctionEngine(SweepEngine):
         return tune_config
 
     def _run_config(self, experiment: Path, run_config: tune.RunConfig) -> tune.RunConfig:
+        run_config = self._checkpointing(run_config)
         if not self.plan.metric:
             return run_config
         callback = results_file_callback(experiment, self.plan.metric, self.plan.mode, self.plan.iterations)
         return replace(run_config, callbacks=[*(run_config.callbacks or []), callback])
+
+    def _checkpointing(self, run_config: tune.RunConfig) -> tune.RunConfig:
+        """A `tune.Trainable` class with its own `save_checkpoint` is saved every `checkpoint.every`
+        iterations and at its end, through Tune's own checkpoint settings, so a crash costs it
+        what it costs a `Workload`'s trial: the policy was ignored, and a crashed trial of such a
+        class began again from its first iteration. A checkpoint frequency or end the run config
+        already sets wins; a function, which Tune cannot checkpoint, is left as it is."""
+        checkpoints = run_config.checkpoint_config
+        if not _saves_itself(_trainable_class(self.plan.trainable)) or checkpoints.checkpoint_frequency \
+                or checkpoints.checkpoint_at_end is not None:
+            return run_config
+        policy = self.plan.checkpoint
+        return replace(run_config, checkpoint_config=replace(
+            checkpoints, checkpoint_frequency=policy.every, checkpoint_at_end=policy.at_end))
 
     def result(self, grid: tune.ResultGrid) -> SweepResult:
         return SweepResult(grid, self.plan.metric or "", self.plan.mode, self.plan.iterations)
@@ -97,9 +115,23 @@ def _trainable_class(trainable: Any) -> Any:
 def _resets_itself(trainable: Any) -> bool:
     """Whether a trial of `trainable` can take the next trial's config in its process: a function
     (Tune's wrapper resets it), or a `tune.Trainable` class that overrides `reset_config`."""
-    if isinstance(trainable, type) and issubclass(trainable, tune.Trainable):
-        return trainable.reset_config is not tune.Trainable.reset_config
-    return True
+    return not _is_trainable_class(trainable) or _overrides(trainable, "reset_config")
+
+
+def _saves_itself(trainable: Any) -> bool:
+    """Whether Tune checkpoints a trial of `trainable` by its settings: a `tune.Trainable` class,
+    not Tune's wrapper of a function, that overrides `save_checkpoint` (Tune's own raises)."""
+    return (_is_trainable_class(trainable) and not issubclass(trainable, FunctionTrainable)
+            and _overrides(trainable, "save_checkpoint"))
+
+
+def _is_trainable_class(trainable: Any) -> bool:
+    return isinstance(trainable, type) and issubclass(trainable, tune.Trainable)
+
+
+def _overrides(trainable: type, method: str) -> bool:
+    """Whether a `tune.Trainable` class has its own `method`, not the base class's."""
+    return getattr(trainable, method) is not getattr(tune.Trainable, method)
 
 
 def function_iterations(tune_config: tune.TuneConfig, run_config: tune.RunConfig, max_iterations: int) -> int | None:

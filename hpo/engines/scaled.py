@@ -16,7 +16,7 @@ from typing import Any
 
 from hpo.base.exceptions import describe_exception
 from hpo.base.workload import Workload
-from hpo.engines._base import SweepEngine, SweepPlan, TuneRun
+from hpo.engines._base import SweepEngine, SweepPlan, TuneRun, space_constants
 from hpo.reporting.results_files import error_line
 from hpo.reporting.sweep_result import SweepResult
 from hpo.scaling import (
@@ -37,15 +37,6 @@ def as_scaling_config(scaling: ScalingConfig | Mapping[str, Any]) -> ScalingConf
     return scaling if isinstance(scaling, ScalingConfig) else ScalingConfig.model_validate(dict(scaling))
 
 
-def constant_keys(param_space: Mapping[str, Any]) -> dict[str, Any]:
-    """The search space's fixed values (no Tune domain, no grid): what every proxy is built with."""
-    return {
-        key: value
-        for key, value in param_space.items()
-        if not hasattr(value, "sampler") and not (isinstance(value, dict) and "grid_search" in value)
-    }
-
-
 def build_proxy(workload: Workload, scaling: ScalingConfig, param_space: Mapping[str, Any], plot_dir: Path) -> Workload:
     """The proxy workload; with `coord_check`, only after the coordinate check of every scaled
     dimension (width: muP's; depth: CompleteP's) passes."""
@@ -53,7 +44,7 @@ def build_proxy(workload: Workload, scaling: ScalingConfig, param_space: Mapping
         raise ScalingError(f"scaling.target_depth: {problem}")
     if searched := scaling.searched_size_problems(param_space, workload.depth_key):
         raise ScalingError(next(iter(searched.values())))
-    constants = constant_keys(param_space)
+    constants = space_constants(param_space)  # what every proxy is built with
     proxy = proxy_workload(workload, scaling, config=constants)
     if scaling.coord_check:
         plot_dir.mkdir(parents=True, exist_ok=True)

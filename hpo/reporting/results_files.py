@@ -159,12 +159,15 @@ def rows_frame(rows: Sequence[Mapping[str, Any]], metric: str, mode: str) -> pd.
     return frame.reset_index(drop=True)
 
 
-def scoped_value(values: Sequence[Any], scope: str, mode: str) -> float | None:
+def scoped_value(values: Sequence[Any], scope: str, mode: str, filter_nan_and_inf: bool = True) -> float | None:
     """One trial's measure from its reported values, in order, by `scope` (see `SCOPES`); the
-    values that are not finite numbers are left out; None when none is."""
+    values that are not finite numbers are left out (infinities are kept without
+    `filter_nan_and_inf`, as `ResultGrid.get_best_result` keeps them; NaN ranks nowhere); None
+    when none is left."""
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
-    finite = [float(v) for v in values if is_number(v) and math.isfinite(v)]
+    finite = [float(v) for v in values
+              if is_number(v) and (math.isfinite(v) if filter_nan_and_inf else not math.isnan(v))]
     if not finite:
         return None
     if scope == "last":
@@ -184,15 +187,17 @@ def history_of(record: TrialRecord, metric: str) -> list[Any]:
 
 
 def best_record(
-    records: Sequence[TrialRecord], metric: str, mode: str, max_iterations: int | None, scope: str = "last"
+    records: Sequence[TrialRecord], metric: str, mode: str, max_iterations: int | None, scope: str = "last",
+    filter_nan_and_inf: bool = True,
 ) -> TrialRecord | None:
-    """The best finished trial by `metric` (by default its last reported value; see `SCOPES`);
-    errored, diverged, running and metric-less trials never qualify."""
+    """The best finished trial by `metric` (by default its last reported value; see `SCOPES` and
+    `scoped_value`); errored, diverged, running and metric-less trials never qualify."""
     candidates = []
     for record in records:
         if status_of(record, max_iterations) not in FINISHED:
             continue
-        value = scoped_value(history_of(record, metric) if scope != "last" else [metric_value(record.metrics, metric)], scope, mode)
+        values = history_of(record, metric) if scope != "last" else [metric_value(record.metrics, metric)]
+        value = scoped_value(values, scope, mode, filter_nan_and_inf)
         if value is not None:
             candidates.append((value, record))
     if not candidates:

@@ -147,11 +147,15 @@ class SweepResult:
     def num_terminated(self) -> int:
         return sum(1 for record in self.records if not record.error and not record.running)
 
-    def get_best_result(self, metric: str | None = None, mode: str | None = None, scope: str = "last") -> Any:
+    def get_best_result(
+        self, metric: str | None = None, mode: str | None = None, scope: str = "last", filter_nan_and_inf: bool = True,
+    ) -> Any:
         """The `ray.tune.Result` of the best finished trial, as `ResultGrid.get_best_result`: by its
         last reported metric, or by `scope` ('avg', 'last-5-avg', 'last-10-avg', or 'all': its best
-        value). Errored and unfinished trials never count; RuntimeError when no trial qualifies."""
-        best = best_record(self.records, metric or self.metric, mode or self.mode, self.max_iterations, scope)
+        value); an infinite value ranks only with `filter_nan_and_inf=False`, a NaN never. Errored
+        and unfinished trials never count; RuntimeError when no trial qualifies."""
+        best = best_record(self.records, metric or self.metric, mode or self.mode, self.max_iterations, scope,
+                           filter_nan_and_inf)
         if best is None:
             raise RuntimeError(f"no finished trial reported {metric or self.metric!r}")
         return best.history

@@ -29,6 +29,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler
 from ray.tune.search import BasicVariantGenerator, Searcher
 from ray.tune.stopper import Stopper
 
+from hpo.tuner.run_folders import latest_run
 from hpo.tuner.tuner import Trainable, Tuner, grid_size
 from hpo.base.checkpointing import KEEP_NEWEST
 from hpo.config.logging_spec import as_logging_spec
@@ -188,6 +189,7 @@ def run(
     reuse_actors: bool | None = None,
     logging: Mapping[str, Any] | None = None,
     verbose: int = 2,
+    resume: bool | str = False,
 ) -> SweepResult:
     """`tune.run`'s common arguments, returning a `SweepResult`.
 
@@ -199,6 +201,11 @@ function, a `Workload`, a `tune.Trainable` class with its own `reset_config`) un
     {"tracking_uri": ...}, "wandb": {"project": ..., "mode": "offline"}}`): Tune's own logger
     callbacks, added to `callbacks`.
 
+    `resume=True` continues the newest stored run of `name` under `storage_path`, as `hpo run FILE
+    --resume` does (finished trials are kept, unfinished and errored ones run again); `"AUTO"`, as
+    in `tune.run`, continues it where there is one and starts the sweep otherwise. Without it a
+    name already on disk gets a new run folder (`name-2`).
+
     It prints what `hpo run` prints, by Tune's `verbose` levels: 0 nothing, 1 the report at the end
     (table, best configuration, files, what went wrong) and each failed trial's own frames, 2 (the
     default) also a line per finished trial and, on a terminal, a live status line, 3 also a line
@@ -206,6 +213,8 @@ function, a `Workload`, a `tune.Trainable` class with its own `reset_config`) un
     """
     if verbose not in (0, 1, 2, 3):
         raise ValueError(f"verbose must be 0, 1, 2 or 3 (as Tune's), got {verbose!r}")
+    if resume not in (False, True, "AUTO"):
+        raise ValueError(f"resume must be True, False or 'AUTO', got {resume!r}")
     console = [TrialErrorCallback(verbose=verbose)]
     if metric:
         console.insert(0, ProgressCallback(metric, mode or "min", trial_total(config, num_samples, search_alg), verbose=verbose))
@@ -232,15 +241,18 @@ function, a `Workload`, a `tune.Trainable` class with its own `reset_config`) un
         fusion=fusion,
         checkpoint=checkpoint,
     )
+    stored = latest_run(tuner.storage, tuner.name) if resume else None
+    if resume is True and stored is None:
+        raise ValueError(f"resume=True: nothing to resume at {tuner.storage / tuner.name}")
     restore = quiet_tune()
     quiet_ray_on_workers("WARNING" if verbose < 3 else None)
     try:
-        result = tuner.fit()
+        result = tuner.resume(str(stored)) if stored is not None else tuner.fit()
     finally:
         quiet_ray_on_workers(None)
         restore()
     if verbose >= 1 and metric:
-        report(result, f"hpo.Tuner(...).resume({str(tuner.run_path)!r}) with the same arguments")
+        report(result, "hpo.run(...) with the same arguments and resume=True")
     return result
 
 

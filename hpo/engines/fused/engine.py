@@ -97,10 +97,10 @@ class FusedEngine(SweepEngine):
         if search_alg is None or isinstance(search_alg, BasicVariantGenerator):
             variants = search_alg or BasicVariantGenerator(random_state=self.search_seed)
             inner, num_samples = ConfigList(plan.param_space, tune_config.num_samples, variants), None
-            size = len(inner.configs)
-        else:
-            inner, num_samples = search_alg, tune_config.num_samples
-            size = num_samples if num_samples > 0 else None
+            size = None if inner.endless else len(inner.configs)
+        else:  # num_samples=-1: until the searcher finishes or the sweep is stopped, as Tune reads it
+            inner = search_alg
+            num_samples = size = tune_config.num_samples if tune_config.num_samples >= 0 else None
         measured, why = members_per_group, ""
         if size and math.ceil(size / slots) < members_per_group:
             members_per_group = max(1, math.ceil(size / slots))

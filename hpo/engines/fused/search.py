@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import base64
 import copy
+import itertools
 import json
 import os
+import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ray.tune.search import BasicVariantGenerator, Searcher
+from ray.tune.utils.util import merge_dicts
 
+from hpo.engines._base import space_constants
 from hpo.engines.fused.members import MemberBook, member_ids
 
 #: The key of a group trial's config that lists its members' configs.
@@ -30,24 +34,49 @@ MEMBERS_KEY = "members"
 class ConfigList(Searcher):
     """Grid and random search for groups: the configurations Tune's own `BasicVariantGenerator`
     starts, in its order (the user's generator, with its seed and `points_to_evaluate`, or a new
-    one seeded with the sweep's seed), so a sweep draws the same configurations fused or not."""
+    one seeded with the sweep's seed), so a sweep draws the same configurations fused or not.
+
+    `num_samples=-1` draws without end, as Tune reads it (until the time budget or a stopper ends
+    the sweep): each configuration as it is asked for, `configs` holding those drawn so far. The
+    whole list was drawn up front, and Tune's generator draws none for -1: such a sweep ran nothing."""
 
     def __init__(self, param_space: Mapping[str, Any], num_samples: int, variants: BasicVariantGenerator):
         super().__init__()
-        variants = copy.deepcopy(variants)  # the user's generator stays unused for another fit
-        self.configs = []
-        with tempfile.TemporaryDirectory() as scratch:  # Tune's experiment makes a folder of its own
-            spec = {"run": _configuration, "config": dict(param_space), "num_samples": num_samples, "storage_path": scratch}
-            variants.add_configurations({"configurations": spec})
-            while (trial := variants.next_trial()) is not None:
-                self.configs.append(trial.config)
-                variants.on_trial_complete(trial.trial_id)  # its max_concurrent counts live trials
+        self.param_space, self.num_samples = dict(param_space), num_samples
+        self.variants = copy.deepcopy(variants)  # the user's generator stays unused for another fit
+        self.configs = [] if self.endless else list(self._draws())
         self.next = 0
+        self._source: Iterator[dict[str, Any]] | None = None  # an endless list's draws, once asked for
+
+    @property
+    def endless(self) -> bool:
+        return self.num_samples < 0
+
+    def _draws(self) -> Iterator[dict[str, Any]]:
+        """The configurations a fresh copy of the generator starts, in order."""
+        variants = copy.deepcopy(self.variants)
+        with tempfile.TemporaryDirectory() as scratch:  # Tune's experiment makes a folder of its own
+            samples = sys.maxsize if self.endless else self.num_samples  # as tune.run reads -1
+            spec = {"run": _configuration, "config": self.param_space, "num_samples": samples, "storage_path": scratch}
+            variants.add_configurations({"configurations": spec})
+        while (trial := variants.next_trial()) is not None:
+            variants.on_trial_complete(trial.trial_id)  # its max_concurrent counts live trials
+            yield trial.config
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Tune pickles its searcher, and a generator does not pickle: a restored endless list
+        draws again, past the configurations it had drawn (the same ones, with a seed)."""
+        return {**self.__dict__, "_source": None}
 
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
         return True
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        if self.endless:  # drawn as asked for; once restored, past those drawn before (`next`)
+            if self._source is None:
+                self._source = itertools.islice(self._draws(), len(self.configs), None)
+            while self.next >= len(self.configs):
+                self.configs.append(next(self._source))
         if self.next >= len(self.configs):
             return Searcher.FINISHED
         self.next += 1
@@ -102,10 +131,6 @@ class GroupSearcher(Searcher):
         self.inner.set_search_properties(self._metric, self._mode, self.param_space, **spec)
         return True
 
-    def _constants(self) -> dict[str, Any]:
-        """What the search space fixes: Tune merges it into every searcher suggestion."""
-        return {k: v for k, v in self.param_space.items() if not hasattr(v, "sample") and not _is_grid(v)}
-
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         ids = iter(member_ids(trial_id, self.members_per_group * 4))
         while len(self.waiting) < self.members_per_group and not self.inner_finished:
@@ -122,7 +147,8 @@ class GroupSearcher(Searcher):
                 break  # the inner searcher waits for results (its own concurrency limit)
             else:
                 self.drawn += 1
-                self.waiting.append({"draw_id": draw_id, "config": {**self._constants(), **config}})
+                # what the space fixes, deep-merged under the suggestion as Tune merges it unfused
+                self.waiting.append({"draw_id": draw_id, "config": merge_dicts(space_constants(self.param_space), config)})
         if not self.waiting:
             return Searcher.FINISHED if self.inner_finished else None
         return {MEMBERS_KEY: self._place(trial_id)}
@@ -187,7 +213,3 @@ class GroupSearcher(Searcher):
             with tempfile.TemporaryDirectory() as directory:
                 Path(directory, "inner").write_bytes(base64.b64decode(state["inner"]))
                 self.inner.restore(os.path.join(directory, "inner"))
-
-
-def _is_grid(value: Any) -> bool:
-    return isinstance(value, Mapping) and "grid_search" in value
