@@ -36,7 +36,7 @@ from torch.nn import functional as F
 from fusion.compiled import compile_method
 from fusion.grouping import FUSIBLE_KEYS, check_fusible
 from fusion.model import FusedModel, fuse_models
-from fusion.optim import FusedOptimizer
+from fusion.optim import FusedOptimizer, optimized_names
 from fusion.verification import (
     check_batches,
     check_initial_states,
@@ -130,6 +130,7 @@ class FusedTrainer:
         self.batches = ResumableBatches.of_workload(workload, first)
 
         models = [build_trial_model(workload, config) for config in self.configs]
+        optimized_names(dict(models[0].named_parameters()))  # before the guard: what it refuses, it refuses by name
         multipliers = [workload.lr_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         decay_multipliers = [workload.weight_decay_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         eps_multipliers = [workload.eps_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]

@@ -11,8 +11,9 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
-from fusion import FusedTrainer, FusionError
+from fusion import FusedTrainer, FusionError, fuse_models
 from hpo import DatasetWorkload
+from hpo.base.training import TrialTrainer
 
 CONFIGS = [
     {"optimizer": "adam", "lr": 1e-2, "seed": 0},
@@ -71,6 +72,65 @@ def test_a_model_whose_eval_output_changes_from_call_to_call_is_refused_naming_t
         FusedTrainer(workload(lambda config: Annealed()), CONFIGS)
 
 
+class Doubling(nn.Module):
+    def forward(self, x):
+        return torch.cat([x, x], dim=1)
+
+
+def test_a_model_without_parameters_is_refused_in_one_line():
+    # fuse_models raised StopIteration from FusedModel.num_members
+    with pytest.raises(FusionError, match=r"^the model \(Doubling\) has no parameters or buffers: there is nothing to fuse$"):
+        fuse_models([Doubling(), Doubling()], torch.randn(4, 6))
+    with pytest.raises(FusionError, match=r"^the model has nothing to train: it has no parameters$"):
+        FusedTrainer(workload(lambda config: Doubling()), CONFIGS)
+
+
+def frozen(config):
+    return nn.Sequential(nn.Linear(6, 3)).requires_grad_(False)
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_model_whose_parameters_are_all_frozen_is_refused_saying_there_is_nothing_to_train(verify):
+    # the guard said it "cannot train this group in float64" and that verify: false trains it
+    with pytest.raises(FusionError, match=r"^the model has nothing to train: its 2 parameters are all frozen \(requires_grad=False\)$"):
+        FusedTrainer(workload(frozen), CONFIGS, verify=verify)
+
+
+class ComplexFilter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.filter = nn.Parameter(torch.randn(6, 3, dtype=torch.complex64) * 0.3)
+
+    def forward(self, x):
+        return (x.to(torch.complex64) @ self.filter).abs()
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_complex_parameter_is_refused_naming_it(verify):
+    # verify on: the guard "cannot train this group"; off: NotImplementedError from the first step
+    with pytest.raises(FusionError, match=r"^parameter 'filter' is torch\.complex64, and the fused optimizer steps real parameters only" + ONE_LINE):
+        FusedTrainer(workload(lambda config: ComplexFilter()), CONFIGS, verify=verify)
+
+
+class HalfGate(nn.Module):
+    """A float64 model with a float32 gate (the guard's float64 copy hides the difference)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Parameter(torch.ones(3, dtype=torch.float32))
+        self.fc = nn.Linear(6, 3, dtype=torch.float64)
+
+    def forward(self, x):
+        return self.fc(x) * self.gate.double()
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_parameters_of_two_dtypes_are_refused_naming_both(verify):
+    # a ValueError that named no parameter, after the guard had trained a float64 copy
+    with pytest.raises(FusionError, match=r"^parameter 'fc\.weight' is torch\.float64 but 'gate' is torch\.float32" + ONE_LINE):
+        FusedTrainer(workload(lambda config: HalfGate(), torch.float64), CONFIGS, verify=verify)
+
+
 def factory_defined(config):
     class Net(nn.Module):
         def __init__(self):
@@ -87,3 +147,39 @@ def test_a_class_defined_inside_the_model_factory_is_refused_saying_so():
     # "members differ in layer '<root>': ['Net']": one name, no reason
     with pytest.raises(FusionError, match=r"^members' layer '<root>' are instances of different classes that share the name .*factory_defined\.<locals>\.Net .*define the class once, outside the factory$"):
         FusedTrainer(workload(factory_defined), CONFIGS)
+
+
+@pytest.mark.parametrize("verify", [True, False])
+@pytest.mark.parametrize(
+    "values, key",
+    [
+        ({"beta2": 1.0}, "beta2"),
+        ({"beta1": -0.1}, "beta1"),
+        ({"eps": -1e-8}, "eps"),
+        ({"weight_decay": -0.01}, "weight_decay"),
+        ({"optimizer": "sgd", "momentum": -0.5}, "momentum"),
+        ({"optimizer": "sgd", "momentum": 0.0, "nesterov": True}, "nesterov"),
+    ],
+)
+def test_optimizer_values_torch_optim_refuses_are_refused_alike_fused_and_alone(values, key, verify):
+    # fused, these trained unchecked with verify off (beta2 = 1 divides by zero, a negative decay
+    # grows the weights) and were refused as a group "the differential check cannot train" with it on
+    configs = [{**config, **values} for config in CONFIGS]
+    message = rf"^config key '{key}' " + ONE_LINE
+    with pytest.raises(ValueError, match=message):
+        TrialTrainer(workload(lambda config: nn.Linear(6, 3)), configs[0])
+    with pytest.raises(ValueError, match=message):
+        FusedTrainer(workload(lambda config: nn.Linear(6, 3)), configs, verify=verify)
+
+
+def test_nesterov_with_adam_is_ignored_fused_as_torch_ignores_it_alone():
+    # alone, torch.optim.Adam has no Nesterov and trains; fused, the group was refused
+    configs = [{**config, "nesterov": True} for config in CONFIGS]
+    data = workload(lambda config: nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double(), torch.float64)
+    trainer = FusedTrainer(data, configs)
+    trainer.train_iteration()
+    for index, config in enumerate(configs):
+        alone = TrialTrainer(data, config)
+        alone.train_iteration()
+        for name, tensor in alone.model.state_dict().items():
+            torch.testing.assert_close(trainer.model.member_state_dict(index)[name], tensor, rtol=1e-12, atol=0)
