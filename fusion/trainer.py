@@ -35,6 +35,7 @@ from torch.nn import functional as F
 
 from fusion.compiled import compile_method
 from fusion.grouping import FUSIBLE_KEYS, check_fusible
+from fusion.layers import FusionError
 from fusion.model import FusedModel, fuse_models
 from fusion.optim import FusedOptimizer, optimized_names
 from fusion.verification import (
@@ -209,21 +210,28 @@ class FusedTrainer:
             per_element = F.cross_entropy(output.reshape(-1, classes), targets, reduction="none")
             counted = (target != _IGNORE_INDEX).sum()
             return per_element.view(members, -1).sum(dim=1) / counted
+        losses = None
         if self._vmap_loss:
             try:
-                return vmap(self.workload.loss, in_dims=(0, None))(output, target)
+                losses = vmap(self.workload.loss, in_dims=(0, None))(output, target)
             except Exception:  # a loss vmap cannot batch: one call per member instead
                 self._vmap_loss = False
-        return torch.stack([self.workload.loss(member, target) for member in output])
+        if losses is None:
+            losses = torch.stack([self.workload.loss(member, target) for member in output])
+        # summed for the backward, a per-sample loss would train where alone loss.backward() refuses it
+        return _one_per_member(losses, "loss", "loss.backward()")
 
     def _member_metrics(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        metrics = None
         if self._vmap_metrics:
             try:
-                return vmap(self.workload.batch_metrics, in_dims=(0, None))(output, target)
+                metrics = vmap(self.workload.batch_metrics, in_dims=(0, None))(output, target)
             except Exception:
                 self._vmap_metrics = False
-        per_member = [self.workload.batch_metrics(member, target) for member in output]
-        return {key: torch.stack([m[key] for m in per_member]) for key in per_member[0]}
+        if metrics is None:
+            per_member = [self.workload.batch_metrics(member, target) for member in output]
+            metrics = {key: torch.stack([m[key] for m in per_member]) for key in per_member[0]}
+        return {key: _one_per_member(value, f"metric {key!r}", ".item()") for key, value in metrics.items()}
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step of every member on a shared batch; returns the `[B]` losses (detached)."""
@@ -447,6 +455,18 @@ class FusedTrainer:
         trainer = cls(workload, state["configs"], member_ids=state["member_ids"], **kwargs)
         trainer.load_state_dict(state)
         return trainer
+
+
+def _one_per_member(values: torch.Tensor, what: str, alone: str) -> torch.Tensor:
+    """`values` as `[B]` (the workload's `what` of each member, a one-element tensor each as
+    `alone` takes it too), or a FusionError where the workload gives more than one number per
+    member, which the unfused trainer's `alone` refuses."""
+    if values.dim() > 1 and values[0].numel() != 1:
+        raise FusionError(
+            f"the workload's {what} is a tensor of shape {tuple(values.shape[1:])} for one member's output, not one "
+            f"number: it must reduce the batch (a mean), as the unfused trainer's {alone} needs"
+        )
+    return values.reshape(values.shape[0])
 
 
 def _beside_running_statistics(model: torch.nn.Module) -> frozenset[int]:

@@ -325,7 +325,7 @@ def _train_alone(
     for x, y in data:
         loss = workload.loss(model(x), y)
         optimizer_step(model, optimizer, loss, grad_clip=hp.grad_clip, schedule=schedule)
-        run.losses.append(loss.detach())
+        run.losses.append(loss.detach().reshape(()))  # a one-element loss (`.view(1)`) as the fused member's number
         run.received |= {name for name, p in named if p.grad is not None}
     return run
 

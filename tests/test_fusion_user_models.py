@@ -183,3 +183,43 @@ def test_nesterov_with_adam_is_ignored_fused_as_torch_ignores_it_alone():
         alone.train_iteration()
         for name, tensor in alone.model.state_dict().items():
             torch.testing.assert_close(trainer.model.member_state_dict(index)[name], tensor, rtol=1e-12, atol=0)
+
+
+def linear(config):
+    return nn.Sequential(nn.Linear(6, 3))
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_per_sample_loss_is_refused_as_training_alone_refuses_it(verify):
+    # `reduction="none"`: alone, loss.backward() refuses it; fused, the guard "cannot train this
+    # group ... verify: false trains it unchecked", and unchecked the group summed it and trained
+    # until the iteration's loss sum failed on a shape
+    data = workload(linear)
+    data.loss_fn = lambda output, target: F.cross_entropy(output, target, reduction="none")
+    with pytest.raises(RuntimeError, match="only for scalar outputs"):
+        TrialTrainer(data, CONFIGS[0]).train_iteration()
+    with pytest.raises(FusionError, match=r"^the workload's loss is a tensor of shape \(\d+,\) for one member's output, not one number" + ONE_LINE):
+        FusedTrainer(data, CONFIGS, verify=verify).train_iteration()
+
+
+def test_a_per_sample_metric_is_refused_as_evaluating_alone_refuses_it():
+    # alone, `.item()` refuses it; fused, every member reported a list of numbers as its metric
+    data = workload(linear)
+    data.metric_fns = {"hits": lambda output, target: (output.argmax(-1) == target).float()}
+    with pytest.raises(RuntimeError, match="cannot be converted to Scalar"):
+        TrialTrainer(data, CONFIGS[0]).train_iteration()
+    with pytest.raises(FusionError, match=r"^the workload's metric 'hits' is a tensor of shape \(16,\) for one member's output" + ONE_LINE):
+        FusedTrainer(data, CONFIGS).train_iteration()
+
+
+def test_a_loss_of_one_element_trains_as_alone():
+    # `.view(1)`: alone, backward takes it; fused, the loss sum failed on a broadcast ([B] + [B, 1])
+    data = workload(lambda config: nn.Sequential(nn.Linear(6, 3)).double(), torch.float64)
+    data.loss_fn = lambda output, target: F.cross_entropy(output, target).view(1)
+    trainer = FusedTrainer(data, CONFIGS)
+    fused = trainer.train_iteration()
+    for index, config in enumerate(CONFIGS):
+        alone = TrialTrainer(data, config)
+        assert fused[index]["train_loss"] == pytest.approx(alone.train_iteration()["train_loss"], rel=1e-12)
+        for name, tensor in alone.model.state_dict().items():
+            torch.testing.assert_close(trainer.model.member_state_dict(index)[name], tensor, rtol=1e-12, atol=0)
