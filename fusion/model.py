@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -422,6 +423,12 @@ _LEGACY_REPARAMETRIZATIONS: dict[type, str] = {
 }
 
 
+def _compile_wrapper(module: nn.Module) -> bool:
+    """Whether `module` is what `torch.compile(module)` returns (none exists before dynamo is imported)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
+
+
 def _corresponding(models: Sequence[nn.Module]) -> Iterator[tuple[str, list[nn.Module]]]:
     """(path, [member modules at that path]) for every module, checking the trees match."""
     named = [dict(m.named_modules(remove_duplicate=False)) for m in models]
@@ -432,6 +439,12 @@ def _corresponding(models: Sequence[nn.Module]) -> Iterator[tuple[str, list[nn.M
                 f"layer '{path or '<root>'}' ({type(module).__bases__[0].__name__}) has parametrized tensors "
                 f"{sorted(module.parametrizations.keys())} (torch.nn.utils.parametrize: weight_norm, spectral_norm, "
                 "orthogonal), which fusion does not stack; train these configurations unfused (fusion: {enabled: false})"
+            )
+        if _compile_wrapper(module):  # its compiled code was made for the member's own module
+            raise FusionError(
+                f"layer '{path or '<root>'}' is torch.compile's wrapper (OptimizedModule) of a {type(module._orig_mod).__name__}, "
+                "whose compiled code calls each member's own module, never the fused one; compile in place "
+                "(module.compile()), or let fusion compile the fused step (fusion: {compile: inductor})"
             )
         legacy = next((hook for hook in module._forward_pre_hooks.values() if isinstance(hook, tuple(_LEGACY_REPARAMETRIZATIONS))), None)
         if legacy is not None:  # `weight` is a tensor the hook recomputes: neither a parameter to stack nor one to copy

@@ -223,3 +223,35 @@ def test_a_loss_of_one_element_trains_as_alone():
         assert fused[index]["train_loss"] == pytest.approx(alone.train_iteration()["train_loss"], rel=1e-12)
         for name, tensor in alone.model.state_dict().items():
             torch.testing.assert_close(trainer.model.member_state_dict(index)[name], tensor, rtol=1e-12, atol=0)
+
+
+class CompiledBody(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.compile(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)), backend="eager")
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_a_torch_compile_wrapper_is_refused_saying_to_compile_in_place():
+    # "differs between members in attribute 'dynamo_ctx'", and on the stacked path "it is called a
+    # different number of times at another batch size": the wrapper's code calls the member's own module
+    with pytest.raises(FusionError, match=r"^layer 'body' is torch\.compile's wrapper \(OptimizedModule\) of a Sequential, .*module\.compile\(\)" + ONE_LINE):
+        FusedTrainer(workload(lambda config: CompiledBody()), CONFIGS)
+
+
+def test_a_module_compiled_in_place_trains_as_alone():
+    def model(config):
+        net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+        net.compile(backend="eager")
+        return net
+
+    data = workload(model, torch.float64)
+    trainer = FusedTrainer(data, CONFIGS)
+    trainer.train_iteration()
+    for index, config in enumerate(CONFIGS):
+        alone = TrialTrainer(data, config)
+        alone.train_iteration()
+        for name, tensor in alone.model.state_dict().items():
+            torch.testing.assert_close(trainer.model.member_state_dict(index)[name], tensor, rtol=1e-12, atol=0)
