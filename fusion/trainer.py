@@ -136,6 +136,12 @@ class FusedTrainer:
         decay_multipliers = [workload.weight_decay_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         eps_multipliers = [workload.eps_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         first_batch = self.batches.batch(0)
+        for part, value in zip(("inputs", "targets"), first_batch):
+            if not isinstance(value, torch.Tensor):  # what fusion stacks and folds, and each trainer's evaluation reads
+                raise FusionError(
+                    f"the workload's batches give their {part} as a {type(value).__name__}; a fused group (and the unfused "
+                    "trainer's evaluation) takes each batch as (inputs, targets) of one tensor each"
+                )
         if verify:
             check_shared_batches(workload, self.configs, first_batch)
         witnesses = copy_witnesses(models, choose_witnesses(self.configs, self.hparams)) if verify else {}

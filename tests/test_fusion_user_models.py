@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from fusion import FusedTrainer, FusionError, fuse_models
 from hpo import DatasetWorkload
@@ -255,3 +255,35 @@ def test_a_module_compiled_in_place_trains_as_alone():
         alone.train_iteration()
         for name, tensor in alone.model.state_dict().items():
             torch.testing.assert_close(trainer.model.member_state_dict(index)[name], tensor, rtol=1e-12, atol=0)
+
+
+class TwoViews(Dataset):
+    """Items of two input tensors and a label: ((x, x * 2), y)."""
+
+    def __init__(self):
+        generator = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(32, 6, generator=generator), torch.randint(0, 3, (32,), generator=generator)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, index):
+        return (self.x[index], self.x[index] * 2), self.y[index]
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 3), nn.Linear(6, 3)
+
+    def forward(self, views):
+        return self.a(views[0]) + self.b(views[1])
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_batches_whose_inputs_are_not_one_tensor_are_refused_naming_what_they_are(verify):
+    # "TypeError: equal(): argument 'input' (position 1) must be Tensor, not list" (verify on), or
+    # "'list' object has no attribute 'unsqueeze'" from both fusion paths
+    data = DatasetWorkload(model=lambda config: TwoInputs(), train=TwoViews(), val=TwoViews(), loss=F.cross_entropy, defaults={"batch_size": 8})
+    with pytest.raises(FusionError, match=r"^the workload's batches give their inputs as a list; " + ONE_LINE):
+        FusedTrainer(data, CONFIGS, verify=verify)
