@@ -116,6 +116,8 @@ class FusedOptimizer:
         a few steps, the differential guard's, does not compute hundreds per member)."""
         self.names = optimized_names(params)
         self.params = [params[name] for name in self.names]
+        #: The parameters left out as frozen: one that gets a gradient later is refused (`step`).
+        self._frozen = [(name, param) for name, param in params.items() if not param.requires_grad]
         self.hparams = list(hparams)
         kinds = {hp.optimizer for hp in self.hparams}
         if len(kinds) != 1:
@@ -344,6 +346,14 @@ class FusedOptimizer:
         """One optimizer step for every member, each with its own schedule, clipping and state;
         parameters without a gradient are left as they are (see the module doc)."""
         received = self._gather_gradients()
+        for name, param in self._frozen:
+            if param.grad is not None:  # torch.optim holds it and would step it from here on; the matrices do not
+                raise FusionError(
+                    f"parameter '{name}' was frozen when the group formed and has a gradient at step {max(self.steps) + 1} "
+                    "(requires_grad turned on during training), which the fused optimizer, holding only the parameters "
+                    "trainable at the start, would never apply; unfreeze it in the model factory, or train these "
+                    "configurations unfused (fusion: {enabled: false})"
+                )
         if not any(received):  # the schedule moves on, as LambdaLR's does; no parameter stepped
             self._keep_param_steps()
             self._step_counts += 1

@@ -287,3 +287,29 @@ def test_batches_whose_inputs_are_not_one_tensor_are_refused_naming_what_they_ar
     data = DatasetWorkload(model=lambda config: TwoInputs(), train=TwoViews(), val=TwoViews(), loss=F.cross_entropy, defaults={"batch_size": 8})
     with pytest.raises(FusionError, match=r"^the workload's batches give their inputs as a list; " + ONE_LINE):
         FusedTrainer(data, CONFIGS, verify=verify)
+
+
+class UnfreezesLater(nn.Module):
+    """A frozen backbone that the model unfreezes at its third training call (gradual unfreezing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Linear(6, 8), nn.Tanh()).requires_grad_(False)
+        self.head = nn.Linear(8, 3)
+        self.calls = 0
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == 3:
+                self.backbone.requires_grad_(True)
+        return self.head(self.backbone(x))
+
+
+def test_a_parameter_unfrozen_during_training_is_refused_naming_it_not_left_untrained():
+    # alone, torch.optim holds the frozen backbone and steps it once it has gradients; fused, the
+    # optimizer's matrices held only the head and the backbone never moved (0.25 relative after 6 steps)
+    trainer = FusedTrainer(workload(lambda config: UnfreezesLater()), CONFIGS)
+    trainer.train_iteration()  # steps 1 and 2 (the guard trained a copy, which left this model's count at 0)
+    with pytest.raises(FusionError, match=r"^parameter 'backbone\.0\.weight' was frozen when the group formed and has a gradient at step 3 " + ONE_LINE):
+        trainer.train_iteration()
