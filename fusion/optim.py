@@ -226,6 +226,12 @@ class FusedOptimizer:
         self._member_grads = [view[b].view(-1) for b in range(self.num_members) for view in self.unflat(self._grads_flat)]
         self._skipped, self._zeros = {}, {}
 
+    def replaced_parameters(self) -> list[str]:
+        """The names of the parameters that are no longer views into the parameter matrix: code that
+        gave one new storage (`param.data = ...`) cut it off from every later step."""
+        matrix = self._params_flat.untyped_storage().data_ptr()
+        return [name for name, param in zip(self.names, self.params) if param.untyped_storage().data_ptr() != matrix]
+
     def _width(self, i: int) -> int:
         """Columns of parameter i in the matrix: its size plus the zero padding that aligns the next."""
         return self.offsets[i + 1] - self.offsets[i]

@@ -203,6 +203,13 @@ def verify_fused_training(
         fused_copy.train(training)
         for x, y in data[:steps]:
             fused_losses.append(fused_step(fused_copy, optimizer, x, y).detach())
+        replaced = optimizer.replaced_parameters()
+        if replaced:  # the cause, where comparing would only find the parameter differing
+            raise FusionError(
+                f"parameter '{replaced[0]}' got new storage during training (param.data = ...), so the fused optimizer, "
+                "which steps its own matrix, no longer updates it; assign in place (param.copy_(...) under torch.no_grad()), "
+                "or train these configurations unfused (fusion: {enabled: false})"
+            )
         fused_outputs = _eval_outputs(fused_copy, probe)
         for row, (index, model, hp) in enumerate(zip(indices, alone, own_hparams)):
             start = _float64_copy(model)  # the member before its steps: the rounding-noise runs start here

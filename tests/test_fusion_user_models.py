@@ -313,3 +313,23 @@ def test_a_parameter_unfrozen_during_training_is_refused_naming_it_not_left_untr
     trainer.train_iteration()  # steps 1 and 2 (the guard trained a copy, which left this model's count at 0)
     with pytest.raises(FusionError, match=r"^parameter 'backbone\.0\.weight' was frozen when the group formed and has a gradient at step 3 " + ONE_LINE):
         trainer.train_iteration()
+
+
+class ClipsByReassigning(nn.Module):
+    """Weight clipping written as `weight.data = weight.data.clamp(...)` (WGAN style) in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        if self.training:
+            self.a.weight.data = self.a.weight.data.clamp(-0.3, 0.3)
+        return self.b(torch.tanh(self.a(x)))
+
+
+def test_a_parameter_given_new_storage_in_forward_is_refused_naming_the_cause():
+    # alone, torch.optim steps the parameter whatever its storage; fused, the optimizer steps its
+    # matrix, which the parameter no longer reads: refused only as "member 1's parameter 'a.weight' differs"
+    with pytest.raises(FusionError, match=r"^parameter 'a\.weight' got new storage during training \(param\.data = \.\.\.\)" + ONE_LINE):
+        FusedTrainer(workload(lambda config: ClipsByReassigning()), CONFIGS)
