@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Hashable, Iterator, Mapping, Sequence
@@ -35,7 +36,7 @@ from torch.nn import functional as F
 
 from fusion.compiled import compile_method
 from fusion.grouping import FUSIBLE_KEYS, check_fusible
-from fusion.layers import FusionError
+from fusion.layers import FusionError, describe_error
 from fusion.model import FusedModel, fuse_models
 from fusion.optim import FusedOptimizer, optimized_names
 from fusion.verification import (
@@ -50,6 +51,8 @@ from hpo.base.hparams import OptimHParams
 from hpo.base.training import build_trial_model, iteration_result
 from hpo.base.trial_state import ResumableBatches, load_trial_state, save_trial_state, trial_optimizer, trial_state
 from hpo.base.workload import Workload
+
+log = logging.getLogger(__name__)
 
 #: The file a fused group saves into its checkpoint directory.
 FUSED_CHECKPOINT_FILE = "fused_state.pt"
@@ -242,9 +245,28 @@ class FusedTrainer:
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step of every member on a shared batch; returns the `[B]` losses (detached)."""
         inputs, targets = inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
-        losses = self.train_step_on(self.model, self.optimizer, inputs, targets, self._autocast, self._forward_loss)
+        try:
+            losses = self.train_step_on(self.model, self.optimizer, inputs, targets, self._autocast, self._forward_loss)
+        except torch._dynamo.exc.Unsupported as error:  # raised while tracing, before anything ran or changed
+            self._step_eagerly(error)
+            losses = self.train_step_on(self.model, self.optimizer, inputs, targets, self._autocast, self._forward_loss)
         self.step += 1
         return losses
+
+    def _step_eagerly(self, error: Exception) -> None:
+        """The user's forward cannot be traced whole (a branch on a tensor's value, `.item()`, a
+        print: a graph break, which `fullgraph=True` refuses), where alone it trains eagerly.
+        Under "auto" (on CUDA, the captured step) the group's forward and loss run eagerly from
+        here on; a compile the user asked for by name is refused, in one line."""
+        reason = describe_error(error)
+        if self.compile != "auto":
+            raise FusionError(
+                f"the fused step cannot be compiled whole (fusion: {{compile: {self.compile}}}): the model's forward has a "
+                f"graph break ({reason}); fusion: {{compile: off}} or auto runs it eagerly"
+            ) from error
+        log.warning("the model's forward cannot be compiled whole (%s): its fused forward and loss run eagerly", reason)
+        self.compile_path = "off"
+        self._forward_loss = self.forward_loss
 
     def forward_loss(self, model: FusedModel, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The members' `[B]` losses on a shared batch: the part of the step that `compile` compiles."""

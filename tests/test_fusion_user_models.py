@@ -333,3 +333,40 @@ def test_a_parameter_given_new_storage_in_forward_is_refused_naming_the_cause():
     # matrix, which the parameter no longer reads: refused only as "member 1's parameter 'a.weight' differs"
     with pytest.raises(FusionError, match=r"^parameter 'a\.weight' got new storage during training \(param\.data = \.\.\.\)" + ONE_LINE):
         FusedTrainer(workload(lambda config: ClipsByReassigning()), CONFIGS)
+
+
+class RescalesLargeInputs(nn.Module):
+    """A branch on the input's values: eager code, which dynamo cannot trace as one graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        if x.abs().max() > 100:
+            x = x / 100
+        return self.b(torch.tanh(self.a(x)))
+
+
+def test_a_forward_with_a_graph_break_is_refused_in_one_line_when_compiling_was_asked_for():
+    # a multi-line torch._dynamo.exc.Unsupported from the first step, where the config alone trains
+    trainer = FusedTrainer(workload(lambda config: RescalesLargeInputs()), CONFIGS, compile="inductor")
+    with pytest.raises(FusionError, match=r"^the fused step cannot be compiled whole \(fusion: \{compile: inductor\}\): the model's forward has a graph break \(Unsupported: Data-dependent branching\)" + ONE_LINE):
+        trainer.train_iteration()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_forward_with_a_graph_break_trains_eagerly_and_as_alone_under_auto_on_cuda():
+    # "auto" is the captured step on CUDA (fullgraph=True): every model with a graph break failed
+    # its first fused step there, while each config alone trained
+    data = workload(lambda config: RescalesLargeInputs().double(), torch.float64)
+    trainer = FusedTrainer(data, CONFIGS, device="cuda")
+    assert trainer.compile_path == "graphs"
+    trainer.train_iteration()
+    assert trainer.compile_path == "off"
+    for index, config in enumerate(CONFIGS):
+        alone = TrialTrainer(data, config)
+        alone.train_iteration()
+        for name, tensor in alone.model.state_dict().items():
+            torch.testing.assert_close(trainer.model.member_state_dict(index)[name].cpu(), tensor, rtol=1e-10, atol=1e-12)
