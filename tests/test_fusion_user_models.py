@@ -14,6 +14,7 @@ from torch.utils.data import Dataset, TensorDataset
 from fusion import FusedTrainer, FusionError, fuse_models
 from hpo import DatasetWorkload
 from hpo.base.training import TrialTrainer
+from tests.test_fusion_hooks import assert_members_train_as_alone
 
 CONFIGS = [
     {"optimizer": "adam", "lr": 1e-2, "seed": 0},
@@ -176,13 +177,7 @@ def test_nesterov_with_adam_is_ignored_fused_as_torch_ignores_it_alone():
     # alone, torch.optim.Adam has no Nesterov and trains; fused, the group was refused
     configs = [{**config, "nesterov": True} for config in CONFIGS]
     data = workload(lambda config: nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double(), torch.float64)
-    trainer = FusedTrainer(data, configs)
-    trainer.train_iteration()
-    for index, config in enumerate(configs):
-        alone = TrialTrainer(data, config)
-        alone.train_iteration()
-        for name, tensor in alone.model.state_dict().items():
-            torch.testing.assert_close(trainer.model.member_state_dict(index)[name], tensor, rtol=1e-12, atol=0)
+    assert_members_train_as_alone(FusedTrainer(data, configs), rtol=1e-12, atol=0)
 
 
 def linear(config):
@@ -216,13 +211,7 @@ def test_a_loss_of_one_element_trains_as_alone():
     # `.view(1)`: alone, backward takes it; fused, the loss sum failed on a broadcast ([B] + [B, 1])
     data = workload(lambda config: nn.Sequential(nn.Linear(6, 3)).double(), torch.float64)
     data.loss_fn = lambda output, target: F.cross_entropy(output, target).view(1)
-    trainer = FusedTrainer(data, CONFIGS)
-    fused = trainer.train_iteration()
-    for index, config in enumerate(CONFIGS):
-        alone = TrialTrainer(data, config)
-        assert fused[index]["train_loss"] == pytest.approx(alone.train_iteration()["train_loss"], rel=1e-12)
-        for name, tensor in alone.model.state_dict().items():
-            torch.testing.assert_close(trainer.model.member_state_dict(index)[name], tensor, rtol=1e-12, atol=0)
+    assert_members_train_as_alone(FusedTrainer(data, CONFIGS), rtol=1e-12, atol=0)
 
 
 class CompiledBody(nn.Module):
@@ -247,14 +236,7 @@ def test_a_module_compiled_in_place_trains_as_alone():
         net.compile(backend="eager")
         return net
 
-    data = workload(model, torch.float64)
-    trainer = FusedTrainer(data, CONFIGS)
-    trainer.train_iteration()
-    for index, config in enumerate(CONFIGS):
-        alone = TrialTrainer(data, config)
-        alone.train_iteration()
-        for name, tensor in alone.model.state_dict().items():
-            torch.testing.assert_close(trainer.model.member_state_dict(index)[name], tensor, rtol=1e-12, atol=0)
+    assert_members_train_as_alone(FusedTrainer(workload(model, torch.float64), CONFIGS), rtol=1e-12, atol=0)
 
 
 class TwoViews(Dataset):
@@ -363,10 +345,5 @@ def test_a_forward_with_a_graph_break_trains_eagerly_and_as_alone_under_auto_on_
     data = workload(lambda config: RescalesLargeInputs().double(), torch.float64)
     trainer = FusedTrainer(data, CONFIGS, device="cuda")
     assert trainer.compile_path == "graphs"
-    trainer.train_iteration()
+    assert_members_train_as_alone(trainer, rtol=1e-10, atol=1e-12)
     assert trainer.compile_path == "off"
-    for index, config in enumerate(CONFIGS):
-        alone = TrialTrainer(data, config)
-        alone.train_iteration()
-        for name, tensor in alone.model.state_dict().items():
-            torch.testing.assert_close(trainer.model.member_state_dict(index)[name].cpu(), tensor, rtol=1e-10, atol=1e-12)
