@@ -790,19 +790,18 @@ def _vmapped(models: Sequence[nn.Module], internal: set[str]) -> VmapModel:
 
 
 @contextmanager
-def _naming_failures(model: FusedModel) -> Iterator[None]:
-    """Turn an exception in a fused forward into a FusionError naming the innermost layer."""
-    with _running_modules(model.module) as stack:
+def _naming_failures(model: nn.Module, running: str) -> Iterator[None]:
+    """Turn an exception in `model`'s forward into a FusionError naming the innermost layer and
+    what it could not do (`running`: "run vmap-fused", ...)."""
+    with _running_modules(model) as stack:
         try:
             yield
         except FusionError:
             raise
         except Exception as error:
             where = stack[-1] if stack else ""
-            layer = model.module.get_submodule(where) if where else model.module
-            raise FusionError(
-                f"layer '{where or '<root>'}' ({type(layer).__name__}) cannot run {model.strategy}-fused: {describe_error(error)}"
-            ) from error
+            layer = model.get_submodule(where)
+            raise FusionError(f"layer '{where or '<root>'}' ({type(layer).__name__}) cannot {running}: {describe_error(error)}") from error
 
 
 def _agrees(got: torch.Tensor, expected: torch.Tensor) -> bool:
@@ -866,7 +865,8 @@ def _check_repeatable_in_eval(member: nn.Module, example_input: torch.Tensor) ->
     member 0 (seeds 1, 1, 2), each from the same state; the layer is named by a fourth pair of
     runs that records every module call (only on refusal)."""
     seeds = (1, 1, 2)
-    runs = [_seeded_run(member, example_input, False, seed) for seed in seeds]
+    with _naming_failures(member, "run in eval mode (member 0 alone, before fusing)"):
+        runs = [_seeded_run(member, example_input, False, seed) for seed in seeds]
     for again, kind in ((1, "call"), (2, "seed")):
         if _all_agree(runs[0], runs[again]):
             continue
@@ -896,7 +896,7 @@ def _probe(model: FusedModel, models: Sequence[nn.Module], example_input: torch.
         mode = "train" if training else "eval"
         with preserved_state(model.module):
             model.train(training)
-            with _naming_failures(model):
+            with _naming_failures(model.module, f"run {model.strategy}-fused"):
                 outputs = output_tensors(model(example_input))
         for i, member in enumerate(models):
             with preserved_state(member):
@@ -908,7 +908,7 @@ def _probe(model: FusedModel, models: Sequence[nn.Module], example_input: torch.
 
 def _accept(fused: FusedModel, models: Sequence[nn.Module], example_input: torch.Tensor) -> FusedModel:
     """Check that no member can see another, then probe `fused` against its members."""
-    with _naming_failures(fused):
+    with _naming_failures(fused.module, f"run {fused.strategy}-fused"):
         check_member_independence(fused, example_input)
     _probe(fused, models, example_input)
     return fused
