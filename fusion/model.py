@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import logging
 import sys
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -801,7 +802,19 @@ def _naming_failures(model: nn.Module, running: str) -> Iterator[None]:
         except Exception as error:
             where = stack[-1] if stack else ""
             layer = model.get_submodule(where)
-            raise FusionError(f"layer '{where or '<root>'}' ({type(layer).__name__}) cannot {running}: {describe_error(error)}") from error
+            raise FusionError(
+                f"layer '{where or '<root>'}' ({type(layer).__name__}) cannot {running}{_checkpointed(error)}: {describe_error(error)}"
+            ) from error
+
+
+def _checkpointed(error: BaseException) -> str:
+    """Why, where `error` came from inside `torch.utils.checkpoint` (its recomputation in the
+    backward, or its autograd Function): torch.func.vmap runs neither per member, and the layer
+    the error names is only the one being recomputed."""
+    module = sys.modules.get("torch.utils.checkpoint")
+    if module is None or not any(frame.filename == module.__file__ for frame in traceback.extract_tb(error.__traceback__)):
+        return ""
+    return " under torch.utils.checkpoint, which torch.func.vmap does not run per member (call the block without it)"
 
 
 def _agrees(got: torch.Tensor, expected: torch.Tensor) -> bool:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 from torch.utils.data import Dataset, TensorDataset
 
 from fusion import FusedTrainer, FusionError, fuse_models
@@ -347,3 +348,24 @@ def test_a_forward_with_a_graph_break_trains_eagerly_and_as_alone_under_auto_on_
     assert trainer.compile_path == "graphs"
     assert_members_train_as_alone(trainer, rtol=1e-10, atol=1e-12)
     assert trainer.compile_path == "off"
+
+
+class CheckpointedWithTemperature(nn.Module):
+    """A checkpointed block, and a learned temperature on the model itself (which sends it to vmap)."""
+
+    def __init__(self, reentrant: bool):
+        super().__init__()
+        self.block, self.head = nn.Sequential(nn.Linear(6, 6), nn.Tanh()), nn.Linear(6, 3)
+        self.temperature = nn.Parameter(torch.tensor(1.5))
+        self.reentrant = reentrant
+
+    def forward(self, x):
+        return self.head(checkpoint(self.block, x, use_reentrant=self.reentrant)) / self.temperature
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpointing_on_the_vmap_path_is_refused_naming_torch_utils_checkpoint(reentrant):
+    # "layer 'block.0' (Linear) cannot run vmap-fused: RuntimeError: t() expects a tensor with <= 2
+    # dimensions": the recomputation in the backward runs outside vmap, on every member's weights
+    with pytest.raises(FusionError, match=r"^layer '[^']*' \(\w+\) cannot run vmap-fused under torch\.utils\.checkpoint, which torch\.func\.vmap does not run per member"):
+        FusedTrainer(workload(lambda config: CheckpointedWithTemperature(reentrant)), CONFIGS)
