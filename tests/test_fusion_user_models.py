@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
@@ -151,22 +153,24 @@ def test_a_class_defined_inside_the_model_factory_is_refused_saying_so():
         FusedTrainer(workload(factory_defined), CONFIGS)
 
 
-@pytest.mark.parametrize("verify", [True, False])
-@pytest.mark.parametrize(
-    "values, key",
-    [
-        ({"beta2": 1.0}, "beta2"),
-        ({"beta1": -0.1}, "beta1"),
-        ({"eps": -1e-8}, "eps"),
-        ({"weight_decay": -0.01}, "weight_decay"),
-        ({"optimizer": "sgd", "momentum": -0.5}, "momentum"),
-        ({"optimizer": "sgd", "momentum": 0.0, "nesterov": True}, "nesterov"),
-    ],
-)
-def test_optimizer_values_torch_optim_refuses_are_refused_alike_fused_and_alone(values, key, verify):
+#: Config values torch.optim refuses for an optimizer, by key: (optimizer, values beside it).
+REFUSED_BY_TORCH = {
+    "beta1": ("adam", st.one_of(st.floats(max_value=-1e-9, min_value=-10), st.floats(min_value=1.0, max_value=10))),
+    "beta2": ("adamw", st.one_of(st.floats(max_value=-1e-9, min_value=-10), st.floats(min_value=1.0, max_value=10))),
+    "eps": ("adam", st.floats(max_value=-1e-12, min_value=-1.0)),
+    "weight_decay": ("adamw", st.floats(max_value=-1e-12, min_value=-1.0)),
+    "momentum": ("sgd", st.floats(max_value=-1e-9, min_value=-1.0)),
+    "nesterov": ("sgd", st.just(True)),  # with the default momentum, 0
+}
+
+
+@settings(max_examples=25, deadline=None, database=None)
+@given(key=st.sampled_from(sorted(REFUSED_BY_TORCH)), data=st.data(), verify=st.booleans())
+def test_optimizer_values_torch_optim_refuses_are_refused_alike_fused_and_alone(key, data, verify):
     # fused, these trained unchecked with verify off (beta2 = 1 divides by zero, a negative decay
     # grows the weights) and were refused as a group "the differential check cannot train" with it on
-    configs = [{**config, **values} for config in CONFIGS]
+    optimizer, values = REFUSED_BY_TORCH[key]
+    configs = [{**config, "optimizer": optimizer, key: data.draw(values)} for config in CONFIGS]
     message = rf"^config key '{key}' " + ONE_LINE
     with pytest.raises(ValueError, match=message):
         TrialTrainer(workload(lambda config: nn.Linear(6, 3)), configs[0])
