@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -422,6 +424,12 @@ _LEGACY_REPARAMETRIZATIONS: dict[type, str] = {
 }
 
 
+def _compile_wrapper(module: nn.Module) -> bool:
+    """Whether `module` is what `torch.compile(module)` returns (none exists before dynamo is imported)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
+
+
 def _corresponding(models: Sequence[nn.Module]) -> Iterator[tuple[str, list[nn.Module]]]:
     """(path, [member modules at that path]) for every module, checking the trees match."""
     named = [dict(m.named_modules(remove_duplicate=False)) for m in models]
@@ -433,6 +441,12 @@ def _corresponding(models: Sequence[nn.Module]) -> Iterator[tuple[str, list[nn.M
                 f"{sorted(module.parametrizations.keys())} (torch.nn.utils.parametrize: weight_norm, spectral_norm, "
                 "orthogonal), which fusion does not stack; train these configurations unfused (fusion: {enabled: false})"
             )
+        if _compile_wrapper(module):  # its compiled code was made for the member's own module
+            raise FusionError(
+                f"layer '{path or '<root>'}' is torch.compile's wrapper (OptimizedModule) of a {type(module._orig_mod).__name__}, "
+                "whose compiled code calls each member's own module, never the fused one; compile in place "
+                "(module.compile()), or let fusion compile the fused step (fusion: {compile: inductor})"
+            )
         legacy = next((hook for hook in module._forward_pre_hooks.values() if isinstance(hook, tuple(_LEGACY_REPARAMETRIZATIONS))), None)
         if legacy is not None:  # `weight` is a tensor the hook recomputes: neither a parameter to stack nor one to copy
             raise FusionError(
@@ -440,13 +454,22 @@ def _corresponding(models: Sequence[nn.Module]) -> Iterator[tuple[str, list[nn.M
                 f"'{legacy.name}' (a forward pre-hook that recomputes it), which fusion does not stack; train these "
                 "configurations unfused (fusion: {enabled: false})"
             )
-        if any(type(m) is not type(module) for m in group):
+        other = next((type(m) for m in group if type(m) is not type(module)), None)
+        if other is not None and other.__qualname__ == type(module).__qualname__ and other.__module__ == type(module).__module__:
+            raise FusionError(  # each call of a factory that defines the class makes a new one: fused, member 0's code would run for all
+                f"members' layer '{path or '<root>'}' are instances of different classes that share the name "
+                f"{type(module).__module__}.{type(module).__qualname__} (a class defined inside the model factory is made anew "
+                "at every call); define the class once, outside the factory"
+            )
+        if other is not None:
             raise FusionError(f"members differ in layer '{path or '<root>'}': {sorted({type(m).__name__ for m in group})}")
         yield path, group
 
 
 def _check_members(models: Sequence[nn.Module]) -> None:
     """Same architecture, supported layers only; raise FusionError naming the first offender."""
+    if next(iter(models[0].state_dict().values()), None) is None:
+        raise FusionError(f"the model ({type(models[0]).__name__}) has no parameters or buffers: there is nothing to fuse")
     for path, group in _corresponding(models):
         module = group[0]
         name = f"layer '{path or '<root>'}' ({type(module).__name__})"
@@ -619,11 +642,11 @@ class _ParameterReads(TorchFunctionMode):
         torch.Tensor.item, torch.Tensor.tolist, torch.equal, torch.allclose, torch.is_nonzero,
     })
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, running: list[str]):
         super().__init__()
         self.derived = WeakIdKeyDictionary({parameter: True for parameter in model.parameters()})
-        #: The paths of the modules whose forward is running, innermost last.
-        self.modules: list[str] = []
+        #: The paths of the modules whose forward is running, innermost last (`_running_modules`).
+        self.modules = running
         #: The first read: (the innermost module's path, the read, e.g. "__bool__").
         self.read: tuple[str, str] | None = None
 
@@ -644,25 +667,32 @@ def _parameter_read(member: nn.Module, example_input: torch.Tensor) -> tuple[str
     """Where and what `member`'s forward first reads into Python from its parameters
     (`_ParameterReads`), in training or eval mode; None if nothing."""
     for training in (True, False):
-        reads = _ParameterReads(member)
-
-        def leave(module: nn.Module, args: Any, output: Any) -> None:
-            reads.modules.pop()
-
-        handles = []
-        for path, module in member.named_modules():
-            handles.append(module.register_forward_pre_hook(lambda module, args, path=path: reads.modules.append(path)))
-            handles.append(module.register_forward_hook(leave))
-        try:
-            with preserved_state(member), reads:
-                member.train(training)
-                member(example_input)
-        finally:
-            for handle in handles:
-                handle.remove()
+        with _running_modules(member) as running, preserved_state(member), _ParameterReads(member, running) as reads:
+            member.train(training)
+            member(example_input)
         if reads.read is not None:
             return reads.read
     return None
+
+
+@contextmanager
+def _running_modules(model: nn.Module) -> Iterator[list[str]]:
+    """The paths of `model`'s modules whose forward is running, innermost last, kept by hooks for
+    the duration: where a forward reads a value or raises (a module that raised stays listed)."""
+    running: list[str] = []
+
+    def leave(module: nn.Module, args: Any, output: Any) -> None:  # returns None: the output stays
+        running.pop()
+
+    handles = []
+    for path, module in model.named_modules():
+        handles.append(module.register_forward_pre_hook(lambda module, args, path=path: running.append(path)))
+        handles.append(module.register_forward_hook(leave))
+    try:
+        yield running
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _stacked(models: Sequence[nn.Module], internal: set[str], example_input: torch.Tensor) -> StackedModel:
@@ -761,33 +791,30 @@ def _vmapped(models: Sequence[nn.Module], internal: set[str]) -> VmapModel:
 
 
 @contextmanager
-def _naming_failures(model: FusedModel) -> Iterator[None]:
-    """Turn an exception in a fused forward into a FusionError naming the innermost layer."""
-    stack: list[str] = []
+def _naming_failures(model: nn.Module, running: str) -> Iterator[None]:
+    """Turn an exception in `model`'s forward into a FusionError naming the innermost layer and
+    what it could not do (`running`: "run vmap-fused", ...)."""
+    with _running_modules(model) as stack:
+        try:
+            yield
+        except FusionError:
+            raise
+        except Exception as error:
+            where = stack[-1] if stack else ""
+            layer = model.get_submodule(where)
+            raise FusionError(
+                f"layer '{where or '<root>'}' ({type(layer).__name__}) cannot {running}{_checkpointed(error)}: {describe_error(error)}"
+            ) from error
 
-    def enter(path: str) -> Any:
-        return lambda module, args: stack.append(path)  # list.append returns None: inputs unchanged
 
-    def leave(module: nn.Module, args: Any, output: Any) -> None:
-        stack.pop()
-
-    handles = []
-    for path, module in model.module.named_modules():
-        handles.append(module.register_forward_pre_hook(enter(path)))
-        handles.append(module.register_forward_hook(leave))
-    try:
-        yield
-    except FusionError:
-        raise
-    except Exception as error:
-        where = stack[-1] if stack else ""
-        layer = model.module.get_submodule(where) if where else model.module
-        raise FusionError(
-            f"layer '{where or '<root>'}' ({type(layer).__name__}) cannot run {model.strategy}-fused: {describe_error(error)}"
-        ) from error
-    finally:
-        for handle in handles:
-            handle.remove()
+def _checkpointed(error: BaseException) -> str:
+    """Why, where `error` came from inside `torch.utils.checkpoint` (its recomputation in the
+    backward, or its autograd Function): torch.func.vmap runs neither per member, and the layer
+    the error names is only the one being recomputed."""
+    module = sys.modules.get("torch.utils.checkpoint")
+    if module is None or not any(frame.filename == module.__file__ for frame in traceback.extract_tb(error.__traceback__)):
+        return ""
+    return " under torch.utils.checkpoint, which torch.func.vmap does not run per member (call the block without it)"
 
 
 def _agrees(got: torch.Tensor, expected: torch.Tensor) -> bool:
@@ -801,13 +828,74 @@ def _agrees(got: torch.Tensor, expected: torch.Tensor) -> bool:
 def _random_in_training(member: nn.Module, example_input: torch.Tensor) -> bool:
     """Whether the member's training-mode output depends on the RNG (dropout): then fused and
     unfused draws differ and only the independence check can judge training mode."""
-    outputs = []
-    for seed in (1, 2):
+    first, second = (_seeded_run(member, example_input, True, seed) for seed in (1, 2))
+    return not _all_agree(first, second)
+
+
+def _seeded_run(
+    member: nn.Module, example_input: torch.Tensor, training: bool, seed: int, calls: list[tuple[str, list, list]] | None = None
+) -> list[torch.Tensor]:
+    """The member's outputs on `example_input` in a mode after seeding the RNG, leaving it as it
+    was; with `calls`, each module call's (path, inputs, outputs) too, in completion order."""
+    handles = []
+    if calls is not None:
+        for path, module in member.named_modules():
+            record = lambda module, args, output, path=path: calls.append(  # noqa: E731
+                (path, [t.clone() for t in output_tensors(args)], [t.clone() for t in output_tensors(output)])
+            )
+            handles.append(module.register_forward_hook(record))
+    try:
         with preserved_state(member):
-            member.train()
+            member.train(training)
             torch.manual_seed(seed)
-            outputs.append(output_tensors(member(example_input)))
-    return not all(_agrees(a, b) for a, b in zip(*outputs))
+            return output_tensors(member(example_input))
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _all_agree(outputs: Sequence[torch.Tensor], others: Sequence[torch.Tensor]) -> bool:
+    return len(outputs) == len(others) and all(_agrees(a, b) for a, b in zip(outputs, others))
+
+
+#: Why a model's eval-mode output can differ between two runs on one input, by which runs differ.
+_UNREPEATABLE = {
+    "call": "gives another output for one input at every call (it keeps state outside its parameters, buffers and "
+    "attributes: a global or class-level counter)",
+    "seed": "draws random numbers in eval mode (its output on one input changes with the seed: dropout with "
+    "training=True, torch.rand or sampling in forward)",
+}
+
+
+@torch.no_grad()
+def _check_repeatable_in_eval(member: nn.Module, example_input: torch.Tensor) -> None:
+    """Refuse a model whose eval-mode output is not a function of its input, parameters and buffers.
+
+    Fusion checks a fused model against its members in eval mode (its probe, the differential
+    guard's outputs) and reports each member's validation metrics from it; a model that draws
+    there (Monte Carlo dropout) or counts its calls gives each member alone other numbers than
+    fused, by design, and no check could tell a wrong fused member from its draws. Three runs of
+    member 0 (seeds 1, 1, 2), each from the same state; the layer is named by a fourth pair of
+    runs that records every module call (only on refusal)."""
+    seeds = (1, 1, 2)
+    with _naming_failures(member, "run in eval mode (member 0 alone, before fusing)"):
+        runs = [_seeded_run(member, example_input, False, seed) for seed in seeds]
+    for again, kind in ((1, "call"), (2, "seed")):
+        if _all_agree(runs[0], runs[again]):
+            continue
+        calls: tuple[list, list] = ([], [])
+        _seeded_run(member, example_input, False, seeds[0], calls[0])
+        _seeded_run(member, example_input, False, seeds[again], calls[1])
+        path = next(
+            (path for (path, in_a, out_a), (_, in_b, out_b) in zip(*calls) if _all_agree(in_a, in_b) and not _all_agree(out_a, out_b)),
+            "",
+        )
+        layer = member.get_submodule(path)
+        raise FusionError(
+            f"layer '{path or '<root>'}' ({type(layer).__name__}) {_UNREPEATABLE[kind]}, so no member fused could be "
+            "checked against its own model and its validation metrics would differ from its unfused run's; train these "
+            "configurations unfused (fusion: {enabled: false})"
+        )
 
 
 @torch.no_grad()
@@ -821,19 +909,19 @@ def _probe(model: FusedModel, models: Sequence[nn.Module], example_input: torch.
         mode = "train" if training else "eval"
         with preserved_state(model.module):
             model.train(training)
-            with _naming_failures(model):
+            with _naming_failures(model.module, f"run {model.strategy}-fused"):
                 outputs = output_tensors(model(example_input))
         for i, member in enumerate(models):
             with preserved_state(member):
                 member.train(training)
                 expected = output_tensors(member(example_input))
-            if len(outputs) != len(expected) or not all(_agrees(o[i], e) for o, e in zip(outputs, expected)):
+            if not _all_agree([o[i] for o in outputs], expected):
                 raise _NotStackable(f"member {i}'s fused output differs from its own model's in {mode} mode")
 
 
 def _accept(fused: FusedModel, models: Sequence[nn.Module], example_input: torch.Tensor) -> FusedModel:
     """Check that no member can see another, then probe `fused` against its members."""
-    with _naming_failures(fused):
+    with _naming_failures(fused.module, f"run {fused.strategy}-fused"):
         check_member_independence(fused, example_input)
     _probe(fused, models, example_input)
     return fused
@@ -866,6 +954,7 @@ def fuse_models(models: Sequence[nn.Module], example_input: torch.Tensor, strate
     models = list(models)
     _check_members(models)
     _check_sharing(models)
+    _check_repeatable_in_eval(models[0], example_input)
     internal = _replace_mup_readouts(models)
     stacked_failure = None
     if strategy in ("auto", "stacked"):
@@ -880,9 +969,10 @@ def fuse_models(models: Sequence[nn.Module], example_input: torch.Tensor, strate
             stacked_failure = reason
     try:
         fused = _build("vmap", models, internal, example_input)
-    except FusionError as reason:
+    except (FusionError, _NotStackable) as reason:  # the probe's _NotStackable says why on this path too
+        refusal = reason if isinstance(reason, FusionError) else f"the model cannot be fused with torch.func.vmap: {reason}"
         if stacked_failure is None:
-            raise
-        raise FusionError(f"{reason}; module swapping was tried first and failed: {stacked_failure}") from reason
+            raise FusionError(str(refusal)) from reason
+        raise FusionError(f"{refusal}; module swapping was tried first and failed: {stacked_failure}") from reason
     fused.route_attention = fused._attention.calls > 0
     return fused

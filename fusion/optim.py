@@ -57,6 +57,7 @@ from typing import Any
 import torch
 
 from fusion.compiled import compile_method
+from fusion.layers import FusionError
 from hpo.base.hparams import OptimHParams
 
 #: Steps the schedule and bias-correction tables first hold; they double when training reaches them.
@@ -67,6 +68,35 @@ TABLES = ("_lr_table", "_bias1_table", "_bias2_table")
 
 #: Per-optimizer state matrices, named as in `torch.optim`'s own state.
 STATE_NAMES = {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq")}
+
+
+def optimized_names(params: Mapping[str, torch.Tensor]) -> list[str]:
+    """The names of the parameters a fused optimizer steps: those that require a gradient (frozen
+    ones stay out of the matrices, as torch.optim never touches them).
+
+    A FusionError names the parameter where there is nothing to step, or a parameter the `[B, P]`
+    matrices cannot hold: a complex one (its arithmetic is not the real one the step does;
+    torch.optim steps it as pairs of reals), or one of another dtype than the first (a member's
+    parameters are one matrix of one dtype, where torch.optim steps each in its own)."""
+    names = [name for name, param in params.items() if param.requires_grad]
+    if not names:
+        held = f"its {len(params)} parameters are all frozen (requires_grad=False)" if params else "it has no parameters"
+        raise FusionError(f"the model has nothing to train: {held}")
+    first = params[names[0]]
+    for name in names:
+        dtype = params[name].dtype
+        if dtype.is_complex:
+            raise FusionError(
+                f"parameter '{name}' is {dtype}, and the fused optimizer steps real parameters only; train these "
+                "configurations unfused (fusion: {enabled: false})"
+            )
+        if dtype != first.dtype:
+            raise FusionError(
+                f"parameter '{name}' is {dtype} but '{names[0]}' is {first.dtype}, and the fused optimizer holds a "
+                "member's parameters in one matrix of one dtype; give the model one dtype (model.to(...)) or train "
+                "these configurations unfused (fusion: {enabled: false})"
+            )
+    return names
 
 
 class FusedOptimizer:
@@ -84,22 +114,18 @@ class FusedOptimizer:
     ):
         """`table_steps`: the steps the schedule tables first hold (a run that knows it takes only
         a few steps, the differential guard's, does not compute hundreds per member)."""
-        # Frozen parameters stay out of the matrices, as torch.optim never touches them.
-        self.names = [name for name, param in params.items() if param.requires_grad]
-        if not self.names:
-            raise ValueError("no parameter requires a gradient: there is nothing to optimize")
+        self.names = optimized_names(params)
         self.params = [params[name] for name in self.names]
+        #: The parameters left out as frozen: one that gets a gradient later is refused (`step`).
+        self._frozen = [(name, param) for name, param in params.items() if not param.requires_grad]
         self.hparams = list(hparams)
         kinds = {hp.optimizer for hp in self.hparams}
         if len(kinds) != 1:
             raise ValueError(f"one fused optimizer needs one optimizer type; members use {sorted(kinds)}")
         self.kind = kinds.pop()
-        for i, hp in enumerate(self.hparams):
-            if hp.nesterov and (hp.momentum <= 0 or self.kind != "sgd"):
-                raise ValueError(f"member {i}: Nesterov momentum requires optimizer 'sgd' and momentum > 0")
-        dtypes = {p.dtype for p in self.params}
-        if len(dtypes) != 1:
-            raise ValueError(f"fused parameters must share one dtype, got {sorted(map(str, dtypes))}")
+        for i, hp in enumerate(self.hparams):  # torch.optim.SGD's rule; Adam and AdamW have no Nesterov to ask for
+            if hp.nesterov and hp.momentum <= 0 and self.kind == "sgd":
+                raise ValueError(f"member {i}: Nesterov momentum requires momentum > 0")
         first = self.params[0]
         self.num_members = first.shape[0]
         if len(self.hparams) != self.num_members:
@@ -199,6 +225,12 @@ class FusedOptimizer:
         # each member's gradient of each parameter, member-major: what clip_grad_norm_ takes norms of
         self._member_grads = [view[b].view(-1) for b in range(self.num_members) for view in self.unflat(self._grads_flat)]
         self._skipped, self._zeros = {}, {}
+
+    def replaced_parameters(self) -> list[str]:
+        """The names of the parameters that are no longer views into the parameter matrix: code that
+        gave one new storage (`param.data = ...`) cut it off from every later step."""
+        matrix = self._params_flat.untyped_storage().data_ptr()
+        return [name for name, param in zip(self.names, self.params) if param.untyped_storage().data_ptr() != matrix]
 
     def _width(self, i: int) -> int:
         """Columns of parameter i in the matrix: its size plus the zero padding that aligns the next."""
@@ -320,6 +352,14 @@ class FusedOptimizer:
         """One optimizer step for every member, each with its own schedule, clipping and state;
         parameters without a gradient are left as they are (see the module doc)."""
         received = self._gather_gradients()
+        for name, param in self._frozen:
+            if param.grad is not None:  # torch.optim holds it and would step it from here on; the matrices do not
+                raise FusionError(
+                    f"parameter '{name}' was frozen when the group formed and has a gradient at step {max(self.steps) + 1} "
+                    "(requires_grad turned on during training), which the fused optimizer, holding only the parameters "
+                    "trainable at the start, would never apply; unfreeze it in the model factory, or train these "
+                    "configurations unfused (fusion: {enabled: false})"
+                )
         if not any(received):  # the schedule moves on, as LambdaLR's does; no parameter stepped
             self._keep_param_steps()
             self._step_counts += 1

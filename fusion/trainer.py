@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Hashable, Iterator, Mapping, Sequence
@@ -35,8 +36,9 @@ from torch.nn import functional as F
 
 from fusion.compiled import compile_method
 from fusion.grouping import FUSIBLE_KEYS, check_fusible
+from fusion.layers import FusionError, describe_error
 from fusion.model import FusedModel, fuse_models
-from fusion.optim import FusedOptimizer
+from fusion.optim import FusedOptimizer, optimized_names
 from fusion.verification import (
     check_batches,
     check_initial_states,
@@ -49,6 +51,8 @@ from hpo.base.hparams import OptimHParams
 from hpo.base.training import build_trial_model, iteration_result
 from hpo.base.trial_state import ResumableBatches, load_trial_state, save_trial_state, trial_optimizer, trial_state
 from hpo.base.workload import Workload
+
+log = logging.getLogger(__name__)
 
 #: The file a fused group saves into its checkpoint directory.
 FUSED_CHECKPOINT_FILE = "fused_state.pt"
@@ -130,10 +134,17 @@ class FusedTrainer:
         self.batches = ResumableBatches.of_workload(workload, first)
 
         models = [build_trial_model(workload, config) for config in self.configs]
+        optimized_names(dict(models[0].named_parameters()))  # before the guard: what it refuses, it refuses by name
         multipliers = [workload.lr_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         decay_multipliers = [workload.weight_decay_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         eps_multipliers = [workload.eps_multipliers(m, hp.optimizer) for m, hp in zip(models, self.hparams)]
         first_batch = self.batches.batch(0)
+        for part, value in zip(("inputs", "targets"), first_batch):
+            if not isinstance(value, torch.Tensor):  # what fusion stacks and folds, and each trainer's evaluation reads
+                raise FusionError(
+                    f"the workload's batches give their {part} as a {type(value).__name__}; a fused group (and the unfused "
+                    "trainer's evaluation) takes each batch as (inputs, targets) of one tensor each"
+                )
         if verify:
             check_shared_batches(workload, self.configs, first_batch)
         witnesses = copy_witnesses(models, choose_witnesses(self.configs, self.hparams)) if verify else {}
@@ -208,28 +219,54 @@ class FusedTrainer:
             per_element = F.cross_entropy(output.reshape(-1, classes), targets, reduction="none")
             counted = (target != _IGNORE_INDEX).sum()
             return per_element.view(members, -1).sum(dim=1) / counted
+        losses = None
         if self._vmap_loss:
             try:
-                return vmap(self.workload.loss, in_dims=(0, None))(output, target)
+                losses = vmap(self.workload.loss, in_dims=(0, None))(output, target)
             except Exception:  # a loss vmap cannot batch: one call per member instead
                 self._vmap_loss = False
-        return torch.stack([self.workload.loss(member, target) for member in output])
+        if losses is None:
+            losses = torch.stack([self.workload.loss(member, target) for member in output])
+        # summed for the backward, a per-sample loss would train where alone loss.backward() refuses it
+        return _one_per_member(losses, "loss", "loss.backward()")
 
     def _member_metrics(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        metrics = None
         if self._vmap_metrics:
             try:
-                return vmap(self.workload.batch_metrics, in_dims=(0, None))(output, target)
+                metrics = vmap(self.workload.batch_metrics, in_dims=(0, None))(output, target)
             except Exception:
                 self._vmap_metrics = False
-        per_member = [self.workload.batch_metrics(member, target) for member in output]
-        return {key: torch.stack([m[key] for m in per_member]) for key in per_member[0]}
+        if metrics is None:
+            per_member = [self.workload.batch_metrics(member, target) for member in output]
+            metrics = {key: torch.stack([m[key] for m in per_member]) for key in per_member[0]}
+        return {key: _one_per_member(value, f"metric {key!r}", ".item()") for key, value in metrics.items()}
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One optimizer step of every member on a shared batch; returns the `[B]` losses (detached)."""
         inputs, targets = inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
-        losses = self.train_step_on(self.model, self.optimizer, inputs, targets, self._autocast, self._forward_loss)
+        try:
+            losses = self.train_step_on(self.model, self.optimizer, inputs, targets, self._autocast, self._forward_loss)
+        except torch._dynamo.exc.Unsupported as error:  # raised while tracing, before anything ran or changed
+            self._step_eagerly(error)
+            losses = self.train_step_on(self.model, self.optimizer, inputs, targets, self._autocast, self._forward_loss)
         self.step += 1
         return losses
+
+    def _step_eagerly(self, error: Exception) -> None:
+        """The user's forward cannot be traced whole (a branch on a tensor's value, `.item()`, a
+        print: a graph break, which `fullgraph=True` refuses), where alone it trains eagerly.
+        Under "auto" (on CUDA, the captured step) the group's forward and loss run eagerly from
+        here on; a compile the user asked for by name is refused, in one line."""
+        reason = describe_error(error)
+        if self.compile != "auto":
+            raise FusionError(
+                f"the fused step cannot be compiled whole (fusion: {{compile: {self.compile}}}): the model's forward has a "
+                f"graph break ({reason}); fusion: {{compile: off}} or auto runs it eagerly"
+            ) from error
+        log.warning("the model's forward cannot be compiled whole (%s): its fused forward and loss run eagerly", reason)
+        self.compile_path = "off"
+        self._forward_loss = self.forward_loss
 
     def forward_loss(self, model: FusedModel, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The members' `[B]` losses on a shared batch: the part of the step that `compile` compiles."""
@@ -446,6 +483,18 @@ class FusedTrainer:
         trainer = cls(workload, state["configs"], member_ids=state["member_ids"], **kwargs)
         trainer.load_state_dict(state)
         return trainer
+
+
+def _one_per_member(values: torch.Tensor, what: str, alone: str) -> torch.Tensor:
+    """`values` as `[B]` (the workload's `what` of each member, a one-element tensor each as
+    `alone` takes it too), or a FusionError where the workload gives more than one number per
+    member, which the unfused trainer's `alone` refuses."""
+    if values.dim() > 1 and values[0].numel() != 1:
+        raise FusionError(
+            f"the workload's {what} is a tensor of shape {tuple(values.shape[1:])} for one member's output, not one "
+            f"number: it must reduce the batch (a mean), as the unfused trainer's {alone} needs"
+        )
+    return values.reshape(values.shape[0])
 
 
 def _beside_running_statistics(model: torch.nn.Module) -> frozenset[int]:

@@ -203,6 +203,13 @@ def verify_fused_training(
         fused_copy.train(training)
         for x, y in data[:steps]:
             fused_losses.append(fused_step(fused_copy, optimizer, x, y).detach())
+        replaced = optimizer.replaced_parameters()
+        if replaced:  # the cause, where comparing would only find the parameter differing
+            raise FusionError(
+                f"parameter '{replaced[0]}' got new storage during training (param.data = ...), so the fused optimizer, "
+                "which steps its own matrix, no longer updates it; assign in place (param.copy_(...) under torch.no_grad()), "
+                "or train these configurations unfused (fusion: {enabled: false})"
+            )
         fused_outputs = _eval_outputs(fused_copy, probe)
         for row, (index, model, hp) in enumerate(zip(indices, alone, own_hparams)):
             start = _float64_copy(model)  # the member before its steps: the rounding-noise runs start here
@@ -325,7 +332,7 @@ def _train_alone(
     for x, y in data:
         loss = workload.loss(model(x), y)
         optimizer_step(model, optimizer, loss, grad_clip=hp.grad_clip, schedule=schedule)
-        run.losses.append(loss.detach())
+        run.losses.append(loss.detach().reshape(()))  # a one-element loss (`.view(1)`) as the fused member's number
         run.received |= {name for name, p in named if p.grad is not None}
     return run
 

@@ -4,14 +4,21 @@
 `forward` idioms, and B members with per-member hyperparameters. The grammar:
 
 - inputs: feature vectors, images, 1-d signals, or token ids with padding;
-- layers: Linear, Conv1d/2d, max/avg/adaptive pools, BatchNorm/LayerNorm/GroupNorm (after the activation,
-  or BatchNorm between a Linear or Conv2d and its activation), Embedding
+- layers: Linear, Conv1d/2d (Conv2d grouped, dilated, reflect- or circular-padded, or transposed),
+  max/avg/adaptive pools, BatchNorm/LayerNorm/GroupNorm (after the activation, LayerNorm and
+  GroupNorm also without affine weights, or BatchNorm between a Linear or Conv2d and its
+  activation), per-channel PReLU, Bilinear, Embedding
   (with and without `padding_idx`), MultiheadAttention (causal and key-padding masks built in
   `forward`, `batch_first` both ways, with or without weights, self or cross), Transformer
   encoder and decoder layers (`norm_first` and `batch_first` both ways), LSTM/GRU (`batch_first`,
   one or two layers, bidirectional, an LSTM's `proj_size`), Dropout with p=0;
+- parameters outside layers: weights in an nn.ParameterList and nn.ParameterDict used with `@`, a
+  0-d parameter (a learned temperature) on the user's own module;
 - idioms: residual adds, a block applied twice, a block registered under two names, tied
-  embeddings, a frozen block, an unused module, `view`/`flatten`/`reshape` heads, the last time
+  embeddings, a frozen block, an unused module, in-place ops on activations (`mul_`, item
+  assignment, `relu_`), a custom `torch.autograd.Function`, `torch.utils.checkpoint` (reentrant
+  or not), a buffer the block updates in `forward` (a running mean it subtracts),
+  `view`/`flatten`/`reshape` heads, the last time
   step, an RNN's final state, positions from `torch.arange` inside `forward`, masks built from
   the sequence length, `mean` over time, a padding-masked mean;
 - members: SGD with momentum, Adam or AdamW, every per-member key drawn per member (learning
@@ -36,6 +43,7 @@ import torch
 from hypothesis import strategies as st
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 from fusion import FusedTrainer, FusionError
 from hpo.base.training import build_trial_model
@@ -66,7 +74,8 @@ class Dense(nn.Module):
         super().__init__()
         self.fc = nn.Linear(width, out)
         self.act = ACTIVATIONS[activation]()
-        self.norm = {"none": nn.Identity(), "layer": nn.LayerNorm(out), "batch": nn.BatchNorm1d(out), "batch_before": nn.BatchNorm1d(out)}[norm]
+        self.norm = {"none": nn.Identity(), "layer": nn.LayerNorm(out), "layer_plain": nn.LayerNorm(out, elementwise_affine=False),
+                     "batch": nn.BatchNorm1d(out), "batch_before": nn.BatchNorm1d(out)}[norm]
         self.norm_first = norm == "batch_before"  # Linear, BatchNorm, activation: the bias's gradient cancels to rounding
 
     def forward(self, x, padding=None):
@@ -107,6 +116,135 @@ class Aliased(nn.Module):
 
     def forward(self, x, padding=None):
         return self.second(self.first(x))
+
+
+class ParameterTable(nn.Module):
+    """Weights in an nn.ParameterList and an nn.ParameterDict, applied with `@` (no layer holds them)."""
+
+    def __init__(self, width: int, out: int):
+        super().__init__()
+        self.weights = nn.ParameterList([nn.Parameter(torch.randn(width, out) / width**0.5)])
+        self.biases = nn.ParameterDict({"out": nn.Parameter(torch.zeros(out))})
+
+    def forward(self, x, padding=None):
+        return torch.tanh(x @ self.weights[0] + self.biases["out"])
+
+
+class Temperature(nn.Module):
+    """A Linear whose output a 0-d parameter on the block itself divides (a learned temperature)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.temperature = nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, x, padding=None):
+        return self.fc(x) / self.temperature
+
+
+class SoftSign(torch.autograd.Function):
+    """x / (1 + |x|) with a hand-written backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x / (1 + x.abs())
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad / (1 + x.abs()) ** 2
+
+
+class TransformableSoftSign(torch.autograd.Function):
+    """SoftSign written for torch.func: `setup_context` apart, and a generated vmap rule."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return x / (1 + x.abs())
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad / (1 + x.abs()) ** 2
+
+
+class CustomFunction(nn.Module):
+    """A Linear, then SoftSign as a custom autograd Function (the classic style: the vmap path
+    refuses it, as torch.func does; or the torch.func style)."""
+
+    def __init__(self, width: int, transformable: bool):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.function = TransformableSoftSign if transformable else SoftSign
+
+    def forward(self, x, padding=None):
+        return self.function.apply(self.fc(x))
+
+
+class Checkpointed(nn.Module):
+    """A Linear and its activation under `torch.utils.checkpoint` (recomputed in the backward)."""
+
+    def __init__(self, width: int, reentrant: bool):
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(width, width), nn.Tanh())
+        self.reentrant = reentrant
+
+    def forward(self, x, padding=None):
+        return checkpoint(self.block, x, use_reentrant=self.reentrant)
+
+
+class InPlace(nn.Module):
+    """In-place ops on a Linear's output: a scale, an item assignment, an in-place ReLU."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x, padding=None):
+        h = self.fc(x)
+        h.mul_(0.5)
+        h[..., 0] = 0.0
+        return torch.relu_(h)
+
+
+class RunningCenter(nn.Module):
+    """Subtracts a running mean of its inputs that it keeps in a buffer and updates in training."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(width))
+
+    def forward(self, x, padding=None):
+        if self.training:
+            with torch.no_grad():
+                self.mean.mul_(0.9).add_(x.mean(0), alpha=0.1)
+        return x - self.mean
+
+
+class BilinearMix(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.mix = nn.Bilinear(width, width, width)
+
+    def forward(self, x, padding=None):
+        return self.mix(x, torch.tanh(x))
+
+
+class ChannelPReLU(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.act = nn.PReLU(width, init=0.1)
+
+    def forward(self, x, padding=None):
+        return self.act(self.fc(x))
 
 
 class ZeroDropout(nn.Module):
@@ -248,12 +386,24 @@ class FlattenHead(nn.Module):
         return self.fc(x)
 
 
+#: Size-keeping 3x3 convolutions: Conv2d's options, or a transposed one.
+CONV2D = {
+    "plain": lambda cin, cout: nn.Conv2d(cin, cout, 3, padding=1),
+    "groups": lambda cin, cout: nn.Conv2d(cin, cout, 3, padding=1, groups=2),
+    "dilated": lambda cin, cout: nn.Conv2d(cin, cout, 3, padding=2, dilation=2),
+    "reflect": lambda cin, cout: nn.Conv2d(cin, cout, 3, padding=1, padding_mode="reflect"),
+    "circular": lambda cin, cout: nn.Conv2d(cin, cout, 3, padding=1, padding_mode="circular"),
+    "transposed": lambda cin, cout: nn.ConvTranspose2d(cin, cout, 3, padding=1),
+}
+
+
 class Conv2dBlock(nn.Module):
-    def __init__(self, channels: int, out: int, activation: str, norm: str, pool: str, residual: bool):
+    def __init__(self, channels: int, out: int, activation: str, norm: str, pool: str, residual: bool, conv: str = "plain"):
         super().__init__()
-        self.conv = nn.Conv2d(channels, out, 3, padding=1)
+        self.conv = CONV2D[conv](channels, out)
         self.act = ACTIVATIONS[activation]()
-        self.norm = {"none": nn.Identity(), "batch": nn.BatchNorm2d(out), "batch_before": nn.BatchNorm2d(out), "group": nn.GroupNorm(2, out), "dropout": nn.Dropout2d(0.0)}[norm]
+        self.norm = {"none": nn.Identity(), "batch": nn.BatchNorm2d(out), "batch_before": nn.BatchNorm2d(out), "group": nn.GroupNorm(2, out),
+                     "group_plain": nn.GroupNorm(2, out, affine=False), "dropout": nn.Dropout2d(0.0)}[norm]
         self.norm_first = norm == "batch_before"  # Conv, BatchNorm, activation: a ResNet's block
         self.pool = {"none": nn.Identity(), "max": nn.MaxPool2d(2), "avg": nn.AvgPool2d(2)}[pool]
         self.residual = residual
@@ -332,6 +482,8 @@ BLOCKS = {
     "attention": Attention, "encoder": Encoder, "decoder": Decoder, "rnn": Recurrent, "conv_time": ConvTime,
     "positions": Positions, "mean_time": MeanTime, "last_step": LastStep, "masked_mean": MaskedMean, "flatten": FlattenHead,
     "conv2d": Conv2dBlock, "conv1d": Conv1dBlock, "pool": GlobalPool, "to_sequence": SignalToSequence,
+    "parameter_table": ParameterTable, "temperature": Temperature, "custom_function": CustomFunction, "checkpointed": Checkpointed,
+    "in_place": InPlace, "running_center": RunningCenter, "bilinear": BilinearMix, "prelu": ChannelPReLU,
 }
 
 
@@ -367,6 +519,9 @@ class FuzzNet(nn.Module):
 # --- the grammar ----------------------------------------------------------------------------------
 
 widths = st.sampled_from([4, 6, 8])
+#: Blocks written with what torch offers beyond its layers (parameters held outside layers, a
+#: custom autograd Function, checkpointing, in-place ops), for vectors and sequences alike.
+OUTSIDE_BLOCKS = ["parameter_table", "temperature", "custom_function", "checkpointed", "in_place", "bilinear"]
 activations = st.sampled_from(sorted(ACTIVATIONS))
 
 
@@ -374,10 +529,13 @@ activations = st.sampled_from(sorted(ACTIVATIONS))
 def vector_blocks(draw, width: int, count: int) -> tuple[list[tuple], int]:
     blocks = []
     for _ in range(count):
-        kind = draw(st.sampled_from(["dense", "residual", "twice", "aliased", "dropout"]))
-        if kind == "dense":
+        kind = draw(st.sampled_from(["dense", "residual", "twice", "aliased", "dropout", "outside", "outside"]))
+        if kind == "outside":  # running_center and prelu take vectors ([N, width]) only
+            block, width = draw(outside_block(width, draw(st.sampled_from([*OUTSIDE_BLOCKS, "running_center", "prelu"]))))
+            blocks.append(block)
+        elif kind == "dense":
             out = draw(widths)
-            blocks.append(("dense", width, out, draw(activations), draw(st.sampled_from(["none", "layer", "batch", "batch_before"]))))
+            blocks.append(("dense", width, out, draw(activations), draw(st.sampled_from(["none", "layer", "layer_plain", "batch", "batch_before"]))))
             width = out
         elif kind == "residual":
             blocks.append(("residual", width, draw(activations)))
@@ -389,12 +547,28 @@ def vector_blocks(draw, width: int, count: int) -> tuple[list[tuple], int]:
 
 
 @st.composite
+def outside_block(draw, width: int, kind: str | None = None) -> tuple[tuple, int]:
+    """One block of `kind` (drawn from OUTSIDE_BLOCKS if None) and its output width."""
+    kind = kind or draw(st.sampled_from(OUTSIDE_BLOCKS))
+    if kind == "parameter_table":
+        out = draw(widths)
+        return (kind, width, out), out
+    if kind in ("checkpointed", "custom_function"):
+        return (kind, width, draw(st.booleans())), width
+    return (kind, width), width
+    return blocks, width
+
+
+@st.composite
 def sequence_blocks(draw, width: int, length: int, count: int, padded: bool) -> tuple[list[tuple], int]:
     blocks = []
     for _ in range(count):
-        kind = draw(st.sampled_from(["dense", "seq_norm", "attention", "encoder", "decoder", "rnn", "conv_time", "positions", "dropout"]))
+        kind = draw(st.sampled_from(["dense", "seq_norm", "attention", "encoder", "decoder", "rnn", "conv_time", "positions", "dropout", "outside"]))
         heads = draw(st.sampled_from([h for h in (1, 2) if width % h == 0]))
-        if kind == "dense":
+        if kind == "outside":
+            block, width = draw(outside_block(width))
+            blocks.append(block)
+        elif kind == "dense":
             out = draw(widths)
             blocks.append(("dense", width, out, draw(activations), draw(st.sampled_from(["none", "layer"]))))
             width = out
@@ -455,7 +629,9 @@ def model_specs(draw) -> ModelSpec:
             out = draw(st.sampled_from([2, 4]))
             pool = draw(st.sampled_from(["none", "max", "avg"])) if size >= 2 else "none"
             residual = out == channels and draw(st.booleans())
-            blocks.append(("conv2d", channels, out, draw(activations), draw(st.sampled_from(["none", "batch", "batch_before", "group", "dropout"])), pool, residual))
+            norm = draw(st.sampled_from(["none", "batch", "batch_before", "group", "group_plain", "dropout"]))
+            conv = draw(st.sampled_from(sorted(CONV2D)))
+            blocks.append(("conv2d", channels, out, draw(activations), norm, pool, residual, conv))
             channels, size = out, size // 2 if pool != "none" else size
         if draw(st.booleans()):
             width = draw(widths)
@@ -497,7 +673,7 @@ def model_specs(draw) -> ModelSpec:
 
 def _extras(draw, spec: ModelSpec) -> ModelSpec:
     """A frozen block (one that holds parameters) and an unused module, sometimes."""
-    holding = [i for i, (name, *_) in enumerate(spec.blocks) if name not in ("dropout", "mean_time", "last_step", "masked_mean", "pool", "to_sequence")]
+    holding = [i for i, (name, *_) in enumerate(spec.blocks) if name not in ("dropout", "mean_time", "last_step", "masked_mean", "pool", "to_sequence", "running_center")]
     frozen = (draw(st.sampled_from(holding)),) if holding and draw(st.integers(0, 3)) == 0 else ()
     unused = draw(st.sampled_from(["none", "none", "linear", "embedding"]))
     return ModelSpec(spec.inputs, spec.stem, spec.blocks, spec.head, frozen, unused)

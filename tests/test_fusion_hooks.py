@@ -31,14 +31,16 @@ def workload(model) -> DatasetWorkload:
     )
 
 
-def assert_members_train_as_alone(trainer: FusedTrainer) -> None:
-    """One iteration fused leaves every member's tensors where one iteration alone leaves them."""
-    trainer.train_iteration()
-    for index, config in enumerate(CONFIGS):
+def assert_members_train_as_alone(trainer: FusedTrainer, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """One iteration fused leaves every member's tensors, and its losses, where one iteration alone leaves them."""
+    fused = trainer.train_iteration()
+    for index, config in enumerate(trainer.configs):
         alone = TrialTrainer(trainer.workload, config)
-        alone.train_iteration()
+        metrics = alone.train_iteration()
+        for key in ("train_loss", "val_loss"):
+            assert fused[index][key] == pytest.approx(metrics[key], rel=rtol, abs=atol), f"member {index}'s {key}"
         for name, tensor in alone.model.state_dict().items():
-            torch.testing.assert_close(trainer.model.member_state_dict(index)[name], tensor, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(trainer.model.member_state_dict(index)[name].cpu(), tensor, rtol=rtol, atol=atol)
 
 
 def mlp(dropout: float = 0.0) -> nn.Sequential:

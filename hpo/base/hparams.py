@@ -57,7 +57,26 @@ class OptimHParams:
             raise ValueError(f"config key 'lr_schedule' is {hp.lr_schedule!r}; expected one of {SCHEDULES}")
         if hp.lr <= 0:
             raise ValueError(f"config key 'lr' must be positive, got {hp.lr}")
+        hp._check_ranges()
         return hp
+
+    def _check_ranges(self) -> None:
+        """Refuse the values `torch.optim` refuses for this optimizer, naming the config key: the
+        fused optimizer reads every key as a number and would train with them (beta2 = 1 divides
+        by zero; a negative decay grows the weights) where the same config alone fails."""
+        if self.weight_decay < 0:
+            raise ValueError(f"config key 'weight_decay' must be at least 0, got {self.weight_decay}")
+        if self.optimizer == "sgd":
+            if self.momentum < 0:
+                raise ValueError(f"config key 'momentum' must be at least 0, got {self.momentum}")
+            if self.nesterov and self.momentum == 0:
+                raise ValueError("config key 'nesterov' is true, which needs momentum > 0 (torch.optim.SGD refuses it otherwise)")
+            return
+        if self.eps < 0:
+            raise ValueError(f"config key 'eps' must be at least 0, got {self.eps}")
+        for key in ("beta1", "beta2"):
+            if not 0 <= getattr(self, key) < 1:
+                raise ValueError(f"config key {key!r} must be in [0, 1), got {getattr(self, key)}")
 
     @classmethod
     def keys(cls) -> frozenset[str]:
