@@ -79,13 +79,14 @@ class DashboardUnavailable(RuntimeError):
 
 def check_dashboard_installed() -> None:
     """Ray's dashboard needs `ray[default]`; without it `ray.init(include_dashboard=True)` logs five
-    lines and raises a bare `Exception` from deep in the node's start. Refused in one line first."""
-    from ray._private.utils import get_dashboard_dependency_error
-
-    missing = get_dashboard_dependency_error()
-    if missing is not None:
+    lines and raises a bare `Exception` from deep in the node's start. Refused in one line first.
+    `ray.dashboard.optional_deps` is the list Ray itself imports to decide whether its dashboard can
+    start, so Ray stays the one judge of what the dashboard needs."""
+    try:
+        import ray.dashboard.optional_deps  # noqa: F401
+    except ImportError as missing:
         raise DashboardUnavailable(f"--dashboard: Ray's dashboard is not installed ({missing}); "
-                                   "install it with pip install 'ray[default]', or run without --dashboard")
+                                   "install it with pip install 'ray[default]', or run without --dashboard") from None
 
 
 def check_reachable(source: str, address: str) -> None:
