@@ -92,6 +92,23 @@ def test_the_dashboard_imports_beside_rays_own_dashboards():
     assert all(panel["datasource"] == "${datasource}" for panel in dashboard["panels"])
 
 
+def test_the_best_metric_panel_keeps_the_least_of_a_minimising_sweeps_series_and_the_most_of_a_maximising_ones():
+    # One sweep can be several series (a restarted controller, a resumed sweep beside its old
+    # series until Prometheus drops it): `max` over them showed a loss sweep's worst best.
+    import promql_parser
+
+    panel = next(p for p in load_dashboard()["panels"] if p["title"] == "Best metric so far")
+    (target,) = panel["targets"]
+    query = promql_parser.parse(target["expr"])
+    assert type(query).__name__ == "BinaryExpr" and str(query.op) == "or", target["expr"]
+    aggregation_by_goal = {}
+    for side in (query.lhs, query.rhs):
+        goal = next(m.value for m in side.expr.matchers.matchers if m.name == "goal")
+        aggregation_by_goal[goal] = str(side.op)
+    assert aggregation_by_goal == {"min": "min", "max": "max"}, aggregation_by_goal
+    assert panel["options"]["legend"]["calcs"] == ["lastNotNull"], "the last value is the best so far, whichever the goal"
+
+
 @pytest.mark.slow
 def test_every_metric_and_label_the_dashboard_queries_is_served_by_rays_prometheus_endpoint(ray_local):
     sweep = "grafana-check"
@@ -111,4 +128,5 @@ def test_every_metric_and_label_the_dashboard_queries_is_served_by_rays_promethe
         assert labels <= served[name]["labels"], f"{name} lacks labels {labels - served[name]['labels']}"
     assert (served["ray_hpo_trials_running"]["value"], served["ray_hpo_trials_finished"]["value"]) == (1, 1)
     assert served["ray_hpo_best_metric"]["value"] == 0.25
+    assert "goal" in served["ray_hpo_best_metric"]["labels"]
     ray_local.kill(controller)

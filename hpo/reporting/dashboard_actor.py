@@ -82,12 +82,15 @@ class SweepController:
     def __init__(self, sweep: str, metric: str, mode: str):
         from ray.util.metrics import Gauge
 
-        tags = {"sweep": sweep}
         self._running = Gauge("hpo_trials_running", "Trials of the sweep that are running", tag_keys=("sweep",))
         self._finished = Gauge("hpo_trials_finished", "Trials of the sweep that have ended", tag_keys=("sweep",))
-        self._best = Gauge("hpo_best_metric", "Best value of the sweep's metric so far", tag_keys=("sweep",))
-        for gauge in (self._running, self._finished, self._best):
-            gauge.set_default_tags(tags)
+        # `goal` says which way is better, so a dashboard that meets one sweep in several series
+        # (a controller restarted, a resumed sweep's new one beside the old series) keeps the best
+        # of them: the least loss, the most accuracy.
+        self._best = Gauge("hpo_best_metric", "Best value of the sweep's metric so far", tag_keys=("sweep", "goal"))
+        for gauge in (self._running, self._finished):
+            gauge.set_default_tags({"sweep": sweep})
+        self._best.set_default_tags({"sweep": sweep, "goal": mode})
         self.sweep, self.metric, self.mode = sweep, metric, mode
         self.status: dict[str, str] = {}
         # Counted as trials change, not by walking `status` at each update: a 10,000-trial sweep
