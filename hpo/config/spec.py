@@ -73,6 +73,16 @@ REFUSED_DISTRIBUTIONS = {
 #: `log_uniform` whose exponents span less than this factor (exp(max) / exp(min)) searches almost
 #: one value: bounds written as the values themselves, meant for `log_uniform_values`.
 NARROW_LOG_RANGE = 1.1
+#: Largest whole number a float holds exactly: `int_uniform` bounds beyond it change when read.
+MAX_EXACT_INT = 2**53
+#: Distributions Optuna's TPE cannot sample as written: Ray's OptunaSearch refuses a normal once
+#: the sweep has started, and drops a log scale's q with only a warning.
+TPE_REFUSES = {
+    "normal": "Optuna's TPE cannot sample a normal distribution; use method: random, or uniform with min and max",
+    "q_normal": "Optuna's TPE cannot sample a normal distribution; use method: random, or q_uniform with min and max",
+    "q_log_uniform_values": "Optuna's TPE cannot step a log scale (it would drop q and draw any float); "
+                            "use method: random, or list the values: values: [...]",
+}
 DEFAULT_MAX_ITERATIONS = 10
 #: Checkpoint every 4th iteration (and the last) unless told otherwise. Tune's driver persists each
 #: checkpoint in turn, 10-26 ms each on a 2-core box (benchmarks/results/sweep_overhead_*.json):
@@ -157,6 +167,10 @@ class ParameterSpec(_Strict):
         for key in needs:
             if getattr(self, key) is None:
                 raise _KeyedError(key, f"distribution {kind!r} needs '{key}'")
+        for key in sorted(self.model_fields_set - {"distribution", *needs}):
+            # read by no distribution of this kind: `normal` with min would look truncated and
+            # `int_uniform` with q stepped, yet Tune would draw without them
+            raise _KeyedError(key, f"distribution {kind!r} does not use '{key}' (it takes {', '.join(needs)}); remove it")
         if kind == "categorical" and not self.values:
             raise _KeyedError("values", "needs at least one value")
         if self.min is not None and self.max is not None and self.min >= self.max:
@@ -165,10 +179,23 @@ class ParameterSpec(_Strict):
             raise _KeyedError("min", f"log bounds must be positive, got min={self.min}")
         if kind == "int_uniform" and not (float(self.min).is_integer() and float(self.max).is_integer()):
             raise _KeyedError("min", "int_uniform bounds must be whole numbers")
+        if kind == "int_uniform":
+            for key in ("min", "max"):  # a float holds whole numbers exactly up to 2**53; numpy draws int64
+                if abs(getattr(self, key)) > MAX_EXACT_INT:
+                    raise _KeyedError(key, f"int_uniform bounds must lie within ±2**53 = ±{MAX_EXACT_INT}")
         if self.sigma is not None and self.sigma <= 0:
             raise _KeyedError("sigma", f"sigma must be positive, got {self.sigma}")
         if self.q is not None and self.q <= 0:
             raise _KeyedError("q", f"q must be positive, got {self.q}")
+        if self.q is not None and kind in ("q_uniform", "q_log_uniform_values"):
+            for key in ("min", "max"):  # Tune's quantized domains refuse such bounds when the sweep starts
+                bound = getattr(self, key)
+                if not math.isclose(bound / self.q, round(bound / self.q)):
+                    raise _KeyedError(
+                        key,
+                        f"{key} ({bound:g}) is not a multiple of q ({self.q:g}): Tune draws multiples of q "
+                        f"from min to max, so both bounds must be multiples (e.g. {key}: {round(bound / self.q) * self.q:g})",
+                    )
         if kind == "log_uniform" and self.max is not None and self.max > 700:
             raise _KeyedError("max", "log_uniform takes natural-log exponents; did you mean log_uniform_values?")
         return self
@@ -322,6 +349,13 @@ class SweepSpec(_Strict):
                     f"a grid runs each of its {self.grid_size} combinations once, so run_cap would not cap it; "
                     "remove run_cap, or use method: random to sample run_cap of them",
                 )
+        if self.searcher_kind == "tpe":
+            for key, param in self.parameters.items():
+                if param.distribution in TPE_REFUSES:
+                    raise _KeyedError(
+                        f"parameters.{key}.distribution",
+                        f"method {self.method}: {param.distribution} for {key!r}: {TPE_REFUSES[param.distribution]}",
+                    )
         if self.early_terminate and self.early_terminate.max_iter and self.early_terminate.max_iter > self.max_iterations:
             raise _KeyedError(
                 "early_terminate.max_iter",
