@@ -76,6 +76,37 @@ def test_bad_input_names_key_and_line(tmp_path, capsys, bad, key, line, words):
     assert words in err, err
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "key", "line", "words"),
+    [
+        ("run_cap: 2", "run_cap: true", "run_cap", 8, "valid integer, got true"),  # was read as 1 run
+        ("run_cap: 2", "run_cap: '5'", "run_cap", 8, "valid integer, got '5'"),
+        ("max_iterations: 1", "max_iterations: yes", "max_iterations", 9, "valid integer, got true"),
+        ("min: 0.001, max: 0.1", "min: '0.001', max: 0.1", "parameters.lr.min", 6, "valid number, got '0.001'"),
+        ("goal: minimize}", "goal: minimize}\nmax_concurrent_trials: on", "max_concurrent_trials", 5, "got true"),
+        ("run_cap: 2", "run_cap: 2\nseed: -1", "seed", 9, "greater than or equal to 0"),  # NumPy refused it in the driver
+        ("run_cap: 2", "run_cap: 2\nseed: 4294967296", "seed", 9, "less than or equal to 4294967295"),  # so did Optuna
+    ],
+    ids=["bool-count", "quoted-count", "yes-count", "quoted-bound", "bool-limit", "negative-seed", "seed-past-32-bits"],
+)
+def test_a_boolean_or_quoted_number_where_a_number_is_wanted_is_refused_with_what_was_given(
+    tmp_path, capsys, old, new, key, line, words
+):
+    """Pydantic's lax mode read `true` as 1 and `'5'` as 5: a sweep of one run, or a bound from a string."""
+    code, err = validate(write(tmp_path, VALID.replace(old, new)), capsys)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"sweep.yaml:{line}: {key}:" in err and words in err, err
+
+
+def test_a_misspelt_required_key_is_one_line_that_suggests_it_not_also_a_missing_key(tmp_path, capsys):
+    code, err = validate(write(tmp_path, VALID.replace("parameters:", "paramters:")), capsys)
+    assert code == 2
+    assert err.strip().splitlines() == [
+        f"error: {tmp_path / 'sweep.yaml'}:5: paramters: unknown key 'paramters' (did you mean 'parameters'?)"
+    ]
+
+
 def test_missing_file_is_a_clear_error(tmp_path, capsys):
     code, err = validate(tmp_path / "absent.yaml", capsys)
     assert code == 2

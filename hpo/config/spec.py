@@ -310,7 +310,7 @@ class SweepSpec(_Strict):
     stop: dict[str, float] | None = None
     storage_path: str = "runs"
     max_failures: int = Field(1, ge=0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=2**32 - 1)  # NumPy's and Optuna's seeds
     scaling: ScalingConfig | None = None
     fusion: FusionConfig | None = None
     checkpoint: CheckpointPolicy = CheckpointPolicy()
@@ -403,7 +403,8 @@ class SweepSpec(_Strict):
         if "name" not in data:
             data = {**data, "name": Path(source.name).stem}
         try:
-            return cls.model_validate(data)
+            # strict: a YAML `true` or `'5'` is no count and no bound (pydantic would read them as 1 and 5)
+            return cls.model_validate(data, strict=True)
         except ValidationError as exc:
             raise SweepConfigError(_issues(exc, source), source.name) from None
 
@@ -462,9 +463,28 @@ def _issues(exc: ValidationError, source: LineNumbered) -> list[ConfigIssue]:
             shown = str(given).lower() if isinstance(given, bool) else repr(given)  # as YAML spells it
             write = f"{{enabled: {shown}}}" if isinstance(given, bool) and "enabled" in keys else "{key: value, ...}"
             message = f"{shown} is not a block of settings: write {write} (its keys: {', '.join(keys)})"
+        elif error["type"] in SCALAR_TYPE_ERRORS:
+            given = error["input"]
+            message += f", got {str(given).lower() if isinstance(given, bool) else repr(given)}"
         path = ".".join(loc)
         issues.append(ConfigIssue(path, message, source.line_of(path)))
-    return issues
+    return [issue for issue in issues if not _suggested_elsewhere(issue, issues)]
+
+
+def _suggested_elsewhere(issue: ConfigIssue, issues: list[ConfigIssue]) -> bool:
+    """A missing key that a misspelt key beside it is already told to be (`paramters`): one line
+    says it all, where a second would send the user looking for a key they did write."""
+    if not issue.message.startswith("required key"):
+        return False
+    parent, _, key = issue.path.rpartition(".")
+    return any(
+        other.path.rpartition(".")[0] == parent and other.message.endswith(f"(did you mean {key!r}?)")
+        for other in issues
+    )
+
+
+#: Pydantic's errors for a scalar of the wrong type, to which the value given is added.
+SCALAR_TYPE_ERRORS = frozenset({"int_type", "float_type", "string_type", "bool_type", "int_from_float", "list_type"})
 
 
 def _allowed_keys(parent: list[str]) -> list[str]:
