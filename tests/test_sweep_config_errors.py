@@ -191,3 +191,24 @@ def test_run_with_the_dashboard_where_rays_dashboard_is_not_installed_is_one_lin
     err = capsys.readouterr().err
     assert err.startswith("error: --dashboard: ") and "ray[default]" in err and "aiohttp" in err, err
     assert err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key", "line", "words"),
+    [
+        ("run_cap: 2", "run_cap: 2\ncommand: [python, train.py]", "command", 9, "name it in 'trainable'"),
+        ("run_cap: 2", "run_cap: 2\nproject: digits", "project", 9, "logging: {wandb: {project: ...}}"),
+        ("run_cap: 2", "run_cap: 2\nentity: me", "entity", 9, "logging: {wandb: {entity: ...}}"),
+        ("  width: {values: [16, 32]}", "  optim:\n    parameters:\n      momentum: {values: [0.9]}",
+         "parameters.optim.parameters", 8, "nested parameters are not supported"),
+        ("goal: minimize}", "goal: minimize, target: 0.1}", "metric.target", 4, "stop: {<metric>: <value>}"),
+        ("run_cap: 2", "run_cap: 2\nearly_terminate: {type: hyperband, eta: 3, s: 2}", "early_terminate.s", 9,
+         "from max_iter and eta"),
+    ],
+    ids=["command", "project", "entity", "nested-parameters", "metric-target", "hyperband-s"],
+)
+def test_a_key_only_wandb_sweeps_have_says_what_to_write_here(tmp_path, capsys, old, new, key, line, words):
+    code, err = validate(write(tmp_path, VALID.replace(old, new)), capsys)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"sweep.yaml:{line}: {key}: W&B's {key.rpartition('.')[2]!r} has no counterpart here: " in err and words in err, err

@@ -447,7 +447,9 @@ def _issues(exc: ValidationError, source: LineNumbered) -> list[ConfigIssue]:
         if isinstance(keyed, _KeyedError):
             loc.append(keyed.key)
             message = str(keyed)
-        if error["type"] == "extra_forbidden":
+        if error["type"] == "extra_forbidden" and (_block(loc[:-1]), loc[-1]) in WANDB_ONLY_KEYS:
+            message = f"W&B's {loc[-1]!r} has no counterpart here: {WANDB_ONLY_KEYS[_block(loc[:-1]), loc[-1]]}"
+        elif error["type"] == "extra_forbidden":
             message = f"unknown key {loc[-1]!r}{did_you_mean_key(loc[-1], _allowed_keys(loc[:-1]))}"
         elif error["type"] == "missing":
             message = f"required key {loc[-1]!r} is missing"
@@ -487,12 +489,30 @@ def _suggested_elsewhere(issue: ConfigIssue, issues: list[ConfigIssue]) -> bool:
 SCALAR_TYPE_ERRORS = frozenset({"int_type", "float_type", "string_type", "bool_type", "int_from_float", "list_type"})
 
 
+def _block(parent: list[str]) -> str:
+    """The block a key path stands in: "parameter" for any one parameter, else the dotted path."""
+    return "parameter" if len(parent) == 2 and parent[0] == "parameters" else ".".join(parent)
+
+
 def _allowed_keys(parent: list[str]) -> list[str]:
-    if len(parent) == 2 and parent[0] == "parameters":
-        model: type[BaseModel] = ParameterSpec
-    else:
-        model = _MODELS_BY_PATH_DEPTH.get(".".join(parent), SweepSpec)
+    block = _block(parent)
+    model = ParameterSpec if block == "parameter" else _MODELS_BY_PATH_DEPTH.get(block, SweepSpec)
     return list(model.model_fields)
+
+
+#: Keys of a W&B sweep file that mean nothing here, by (block, key), with what to write instead:
+#: "unknown key" alone would leave a W&B user wondering whether they misspelt it.
+WANDB_ONLY_KEYS: dict[tuple[str, str], str] = {
+    ("", "command"): "hpo calls the trainable in its own process, with no command line; name it in 'trainable'",
+    ("", "entity"): "a W&B entity goes in the logging block: logging: {wandb: {entity: ...}}",
+    ("", "project"): "a W&B project goes in the logging block: logging: {wandb: {project: ...}}",
+    ("parameter", "parameters"): "nested parameters are not supported; give each its own top-level name "
+                                 "(e.g. optimizer_lr) and build the nested config in the trainable",
+    ("metric", "target"): "a sweep here does not end at a target; stop: {<metric>: <value>} ends each trial "
+                          "whose result reaches it",
+    ("early_terminate", "s"): "Tune's HyperBand sets its brackets from max_iter and eta; remove s",
+    ("early_terminate", "strict"): "Tune's schedulers have no strict mode; remove strict",
+}
 
 
 def did_you_mean(word: str, choices: Any) -> str:
