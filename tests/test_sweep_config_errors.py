@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpo.cli import main
+from hpo.config.sweep_file import load_sweep
 
 VALID = """\
 name: t
@@ -212,3 +213,28 @@ def test_a_key_only_wandb_sweeps_have_says_what_to_write_here(tmp_path, capsys, 
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1, err
     assert f"sweep.yaml:{line}: {key}: W&B's {key.rpartition('.')[2]!r} has no counterpart here: " in err and words in err, err
+
+
+def test_a_key_written_to_override_one_a_merge_brings_is_no_duplicate(tmp_path, capsys):
+    """`<<: *base` then `max: 0.1`: YAML's merge keys exist to be overridden; the file was refused
+    as giving `max` twice, 'first given on line 6' (the anchor's line, in another parameter)."""
+    text = VALID.replace(
+        "  lr: {distribution: log_uniform_values, min: 0.001, max: 0.1}",
+        "  dropout: &log {distribution: log_uniform_values, min: 0.001, max: 0.01}\n  lr:\n    <<: *log\n    max: 0.1",
+    )
+    path = write(tmp_path, text)
+    code, err = validate(path, capsys)
+    assert code == 0, err
+    assert load_sweep(path, execute=False).spec.parameters["lr"].max == 0.1
+
+
+def test_an_error_in_a_merged_key_names_the_line_it_was_written_on(tmp_path, capsys):
+    text = VALID.replace(
+        "  lr: {distribution: log_uniform_values, min: 0.001, max: 0.1}",
+        "  dropout: &log {distribution: log_uniform_values, min: 0.001, max: 0.01}\n  lr: {<<: *log, min: 0}",
+    )
+    code, err = validate(write(tmp_path, text), capsys)
+    assert code == 2 and "sweep.yaml:7: parameters.lr.min: log bounds must be positive" in err, err
+    text = text.replace("lr: {<<: *log, min: 0}", "lr: {<<: *log}").replace("min: 0.001", "min: -1")
+    code, err = validate(write(tmp_path, text), capsys)
+    assert "sweep.yaml:6: parameters.lr.min: log bounds must be positive" in err, err
