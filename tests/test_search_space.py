@@ -247,3 +247,28 @@ def test_int_uniform_bounds_a_float_cannot_hold_exactly_are_refused(tmp_path, ca
     """`max: 10**29` read as 99999999999999991433150857216 and then overflowed NumPy's int64 in the trial."""
     assert main(["validate", "--no-exec", str(sweep_file(tmp_path, "{min: 0, max: 100000000000000000000000000000}"))]) == 2
     assert "sweep.yaml:5: parameters.lr.max: int_uniform bounds must lie within ±2**53" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("written", "key", "words"),
+    [
+        ("{distribution: log_uniform, min: -800, max: -1}", "min", "exp(-800) is 0 to a float"),  # Ray: lower bound 0
+        ("{min: -1.0e308, max: 1.0e308}", "max", "overflows a float"),  # NumPy: OverflowError in the searcher
+    ],
+)
+def test_bounds_whose_range_a_float_cannot_hold_are_refused_before_ray_starts(tmp_path, capsys, written, key, words):
+    assert main(["validate", "--no-exec", str(sweep_file(tmp_path, written))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"sweep.yaml:5: parameters.lr.{key}: " in err and words in err, err
+
+
+@given(low=st.floats(-1e308, 1e308), high=st.floats(-1e308, 1e308),
+       kind=st.sampled_from(["uniform", "log_uniform", "log_uniform_values"]))
+def test_every_range_the_spec_accepts_draws_finite_values_within_its_bounds(low, high, kind):
+    try:
+        param = ParameterSpec.model_validate({"distribution": kind, "min": low, "max": high})
+    except ValidationError:
+        return
+    values = to_tune_domain(param).sample(size=50)
+    lo, hi = (math.exp(low), math.exp(high)) if kind == "log_uniform" else (low, high)
+    assert all(math.isfinite(v) and lo - 1e-9 * abs(lo) <= v <= hi + 1e-9 * abs(hi) for v in values)

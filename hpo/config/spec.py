@@ -175,6 +175,8 @@ class ParameterSpec(_Strict):
             raise _KeyedError("values", "needs at least one value")
         if self.min is not None and self.max is not None and self.min >= self.max:
             raise _KeyedError("max", f"max ({self.max}) must be greater than min ({self.min})")
+        if self.min is not None and self.max is not None and not math.isfinite(self.max - self.min):
+            raise _KeyedError("max", f"max - min ({self.max:g} - {self.min:g}) overflows a float; NumPy cannot draw from it")
         if kind in ("log_uniform_values", "q_log_uniform_values") and self.min is not None and self.min <= 0:
             raise _KeyedError("min", f"log bounds must be positive, got min={self.min}")
         if kind == "int_uniform" and not (float(self.min).is_integer() and float(self.max).is_integer()):
@@ -198,6 +200,9 @@ class ParameterSpec(_Strict):
                     )
         if kind == "log_uniform" and self.max is not None and self.max > 700:
             raise _KeyedError("max", "log_uniform takes natural-log exponents; did you mean log_uniform_values?")
+        if kind == "log_uniform" and self.min is not None and self.min < -700:
+            # exp(min) rounds to 0 below about -745, and Tune's log-uniform refuses 0 once the sweep starts
+            raise _KeyedError("min", f"log_uniform takes natural-log exponents: exp({self.min:g}) is 0 to a float; use min >= -700")
         return self
 
     @property
