@@ -7,6 +7,7 @@ import random
 
 import pytest
 from hypothesis import given, strategies as st
+from pydantic import ValidationError
 from ray import tune
 
 from hpo.cli import main
@@ -87,11 +88,14 @@ def sweep_file(tmp_path, lr: str, trainable: bool = True):
 
 @pytest.mark.parametrize(("alias", "meaning"), sorted(DISTRIBUTION_ALIASES.items()))
 def test_ray_and_optuna_names_are_read_as_the_distribution_they_name_there(alias, meaning):
-    bounds = {"min": 1e-4, "max": 0.05, "q": 1e-4, "mu": 0.0, "sigma": 1.0}
-    if meaning in ("categorical",):
-        bounds = {"values": [1, 2]}
-    elif meaning == "int_uniform":
-        bounds = {"min": 1, "max": 3}
+    bounds = {
+        "categorical": {"values": [1, 2]},
+        "int_uniform": {"min": 1, "max": 3},
+        "normal": {"mu": 0.0, "sigma": 1.0},
+        "q_normal": {"mu": 0.0, "sigma": 1.0, "q": 1e-4},
+        "q_uniform": {"min": 1e-4, "max": 0.05, "q": 1e-4},
+        "q_log_uniform_values": {"min": 1e-4, "max": 0.05, "q": 1e-4},
+    }.get(meaning, {"min": 1e-4, "max": 0.05})
     param = ParameterSpec.model_validate({"distribution": alias, **bounds})
     assert param.distribution == meaning
 
@@ -166,3 +170,105 @@ def test_top_level_and_nested_keys_from_tune_get_a_did_you_mean(tmp_path, capsys
     path.write_text(path.read_text() + extra + "\n")
     assert main(["validate", "--no-exec", str(path)]) == 2
     assert f"(did you mean {meant!r}?)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("written", "key"),
+    [
+        ("{distribution: normal, mu: 0, sigma: 1, min: -1}", "min"),  # would look truncated; Tune's normal is not
+        ("{distribution: int_uniform, min: 1, max: 9, q: 2}", "q"),  # would look stepped; every integer is drawn
+        ("{distribution: uniform, min: 0, max: 1, mu: 0.5}", "mu"),
+        ("{value: 1, values: [1, 2]}", "values"),  # a constant: the list would never be searched
+        ("{values: [1, 2], min: 0, max: 3}", "max"),
+    ],
+)
+def test_a_key_the_distribution_does_not_use_is_refused_not_ignored(tmp_path, capsys, written, key):
+    assert main(["validate", "--no-exec", str(sweep_file(tmp_path, written))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"sweep.yaml:5: parameters.lr.{key}: distribution " in err
+    assert f"does not use '{key}'" in err
+
+
+@given(
+    kind=st.sampled_from(["q_uniform", "q_log_uniform_values"]),
+    low=st.integers(1, 40),
+    span=st.integers(1, 40),
+    q=st.sampled_from([0.1, 0.25, 0.3, 1, 2, 3, 5]),
+    scale=st.sampled_from([0.1, 1, 7]),
+)
+def test_a_quantised_range_either_is_refused_at_its_bound_or_draws_only_multiples_of_q_within_it(kind, low, span, q, scale):
+    """Tune refuses bounds that are not multiples of q only once the sweep starts; the spec must refuse
+    them first, naming the bound, and every range it accepts must build and stay within its bounds."""
+    spec = {"distribution": kind, "min": low * scale, "max": (low + span) * scale, "q": q}
+    try:
+        param = ParameterSpec.model_validate(spec)
+    except ValidationError as exc:
+        assert "is not a multiple of q" in str(exc)
+        return
+    domain = to_tune_domain(param)
+    values = domain.sample(size=200)
+    assert all(param.min - 1e-9 <= v <= param.max + 1e-9 for v in values)
+    assert all(math.isclose(v / q, round(v / q), abs_tol=1e-6) for v in values)
+
+
+@pytest.mark.parametrize("method", ["bayes", "tpe", "optuna"])
+@pytest.mark.parametrize(
+    "written",
+    [
+        "{distribution: normal, mu: 0, sigma: 1}",  # OptunaSearch raised once Ray had started: a traceback, exit 1
+        "{distribution: q_normal, mu: 0, sigma: 1, q: 1}",
+        "{distribution: q_log_uniform_values, min: 1, max: 64, q: 1}",  # Optuna dropped q with a warning
+    ],
+)
+def test_distributions_optunas_tpe_cannot_sample_are_refused_for_its_methods(tmp_path, capsys, method, written):
+    path = sweep_file(tmp_path, written)
+    path.write_text(path.read_text().replace("parameters:", f"method: {method}\nparameters:"))
+    assert main(["validate", "--no-exec", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sweep.yaml:6: parameters.lr.distribution: method " in err
+    assert "Optuna's TPE cannot" in err
+
+
+@pytest.mark.parametrize("distribution", ["constant", "categorical", "int_uniform", "uniform", "q_uniform",
+                                          "log_uniform", "log_uniform_values"])
+def test_every_distribution_a_tpe_sweep_accepts_converts_to_optuna(distribution):
+    from ray.tune.search.optuna import OptunaSearch
+
+    written = {
+        "constant": {"value": 3}, "categorical": {"values": [1, 2]}, "int_uniform": {"min": 1, "max": 4},
+        "q_uniform": {"min": 0, "max": 1, "q": 0.25}, "log_uniform": {"min": -9, "max": -2},
+    }.get(distribution, {"min": 0.001, "max": 0.1})
+    domain = to_tune_domain(ParameterSpec.model_validate({"distribution": distribution, **written}))
+    if distribution != "constant":
+        assert OptunaSearch.convert_search_space({"x": domain})
+
+
+def test_int_uniform_bounds_a_float_cannot_hold_exactly_are_refused(tmp_path, capsys):
+    """`max: 10**29` read as 99999999999999991433150857216 and then overflowed NumPy's int64 in the trial."""
+    assert main(["validate", "--no-exec", str(sweep_file(tmp_path, "{min: 0, max: 100000000000000000000000000000}"))]) == 2
+    assert "sweep.yaml:5: parameters.lr.max: int_uniform bounds must lie within ±2**53" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("written", "key", "words"),
+    [
+        ("{distribution: log_uniform, min: -800, max: -1}", "min", "exp(-800) is 0 to a float"),  # Ray: lower bound 0
+        ("{min: -1.0e308, max: 1.0e308}", "max", "overflows a float"),  # NumPy: OverflowError in the searcher
+    ],
+)
+def test_bounds_whose_range_a_float_cannot_hold_are_refused_before_ray_starts(tmp_path, capsys, written, key, words):
+    assert main(["validate", "--no-exec", str(sweep_file(tmp_path, written))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"sweep.yaml:5: parameters.lr.{key}: " in err and words in err, err
+
+
+@given(low=st.floats(-1e308, 1e308), high=st.floats(-1e308, 1e308),
+       kind=st.sampled_from(["uniform", "log_uniform", "log_uniform_values"]))
+def test_every_range_the_spec_accepts_draws_finite_values_within_its_bounds(low, high, kind):
+    try:
+        param = ParameterSpec.model_validate({"distribution": kind, "min": low, "max": high})
+    except ValidationError:
+        return
+    values = to_tune_domain(param).sample(size=50)
+    lo, hi = (math.exp(low), math.exp(high)) if kind == "log_uniform" else (low, high)
+    assert all(math.isfinite(v) and lo - 1e-9 * abs(lo) <= v <= hi + 1e-9 * abs(hi) for v in values)

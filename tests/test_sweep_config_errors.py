@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpo.cli import main
+from hpo.config.sweep_file import load_sweep
 
 VALID = """\
 name: t
@@ -74,6 +75,37 @@ def test_bad_input_names_key_and_line(tmp_path, capsys, bad, key, line, words):
     assert len(err.strip().splitlines()) == 1, err
     assert f"sweep.yaml:{line}: {key}:" in err, err
     assert words in err, err
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key", "line", "words"),
+    [
+        ("run_cap: 2", "run_cap: true", "run_cap", 8, "valid integer, got true"),  # was read as 1 run
+        ("run_cap: 2", "run_cap: '5'", "run_cap", 8, "valid integer, got '5'"),
+        ("max_iterations: 1", "max_iterations: yes", "max_iterations", 9, "valid integer, got true"),
+        ("min: 0.001, max: 0.1", "min: '0.001', max: 0.1", "parameters.lr.min", 6, "valid number, got '0.001'"),
+        ("goal: minimize}", "goal: minimize}\nmax_concurrent_trials: on", "max_concurrent_trials", 5, "got true"),
+        ("run_cap: 2", "run_cap: 2\nseed: -1", "seed", 9, "greater than or equal to 0"),  # NumPy refused it in the driver
+        ("run_cap: 2", "run_cap: 2\nseed: 4294967296", "seed", 9, "less than or equal to 4294967295"),  # so did Optuna
+    ],
+    ids=["bool-count", "quoted-count", "yes-count", "quoted-bound", "bool-limit", "negative-seed", "seed-past-32-bits"],
+)
+def test_a_boolean_or_quoted_number_where_a_number_is_wanted_is_refused_with_what_was_given(
+    tmp_path, capsys, old, new, key, line, words
+):
+    """Pydantic's lax mode read `true` as 1 and `'5'` as 5: a sweep of one run, or a bound from a string."""
+    code, err = validate(write(tmp_path, VALID.replace(old, new)), capsys)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"sweep.yaml:{line}: {key}:" in err and words in err, err
+
+
+def test_a_misspelt_required_key_is_one_line_that_suggests_it_not_also_a_missing_key(tmp_path, capsys):
+    code, err = validate(write(tmp_path, VALID.replace("parameters:", "paramters:")), capsys)
+    assert code == 2
+    assert err.strip().splitlines() == [
+        f"error: {tmp_path / 'sweep.yaml'}:5: paramters: unknown key 'paramters' (did you mean 'parameters'?)"
+    ]
 
 
 def test_missing_file_is_a_clear_error(tmp_path, capsys):
@@ -159,3 +191,49 @@ def test_run_with_the_dashboard_where_rays_dashboard_is_not_installed_is_one_lin
     err = capsys.readouterr().err
     assert err.startswith("error: --dashboard: ") and "ray[default]" in err and "aiohttp_cors" in err, err
     assert err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key", "line", "words"),
+    [
+        ("run_cap: 2", "run_cap: 2\ncommand: [python, train.py]", "command", 9, "name it in 'trainable'"),
+        ("run_cap: 2", "run_cap: 2\nproject: digits", "project", 9, "logging: {wandb: {project: ...}}"),
+        ("run_cap: 2", "run_cap: 2\nentity: me", "entity", 9, "logging: {wandb: {entity: ...}}"),
+        ("  width: {values: [16, 32]}", "  optim:\n    parameters:\n      momentum: {values: [0.9]}",
+         "parameters.optim.parameters", 8, "nested parameters are not supported"),
+        ("goal: minimize}", "goal: minimize, target: 0.1}", "metric.target", 4, "stop: {<metric>: <value>}"),
+        ("run_cap: 2", "run_cap: 2\nearly_terminate: {type: hyperband, eta: 3, s: 2}", "early_terminate.s", 9,
+         "from max_iter and eta"),
+    ],
+    ids=["command", "project", "entity", "nested-parameters", "metric-target", "hyperband-s"],
+)
+def test_a_key_only_wandb_sweeps_have_says_what_to_write_here(tmp_path, capsys, old, new, key, line, words):
+    code, err = validate(write(tmp_path, VALID.replace(old, new)), capsys)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"sweep.yaml:{line}: {key}: W&B's {key.rpartition('.')[2]!r} has no counterpart here: " in err and words in err, err
+
+
+def test_a_key_written_to_override_one_a_merge_brings_is_no_duplicate(tmp_path, capsys):
+    """`<<: *base` then `max: 0.1`: YAML's merge keys exist to be overridden; the file was refused
+    as giving `max` twice, 'first given on line 6' (the anchor's line, in another parameter)."""
+    text = VALID.replace(
+        "  lr: {distribution: log_uniform_values, min: 0.001, max: 0.1}",
+        "  dropout: &log {distribution: log_uniform_values, min: 0.001, max: 0.01}\n  lr:\n    <<: *log\n    max: 0.1",
+    )
+    path = write(tmp_path, text)
+    code, err = validate(path, capsys)
+    assert code == 0, err
+    assert load_sweep(path, execute=False).spec.parameters["lr"].max == 0.1
+
+
+def test_an_error_in_a_merged_key_names_the_line_it_was_written_on(tmp_path, capsys):
+    text = VALID.replace(
+        "  lr: {distribution: log_uniform_values, min: 0.001, max: 0.1}",
+        "  dropout: &log {distribution: log_uniform_values, min: 0.001, max: 0.01}\n  lr: {<<: *log, min: 0}",
+    )
+    code, err = validate(write(tmp_path, text), capsys)
+    assert code == 2 and "sweep.yaml:7: parameters.lr.min: log bounds must be positive" in err, err
+    text = text.replace("lr: {<<: *log, min: 0}", "lr: {<<: *log}").replace("min: 0.001", "min: -1")
+    code, err = validate(write(tmp_path, text), capsys)
+    assert "sweep.yaml:6: parameters.lr.min: log bounds must be positive" in err, err

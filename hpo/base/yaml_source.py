@@ -88,8 +88,15 @@ class YamlSource:
         try:
             loader = SweepLoader(text)  # the reader refuses control characters here, before parsing
             node = loader.get_single_node()
+            lines: dict[str, int] = {}
             if node is not None:
                 _check_expansion(node, name)
+                # before construction, which moves the keys a merge (`<<: *base`) brings into the
+                # mapping itself, where a key written to override one would read as given twice
+                duplicates: list[ConfigIssue] = []
+                _index(node, "", lines, duplicates)
+                if duplicates:
+                    raise SweepConfigError(duplicates, name)
             data = loader.construct_document(node) if node is not None else None
         except yaml.reader.ReaderError as exc:
             line = text[: exc.position].count("\n") + 1
@@ -105,12 +112,6 @@ class YamlSource:
         finally:
             if loader is not None:
                 loader.dispose()
-        lines: dict[str, int] = {}
-        if node is not None:
-            duplicates: list[ConfigIssue] = []
-            _index(node, "", lines, duplicates)
-            if duplicates:
-                raise SweepConfigError(duplicates, name)
         return cls(data, lines, name)
 
     @classmethod
@@ -222,7 +223,16 @@ def _index(node: yaml.Node, prefix: str, lines: dict[str, int], duplicates: list
         for key_node, value_node in node.value:
             line = key_node.start_mark.line + 1
             path = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
-            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                # `<<: *base` (or a list of them): the merged keys are this mapping's, at the lines
+                # they were written; a key written beside the merge overrides one and keeps its own
+                merged: dict[str, int] = {}
+                for source in value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]:
+                    _index(source, prefix, merged, [])  # its own duplicates are reported where it is written
+                for merged_path, merged_line in merged.items():
+                    lines.setdefault(merged_path, merged_line)
+                continue
+            if isinstance(key_node, yaml.ScalarNode):
                 if key_node.value in seen:
                     message = f"duplicate key {key_node.value!r}: first given on line {seen[key_node.value]}, again on line {line}"
                     duplicates.append(ConfigIssue(path, message, line))

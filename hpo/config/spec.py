@@ -73,6 +73,16 @@ REFUSED_DISTRIBUTIONS = {
 #: `log_uniform` whose exponents span less than this factor (exp(max) / exp(min)) searches almost
 #: one value: bounds written as the values themselves, meant for `log_uniform_values`.
 NARROW_LOG_RANGE = 1.1
+#: Largest whole number a float holds exactly: `int_uniform` bounds beyond it change when read.
+MAX_EXACT_INT = 2**53
+#: Distributions Optuna's TPE cannot sample as written: Ray's OptunaSearch refuses a normal once
+#: the sweep has started, and drops a log scale's q with only a warning.
+TPE_REFUSES = {
+    "normal": "Optuna's TPE cannot sample a normal distribution; use method: random, or uniform with min and max",
+    "q_normal": "Optuna's TPE cannot sample a normal distribution; use method: random, or q_uniform with min and max",
+    "q_log_uniform_values": "Optuna's TPE cannot step a log scale (it would drop q and draw any float); "
+                            "use method: random, or list the values: values: [...]",
+}
 DEFAULT_MAX_ITERATIONS = 10
 #: Checkpoint every 4th iteration (and the last) unless told otherwise. Tune's driver persists each
 #: checkpoint in turn, 10-26 ms each on a 2-core box (benchmarks/results/sweep_overhead_*.json):
@@ -157,20 +167,42 @@ class ParameterSpec(_Strict):
         for key in needs:
             if getattr(self, key) is None:
                 raise _KeyedError(key, f"distribution {kind!r} needs '{key}'")
+        for key in sorted(self.model_fields_set - {"distribution", *needs}):
+            # read by no distribution of this kind: `normal` with min would look truncated and
+            # `int_uniform` with q stepped, yet Tune would draw without them
+            raise _KeyedError(key, f"distribution {kind!r} does not use '{key}' (it takes {', '.join(needs)}); remove it")
         if kind == "categorical" and not self.values:
             raise _KeyedError("values", "needs at least one value")
         if self.min is not None and self.max is not None and self.min >= self.max:
             raise _KeyedError("max", f"max ({self.max}) must be greater than min ({self.min})")
+        if self.min is not None and self.max is not None and not math.isfinite(self.max - self.min):
+            raise _KeyedError("max", f"max - min ({self.max:g} - {self.min:g}) overflows a float; NumPy cannot draw from it")
         if kind in ("log_uniform_values", "q_log_uniform_values") and self.min is not None and self.min <= 0:
             raise _KeyedError("min", f"log bounds must be positive, got min={self.min}")
         if kind == "int_uniform" and not (float(self.min).is_integer() and float(self.max).is_integer()):
             raise _KeyedError("min", "int_uniform bounds must be whole numbers")
+        if kind == "int_uniform":
+            for key in ("min", "max"):  # a float holds whole numbers exactly up to 2**53; numpy draws int64
+                if abs(getattr(self, key)) > MAX_EXACT_INT:
+                    raise _KeyedError(key, f"int_uniform bounds must lie within ±2**53 = ±{MAX_EXACT_INT}")
         if self.sigma is not None and self.sigma <= 0:
             raise _KeyedError("sigma", f"sigma must be positive, got {self.sigma}")
         if self.q is not None and self.q <= 0:
             raise _KeyedError("q", f"q must be positive, got {self.q}")
+        if self.q is not None and kind in ("q_uniform", "q_log_uniform_values"):
+            for key in ("min", "max"):  # Tune's quantized domains refuse such bounds when the sweep starts
+                bound = getattr(self, key)
+                if not math.isclose(bound / self.q, round(bound / self.q)):
+                    raise _KeyedError(
+                        key,
+                        f"{key} ({bound:g}) is not a multiple of q ({self.q:g}): Tune draws multiples of q "
+                        f"from min to max, so both bounds must be multiples (e.g. {key}: {round(bound / self.q) * self.q:g})",
+                    )
         if kind == "log_uniform" and self.max is not None and self.max > 700:
             raise _KeyedError("max", "log_uniform takes natural-log exponents; did you mean log_uniform_values?")
+        if kind == "log_uniform" and self.min is not None and self.min < -700:
+            # exp(min) rounds to 0 below about -745, and Tune's log-uniform refuses 0 once the sweep starts
+            raise _KeyedError("min", f"log_uniform takes natural-log exponents: exp({self.min:g}) is 0 to a float; use min >= -700")
         return self
 
     @property
@@ -283,7 +315,7 @@ class SweepSpec(_Strict):
     stop: dict[str, float] | None = None
     storage_path: str = "runs"
     max_failures: int = Field(1, ge=0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=2**32 - 1)  # NumPy's and Optuna's seeds
     scaling: ScalingConfig | None = None
     fusion: FusionConfig | None = None
     checkpoint: CheckpointPolicy = CheckpointPolicy()
@@ -322,6 +354,13 @@ class SweepSpec(_Strict):
                     f"a grid runs each of its {self.grid_size} combinations once, so run_cap would not cap it; "
                     "remove run_cap, or use method: random to sample run_cap of them",
                 )
+        if self.searcher_kind == "tpe":
+            for key, param in self.parameters.items():
+                if param.distribution in TPE_REFUSES:
+                    raise _KeyedError(
+                        f"parameters.{key}.distribution",
+                        f"method {self.method}: {param.distribution} for {key!r}: {TPE_REFUSES[param.distribution]}",
+                    )
         if self.early_terminate and self.early_terminate.max_iter and self.early_terminate.max_iter > self.max_iterations:
             raise _KeyedError(
                 "early_terminate.max_iter",
@@ -369,7 +408,8 @@ class SweepSpec(_Strict):
         if "name" not in data:
             data = {**data, "name": Path(source.name).stem}
         try:
-            return cls.model_validate(data)
+            # strict: a YAML `true` or `'5'` is no count and no bound (pydantic would read them as 1 and 5)
+            return cls.model_validate(data, strict=True)
         except ValidationError as exc:
             raise SweepConfigError(_issues(exc, source), source.name) from None
 
@@ -412,7 +452,9 @@ def _issues(exc: ValidationError, source: LineNumbered) -> list[ConfigIssue]:
         if isinstance(keyed, _KeyedError):
             loc.append(keyed.key)
             message = str(keyed)
-        if error["type"] == "extra_forbidden":
+        if error["type"] == "extra_forbidden" and (_block(loc[:-1]), loc[-1]) in WANDB_ONLY_KEYS:
+            message = f"W&B's {loc[-1]!r} has no counterpart here: {WANDB_ONLY_KEYS[_block(loc[:-1]), loc[-1]]}"
+        elif error["type"] == "extra_forbidden":
             message = f"unknown key {loc[-1]!r}{did_you_mean_key(loc[-1], _allowed_keys(loc[:-1]))}"
         elif error["type"] == "missing":
             message = f"required key {loc[-1]!r} is missing"
@@ -428,17 +470,54 @@ def _issues(exc: ValidationError, source: LineNumbered) -> list[ConfigIssue]:
             shown = str(given).lower() if isinstance(given, bool) else repr(given)  # as YAML spells it
             write = f"{{enabled: {shown}}}" if isinstance(given, bool) and "enabled" in keys else "{key: value, ...}"
             message = f"{shown} is not a block of settings: write {write} (its keys: {', '.join(keys)})"
+        elif error["type"] in SCALAR_TYPE_ERRORS:
+            given = error["input"]
+            message += f", got {str(given).lower() if isinstance(given, bool) else repr(given)}"
         path = ".".join(loc)
         issues.append(ConfigIssue(path, message, source.line_of(path)))
-    return issues
+    return [issue for issue in issues if not _suggested_elsewhere(issue, issues)]
+
+
+def _suggested_elsewhere(issue: ConfigIssue, issues: list[ConfigIssue]) -> bool:
+    """A missing key that a misspelt key beside it is already told to be (`paramters`): one line
+    says it all, where a second would send the user looking for a key they did write."""
+    if not issue.message.startswith("required key"):
+        return False
+    parent, _, key = issue.path.rpartition(".")
+    return any(
+        other.path.rpartition(".")[0] == parent and other.message.endswith(f"(did you mean {key!r}?)")
+        for other in issues
+    )
+
+
+#: Pydantic's errors for a scalar of the wrong type, to which the value given is added.
+SCALAR_TYPE_ERRORS = frozenset({"int_type", "float_type", "string_type", "bool_type", "int_from_float", "list_type"})
+
+
+def _block(parent: list[str]) -> str:
+    """The block a key path stands in: "parameter" for any one parameter, else the dotted path."""
+    return "parameter" if len(parent) == 2 and parent[0] == "parameters" else ".".join(parent)
 
 
 def _allowed_keys(parent: list[str]) -> list[str]:
-    if len(parent) == 2 and parent[0] == "parameters":
-        model: type[BaseModel] = ParameterSpec
-    else:
-        model = _MODELS_BY_PATH_DEPTH.get(".".join(parent), SweepSpec)
+    block = _block(parent)
+    model = ParameterSpec if block == "parameter" else _MODELS_BY_PATH_DEPTH.get(block, SweepSpec)
     return list(model.model_fields)
+
+
+#: Keys of a W&B sweep file that mean nothing here, by (block, key), with what to write instead:
+#: "unknown key" alone would leave a W&B user wondering whether they misspelt it.
+WANDB_ONLY_KEYS: dict[tuple[str, str], str] = {
+    ("", "command"): "hpo calls the trainable in its own process, with no command line; name it in 'trainable'",
+    ("", "entity"): "a W&B entity goes in the logging block: logging: {wandb: {entity: ...}}",
+    ("", "project"): "a W&B project goes in the logging block: logging: {wandb: {project: ...}}",
+    ("parameter", "parameters"): "nested parameters are not supported; give each its own top-level name "
+                                 "(e.g. optimizer_lr) and build the nested config in the trainable",
+    ("metric", "target"): "a sweep here does not end at a target; stop: {<metric>: <value>} ends each trial "
+                          "whose result reaches it",
+    ("early_terminate", "s"): "Tune's HyperBand sets its brackets from max_iter and eta; remove s",
+    ("early_terminate", "strict"): "Tune's schedulers have no strict mode; remove strict",
+}
 
 
 def did_you_mean(word: str, choices: Any) -> str:
