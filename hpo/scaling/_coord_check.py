@@ -165,6 +165,9 @@ def depth_coord_check(
             depths = _doublings(scaling.depth_proxy, scaling.target_depth)
     depths = _points(depths, "depths")
     base_depth = base_depth or depths[0]
+    # A depth key the factory ignores would compare one model with itself and pass: refuse it as a sweep does.
+    contract = MuPWorkload(workload, None, depth=depths[0], base_depth=base_depth, depth_alpha=depth_alpha)
+    contract.check_depth_contract(contract.resolve(options.get("config") or {}))
 
     def scaled(depth: int, mup: bool) -> Workload:
         if mup:

@@ -190,11 +190,12 @@ class MuPWorkload(Workload):
             for message in attention_scale_problems(base, delta):
                 warnings.warn(message, UserWarning, stacklevel=2)
         if self.depth is not None:
-            self._check_depth_contract(config)
+            self.check_depth_contract(config)
         return model
 
-    def _check_depth_contract(self, config: Mapping[str, Any]) -> None:
-        """The depth key must add blocks under `residual_blocks`, and the factory should read `residual_mult`."""
+    def check_depth_contract(self, config: Mapping[str, Any]) -> None:
+        """The depth key must add blocks under `residual_blocks` (else `ScalingError`), and the factory
+        should read `residual_mult` (else a warning): what a sweep and the depth coordinate check refuse."""
         key, blocks = self.inner.depth_key, self.inner.residual_blocks
         counts = {}
         for depth in (self.depth, self.depth + 1):
