@@ -315,6 +315,23 @@ def test_coord_check_across_depth_passes_a_depth_scaled_vit_and_writes_its_plot(
     assert (tmp_path / "coord_depth.png").stat().st_size > 10_000 and not plot.exists(), "only the depth check ran"
 
 
+def test_coord_check_prints_a_warning_about_the_users_model_as_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "unscaled_vit.py").write_text(textwrap.dedent('''
+        from hpo.examples.vit_digits import workload as vit
+
+        class Unscaled(type(vit)):
+            def build_model(self, config):
+                return super().build_model({**config, "residual_mult": 1.0})
+
+        workload = Unscaled()
+    '''))
+    monkeypatch.chdir(tmp_path)
+    args = ["--depths", "1", "2", "--set", "width=16", "--set", "lr=0.003", "--plot", str(tmp_path / "c.png")]
+    assert main(["coord-check", "unscaled_vit:workload", *args]) in (0, 1)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: depth scaling: the residual blocks of workload") and err.count("\n") == 1, err
+
+
 def test_coord_check_scales_a_model_whose_output_layer_is_named_by_readout(tmp_path, monkeypatch, capsys):
     shutil.copy(Path(__file__).resolve().parent / "bad_sweeps" / "bad_workloads.py", tmp_path)
     monkeypatch.chdir(tmp_path)
