@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -329,7 +330,7 @@ def _newest_run_of(sweep_file: Path) -> Path:
 def _cmd_coord_check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from hpo.scaling import ScalingError, coord_check, depth_contract_problem, depth_coord_check
+    from hpo.scaling import depth_contract_problem
     from hpo.config.sweep_file import describe_exception
     from hpo.config.trainable_lookup import TrainableNotFound, resolve_trainable
     from hpo.base.hparams import OptimHParams
@@ -368,6 +369,24 @@ def _cmd_coord_check(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     common = dict(config=config, tolerance=args.tolerance, parametrization=args.parametrization)
     reports = []
+    with warnings.catch_warnings(record=True) as messages:  # one line each, not a line of hpo's source
+        warnings.simplefilter("always")
+        code = _run_coord_checks(args, workload, common, reports)
+    for message in messages:
+        print(f"warning: {' '.join(str(message.message).split())}", file=sys.stderr)
+    if code is not None:
+        return code
+    for report in reports:
+        print(report.summary())
+        print(f"plot: {report.plot_path}")
+    return 0 if all(report.ok for report in reports) else 1
+
+
+def _run_coord_checks(args: argparse.Namespace, workload: Any, common: dict[str, Any], reports: list) -> int | None:
+    """The width and depth checks `args` ask for, appended to `reports`; an exit status on failure."""
+    from hpo.config.sweep_file import describe_exception
+    from hpo.scaling import ScalingError, coord_check, depth_coord_check
+
     try:  # a model muP cannot scale (no readout, a width it ignores) is the user's to fix: one line
         if args.widths or not args.depths:
             reports.append(coord_check(
@@ -385,10 +404,7 @@ def _cmd_coord_check(args: argparse.Namespace) -> int:
     except Exception as exc:  # the workload's own code failed (its factory, its data): one line, where
         print(f"error: the coordinate check of {args.trainable!r} failed: {describe_exception(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    for report in reports:
-        print(report.summary())
-        print(f"plot: {report.plot_path}")
-    return 0 if all(report.ok for report in reports) else 1
+    return None
 
 
 def _key_value(text: str) -> tuple[str, str]:

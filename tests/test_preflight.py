@@ -224,6 +224,42 @@ def test_a_key_the_workloads_own_code_reads_is_accepted_without_a_default(tmp_pa
     assert code == 2 and "parameters.wd: workload 'tiny' never reads 'wd'" in err, err
 
 
+
+def test_a_key_a_dataset_workloads_model_reads_is_accepted_without_a_default(tmp_path, capsys):
+    """A user's own model handed to `DatasetWorkload` reads the config in the user's file (here
+    `n_head`, inside the model class), not in hpo's DatasetWorkload: sweeping it is allowed."""
+    (tmp_path / "own_model.py").write_text(textwrap.dedent('''
+        import torch
+        from torch import nn
+        from torch.nn import functional as F
+        from torch.utils.data import TensorDataset
+        from hpo.base.workload import DatasetWorkload
+
+        class Net(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.heads = config.get("n_head", 1)
+                self.hidden = nn.Linear(4, config["width"])
+                self.readout = nn.Linear(config["width"], 2)
+
+            def forward(self, x):
+                return self.readout(torch.relu(self.hidden(x)))
+
+        data = TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
+        workload = DatasetWorkload(model=lambda config: Net(config), train=data, val=data, loss=F.cross_entropy,
+                                   defaults={"width": 16, "batch_size": 4}, name="own")
+    '''))
+    text = WORKLOAD_SWEEP.replace("bad_workloads:tiny", "own_model:workload")
+
+    def with_parameter(line: str) -> str:
+        return text.replace("scaling:", f"  {line}\nscaling:")
+
+    code = main(["validate", str(sweep(tmp_path, with_parameter("n_head: {values: [1, 2]}")))])
+    assert code == 0, capsys.readouterr().err
+    code = main(["validate", str(sweep(tmp_path, with_parameter("wd: {value: 0.1}")))])
+    err = capsys.readouterr().err
+    assert code == 2 and "parameters.wd: workload 'own' never reads 'wd'" in err, err
+
 def test_coord_check_finds_a_module_in_the_current_folder(tmp_path, monkeypatch, capsys):
     (tmp_path / "cwd_functions.py").write_text("def train(config):\n    return config\n")
     (tmp_path / "cwd_broken.py").write_text("def train(config:\n    return config\n")
@@ -277,6 +313,23 @@ def test_coord_check_across_depth_passes_a_depth_scaled_vit_and_writes_its_plot(
     out = capsys.readouterr().out
     assert "coordinate check (mup, depths [1, 2, 4], 4 steps): OK" in out, out
     assert (tmp_path / "coord_depth.png").stat().st_size > 10_000 and not plot.exists(), "only the depth check ran"
+
+
+def test_coord_check_prints_a_warning_about_the_users_model_as_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "unscaled_vit.py").write_text(textwrap.dedent('''
+        from hpo.examples.vit_digits import workload as vit
+
+        class Unscaled(type(vit)):
+            def build_model(self, config):
+                return super().build_model({**config, "residual_mult": 1.0})
+
+        workload = Unscaled()
+    '''))
+    monkeypatch.chdir(tmp_path)
+    args = ["--depths", "1", "2", "--set", "width=16", "--set", "lr=0.003", "--plot", str(tmp_path / "c.png")]
+    assert main(["coord-check", "unscaled_vit:workload", *args]) in (0, 1)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: depth scaling: the residual blocks of workload") and err.count("\n") == 1, err
 
 
 def test_coord_check_scales_a_model_whose_output_layer_is_named_by_readout(tmp_path, monkeypatch, capsys):

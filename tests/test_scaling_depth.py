@@ -225,3 +225,25 @@ def test_the_depth_check_sees_the_residual_stream_of_blocks_held_in_a_module_lis
     assert not unscaled.ok and "layers[-1]" in unscaled.offending, unscaled.summary()
     scaled = depth_coord_check(_ListWorkload(), [1, 2, 4, 8, 16], config=config, seeds=1, steps=3)
     assert scaled.ok, scaled.summary()
+
+
+def test_the_depth_check_refuses_a_depth_key_the_factory_ignores_instead_of_passing_one_model():
+    """A depth key the model never reads builds the same model at every depth, whose activations
+    trivially stay flat: the check must refuse it, as a sweep does, not report OK."""
+
+    class IgnoresItsDepthKey(_ListWorkload):
+        depth_key = "depth"
+
+    with pytest.raises(ScalingError, match=r"at depth=1 and .* at depth=2; its build_model must build config\['depth'\]"):
+        depth_coord_check(IgnoresItsDepthKey(), [1, 2, 4], config={"lr": 3e-3}, seeds=1, steps=1)
+
+
+def test_a_depth_key_that_is_not_a_config_key_name_is_refused_naming_it():
+    class NumberedDepthKey(_ListWorkload):
+        depth_key = 3
+
+    message = r"'module_list': depth_key must name the config key .* got 3$"
+    with pytest.raises(ScalingError, match=message):
+        proxy_workload(NumberedDepthKey(), ScalingConfig(target_depth=8, proxy_depth=2))
+    with pytest.raises(ScalingError, match=message):
+        depth_coord_check(NumberedDepthKey(), [1, 2], seeds=1, steps=1)

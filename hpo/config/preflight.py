@@ -176,7 +176,7 @@ def check_workload_keys(loaded: LoadedSweep, notes: list[ConfigIssue]) -> list[C
 
     workload = loaded.trainable.obj
     spec = loaded.spec
-    in_code = keys_named_by(type(workload))
+    in_code = keys_named_by(workload)
     readable = OptimHParams.keys() | TRAINER_KEYS | set(workload.defaults) | (in_code or set())
     if spec.scaling is not None:
         readable |= MUP_KEYS
@@ -206,17 +206,26 @@ def check_workload_keys(loaded: LoadedSweep, notes: list[ConfigIssue]) -> list[C
     return issues
 
 
-def keys_named_by(cls: type) -> set[str] | None:
-    """String keys the code of `cls` and its user-written bases subscripts or `.get`s, found by
-    parsing their source (nothing runs); None when some source is not available."""
-    from hpo.base.workload import Workload
+def keys_named_by(workload: Any) -> set[str] | None:
+    """String keys the code of `workload` subscripts or `.get`s, found by parsing its source
+    (nothing runs): its class and user-written bases, and for a `DatasetWorkload` the module of the
+    user's model factory, whose code (and the model classes beside it) is what reads the config;
+    None when some source is not available."""
+    from hpo.base.workload import DatasetWorkload, Workload
 
+    sources: list[Any] = [
+        klass for klass in type(workload).__mro__
+        if klass not in (object, Workload) and klass.__module__ not in ("abc", "builtins")
+    ]
+    if isinstance(workload, DatasetWorkload):
+        module = inspect.getmodule(workload.model_factory)
+        if module is None:
+            return None
+        sources.append(module)
     keys: set[str] = set()
-    for klass in cls.__mro__:
-        if klass in (object, Workload) or klass.__module__ in ("abc", "builtins"):
-            continue
+    for source in sources:
         try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+            tree = ast.parse(textwrap.dedent(inspect.getsource(source)))
         except (OSError, TypeError, SyntaxError):
             return None
         for node in ast.walk(tree):

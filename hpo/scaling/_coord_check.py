@@ -52,6 +52,7 @@ class CoordCheckReport:
     plot_path: str | None = None
     sizes: list[dict[str, Any]] = field(default_factory=list)  # {"point", "module", "t", "l1"}
     dimension: str = "width"  # or "depth"
+    notes: list[str] = field(default_factory=list)  # what the model's structure shows that the check may not
 
     def raise_for_failure(self) -> "CoordCheckReport":
         """Raise `ScalingError` with the offending layers unless the check passed; else return self."""
@@ -65,9 +66,10 @@ class CoordCheckReport:
             f"{'OK' if self.ok else 'FAILED'}; tolerance: activation size may grow at most like "
             f"{self.dimension}**{self.tolerance:g}"
         )
+        notes = "".join(f" Warning: {note}" for note in self.notes)
         if self.ok:
             worst = max(self.slopes.items(), key=lambda kv: kv[1]) if self.slopes else ("-", 0.0)
-            return f"{head}; steepest module {worst[0]!r} at {self.dimension}**{worst[1]:.2f}"
+            return f"{head}; steepest module {worst[0]!r} at {self.dimension}**{worst[1]:.2f}.{notes}"
         layers = ", ".join(
             f"{name} ({self.dimension}**{slope:.2f})" for name, slope in sorted(self.offending.items(), key=lambda kv: -kv[1])
         )
@@ -82,7 +84,7 @@ class CoordCheckReport:
                 "The model is not muP-correct: check that the output layer is the readout (scaling.readout), that "
                 "custom inits use mup.init or `init_std`, and that no layer multiplies by a width-dependent constant."
             )
-        return f"{head}. Activations that grow with {self.dimension}: {layers}. {fix}"
+        return f"{head}. Activations that grow with {self.dimension}: {layers}. {fix}{notes}"
 
 
 class CheckOptions(TypedDict, total=False):
@@ -129,7 +131,10 @@ def coord_check(
     def scaled(width: int, mup: bool) -> Workload:
         return MuPWorkload(workload, width, base_width, readout) if mup else workload
 
-    return _check("width", "width", widths, scaled, scaling, **options)
+    report = _check("width", "width", widths, scaled, scaling, **options)
+    if report.parametrization == "mup":  # a few steps at small widths may not show a wrong attention scale
+        report.notes = MuPWorkload(workload, widths[0], base_width, readout).attention_problems(options.get("config") or {})
+    return report
 
 
 def depth_coord_check(
@@ -165,6 +170,9 @@ def depth_coord_check(
             depths = _doublings(scaling.depth_proxy, scaling.target_depth)
     depths = _points(depths, "depths")
     base_depth = base_depth or depths[0]
+    # A depth key the factory ignores would compare one model with itself and pass: refuse it as a sweep does.
+    contract = MuPWorkload(workload, None, depth=depths[0], base_depth=base_depth, depth_alpha=depth_alpha)
+    contract.check_depth_contract(contract.resolve(options.get("config") or {}))
 
     def scaled(depth: int, mup: bool) -> Workload:
         if mup:

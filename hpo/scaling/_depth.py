@@ -66,8 +66,14 @@ def hidden_parameters(model: nn.Module, residual_blocks: str) -> list[str]:
 
 def depth_contract_problem(workload: Workload) -> str | None:
     """Why `workload` cannot be scaled in depth, in one line; None when it declares the contract."""
-    if getattr(workload, "depth_key", None):
+    key = getattr(workload, "depth_key", None)
+    if isinstance(key, str) and key:
         return None
+    if key is not None:
+        return (
+            f"workload {getattr(workload, 'name', type(workload).__name__)!r}: depth_key must name the config key "
+            f"that sets its number of residual blocks (a string such as 'n_layer'), got {key!r}"
+        )
     return (
         f"workload {getattr(workload, 'name', type(workload).__name__)!r} has no depth contract, so it cannot be "
         "scaled in depth: declare `depth_key` (the config key that sets its number of residual blocks), keep the "

@@ -186,15 +186,22 @@ class MuPWorkload(Workload):
         config = self.resolve(config or {})
         model = self.build_model(config)
         if self.width is not None:
-            base, delta = self._shape_models(self._model_config(config))
-            for message in attention_scale_problems(base, delta):
+            for message in self.attention_problems(config):
                 warnings.warn(message, UserWarning, stacklevel=2)
         if self.depth is not None:
-            self._check_depth_contract(config)
+            self.check_depth_contract(config)
         return model
 
-    def _check_depth_contract(self, config: Mapping[str, Any]) -> None:
-        """The depth key must add blocks under `residual_blocks`, and the factory should read `residual_mult`."""
+    def attention_problems(self, config: Mapping[str, Any]) -> list[str]:
+        """`attention_scale_problems` of the model at the base width and twice it (shapes only):
+        attention that muP's 1/head_dim rule would not transfer, which a few steps of training at
+        small widths may not show."""
+        base, delta = self._shape_models(self._model_config(self.resolve(config)))
+        return attention_scale_problems(base, delta)
+
+    def check_depth_contract(self, config: Mapping[str, Any]) -> None:
+        """The depth key must add blocks under `residual_blocks` (else `ScalingError`), and the factory
+        should read `residual_mult` (else a warning): what a sweep and the depth coordinate check refuse."""
         key, blocks = self.inner.depth_key, self.inner.residual_blocks
         counts = {}
         for depth in (self.depth, self.depth + 1):
