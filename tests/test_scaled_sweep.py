@@ -57,6 +57,16 @@ def test_proxy_sweep_transfers_its_best_config_and_trains_the_target(tmp_path):
     assert drawn["target (width 128)"] == values, "curves.png shows the target beside the proxy trials"
 
 
+def test_hpo_run_says_it_trains_the_target_and_prints_each_of_its_iterations_as_it_ends(tmp_path, capsys):
+    # The target trains in the driver after the proxy sweep; at full size that is the longest
+    # part of the run, and it printed nothing until the final report.
+    path = write(tmp_path, "scaled-progress", "{target_width: 64, ratio: 2, final_training: true, target_iterations: 3}")
+    assert main(["run", str(path)]) == 0
+    out = capsys.readouterr().out
+    started = out.index("target (width 64): training the best proxy configuration for 3 iterations")
+    assert re.findall(r"target \(width 64\) it (\d+)/3: val_loss=[0-9.]+", out[started:]) == ["1", "2", "3"], out
+
+
 def test_eager_transfer_reports_time_to_first_target_result_and_prints_the_saved_target(tmp_path, capsys):
     path = write(tmp_path, "eager", "{target_width: 64, proxy_width: 16, eager_transfer: 0.5}")
     assert main(["run", str(path)]) == 0

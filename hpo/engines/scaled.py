@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from hpo.base.exceptions import describe_exception
 from hpo.base.workload import Workload
 from hpo.engines._base import SweepEngine, SweepPlan, TuneRun, space_constants
+from hpo.reporting.progress import ProgressCallback
 from hpo.reporting.results_files import error_line
 from hpo.reporting.sweep_result import SweepResult
 from hpo.scaling import (
@@ -68,11 +70,13 @@ def finish(
     scaling: ScalingConfig,
     max_iterations: int,
     eager: Any = None,
+    progress: ProgressCallback | None = None,
 ) -> None:
     """Write `transfer.json` beside the results and attach the transfer (and target run) to `result`.
 
     An eager run already trained the target during the sweep, so it replaces `final_training`.
     The trained target is saved beside `transfer.json` (`result.target_checkpoint`, printed).
+    `progress`, the sweep's progress lines, prints the target's iterations as they end.
     `result.target` says it all for `summary.json` and `hpo results`: the sizes, the config, what
     does not transfer, and how the target's run ended (a target that diverged or raised is the
     sweep's error, one line, not a traceback: the transfer is kept).
@@ -117,7 +121,12 @@ def finish(
             saved = eager.save_target(out_dir / TARGET_CHECKPOINT_DIR)
             result.target_checkpoint = None if saved is None else str(saved)
         elif scaling.final_training:
-            target_run = train_transferred(workload, transfer, scaling, out_dir, max_iterations=max_iterations)
+            on_iteration = None
+            if progress is not None:
+                progress.target_started(label, scaling.target_iterations or max_iterations)
+                on_iteration = partial(progress.target_line, label)
+            target_run = train_transferred(workload, transfer, scaling, out_dir, max_iterations=max_iterations,
+                                           on_iteration=on_iteration)
             run = asdict(target_run)
             result.target_checkpoint = target_run.checkpoint
     except Exception as exc:  # the user's model at the target's size: one line, the transfer kept
@@ -204,10 +213,12 @@ class ScaledEngine(SweepEngine):
     def __init__(self, inner: SweepEngine, workload: Workload, scaling: ScalingConfig, plan: SweepPlan):
         self.inner, self.workload, self.scaling, self.plan = inner, workload, scaling, plan
         self.eager: Any = None
+        self.progress: ProgressCallback | None = None  # the sweep's progress lines, if it prints them
 
     def start(self, experiment: Path, tune_config: Any, run_config: Any) -> TuneRun:
         """The inner engine's run, given the eager transfer's callback among the sweep's: the inner
         engine hands it each configuration's events (a fused sweep's members, not its groups)."""
+        self.progress = next((cb for cb in run_config.callbacks or [] if isinstance(cb, ProgressCallback)), None)
         if self.scaling.eager_transfer is None:
             return self.inner.start(experiment, tune_config, run_config)
         self.eager = EagerTransferCallback(
@@ -220,4 +231,4 @@ class ScaledEngine(SweepEngine):
 
     def complete(self, result: SweepResult) -> None:
         """The transfer and the target, once the proxy sweep is known to be complete (`finish`)."""
-        finish(result, self.workload, self.scaling, self.plan.max_iterations, self.eager)
+        finish(result, self.workload, self.scaling, self.plan.max_iterations, self.eager, self.progress)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -161,6 +162,25 @@ class ProgressCallback(Callback):
         self.stream.flush()
         if self.live:
             self._draw(trials)
+
+    def target_started(self, label: str, iterations: int) -> None:
+        """A scaled sweep's target is trained in the driver after the proxy sweep
+        (`hpo.engines.scaled.finish`): at full size it can take longer than the whole sweep, and
+        a terminal that went quiet then looked hung. Said, with each iteration (`target_line`),
+        where trials' lines are."""
+        if self.verbose >= 2:
+            self._clear()
+            self.stream.write(f"target ({label}): training the best proxy configuration for {iterations} iterations\n")
+            self.stream.flush()
+
+    def target_line(self, label: str, iteration: int, iterations: int, result: Mapping[str, Any]) -> None:
+        """One iteration of the target ended (see `target_started`)."""
+        if self.verbose < 2:
+            return
+        self._clear()
+        shown = _shown(self.metric, metric_value(result, self.metric))
+        self.stream.write(f"      target ({label}) it {iteration}/{iterations}: {shown}\n")
+        self.stream.flush()
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._ended(trials, trial, "finished")

@@ -14,7 +14,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 #: The trained target's folder beside `transfer.json`.
 TARGET_CHECKPOINT_DIR = "target_checkpoint"
+
+#: Told of each iteration of the target as it ends: (iteration, iterations planned, its result).
+OnIteration = Callable[[int, int, Mapping[str, Any]], None]
 
 #: Keys muP transfers from proxy to target (Tensor Programs V, table 1: optimisation, init, multipliers).
 TRANSFERABLE: frozenset[str] = frozenset(
@@ -202,6 +205,7 @@ def train_target(
     *,
     max_iterations: int,
     checkpoint_dir: str | os.PathLike[str] | None = None,
+    on_iteration: OnIteration | None = None,
 ) -> TargetRun:
     """Train the target with `transfer.target_config` (hpo.base.training.TrialTrainer, in this process).
 
@@ -214,7 +218,7 @@ def train_target(
     from hpo.scaling._mup import target_workload
 
     iterations = scaling.target_iterations or max_iterations
-    return run_target(target_workload(workload, scaling), transfer.target_config, iterations, checkpoint_dir)
+    return run_target(target_workload(workload, scaling), transfer.target_config, iterations, checkpoint_dir, on_iteration)
 
 
 def complete_transfer(
@@ -241,21 +245,25 @@ def complete_transfer(
 
 def train_transferred(
     workload: Workload, transfer: TransferResult, scaling: "ScalingConfig", out_dir: str | os.PathLike[str], *,
-    max_iterations: int,
+    max_iterations: int, on_iteration: OnIteration | None = None,
 ) -> TargetRun:
     """Train the target `transfer` holds, save it in `out_dir/target_checkpoint`, and write
     `out_dir/transfer.json` again with its run (its metric and checkpoint)."""
     transfer.target_run = train_target(
-        workload, transfer, scaling, max_iterations=max_iterations, checkpoint_dir=Path(out_dir) / TARGET_CHECKPOINT_DIR
+        workload, transfer, scaling, max_iterations=max_iterations, checkpoint_dir=Path(out_dir) / TARGET_CHECKPOINT_DIR,
+        on_iteration=on_iteration,
     )
     transfer.write_json(out_dir)
     return transfer.target_run
 
 
 def run_target(
-    target: Workload, config: Mapping[str, Any], iterations: int, checkpoint_dir: str | os.PathLike[str] | None = None
+    target: Workload, config: Mapping[str, Any], iterations: int, checkpoint_dir: str | os.PathLike[str] | None = None,
+    on_iteration: OnIteration | None = None,
 ) -> TargetRun:
     """Train `config` on `target` for `iterations` iterations; stops early if the loss diverges.
+    `on_iteration(iteration, iterations, result)` hears each iteration as it ends (a sweep's
+    progress lines).
 
     The target is what the whole sweep was for, so unless it diverged its trained state is saved
     in `checkpoint_dir`, in a trial checkpoint's format: `TrialTrainer(target, run.config)
@@ -268,6 +276,8 @@ def run_target(
     history = []
     while trainer.iteration < iterations:
         history.append(trainer.train_iteration())
+        if on_iteration is not None:
+            on_iteration(trainer.iteration, iterations, history[-1])
         if history[-1]["diverged"]:
             break
     run = summarise_target_run(trainer.config, target.metric, target.mode, history, time.monotonic() - start)
