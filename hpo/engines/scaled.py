@@ -123,7 +123,7 @@ def finish(
         elif scaling.final_training:
             on_iteration = None
             if progress is not None:
-                progress.target_started(label, scaling.target_iterations or max_iterations)
+                progress.target_started(label, scaling.iterations_of_target(max_iterations))
                 on_iteration = partial(progress.target_line, label)
             target_run = train_transferred(workload, transfer, scaling, out_dir, max_iterations=max_iterations,
                                            on_iteration=on_iteration)

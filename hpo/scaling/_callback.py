@@ -86,7 +86,7 @@ class EagerTransferCallback(tune.Callback):
         self.scaling = scaling
         self.metric = metric
         self.mode = mode
-        self.iterations = scaling.target_iterations or max_iterations
+        self.iterations = scaling.iterations_of_target(max_iterations)
         self.num_trials = num_trials
         self.policy: EagerTransferPolicy | None = None
         self._t0 = time.monotonic()

@@ -80,6 +80,11 @@ class ScalingConfig(BaseModel):
         _check_dimension("depth", self.target_depth, self.proxy_depth, self.depth_ratio, self.base_depth, "depth_ratio")
         return self
 
+    def iterations_of_target(self, max_iterations: int) -> int:
+        """How long the target trains, eagerly or after the sweep: `target_iterations`, else the
+        sweep's `max_iterations`."""
+        return self.target_iterations or max_iterations
+
     @property
     def scales_width(self) -> bool:
         return self.target_width is not None

@@ -217,8 +217,10 @@ def train_target(
     """
     from hpo.scaling._mup import target_workload
 
-    iterations = scaling.target_iterations or max_iterations
-    return run_target(target_workload(workload, scaling), transfer.target_config, iterations, checkpoint_dir, on_iteration)
+    return run_target(
+        target_workload(workload, scaling), transfer.target_config, scaling.iterations_of_target(max_iterations), checkpoint_dir,
+        on_iteration,
+    )
 
 
 def complete_transfer(
