@@ -33,7 +33,7 @@ from ..power_model import PowerModel
 from ..policies.registry import POLICIES, check_policy_name, make_policy
 from .simulator import simulate
 from .synthetic import add_tuning_work
-from .traces import FORMATS, TraceError, load_trace
+from .traces import FORMATS, TraceError, load_trace, pollux_profiles_dir
 
 TABLE_KEYS = ("policy", "completed", "avg_jct", "p50_jct", "p99_jct", "avg_queue", "p999_queue",
               "makespan", "utilization", "on_utilization", "energy_kwh", "wall_s")
@@ -187,7 +187,7 @@ def check_profiles(args) -> str | None:
     if args.format != "pollux":
         return f"--profiles {args.profiles}: only a --format pollux trace reads application profiles" \
             if args.profiles else None
-    beside = Path(args.trace).resolve().parent.parent / "traces"
+    beside = pollux_profiles_dir(Path(args.trace).resolve())
     if args.profiles is None and not beside.is_dir():
         return (f"--trace {args.trace}: a Pollux workload's application profiles are read from ../traces "
                 f"beside its folder, and {beside} does not exist; give "
@@ -232,7 +232,7 @@ def run_sim(args) -> int:
         profiles = None
         if args.format == "pollux":
             from ..app_profiles import load_profiles
-            profiles = load_profiles(args.profiles or Path(args.trace).parent.parent / "traces")
+            profiles = load_profiles(pollux_profiles_dir(args.trace, args.profiles))
         deadline = args.deadline if args.deadline is not None else (
             8 * 3600.0 if args.format == "pollux" else None)
         cluster = ClusterSpec(args.gpus, args.gpus_per_node, consolidate=not args.spread)

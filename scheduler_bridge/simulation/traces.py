@@ -125,13 +125,19 @@ def load_helios(path, *, skip_cpu_jobs: bool = True) -> Trace:
     return make_trace(jobs, source=str(path))
 
 
+def pollux_profiles_dir(path, profiles_dir=None) -> Path:
+    """Where a Pollux workload's application profiles are read: ``profiles_dir``, else the
+    ``../traces`` folder beside the workload's folder, as the shipped workloads have it."""
+    return Path(profiles_dir) if profiles_dir else Path(path).parent.parent / "traces"
+
+
 def load_pollux(path, profiles_dir=None) -> Trace:
     """A Pollux workload CSV: ``name,time,application,num_replicas,batch_size``.
     Jobs become elastic jobs; with ``profiles_dir`` (default: ``../traces`` beside
     the workload folder) their ``duration`` is the isolated run time at the
     requested GPUs and batch size, computed from the measured profiles."""
     path = Path(path)
-    profiles_dir = Path(profiles_dir) if profiles_dir else path.parent.parent / "traces"
+    profiles_dir = pollux_profiles_dir(path, profiles_dir)
     apps = load_profiles(profiles_dir)
     jobs = []
     seen: dict[tuple[str, str], int] = {}
